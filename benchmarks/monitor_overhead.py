@@ -1,0 +1,145 @@
+"""Monitor overhead on a CPU training step of a small transformer.
+
+    python benchmarks/monitor_overhead.py [--rounds 12] [--steps 20]
+
+Model: 4 layers, d_model 256, 4 heads, sequence 128, batch 8, vocabulary 8192,
+AdamW. Blocks of steps with and without a Monitor (default settings, /metrics
+served on 127.0.0.1 and scraped once a second by another thread) alternate,
+and the order inside each round flips, so drift on a shared machine hits both
+sides alike. The loop does not pass a gradient norm, so the Monitor computes it
+every step — the more expensive case. Prints the median and mean step-time
+ratio (target: median overhead <= 1%), the noise floor of that comparison, and
+the Monitor's cost measured directly: the extra time inside optimizer.step
+(where its hooks run) plus the time inside monitor.step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import threading
+import time
+import urllib.request
+from dataclasses import dataclass, field
+
+import torch
+
+from trainhealth import Monitor
+
+VOCAB, D_MODEL, LAYERS, HEADS, SEQ, BATCH = 8192, 256, 4, 4, 128, 8
+
+
+class SmallTransformer(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = torch.nn.Embedding(VOCAB, D_MODEL)
+        self.layers = torch.nn.ModuleList(
+            torch.nn.TransformerEncoderLayer(D_MODEL, HEADS, 4 * D_MODEL, dropout=0.0, batch_first=True, norm_first=True)
+            for _ in range(LAYERS)
+        )
+        self.head = torch.nn.Linear(D_MODEL, VOCAB)
+        self.register_buffer("mask", torch.nn.Transformer.generate_square_subsequent_mask(SEQ), persistent=False)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        hidden = self.embed(tokens)
+        for layer in self.layers:
+            hidden = layer(hidden, src_mask=self.mask, is_causal=True)
+        return self.head(hidden)
+
+
+@dataclass
+class Timings:
+    """Seconds per timed step: the whole step, optimizer.step (where the Monitor's hooks run), monitor.step."""
+
+    step: list[float] = field(default_factory=list)
+    optimizer: list[float] = field(default_factory=list)
+    monitor: list[float] = field(default_factory=list)
+
+    def extend(self, other: Timings) -> None:
+        self.step += other.step
+        self.optimizer += other.optimizer
+        self.monitor += other.monitor
+
+
+def train_block(model, optimizer, data, steps: int, monitor: Monitor | None) -> Timings:
+    """Timings of ``steps`` steps, after one untimed warm-up step."""
+    timings = Timings()
+    for step in range(steps + 1):
+        start = time.perf_counter()
+        tokens = data[step % len(data)]
+        logits = model(tokens[:, :-1])
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, VOCAB), tokens[:, 1:].reshape(-1))
+        loss.backward()
+        before_optimizer = time.perf_counter()
+        optimizer.step()
+        after_optimizer = time.perf_counter()
+        optimizer.zero_grad(set_to_none=True)
+        before_monitor = time.perf_counter()
+        if monitor is not None:
+            monitor.step(loss=loss, tokens=BATCH * SEQ)
+        end = time.perf_counter()
+        if step > 0:
+            timings.step.append(end - start)
+            timings.optimizer.append(after_optimizer - before_optimizer)
+            timings.monitor.append(end - before_monitor)
+    return timings
+
+
+def scrape_every_second(url: str, stop: threading.Event) -> None:
+    while not stop.wait(1.0):
+        with urllib.request.urlopen(url, timeout=5) as response:
+            response.read()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=12)
+    parser.add_argument("--steps", type=int, default=20, help="timed steps per block")
+    args = parser.parse_args()
+
+    torch.manual_seed(0)
+    model = SmallTransformer()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    generator = torch.Generator().manual_seed(0)
+    data = [torch.randint(0, VOCAB, (BATCH, SEQ + 1), generator=generator) for _ in range(8)]
+    train_block(model, optimizer, data, 3, None)  # warm up allocator and kernels
+
+    base, monitored = Timings(), Timings()
+    base_by_parity: tuple[list[float], list[float]] = ([], [])
+    for round_index in range(args.rounds):
+        for with_monitor in ((False, True) if round_index % 2 == 0 else (True, False)):
+            if not with_monitor:
+                block = train_block(model, optimizer, data, args.steps, None)
+                base.extend(block)
+                base_by_parity[round_index % 2].extend(block.step)
+                continue
+            monitor = Monitor(model, optimizer, env={}, prometheus_addr="127.0.0.1", prometheus_port=0, otel=False)
+            stop = threading.Event()
+            scraper = threading.Thread(target=scrape_every_second, args=(monitor.metrics_url, stop), daemon=True)
+            scraper.start()
+            monitored.extend(train_block(model, optimizer, data, args.steps, monitor))
+            stop.set()
+            scraper.join()
+            monitor.close()
+
+    median, mean = statistics.median, statistics.fmean
+    n_params = sum(p.numel() for p in model.parameters())
+    print(f"model: {LAYERS} layers, d_model {D_MODEL}, seq {SEQ}, batch {BATCH}, {n_params / 1e6:.1f}M parameters, "
+          f"torch {torch.__version__}, {torch.get_num_threads()} threads")
+    print(f"steps: {len(base.step)} without and {len(monitored.step)} with Monitor, {args.rounds} interleaved rounds")
+    print(f"median step: {median(base.step) * 1e3:.1f} ms without, {median(monitored.step) * 1e3:.1f} ms with")
+    print(f"overhead, end to end (median step-time ratio): {100 * (median(monitored.step) / median(base.step) - 1):+.2f}%")
+    print(f"overhead, end to end (mean step-time ratio, heavy steps included): {100 * (mean(monitored.step) / mean(base.step) - 1):+.2f}%")
+    noise = median(base_by_parity[1]) / median(base_by_parity[0])
+    print(f"noise floor of the end-to-end figures (odd vs even baseline rounds): {100 * (noise - 1):+.2f}%")
+    hooks_median = median(monitored.optimizer) - median(base.optimizer)
+    hooks_mean = mean(monitored.optimizer) - mean(base.optimizer)
+    print(f"added by the optimizer hooks: median {hooks_median * 1e3:.2f} ms, mean {hooks_mean * 1e3:.2f} ms per step")
+    print(f"inside monitor.step: median {median(monitored.monitor) * 1e3:.2f} ms, mean {mean(monitored.monitor) * 1e3:.2f} ms per step")
+    added_median = (hooks_median + median(monitored.monitor)) / median(base.step)
+    added_mean = (hooks_mean + mean(monitored.monitor)) / mean(base.step)
+    print(f"overhead, from the measured components: median {100 * added_median:.2f}%, mean {100 * added_mean:.2f}% of a step")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,297 @@
+"""The metric catalogue: every metric trainhealth exports, declared once.
+
+A metric is declared with an OpenTelemetry-style dotted name, a kind and a
+unit. Both exported names are derived here and nowhere else:
+
+* the OpenTelemetry instrument name is ``trainhealth.<name>`` with the UCUM unit;
+* the Prometheus name is ``trainhealth_<name with dots as underscores>``, then
+  the unit suffix (``_seconds``, ``_bytes``, ``_ratio`` ...), then ``_total`` for
+  counters or ``_info`` for metadata — the same translation the OpenTelemetry
+  Collector's Prometheus exporter applies, so both paths give one name.
+
+Exporters, dashboards and alert rules refer to the constants below, never to a
+retyped string.
+
+>>> TRAIN_STEP_DURATION.prometheus_name
+'trainhealth_train_step_duration_seconds'
+>>> TRAIN_STEP_DURATION.otel_name, TRAIN_STEP_DURATION.otel_unit
+('trainhealth.train.step.duration', 's')
+>>> EXPORTER_ERRORS.prometheus_name
+'trainhealth_exporter_errors_total'
+>>> by_prometheus_name("trainhealth_rank_info") is RANK_INFO
+True
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from enum import Enum
+
+__all__ = [
+    "CATALOG",
+    "IDENTITY_LABELS",
+    "MetricKind",
+    "MetricSpec",
+    "Unit",
+    "by_prometheus_name",
+    "PREFIX",
+]
+
+PREFIX = "trainhealth"
+
+#: Labels every trainhealth series carries, added by the exporters from the
+#: process identity (see :mod:`trainhealth.identity`). All three are bounded:
+#: one value per job, per node, per rank.
+IDENTITY_LABELS: tuple[str, ...] = ("job", "host", "rank")
+
+#: Label names that would make cardinality unbounded or collide with
+#: Prometheus' own; a declaration using one fails at import.
+_FORBIDDEN_LABELS = frozenset(
+    {"step", "iteration", "tensor", "param", "parameter", "message", "text", "le", "quantile", "instance"}
+)
+_NAME_RE = re.compile(r"^[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)*$")
+_LABEL_RE = re.compile(r"^[a-z][a-z0-9_]*$")
+
+
+class MetricKind(Enum):
+    """How a metric aggregates; decides the Prometheus type and the OpenTelemetry instrument."""
+
+    GAUGE = "gauge"
+    COUNTER = "counter"
+    HISTOGRAM = "histogram"
+    INFO = "info"
+
+    @property
+    def otel_instrument(self) -> str:
+        return _OTEL_INSTRUMENTS[self]
+
+
+_OTEL_INSTRUMENTS = {
+    MetricKind.GAUGE: "ObservableGauge",
+    MetricKind.COUNTER: "ObservableCounter",
+    MetricKind.HISTOGRAM: "Histogram",
+    MetricKind.INFO: "ObservableGauge",
+}
+
+
+class Unit(Enum):
+    """The one OpenTelemetry (UCUM) <-> Prometheus unit table.
+
+    Values are ``(ucum, prometheus_suffix)``; an empty suffix adds nothing to
+    the Prometheus name (curly-brace annotations are not units).
+    """
+
+    SECONDS = ("s", "seconds")
+    BYTES = ("By", "bytes")
+    CELSIUS = ("Cel", "celsius")
+    WATTS = ("W", "watts")
+    JOULES = ("J", "joules")
+    HERTZ = ("Hz", "hertz")
+    RATIO = ("1", "ratio")
+    TOKENS_PER_SECOND = ("{token}/s", "tokens_per_second")
+    DIMENSIONLESS = ("1", "")
+    STEPS = ("{step}", "")
+    TOKENS = ("{token}", "")
+    ERRORS = ("{error}", "")
+
+    @property
+    def ucum(self) -> str:
+        return self.value[0]
+
+    @property
+    def prometheus_suffix(self) -> str:
+        return self.value[1]
+
+
+@dataclass(frozen=True)
+class MetricSpec:
+    """One exported metric. Invalid declarations raise ``ValueError`` at import."""
+
+    name: str
+    kind: MetricKind
+    unit: Unit
+    help: str
+    labels: tuple[str, ...] = ()
+    buckets: tuple[float, ...] = ()
+    #: When the metric may be missing from an endpoint, and why.
+    availability: str = ""
+    _prometheus_name: str = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if not _NAME_RE.match(self.name):
+            raise ValueError(f"metric {self.name!r}: name must be lowercase dotted words")
+        if self.kind is MetricKind.COUNTER and self.name.endswith("total"):
+            raise ValueError(f"metric {self.name!r}: counters get '_total' from the catalogue")
+        if self.kind is MetricKind.INFO and self.unit is not Unit.DIMENSIONLESS:
+            raise ValueError(f"metric {self.name!r}: info metrics have no unit")
+        if not self.help or not self.help[0].isupper() or self.help.endswith("."):
+            raise ValueError(f"metric {self.name!r}: help is a capitalised phrase without a final period")
+        for label in self.labels:
+            if not _LABEL_RE.match(label) or label in _FORBIDDEN_LABELS or label in IDENTITY_LABELS:
+                raise ValueError(f"metric {self.name!r}: label {label!r} is not allowed")
+        if len(set(self.labels)) != len(self.labels):
+            raise ValueError(f"metric {self.name!r}: duplicate label")
+        if (self.kind is MetricKind.HISTOGRAM) != bool(self.buckets):
+            raise ValueError(f"metric {self.name!r}: histograms, and only histograms, have buckets")
+        if list(self.buckets) != sorted(set(self.buckets)):
+            raise ValueError(f"metric {self.name!r}: buckets must increase strictly")
+        object.__setattr__(self, "_prometheus_name", _prometheus_name(self))
+
+    @property
+    def prometheus_name(self) -> str:
+        return self._prometheus_name
+
+    @property
+    def prometheus_type(self) -> str:
+        return self.kind.value
+
+    @property
+    def otel_name(self) -> str:
+        return f"{PREFIX}.{self.name}"
+
+    @property
+    def otel_unit(self) -> str:
+        return self.unit.ucum
+
+    @property
+    def all_labels(self) -> tuple[str, ...]:
+        """Identity labels followed by the metric's own labels, as exported to Prometheus."""
+        return IDENTITY_LABELS + self.labels
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "name": self.prometheus_name,
+            "type": self.prometheus_type,
+            "unit": self.unit.prometheus_suffix,
+            "help": self.help,
+            "labels": list(self.all_labels),
+            "otel_name": self.otel_name,
+            "otel_unit": self.otel_unit,
+            "otel_instrument": self.kind.otel_instrument,
+            "buckets": list(self.buckets),
+            "availability": self.availability,
+        }
+
+
+def _prometheus_name(spec: MetricSpec) -> str:
+    name = f"{PREFIX}_{spec.name.replace('.', '_')}"
+    suffix = spec.unit.prometheus_suffix
+    if suffix and not name.endswith(f"_{suffix}"):
+        name = f"{name}_{suffix}"
+    if spec.kind is MetricKind.COUNTER:
+        name += "_total"
+    elif spec.kind is MetricKind.INFO:
+        name += "_info"
+    return name
+
+
+# Step times run from ~10 ms (small models) to minutes (huge ones, or a stall).
+STEP_SECONDS_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+
+_G, _C, _H, _I = MetricKind.GAUGE, MetricKind.COUNTER, MetricKind.HISTOGRAM, MetricKind.INFO
+
+# --- identity and the exporter itself -------------------------------------------------
+RANK_INFO = MetricSpec(
+    "rank", _I, Unit.DIMENSIONLESS,
+    "Identity of a training process; gpu_uuid joins with dcgm-exporter's UUID label",
+    labels=("local_rank", "world_size", "gpu_uuid", "pod", "namespace"),
+)
+BUILD_INFO = MetricSpec(
+    "build", _I, Unit.DIMENSIONLESS,
+    "Versions of trainhealth and of the libraries it reads from",
+    labels=("version", "python_version", "torch_version"),
+)
+EXPORTER_ERRORS = MetricSpec(
+    "exporter.errors", _C, Unit.ERRORS,
+    "Errors caught on the training or scrape path and dropped, by where they happened",
+    labels=("source",),
+)
+
+# --- training loop (Monitor) -------------------------------------------------------------
+TRAIN_LOSS = MetricSpec("train.loss", _G, Unit.DIMENSIONLESS, "Training loss of the last reported step")
+TRAIN_STEP = MetricSpec(
+    "train.step", _G, Unit.DIMENSIONLESS,
+    "Training iteration of the last reported step (as given by the training loop)",
+)
+TRAIN_STEPS = MetricSpec("train.steps", _C, Unit.STEPS, "Training steps reported since the process started")
+TRAIN_LAST_STEP_TIMESTAMP = MetricSpec(
+    "train.last_step.timestamp", _G, Unit.SECONDS, "Unix time at which the last step was reported",
+)
+TRAIN_STEP_DURATION = MetricSpec(
+    "train.step.duration", _H, Unit.SECONDS,
+    "Wall time between consecutive reported steps",
+    buckets=STEP_SECONDS_BUCKETS,
+)
+TRAIN_LAST_STEP_DURATION = MetricSpec(
+    "train.last_step.duration", _G, Unit.SECONDS, "Wall time of the last reported step",
+)
+TRAIN_TOKENS = MetricSpec("train.tokens", _C, Unit.TOKENS, "Tokens processed by this rank")
+TRAIN_THROUGHPUT = MetricSpec(
+    "train.throughput", _G, Unit.TOKENS_PER_SECOND, "Tokens per second processed by this rank in the last step",
+)
+TRAIN_MFU = MetricSpec(
+    "train.mfu", _G, Unit.RATIO,
+    "Model FLOPs utilisation of the last step: achieved over peak FLOP/s",
+    availability="Only when flops_per_token and peak_flops are set.",
+)
+TRAIN_GRAD_NORM = MetricSpec(
+    "train.grad_norm", _G, Unit.DIMENSIONLESS,
+    "Total L2 norm of the gradients: the pre-clipping norm the loop passes, else as the optimizer receives them",
+)
+TRAIN_PARAM_NORM = MetricSpec(
+    "train.param_norm", _G, Unit.DIMENSIONLESS, "Total L2 norm of the parameters after the last update",
+    availability="Updated every stats_every steps.",
+)
+TRAIN_UPDATE_RATIO = MetricSpec(
+    "train.update_ratio", _G, Unit.RATIO,
+    "Norm of the last optimizer update over the norm of the parameters it updated",
+    availability="Needs an optimizer; updated every stats_every steps.",
+)
+TRAIN_UPDATE_COSINE = MetricSpec(
+    "train.update_cosine", _G, Unit.DIMENSIONLESS,
+    "Cosine similarity of two consecutive optimizer updates",
+    availability="Needs an optimizer; updated every stats_every steps.",
+)
+TRAIN_LAYER_GRAD_NORM = MetricSpec(
+    "train.layer.grad_norm", _G, Unit.DIMENSIONLESS,
+    "L2 norm of one layer group's gradients as the optimizer receives them",
+    labels=("layer_group",),
+    availability="Updated every stats_every steps.",
+)
+TRAIN_LAYER_PARAM_NORM = MetricSpec(
+    "train.layer.param_norm", _G, Unit.DIMENSIONLESS,
+    "L2 norm of the parameters of one layer group",
+    labels=("layer_group",),
+    availability="Updated every stats_every steps.",
+)
+TRAIN_LAYER_UPDATE_RATIO = MetricSpec(
+    "train.layer.update_ratio", _G, Unit.RATIO,
+    "Update-to-parameter norm ratio of one layer group",
+    labels=("layer_group",),
+    availability="Needs an optimizer; updated every stats_every steps.",
+)
+TRAIN_LEARNING_RATE = MetricSpec(
+    "train.learning_rate", _G, Unit.DIMENSIONLESS, "Learning rate of one optimizer parameter group",
+    labels=("param_group",),
+    availability="Needs an optimizer.",
+)
+TRAIN_NONFINITE_STEPS = MetricSpec(
+    "train.nonfinite_steps", _C, Unit.STEPS,
+    "Steps whose loss or gradient norm was NaN or infinite, by signal",
+    labels=("signal",),
+)
+
+CATALOG: tuple[MetricSpec, ...] = tuple(
+    value for value in list(globals().values()) if isinstance(value, MetricSpec)
+)
+__all__ += [name for name, value in list(globals().items()) if isinstance(value, MetricSpec)]
+
+_BY_PROMETHEUS_NAME = {spec.prometheus_name: spec for spec in CATALOG}
+if len(_BY_PROMETHEUS_NAME) != len(CATALOG):
+    raise ValueError("two catalogue entries share a Prometheus name")
+
+
+def by_prometheus_name(name: str) -> MetricSpec:
+    """The catalogue entry exported under ``name``; ``KeyError`` when there is none."""
+    return _BY_PROMETHEUS_NAME[name]

@@ -1,0 +1,469 @@
+"""The training-loop Monitor: model metrics per step, exported to Prometheus and OpenTelemetry.
+
+Per step it records loss, total gradient norm, learning rate per parameter
+group, step time, tokens/s, MFU and non-finite counts; every ``stats_every``
+steps it adds gradient and parameter norms per layer group, the
+update-to-parameter ratio and the cosine similarity of consecutive updates.
+Device values are read without stalling the loop (see
+:mod:`trainhealth.exporters.readout`). Errors are counted in
+``trainhealth_exporter_errors_total`` and never reach the training loop.
+
+>>> import torch
+>>> model = torch.nn.Linear(4, 1)
+>>> opt = torch.optim.SGD(model.parameters(), lr=0.1)
+>>> with Monitor(model, opt, prometheus=False, otel=False, env={}) as mon:
+...     for _ in range(3):
+...         loss = model(torch.ones(2, 4)).pow(2).mean()
+...         loss.backward()
+...         opt.step()
+...         opt.zero_grad()
+...         mon.step(loss=loss, tokens=2)
+>>> mon.latest.step, mon.latest.learning_rates
+(2, (0.1,))
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import math
+import time
+import weakref
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from trainhealth import catalog
+from trainhealth._torch import require_torch
+from trainhealth.config import Settings
+from trainhealth.exporters.layer_groups import group_parameters
+from trainhealth.exporters.param_stats import ParameterStats, UpdateStats
+from trainhealth.exporters.readout import DeferredReadout
+from trainhealth.exporters.sinks import Sinks
+from trainhealth.identity import Identity
+from trainhealth.state import MetricStore
+
+__all__ = ["LayerGroupStats", "Monitor", "StepStats"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class LayerGroupStats:
+    """Statistics of one layer group on a heavy-statistics step."""
+
+    name: str
+    grad_norm: float | None
+    param_norm: float | None
+    update_ratio: float | None
+
+
+@dataclass(frozen=True)
+class StepStats:
+    """What the Monitor recorded for one step, once its device values were read."""
+
+    step: int
+    loss: float | None
+    grad_norm: float | None
+    duration_s: float | None
+    tokens: int | None
+    tokens_per_second: float | None
+    mfu: float | None
+    learning_rates: tuple[float, ...]
+    param_norm: float | None = None
+    update_ratio: float | None = None
+    update_cosine: float | None = None
+    layers: tuple[LayerGroupStats, ...] = ()
+
+
+@dataclass
+class _PendingStep:
+    """Host-side facts of a step, waiting for its device values; ``fields`` lays out the read vector."""
+
+    step: int
+    wall_time: float
+    duration_s: float | None
+    tokens: int | None
+    values: dict[str, float | None]
+    learning_rates: list[float | None]
+    fields: list[tuple[str, int]]
+
+
+@dataclass
+class _HookResults:
+    """Device tensors produced by the optimizer hooks for the step in progress."""
+
+    grad_norm: Any = None
+    group_grad_norms: Any = None
+    update: UpdateStats | None = None
+
+
+class Monitor:
+    """Record training-loop metrics and serve them.
+
+    Use as a context manager or call :meth:`close`. Call :meth:`step` once per
+    training iteration, after ``optimizer.step()``. Every keyword argument is a
+    :class:`~trainhealth.config.Settings` field and overrides its
+    ``TRAINHEALTH_*`` variable; pass ``settings=`` for a prepared object and
+    ``env=`` to read a mapping other than ``os.environ``.
+
+    The gradient norm is taken from ``step(grad_norm=...)`` when the loop
+    passes it (use the value ``clip_grad_norm_`` returns: the norm before
+    clipping); otherwise it is computed in an optimizer pre-step hook, which sees
+    the gradients the optimizer uses — after clipping, if the loop clips.
+    """
+
+    def __init__(
+        self,
+        model: Any = None,
+        optimizer: Any = None,
+        *,
+        flops_per_token: float | None = None,
+        peak_flops: float | None = None,
+        settings: Settings | None = None,
+        env: Mapping[str, str] | None = None,
+        **overrides: Any,
+    ) -> None:
+        torch = require_torch("trainhealth.Monitor")
+        self._torch = torch
+        explicit = dict(overrides, flops_per_token=flops_per_token, peak_flops=peak_flops)
+        if settings is None:
+            settings = Settings.resolve(env=env, **explicit)
+        else:
+            settings = settings.replace(**{name: value for name, value in explicit.items() if value is not None})
+        self.settings = settings
+        identity = Identity.from_env(env, settings)
+        if not identity.gpu_uuid:
+            identity = identity.with_gpu_uuid(_cuda_uuid(torch, model))
+        self.identity = identity
+        self.store = MetricStore(settings.max_series_per_metric)
+        self.store.set_info(catalog.RANK_INFO, tuple(identity.info_labels.values()))
+
+        self._model = model
+        self._optimizer = optimizer
+        self._stats, self._group_labels = _parameter_stats(torch, model, optimizer, settings.max_layer_groups)
+        self._readout = DeferredReadout(torch)
+        self._hook_results = _HookResults()
+        self._optimizer_steps = 0
+        self._reported_steps = 0
+        self._caller_supplies_grad_norm = False
+        self._last_step_time: float | None = None
+        self._latest: StepStats | None = None
+        self._closed = False
+        self._hook_handles: list[Any] = []
+
+        self._sinks = Sinks.start(self.store, identity, settings, env)
+        if optimizer is not None:
+            self._hook_handles = [
+                optimizer.register_step_pre_hook(self._before_optimizer_step),
+                optimizer.register_step_post_hook(self._after_optimizer_step),
+            ]
+        self._atexit = _close_at_exit(self)
+
+    # --- public ---------------------------------------------------------------------
+    @property
+    def metrics_url(self) -> str | None:
+        """Where /metrics is served, or ``None`` when the Prometheus endpoint is off."""
+        return self._sinks.metrics_url
+
+    @property
+    def latest(self) -> StepStats | None:
+        """The most recent step whose device values have been read."""
+        return self._latest
+
+    def step(
+        self,
+        loss: Any = None,
+        tokens: int | None = None,
+        *,
+        grad_norm: Any = None,
+        step: int | None = None,
+    ) -> None:
+        """Record one training step. Never raises; never waits for the device.
+
+        ``loss`` and ``grad_norm`` may be tensors or numbers; ``tokens`` is the
+        number of tokens this rank processed in the step; ``step`` is the
+        training iteration (default: a counter starting at 0).
+        """
+        if self._closed:
+            return
+        try:
+            self._record_step(loss, tokens, grad_norm, step)
+        except Exception as exc:
+            self._hook_results = _HookResults()
+            self.store.record_error("monitor", exc)
+        self._publish_ready()
+
+    def close(self) -> None:
+        """Read the last device values, remove the hooks, export a last time and stop serving."""
+        if self._closed:
+            return
+        self._closed = True
+        atexit.unregister(self._atexit)
+        for handle in self._hook_handles:
+            handle.remove()
+        self._hook_handles = []
+        self._stats.release()
+        try:
+            for pending, values in self._readout.drain():
+                self._publish(pending, values)
+        except Exception as exc:
+            self.store.record_error("monitor", exc)
+        self._sinks.close()
+
+    def __enter__(self) -> Monitor:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # --- optimizer hooks ------------------------------------------------------------
+    def _is_heavy(self, index: int) -> bool:
+        return index % self.settings.stats_every == 0
+
+    def _before_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        try:
+            index = self._optimizer_steps
+            results = _HookResults()
+            if self._is_heavy(index):
+                results.grad_norm, results.group_grad_norms = self._stats.grad_norms_by_group()
+            elif not self._caller_supplies_grad_norm:
+                results.grad_norm = self._stats.grad_norm()
+            if self._is_heavy(index) or self._is_heavy(index + 1):
+                self._stats.snapshot_before_update()
+            self._hook_results = results
+        except Exception as exc:
+            self._stats.release()
+            self.store.record_error("optimizer_hook", exc)
+
+    def _after_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        try:
+            index = self._optimizer_steps
+            self._optimizer_steps += 1
+            heavy = self._is_heavy(index)
+            update = self._stats.measure_update(keep_for_next=self._is_heavy(index + 1), measure=heavy)
+            if heavy:
+                self._hook_results.update = update
+        except Exception as exc:
+            self._stats.release()
+            self.store.record_error("optimizer_hook", exc)
+
+    # --- per step -------------------------------------------------------------------
+    def _record_step(self, loss: Any, tokens: int | None, grad_norm: Any, step: int | None) -> None:
+        if tokens is not None and (isinstance(tokens, bool) or not isinstance(tokens, (int, float)) or tokens < 0):
+            raise ValueError(f"tokens must be a non-negative number, got {tokens!r}")
+        now = time.perf_counter()
+        duration = None if self._last_step_time is None else now - self._last_step_time
+        self._last_step_time = now
+        index = self._reported_steps
+        self._reported_steps += 1
+        results, self._hook_results = self._hook_results, _HookResults()
+        if self._optimizer is None and self._stats.params:
+            results = self._gradient_results_without_optimizer(index)
+        if grad_norm is not None:
+            self._caller_supplies_grad_norm = True
+            results.grad_norm = grad_norm
+
+        tensors: list[Any] = []
+        fields: list[tuple[str, int]] = []
+        values: dict[str, float | None] = {}
+
+        def add(name: str, value: Any, length: int = 1) -> None:
+            if value is None:
+                return
+            if isinstance(value, self._torch.Tensor):
+                if value.numel() != length:
+                    raise ValueError(f"{name}: expected {length} value(s), got a tensor of shape {tuple(value.shape)}")
+                tensors.append(value)
+                fields.append((name, length))
+            else:
+                values[name] = float(value)
+
+        add("loss", loss)
+        add("grad_norm", results.grad_norm)
+        n_groups = len(self._group_labels)
+        add("group_grad_norms", results.group_grad_norms, n_groups)
+        if results.update is not None:
+            add("group_update_norms", results.update.update_norms, n_groups)
+            add("group_param_norms", results.update.param_norms, n_groups)
+            add("update_norm", results.update.total_update)
+            add("param_norm", results.update.total_param)
+            add("update_cosine", results.update.cosine)
+        elif self._optimizer is None and self._stats.params and self._is_heavy(index):
+            total, by_group = self._stats.param_norms_by_group()
+            add("param_norm", total)
+            add("group_param_norms", by_group, n_groups)
+
+        learning_rates: list[float | None] = []
+        if self._optimizer is not None:
+            for position, group in enumerate(self._optimizer.param_groups):
+                lr = group.get("lr")
+                if isinstance(lr, self._torch.Tensor):
+                    add(f"lr{position}", lr)
+                    learning_rates.append(None)
+                else:
+                    learning_rates.append(None if lr is None else float(lr))
+        pending = _PendingStep(
+            step=index if step is None else int(step),
+            wall_time=time.time(),
+            duration_s=duration,
+            tokens=None if tokens is None else int(tokens),
+            values=values,
+            learning_rates=learning_rates,
+            fields=fields,
+        )
+        self._readout.submit(tensors, pending)
+
+    def _gradient_results_without_optimizer(self, index: int) -> _HookResults:
+        results = _HookResults()
+        if self._is_heavy(index):
+            results.grad_norm, results.group_grad_norms = self._stats.grad_norms_by_group()
+        elif not self._caller_supplies_grad_norm:
+            results.grad_norm = self._stats.grad_norm()
+        return results
+
+    def _publish_ready(self) -> None:
+        try:
+            for pending, vector in self._readout.ready():
+                self._publish(pending, vector)
+        except Exception as exc:
+            self.store.record_error("monitor", exc)
+
+    def _publish(self, pending: _PendingStep, vector: list[float]) -> None:
+        read: dict[str, Any] = dict(pending.values)
+        offset = 0
+        for name, length in pending.fields:
+            chunk = vector[offset: offset + length]
+            read[name] = chunk[0] if length == 1 else chunk
+            offset += length
+        learning_rates = tuple(
+            read[f"lr{i}"] if lr is None else lr for i, lr in enumerate(pending.learning_rates)
+        )
+        stats = self._step_stats(pending, read, learning_rates)
+        self._export(stats)
+        self._latest = stats
+
+    def _step_stats(self, pending: _PendingStep, read: dict[str, Any], learning_rates: tuple[float, ...]) -> StepStats:
+        duration = pending.duration_s
+        throughput = None
+        if pending.tokens is not None and duration is not None and duration > 0:
+            throughput = pending.tokens / duration
+        mfu = None
+        if throughput is not None and self.settings.flops_per_token and self.settings.peak_flops:
+            mfu = throughput * self.settings.flops_per_token / self.settings.peak_flops
+        update_ratio = _ratio(read.get("update_norm"), read.get("param_norm")) if "update_norm" in read else None
+        layers: tuple[LayerGroupStats, ...] = ()
+        if any(key in read for key in ("group_grad_norms", "group_param_norms")):
+            grads = read.get("group_grad_norms")
+            params = read.get("group_param_norms")
+            updates = read.get("group_update_norms")
+            layers = tuple(
+                LayerGroupStats(
+                    name=label,
+                    grad_norm=None if grads is None else grads[i],
+                    param_norm=None if params is None else params[i],
+                    update_ratio=None if updates is None or params is None else _ratio(updates[i], params[i]),
+                )
+                for i, label in enumerate(self._group_labels)
+            )
+        return StepStats(
+            step=pending.step,
+            loss=read.get("loss"),
+            grad_norm=read.get("grad_norm"),
+            duration_s=duration,
+            tokens=pending.tokens,
+            tokens_per_second=throughput,
+            mfu=mfu,
+            learning_rates=learning_rates,
+            param_norm=read.get("param_norm"),
+            update_ratio=update_ratio,
+            update_cosine=read.get("update_cosine"),
+            layers=layers,
+        )
+
+    def _export(self, stats: StepStats) -> None:
+        store = self.store
+        store.inc(catalog.TRAIN_STEPS)
+        store.set(catalog.TRAIN_STEP, stats.step)
+        store.set(catalog.TRAIN_LAST_STEP_TIMESTAMP, time.time())
+        for signal, value in (("loss", stats.loss), ("grad_norm", stats.grad_norm)):
+            if value is not None and not math.isfinite(value):
+                store.inc(catalog.TRAIN_NONFINITE_STEPS, labels=(signal,))
+        _set_if(store, catalog.TRAIN_LOSS, stats.loss)
+        _set_if(store, catalog.TRAIN_GRAD_NORM, stats.grad_norm)
+        if stats.duration_s is not None:
+            store.observe(catalog.TRAIN_STEP_DURATION, stats.duration_s)
+            store.set(catalog.TRAIN_LAST_STEP_DURATION, stats.duration_s)
+        if stats.tokens is not None:
+            store.inc(catalog.TRAIN_TOKENS, stats.tokens)
+        _set_if(store, catalog.TRAIN_THROUGHPUT, stats.tokens_per_second)
+        _set_if(store, catalog.TRAIN_MFU, stats.mfu)
+        for position, lr in enumerate(stats.learning_rates):
+            _set_if(store, catalog.TRAIN_LEARNING_RATE, lr, (str(position),))
+        _set_if(store, catalog.TRAIN_PARAM_NORM, stats.param_norm)
+        _set_if(store, catalog.TRAIN_UPDATE_RATIO, stats.update_ratio)
+        _set_if(store, catalog.TRAIN_UPDATE_COSINE, stats.update_cosine)
+        for layer in stats.layers:
+            labels = (layer.name,)
+            _set_if(store, catalog.TRAIN_LAYER_GRAD_NORM, layer.grad_norm, labels)
+            _set_if(store, catalog.TRAIN_LAYER_PARAM_NORM, layer.param_norm, labels)
+            _set_if(store, catalog.TRAIN_LAYER_UPDATE_RATIO, layer.update_ratio, labels)
+
+
+def _set_if(store: MetricStore, spec: catalog.MetricSpec, value: float | None, labels: tuple[str, ...] = ()) -> None:
+    if value is not None:
+        store.set(spec, value, labels)
+
+
+def _ratio(numerator: float | None, denominator: float | None) -> float | None:
+    if numerator is None or denominator is None or denominator == 0:
+        return None
+    return numerator / denominator
+
+
+def _parameter_stats(torch: Any, model: Any, optimizer: Any, max_groups: int) -> tuple[ParameterStats, tuple[str, ...]]:
+    """The parameters to watch (the optimizer's, else the model's) and their layer groups."""
+    names: dict[int, str] = {}
+    if model is not None:
+        names = {id(p): name for name, p in model.named_parameters()}
+    if optimizer is not None:
+        params, labels = [], []
+        for position, group in enumerate(optimizer.param_groups):
+            for p in group["params"]:
+                params.append(p)
+                labels.append(names.get(id(p), f"param_group_{position}"))
+    elif model is not None:
+        params = [p for p in model.parameters() if p.requires_grad]
+        labels = [names[id(p)] for p in params]
+    else:
+        params, labels = [], []
+    grouping = group_parameters(labels, max_groups)
+    return ParameterStats(torch, params, grouping.index, len(grouping.labels)), grouping.labels
+
+
+def _cuda_uuid(torch: Any, model: Any) -> str:
+    """The UUID of the GPU holding the model's first parameter, as dcgm-exporter writes it."""
+    try:
+        if model is None or not torch.cuda.is_available():
+            return ""
+        device = next(model.parameters()).device
+        if device.type != "cuda":
+            return ""
+        uuid = str(torch.cuda.get_device_properties(device).uuid)
+        return uuid if uuid.startswith("GPU-") else f"GPU-{uuid}"
+    except Exception:
+        log.debug("trainhealth: could not read the GPU UUID", exc_info=True)
+        return ""
+
+
+def _close_at_exit(monitor: Monitor) -> Any:
+    """Close ``monitor`` at interpreter exit unless it was closed; holds it weakly."""
+    reference = weakref.ref(monitor)
+
+    def close() -> None:
+        alive = reference()
+        if alive is not None:
+            alive.close()
+
+    atexit.register(close)
+    return close

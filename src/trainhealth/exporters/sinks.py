@@ -1,0 +1,89 @@
+"""Start and stop both sinks — the /metrics endpoint and the OTLP push — over one store."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import logging
+import os
+import platform
+from collections.abc import Mapping
+
+from prometheus_client import CollectorRegistry
+
+from trainhealth import __version__, catalog
+from trainhealth.config import ConfigError, Settings
+from trainhealth.exporters.otel import OtelExporter
+from trainhealth.exporters.prometheus import BasicAuth, MetricsServer, StoreCollector, TLSFiles
+from trainhealth.identity import Identity
+from trainhealth.state import MetricStore
+
+__all__ = ["Sinks", "publish_build_info"]
+
+log = logging.getLogger(__name__)
+
+
+def _installed_version(distribution: str) -> str:
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return ""
+
+
+def publish_build_info(store: MetricStore) -> None:
+    """Set ``trainhealth_build_info`` without importing torch."""
+    store.set_info(catalog.BUILD_INFO, (__version__, platform.python_version(), _installed_version("torch")))
+
+
+class Sinks:
+    """The running sinks of one process. Build with :meth:`start`; stop with :meth:`close`."""
+
+    def __init__(self, server: MetricsServer | None, otel: OtelExporter | None) -> None:
+        self.server = server
+        self.otel = otel
+
+    @classmethod
+    def start(
+        cls,
+        store: MetricStore,
+        identity: Identity,
+        settings: Settings,
+        env: Mapping[str, str] | None = None,
+    ) -> Sinks:
+        """Start what ``settings`` enables; a port that cannot be bound raises :class:`ConfigError`."""
+        env = os.environ if env is None else env
+        publish_build_info(store)
+        server = None
+        if settings.prometheus:
+            registry = CollectorRegistry(auto_describe=False)
+            registry.register(StoreCollector(store, identity))
+            tls = None
+            if settings.tls_certfile and settings.tls_keyfile:
+                tls = TLSFiles(settings.tls_certfile, settings.tls_keyfile, settings.tls_client_cafile)
+            auth = None
+            password = settings.read_basic_auth_password()
+            if settings.basic_auth_username and password:
+                auth = BasicAuth(settings.basic_auth_username, password)
+            port = settings.metrics_port(identity.local_rank)
+            try:
+                server = MetricsServer(registry, addr=settings.prometheus_addr, port=port, tls=tls, basic_auth=auth)
+            except OSError as exc:
+                raise ConfigError("prometheus_port", f"cannot serve on {settings.prometheus_addr}:{port}: {exc.strerror or exc}") from None
+            log.info("trainhealth: serving metrics at %s", server.url)
+        otel = OtelExporter(store, identity) if settings.otel_enabled(env) else None
+        return cls(server, otel)
+
+    @property
+    def metrics_url(self) -> str | None:
+        return self.server.url if self.server is not None else None
+
+    def close(self) -> None:
+        """Push the last OTLP export and stop serving; never raises."""
+        if self.otel is not None:
+            self.otel.shutdown()
+            self.otel = None
+        if self.server is not None:
+            try:
+                self.server.close()
+            except Exception:
+                log.debug("trainhealth: closing the metrics server failed", exc_info=True)
+            self.server = None

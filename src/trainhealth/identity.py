@@ -1,0 +1,122 @@
+"""Who a process is: job, host, rank, local rank, world size, GPU, pod.
+
+Read from the variables torchrun, Slurm and Kubernetes set, with explicit
+overrides from :class:`~trainhealth.config.Settings` taking precedence. Every
+value is bounded (one per job, node or rank), so all of them may be labels.
+
+>>> env = {"RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "8", "TORCHELASTIC_RUN_ID": "llm-7b", "NODE_NAME": "gpu-node-2"}
+>>> ident = Identity.from_env(env)
+>>> ident.job, ident.host, ident.rank, ident.local_rank, ident.world_size
+('llm-7b', 'gpu-node-2', 3, 1, 8)
+>>> ident.labels
+{'job': 'llm-7b', 'host': 'gpu-node-2', 'rank': '3'}
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import socket
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from trainhealth.catalog import IDENTITY_LABELS
+from trainhealth.config import ConfigError, Settings
+
+__all__ = ["Identity"]
+
+DEFAULT_JOB = "trainhealth"
+
+
+@dataclass(frozen=True)
+class Identity:
+    """The identity of one training process (or one node exporter, with rank 0)."""
+
+    job: str
+    host: str
+    rank: int
+    local_rank: int
+    world_size: int
+    gpu_uuid: str = ""
+    pod: str = ""
+    namespace: str = ""
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None, settings: Settings | None = None) -> Identity:
+        """Identity from ``settings`` overrides, then torchrun / Slurm / Kubernetes variables."""
+        env = os.environ if env is None else env
+        settings = settings if settings is not None else Settings.resolve(env=env)
+        in_kubernetes = "KUBERNETES_SERVICE_HOST" in env
+        pod = env.get("POD_NAME") or (env.get("HOSTNAME", "") if in_kubernetes else "")
+        identity = cls(
+            job=settings.job or _first(env, "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID", skip=("none",)) or DEFAULT_JOB,
+            host=settings.host or _first(env, "NODE_NAME", "SLURMD_NODENAME") or socket.gethostname(),
+            rank=_pick_int(settings.rank, env, "rank", ("RANK", "SLURM_PROCID"), 0),
+            local_rank=_pick_int(settings.local_rank, env, "local_rank", ("LOCAL_RANK", "SLURM_LOCALID"), 0),
+            world_size=_pick_int(settings.world_size, env, "world_size", ("WORLD_SIZE", "SLURM_NTASKS"), 1),
+            gpu_uuid=settings.gpu_uuid or "",
+            pod=pod,
+            namespace=env.get("POD_NAMESPACE", ""),
+        )
+        if identity.rank >= identity.world_size:
+            raise ConfigError("rank", f"rank {identity.rank} is not below world size {identity.world_size}")
+        return identity
+
+    def with_gpu_uuid(self, gpu_uuid: str) -> Identity:
+        return dataclasses.replace(self, gpu_uuid=gpu_uuid)
+
+    @property
+    def labels(self) -> dict[str, str]:
+        """The identity labels every exported series carries."""
+        values = {"job": self.job, "host": self.host, "rank": str(self.rank)}
+        return {name: values[name] for name in IDENTITY_LABELS}
+
+    @property
+    def info_labels(self) -> dict[str, str]:
+        """The extra labels of ``trainhealth_rank_info`` (the dcgm-exporter join keys)."""
+        return {
+            "local_rank": str(self.local_rank),
+            "world_size": str(self.world_size),
+            "gpu_uuid": self.gpu_uuid,
+            "pod": self.pod,
+            "namespace": self.namespace,
+        }
+
+    @property
+    def resource_attributes(self) -> dict[str, str | int]:
+        """OpenTelemetry resource attributes for this process."""
+        attributes: dict[str, str | int] = {
+            "host.name": self.host,
+            "trainhealth.job": self.job,
+            "trainhealth.rank": self.rank,
+            "trainhealth.local_rank": self.local_rank,
+            "trainhealth.world_size": self.world_size,
+        }
+        if self.gpu_uuid:
+            attributes["hw.id"] = self.gpu_uuid
+        if self.pod:
+            attributes["k8s.pod.name"] = self.pod
+        if self.namespace:
+            attributes["k8s.namespace.name"] = self.namespace
+        return attributes
+
+
+def _first(env: Mapping[str, str], *names: str, skip: tuple[str, ...] = ()) -> str:
+    for name in names:
+        value = env.get(name, "").strip()
+        if value and value not in skip:
+            return value
+    return ""
+
+
+def _pick_int(override: int | None, env: Mapping[str, str], setting: str, names: tuple[str, ...], default: int) -> int:
+    if override is not None:
+        return override
+    for name in names:
+        raw = env.get(name, "").strip()
+        if raw:
+            try:
+                return int(raw)
+            except ValueError:
+                raise ConfigError(setting, f"{name}={raw!r} in the environment is not an integer") from None
+    return default

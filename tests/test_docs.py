@@ -1,0 +1,29 @@
+"""Generated documents are current: regenerate with the command named in the failure."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from trainhealth.docgen import GENERATED_DOCS
+
+ROOT = Path(__file__).resolve().parent.parent
+COMMANDS = {
+    "docs/metrics.md": "trainhealth metrics --markdown > docs/metrics.md",
+    "docs/configuration.md": "trainhealth config --markdown > docs/configuration.md",
+}
+
+
+@pytest.mark.parametrize("path", sorted(GENERATED_DOCS))
+def test_generated_document_is_current(path):
+    committed = (ROOT / path).read_text(encoding="utf-8") if (ROOT / path).exists() else ""
+    assert committed == GENERATED_DOCS[path](), f"{path} is stale: run `{COMMANDS[path]}`"
+
+
+def test_every_catalogue_metric_is_documented():
+    text = (ROOT / "docs/metrics.md").read_text(encoding="utf-8")
+    from trainhealth.catalog import CATALOG
+
+    for spec in CATALOG:
+        assert f"`{spec.prometheus_name}`" in text

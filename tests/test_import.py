@@ -1,0 +1,50 @@
+"""The public surface, and what happens without torch."""
+
+from __future__ import annotations
+
+import importlib
+import subprocess
+import sys
+
+import pytest
+
+PUBLIC = {
+    "trainhealth": ["ConfigError", "Identity", "LayerGroupStats", "Monitor", "Settings", "StepStats", "__version__"],
+    "trainhealth.exporters": ["BasicAuth", "LayerGroupStats", "MetricsServer", "Monitor", "OtelExporter", "Sinks",
+                              "StepStats", "StoreCollector", "TLSFiles"],
+    "trainhealth.catalog": ["CATALOG", "IDENTITY_LABELS", "MetricKind", "MetricSpec", "Unit", "by_prometheus_name"],
+    "trainhealth.config": ["ConfigError", "Settings", "setting_infos"],
+    "trainhealth.state": ["Family", "HistogramValue", "MetricStore"],
+}
+
+
+@pytest.mark.parametrize("module", sorted(PUBLIC))
+def test_public_names(module):
+    imported = importlib.import_module(module)
+    for name in PUBLIC[module]:
+        assert name in imported.__all__
+        assert getattr(imported, name) is not None
+    for name in imported.__all__:
+        assert hasattr(imported, name), name
+
+
+def _python(code: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+
+
+def test_importing_trainhealth_does_not_import_torch():
+    result = _python("import sys, trainhealth, trainhealth.cli; print('torch' in sys.modules)")
+    assert result.stdout.strip() == "False", result.stderr
+
+
+def test_without_torch_the_monitor_says_what_to_install():
+    result = _python(
+        "import sys; sys.modules['torch'] = None\n"
+        "import trainhealth\n"
+        "try:\n"
+        "    trainhealth.Monitor()\n"
+        "except ImportError as e:\n"
+        "    print(e)\n"
+    )
+    assert "trainhealth.Monitor needs PyTorch" in result.stdout
+    assert "pip install 'trainhealth[torch]'" in result.stdout
