@@ -23,6 +23,7 @@ from typing import Any
 __all__ = ["ParameterStats", "UpdateStats"]
 
 Tensor = Any  # torch.Tensor, without importing torch at module import
+_MAX_CACHED_INDEXES = 64
 
 
 class UpdateStats:
@@ -82,6 +83,8 @@ class ParameterStats:
         key = (device, positions)
         index = self._index_tensors.get(key)
         if index is None:
+            if len(self._index_tensors) >= _MAX_CACHED_INDEXES:  # e.g. MoE: the set of gradients varies
+                self._index_tensors.clear()
             index = self._index_tensors[key] = self._torch.tensor(positions, device=device)
         return index
 
