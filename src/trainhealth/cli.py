@@ -8,8 +8,11 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import logging
 import os
+import signal
 import sys
+import threading
 from collections.abc import Sequence
 from typing import NoReturn
 
@@ -71,6 +74,49 @@ def _cmd_config(args: argparse.Namespace) -> int:
     return 0
 
 
+#: Default port of ``trainhealth export``: just below the per-rank ports (9450 + local rank).
+NODE_EXPORTER_PORT = 9449
+
+#: ``trainhealth export`` options that are settings (dest -> setting name).
+_EXPORT_SETTINGS = {
+    "backend": "gpu_backend", "gpus": "gpus", "interval": "gpu_sample_interval", "addr": "prometheus_addr",
+    "port": "prometheus_port", "simulated_gpus": "simulated_gpus", "dcgm": "dcgm", "dcgm_host": "dcgm_host",
+    "tls_certfile": "tls_certfile", "tls_keyfile": "tls_keyfile", "tls_client_cafile": "tls_client_cafile",
+    "basic_auth_username": "basic_auth_username", "basic_auth_password_file": "basic_auth_password_file",
+}
+
+
+def _cmd_export(args: argparse.Namespace) -> int:
+    from trainhealth.events import EventLog
+    from trainhealth.exporters.gpu import GpuTelemetry
+    from trainhealth.exporters.sinks import Sinks
+    from trainhealth.state import MetricStore
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    settings = Settings.resolve(**{setting: getattr(args, dest) for dest, setting in _EXPORT_SETTINGS.items()})
+    if settings.prometheus_port is None:
+        settings = settings.replace(prometheus_port=NODE_EXPORTER_PORT)
+    if settings.gpu_backend == "off":
+        raise UsageError("gpu_backend is off: trainhealth export has nothing to serve")
+    identity = Identity.node(settings=settings)
+    store = MetricStore(settings.max_series_per_metric)
+    stop = threading.Event()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda *_: stop.set())
+    sinks = Sinks.start(store, identity, settings)
+    telemetry = GpuTelemetry.start(store, EventLog(), settings, identity, role="node")
+    try:
+        where = sinks.metrics_url or "nowhere (TRAINHEALTH_PROMETHEUS=false; OTLP only)"
+        count = len(telemetry.sampler.gpus) if telemetry else 0
+        print(f"trainhealth export: {count} GPU(s) through {settings.gpu_backend}, metrics at {where}", flush=True)
+        stop.wait(args.duration)
+    finally:
+        if telemetry is not None:
+            telemetry.close()
+        sinks.close()
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="trainhealth", description="Observability for large-model training.")
     parser.add_argument("--version", action="version", version=f"trainhealth {__version__}")
@@ -87,6 +133,27 @@ def build_parser() -> argparse.ArgumentParser:
     config_format.add_argument("--json", action="store_true", help="as JSON")
     config_format.add_argument("--markdown", action="store_true", help="document every setting (docs/configuration.md)")
     config.set_defaults(handler=_cmd_config)
+
+    export = commands.add_parser(
+        "export", help="serve this node's GPU metrics (NVML, XIDs, DCGM), like dcgm-exporter",
+        description="Serve the GPU metrics of this node until stopped. Options override TRAINHEALTH_* variables.",
+    )
+    export.add_argument("--backend", choices=("nvml", "simulated"), help="GPU backend (default nvml)")
+    export.add_argument("--gpus", help="all (default), or NVML indices like 0,2")
+    export.add_argument("--interval", type=float, metavar="SECONDS", help="seconds between sampling passes (default 5)")
+    export.add_argument("--addr", help="address to bind (default 0.0.0.0)")
+    export.add_argument("--port", type=int, help=f"port to serve on (default {NODE_EXPORTER_PORT}; 0 picks one)")
+    export.add_argument("--simulated-gpus", type=int, metavar="N", help="GPUs of the simulated backend (default 8)")
+    export.add_argument("--dcgm", action=argparse.BooleanOptionalAction, default=None,
+                        help="read DCGM profiling fields (default: when DCGM is present)")
+    export.add_argument("--dcgm-host", help="nv-hostengine address (default localhost)")
+    export.add_argument("--tls-certfile", help="serve HTTPS with this certificate")
+    export.add_argument("--tls-keyfile", help="private key of --tls-certfile")
+    export.add_argument("--tls-client-cafile", help="require client certificates signed by this CA")
+    export.add_argument("--basic-auth-username", help="require HTTP basic auth with this user")
+    export.add_argument("--basic-auth-password-file", help="file holding the basic-auth password")
+    export.add_argument("--duration", type=float, metavar="SECONDS", help="stop after this long (default: run until stopped)")
+    export.set_defaults(handler=_cmd_export)
     return parser
 
 

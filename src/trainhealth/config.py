@@ -102,6 +102,14 @@ class Settings:
     flops_per_token: float | None = _setting(None, _parse_float, "Training FLOPs per token (forward and backward, e.g. 6 x parameters); enables MFU.")
     peak_flops: float | None = _setting(None, _parse_float, "Peak FLOP/s of this rank's device for the training dtype; enables MFU.")
     max_series_per_metric: int = _setting(1000, _parse_int, "Most label sets kept per metric; more are dropped and counted as errors.")
+    # GPU hardware telemetry
+    gpu_backend: str = _setting("nvml", _parse_str, "Where GPU metrics come from: nvml, simulated (explicitly chosen, every series labelled backend=\"simulated\") or off.")
+    gpus: str = _setting("", _parse_str, "GPUs to sample: own (the rank's GPU), all, or NVML indices like 0,2; default own in a training process, all in trainhealth export.")
+    gpu_sample_interval: float = _setting(5.0, _parse_float, "Seconds between GPU sampling passes; a scrape never calls NVML.")
+    simulated_gpus: int = _setting(8, _parse_int, "Number of GPUs the simulated backend has.")
+    dcgm: bool | None = _setting(None, _parse_bool, "Read DCGM profiling fields (SM, tensor, DRAM activity); default on in trainhealth export, off in a training process.")
+    dcgm_host: str = _setting("localhost", _parse_str, "Address of nv-hostengine for the DCGM profiling fields.")
+    dcgm_bindings: str | None = _setting(None, _parse_str, "Directory holding DCGM's Python bindings (pydcgm); default the datacenter-gpu-manager install paths.")
 
     def __post_init__(self) -> None:
         for spec in dataclasses.fields(self):
@@ -113,7 +121,12 @@ class Settings:
         _check_range(self, "stats_every", 1)
         _check_range(self, "max_layer_groups", 1)
         _check_range(self, "max_series_per_metric", 1)
-        for name in ("flops_per_token", "peak_flops"):
+        _check_range(self, "simulated_gpus", 1)
+        if self.gpu_backend not in GPU_BACKENDS:
+            raise ConfigError("gpu_backend", f"must be one of {', '.join(GPU_BACKENDS)}, got {self.gpu_backend!r}")
+        if not _valid_gpus(self.gpus):
+            raise ConfigError("gpus", f"must be own, all or comma-separated GPU indices, got {self.gpus!r}")
+        for name in ("flops_per_token", "peak_flops", "gpu_sample_interval"):
             value = getattr(self, name)
             if value is not None and not value > 0:
                 raise ConfigError(name, f"must be a positive number, got {value!r}")
@@ -186,6 +199,17 @@ class Settings:
         if not password:
             raise ConfigError("basic_auth_password_file", f"{self.basic_auth_password_file} is empty")
         return password
+
+
+GPU_BACKENDS = ("nvml", "simulated", "off")
+
+
+def _valid_gpus(text: str) -> bool:
+    text = text.strip()
+    if text in ("", "own", "all"):
+        return True
+    parts = [part.strip() for part in text.split(",")]
+    return all(part.isdigit() for part in parts)
 
 
 def _check_names(values: Mapping[str, Any]) -> None:

@@ -58,7 +58,7 @@ def render_metrics_markdown(catalog: Sequence[MetricSpec] = CATALOG) -> str:
 
 
 def _default(info: SettingInfo) -> str:
-    if info.default is None:
+    if info.default is None or info.default == "":
         return "—"
     if isinstance(info.default, bool):
         return "true" if info.default else "false"

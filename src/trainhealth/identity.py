@@ -34,7 +34,7 @@ class Identity:
 
     job: str
     host: str
-    rank: int
+    rank: int | None
     local_rank: int
     world_size: int
     gpu_uuid: str = ""
@@ -58,9 +58,17 @@ class Identity:
             pod=pod,
             namespace=env.get("POD_NAMESPACE", ""),
         )
-        if identity.rank >= identity.world_size:
+        if identity.rank is not None and identity.rank >= identity.world_size:
             raise ConfigError("rank", f"rank {identity.rank} is not below world size {identity.world_size}")
         return identity
+
+    @classmethod
+    def node(cls, env: Mapping[str, str] | None = None, settings: Settings | None = None) -> Identity:
+        """The identity of a per-node exporter: job and host, no rank (its ``rank`` label is empty)."""
+        env = os.environ if env is None else env
+        settings = settings if settings is not None else Settings.resolve(env=env)
+        per_rank = cls.from_env({k: v for k, v in env.items() if k not in _RANK_VARIABLES}, settings)
+        return dataclasses.replace(per_rank, rank=None, local_rank=0, world_size=1, gpu_uuid="")
 
     def with_gpu_uuid(self, gpu_uuid: str) -> Identity:
         return dataclasses.replace(self, gpu_uuid=gpu_uuid)
@@ -68,7 +76,7 @@ class Identity:
     @property
     def labels(self) -> dict[str, str]:
         """The identity labels every exported series carries."""
-        values = {"job": self.job, "host": self.host, "rank": str(self.rank)}
+        values = {"job": self.job, "host": self.host, "rank": "" if self.rank is None else str(self.rank)}
         return {name: values[name] for name in IDENTITY_LABELS}
 
     @property
@@ -85,13 +93,13 @@ class Identity:
     @property
     def resource_attributes(self) -> dict[str, str | int]:
         """OpenTelemetry resource attributes for this process."""
-        attributes: dict[str, str | int] = {
-            "host.name": self.host,
-            "trainhealth.job": self.job,
-            "trainhealth.rank": self.rank,
-            "trainhealth.local_rank": self.local_rank,
-            "trainhealth.world_size": self.world_size,
-        }
+        attributes: dict[str, str | int] = {"host.name": self.host, "trainhealth.job": self.job}
+        if self.rank is not None:
+            attributes.update({
+                "trainhealth.rank": self.rank,
+                "trainhealth.local_rank": self.local_rank,
+                "trainhealth.world_size": self.world_size,
+            })
         if self.gpu_uuid:
             attributes["hw.id"] = self.gpu_uuid
         if self.pod:
@@ -99,6 +107,9 @@ class Identity:
         if self.namespace:
             attributes["k8s.namespace.name"] = self.namespace
         return attributes
+
+
+_RANK_VARIABLES = frozenset({"RANK", "LOCAL_RANK", "WORLD_SIZE", "SLURM_PROCID", "SLURM_LOCALID", "SLURM_NTASKS"})
 
 
 def _first(env: Mapping[str, str], *names: str, skip: tuple[str, ...] = ()) -> str:

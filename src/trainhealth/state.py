@@ -20,7 +20,7 @@ import bisect
 import logging
 import math
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from trainhealth.catalog import EXPORTER_ERRORS, MetricKind, MetricSpec
@@ -81,6 +81,7 @@ class MetricStore:
         self._series: dict[MetricSpec, dict[Labels, float | _Histogram]] = {}
         self._observers: list[Observer] = []
         self._logged_errors: set[tuple[str, str]] = set()
+        self._version = 0
 
     # --- writing --------------------------------------------------------------------
     def set(self, spec: MetricSpec, value: float, labels: Labels = ()) -> None:
@@ -126,16 +127,30 @@ class MetricStore:
             except Exception as exc:  # an observer must not break the producer
                 self.record_error("observer", exc)
 
+    def write(self, values: Iterable[tuple[MetricSpec, Labels, float]]) -> None:
+        """Set many gauges under one lock; counters are set to the absolute total read from a
+        monotonic source (NVML's ECC or energy counters), so a source reset shows as a counter reset."""
+        batch = [(spec, labels, float(value)) for spec, labels, value in values]
+        for spec, _, _ in batch:
+            self._expect(spec, MetricKind.GAUGE, MetricKind.COUNTER, MetricKind.INFO)
+        with self._lock:
+            for spec, labels, value in batch:
+                series = self._series_of(spec, labels)
+                if series is not None:
+                    series[labels] = value
+
     def set_info(self, spec: MetricSpec, labels: Labels) -> None:
         """Replace an info metric's single series with ``labels`` (value 1)."""
         self._expect(spec, MetricKind.INFO)
         self._check_labels(spec, labels)
         with self._lock:
             self._series[spec] = {labels: 1.0}
+            self._version += 1
 
     def remove(self, spec: MetricSpec, labels: Labels) -> None:
         with self._lock:
             self._series.get(spec, {}).pop(labels, None)
+            self._version += 1
 
     def record_error(self, source: str, exc: BaseException | None = None) -> None:
         """Count an error caught on the training or scrape path; log its first occurrence."""
@@ -165,6 +180,11 @@ class MetricStore:
                 self._observers.remove(observer)
 
     # --- reading --------------------------------------------------------------------
+    @property
+    def version(self) -> int:
+        """Changes whenever any series is written; equal versions mean equal snapshots."""
+        return self._version
+
     def snapshot(self) -> tuple[Family, ...]:
         """An immutable copy of every series, for one scrape or one export."""
         with self._lock:
@@ -197,6 +217,7 @@ class MetricStore:
     def _series_of(self, spec: MetricSpec, labels: Labels) -> dict[Labels, float | _Histogram] | None:
         """The series dict of ``spec`` if ``labels`` may be written (caller holds the lock)."""
         self._check_labels(spec, labels)
+        self._version += 1
         series = self._series.setdefault(spec, {})
         if labels in series or len(series) < self._max_series:
             return series

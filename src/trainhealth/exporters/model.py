@@ -36,6 +36,8 @@ from typing import Any
 from trainhealth import catalog
 from trainhealth._torch import require_torch
 from trainhealth.config import Settings
+from trainhealth.events import EventLog
+from trainhealth.exporters.gpu import GpuTelemetry
 from trainhealth.exporters.layer_groups import group_parameters
 from trainhealth.exporters.param_stats import ParameterStats, UpdateStats
 from trainhealth.exporters.readout import DeferredReadout
@@ -102,7 +104,9 @@ class Monitor:
     """Record training-loop metrics and serve them.
 
     Use as a context manager or call :meth:`close`. Call :meth:`step` once per
-    training iteration, after ``optimizer.step()``. Every keyword argument is a
+    training iteration, after ``optimizer.step()``. Unless ``gpu_backend`` is
+    ``off``, the rank's own GPU is sampled too (see :mod:`trainhealth.exporters.gpu`);
+    ``events`` holds what happened to it (XIDs, a lost GPU). Every keyword argument is a
     :class:`~trainhealth.config.Settings` field and overrides its
     ``TRAINHEALTH_*`` variable; pass ``settings=`` for a prepared object and
     ``env=`` to read a mapping other than ``os.environ``.
@@ -152,7 +156,16 @@ class Monitor:
         self._closed = False
         self._hook_handles: list[Any] = []
 
+        self.events = EventLog()
         self._sinks = Sinks.start(self.store, identity, settings, env)
+        try:
+            self.gpu = GpuTelemetry.start(self.store, self.events, settings, identity, role="rank", env=env)
+        except Exception:
+            self._sinks.close()
+            raise
+        if self.gpu is not None and not identity.gpu_uuid and len(self.gpu.gpu_uuids) == 1:
+            self.identity = identity = identity.with_gpu_uuid(self.gpu.gpu_uuids[0])
+            self.store.set_info(catalog.RANK_INFO, tuple(identity.info_labels.values()))
         if optimizer is not None:
             self._hook_handles = [
                 optimizer.register_step_pre_hook(self._before_optimizer_step),
@@ -204,6 +217,8 @@ class Monitor:
             handle.remove()
         self._hook_handles = []
         self._stats.release()
+        if self.gpu is not None:
+            self.gpu.close()
         try:
             for pending, values in self._readout.drain():
                 self._publish(pending, values)

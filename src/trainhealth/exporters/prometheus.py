@@ -160,6 +160,40 @@ def _require_basic_auth(app: WSGIApp, auth: BasicAuth) -> WSGIApp:
     return authenticated
 
 
+def _cache_by_version(app: WSGIApp, version: Callable[[], int]) -> WSGIApp:
+    """Serve the last response again while ``version()`` is unchanged (per negotiated format).
+
+    A node exporter's store changes once per sampling pass while Prometheus
+    servers (often several, for HA) scrape it many times in between.
+    """
+    cache: dict[tuple[str, ...], tuple[int, str, list[tuple[str, str]], bytes]] = {}
+    lock = threading.Lock()
+
+    def cached(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        key = tuple(environ.get(name, "") for name in ("HTTP_ACCEPT", "HTTP_ACCEPT_ENCODING", "QUERY_STRING"))
+        current = version()
+        with lock:
+            hit = cache.get(key)
+        if hit is None or hit[0] != current:
+            captured: dict[str, Any] = {}
+
+            def capture(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Callable[[bytes], None]:
+                captured["status"], captured["headers"] = status, headers
+                return lambda data: None
+
+            body = b"".join(app(environ, capture))
+            hit = (current, captured["status"], captured["headers"], body)
+            if captured["status"].startswith("200"):
+                with lock:
+                    if len(cache) > 16:  # bounded: clients vary their headers
+                        cache.clear()
+                    cache[key] = hit
+        start_response(hit[1], hit[2])
+        return [hit[3]]
+
+    return cached
+
+
 def _route(metrics_app: WSGIApp) -> WSGIApp:
     def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
         path = environ.get("PATH_INFO", "/")
@@ -198,7 +232,11 @@ class _ThreadingServer(socketserver.ThreadingMixIn, WSGIServer):
 
 
 class MetricsServer:
-    """Serves ``registry`` at /metrics on a daemon thread; HTTPS and basic auth when configured."""
+    """Serves ``registry`` at /metrics on a daemon thread; HTTPS and basic auth when configured.
+
+    With ``version`` (a function whose value changes whenever the data does), an
+    unchanged registry is answered from the previous rendering.
+    """
 
     def __init__(
         self,
@@ -208,8 +246,12 @@ class MetricsServer:
         port: int = 0,
         tls: TLSFiles | None = None,
         basic_auth: BasicAuth | None = None,
+        version: Callable[[], int] | None = None,
     ) -> None:
-        app = _route(make_wsgi_app(registry))
+        metrics_app = make_wsgi_app(registry)
+        if version is not None:
+            metrics_app = _cache_by_version(metrics_app, version)
+        app = _route(metrics_app)
         if basic_auth is not None:
             app = _require_basic_auth(app, basic_auth)
             if tls is None:
@@ -224,7 +266,9 @@ class MetricsServer:
             )
         self._scheme = "https" if tls is not None else "http"
         self._addr = addr
-        self._thread = threading.Thread(target=self._server.serve_forever, name="trainhealth-metrics", daemon=True)
+        # A short poll interval makes close() prompt; an idle wake-up every 0.1 s costs nothing measurable.
+        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.1},
+                                        name="trainhealth-metrics", daemon=True)
         self._thread.start()
 
     @property

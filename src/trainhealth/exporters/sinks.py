@@ -65,7 +65,8 @@ class Sinks:
                 auth = BasicAuth(settings.basic_auth_username, password)
             port = settings.metrics_port(identity.local_rank)
             try:
-                server = MetricsServer(registry, addr=settings.prometheus_addr, port=port, tls=tls, basic_auth=auth)
+                server = MetricsServer(registry, addr=settings.prometheus_addr, port=port, tls=tls, basic_auth=auth,
+                                       version=lambda: store.version)
             except OSError as exc:
                 raise ConfigError("prometheus_port", f"cannot serve on {settings.prometheus_addr}:{port}: {exc.strerror or exc}") from None
             log.info("trainhealth: serving metrics at %s", server.url)
