@@ -21,6 +21,7 @@ from trainhealth.catalog import CATALOG
 from trainhealth.config import ConfigError, Settings, setting_infos
 from trainhealth.docgen import render_configuration_markdown, render_metrics_markdown
 from trainhealth.identity import Identity
+from trainhealth.traces.format import TraceError
 
 __all__ = ["main"]
 
@@ -117,6 +118,34 @@ def _cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_trace_info(args: argparse.Namespace) -> int:
+    from trainhealth.traces.convert import load_any
+    from trainhealth.traces.summary import summarize
+
+    trace, notes = load_any(args.traces, args.input_format, args.topology)
+    summary = summarize(trace.records)
+    if args.json:
+        print(json.dumps({"files": list(trace.sources), **summary.to_dict(), "notes": notes}, indent=2, sort_keys=True))
+    else:
+        print(f"files    {len(trace.sources)}")
+        print(summary.render())
+        for note in notes:
+            print(f"note: {note}")
+    return 0
+
+
+def _cmd_trace_convert(args: argparse.Namespace) -> int:
+    from trainhealth.traces.convert import load_any, save
+
+    trace, notes = load_any(args.inputs, args.input_format, args.topology)
+    written = save(trace, args.output)
+    for note in notes:
+        print(f"note: {note}", file=sys.stderr)
+    print(f"wrote {len(trace.records)} records from {len(trace.sources)} file(s) to "
+          f"{', '.join(str(path) for path in written)}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="trainhealth", description="Observability for large-model training.")
     parser.add_argument("--version", action="version", version=f"trainhealth {__version__}")
@@ -154,6 +183,26 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--basic-auth-password-file", help="file holding the basic-auth password")
     export.add_argument("--duration", type=float, metavar="SECONDS", help="stop after this long (default: run until stopped)")
     export.set_defaults(handler=_cmd_export)
+
+    trace = commands.add_parser("trace", help="inspect and convert collective traces (trace format v1)")
+    trace_commands = trace.add_subparsers(dest="trace_command", metavar="COMMAND", parser_class=_Parser, required=True)
+    kinds = ("auto", "v1", "flight-recorder", "straggler-analysis")
+    info = trace_commands.add_parser("info", help="ranks, groups, steps, ops, time span and per-op durations")
+    info.add_argument("traces", nargs="+", metavar="TRACE", help="trace files or directories")
+    info.add_argument("--from", dest="input_format", choices=kinds, default="auto", help="input format (default: detect)")
+    info.add_argument("--topology", help="topology sidecar (default: topology.json in a trace directory)")
+    info.add_argument("--json", action="store_true", help="as JSON")
+    info.set_defaults(handler=_cmd_trace_info)
+    convert = trace_commands.add_parser(
+        "convert", help="convert traces (v1, Flight Recorder dumps, StragglerAnalysis parquet) to trace format v1",
+        description="Write the inputs as one trace: OUT with a trace extension (.parquet, .jsonl[.gz], .csv[.gz]) "
+                    "is one file; any other OUT is a directory receiving trace.parquet and topology.json.",
+    )
+    convert.add_argument("inputs", nargs="+", metavar="IN", help="input files or directories")
+    convert.add_argument("-o", "--output", required=True, metavar="OUT", help="output file or directory")
+    convert.add_argument("--from", dest="input_format", choices=kinds, default="auto", help="input format (default: detect)")
+    convert.add_argument("--topology", help="topology sidecar for v1 inputs")
+    convert.set_defaults(handler=_cmd_trace_convert)
     return parser
 
 
@@ -165,7 +214,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.print_help(sys.stderr)
             return USAGE_ERROR
         return int(args.handler(args))
-    except (UsageError, ConfigError) as exc:
+    except (UsageError, ConfigError, TraceError) as exc:
         print(f"trainhealth: error: {exc}", file=sys.stderr)
         return USAGE_ERROR
     except BrokenPipeError:  # output piped into head or similar

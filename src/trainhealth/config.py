@@ -102,6 +102,11 @@ class Settings:
     flops_per_token: float | None = _setting(None, _parse_float, "Training FLOPs per token (forward and backward, e.g. 6 x parameters); enables MFU.")
     peak_flops: float | None = _setting(None, _parse_float, "Peak FLOP/s of this rank's device for the training dtype; enables MFU.")
     max_series_per_metric: int = _setting(1000, _parse_int, "Most label sets kept per metric; more are dropped and counted as errors.")
+    # collective operations
+    comm: bool = _setting(False, _parse_bool, "Record torch.distributed collectives in the Monitor (trainhealth.comm.install).")
+    trace_dir: str | None = _setting(None, _parse_str, "Directory for per-rank collective traces (rank-<rank>.parquet, trace format v1), written at uninstall and exit.")
+    comm_ring_size: int = _setting(65536, _parse_int, "Collective records kept in memory per rank; older ones are dropped (and counted).")
+    comm_flush_interval: float = _setting(1.0, _parse_float, "Seconds between updates of the collective metrics, the in-flight view and the abnormal filter.")
     # GPU hardware telemetry
     gpu_backend: str = _setting("nvml", _parse_str, "Where GPU metrics come from: nvml, simulated (explicitly chosen, every series labelled backend=\"simulated\") or off.")
     gpus: str = _setting("", _parse_str, "GPUs to sample: own (the rank's GPU), all, or NVML indices like 0,2; default own in a training process, all in trainhealth export.")
@@ -122,11 +127,12 @@ class Settings:
         _check_range(self, "max_layer_groups", 1)
         _check_range(self, "max_series_per_metric", 1)
         _check_range(self, "simulated_gpus", 1)
+        _check_range(self, "comm_ring_size", 1)
         if self.gpu_backend not in GPU_BACKENDS:
             raise ConfigError("gpu_backend", f"must be one of {', '.join(GPU_BACKENDS)}, got {self.gpu_backend!r}")
         if not _valid_gpus(self.gpus):
             raise ConfigError("gpus", f"must be own, all or comma-separated GPU indices, got {self.gpus!r}")
-        for name in ("flops_per_token", "peak_flops", "gpu_sample_interval"):
+        for name in ("flops_per_token", "peak_flops", "gpu_sample_interval", "comm_flush_interval"):
             value = getattr(self, name)
             if value is not None and not value > 0:
                 raise ConfigError(name, f"must be a positive number, got {value!r}")

@@ -20,7 +20,7 @@ import bisect
 import logging
 import math
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from trainhealth.catalog import EXPORTER_ERRORS, MetricKind, MetricSpec
@@ -138,6 +138,32 @@ class MetricStore:
                 series = self._series_of(spec, labels)
                 if series is not None:
                     series[labels] = value
+
+    def observe_many(self, spec: MetricSpec, values: Sequence[float], labels: Labels = ()) -> None:
+        """Add many observations to one histogram series under one lock (non-finite ones are skipped)."""
+        self._expect(spec, MetricKind.HISTOGRAM)
+        finite = [float(v) for v in values if math.isfinite(v)]
+        if not finite:
+            return
+        with self._lock:
+            series = self._series_of(spec, labels)
+            if series is None:
+                return
+            histogram = series.get(labels)
+            if not isinstance(histogram, _Histogram):
+                histogram = series[labels] = _Histogram(len(spec.buckets))
+            for value in finite:
+                histogram.counts[bisect.bisect_left(spec.buckets, value)] += 1
+            histogram.count += len(finite)
+            histogram.sum += sum(finite)
+            observers = tuple(self._observers)
+        for observer in observers:
+            for value in finite:
+                try:
+                    observer(spec, value, labels)
+                except Exception as exc:
+                    self.record_error("observer", exc)
+                    break
 
     def set_info(self, spec: MetricSpec, labels: Labels) -> None:
         """Replace an info metric's single series with ``labels`` (value 1)."""

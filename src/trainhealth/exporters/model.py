@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from trainhealth import catalog
+from trainhealth import comm as comm_module
 from trainhealth._torch import require_torch
 from trainhealth.config import Settings
 from trainhealth.events import EventLog
@@ -166,6 +167,11 @@ class Monitor:
         if self.gpu is not None and not identity.gpu_uuid and len(self.gpu.gpu_uuids) == 1:
             self.identity = identity = identity.with_gpu_uuid(self.gpu.gpu_uuids[0])
             self.store.set_info(catalog.RANK_INFO, tuple(identity.info_labels.values()))
+        self.comm = None
+        self._owns_comm = False
+        if settings.comm or comm_module.installed() is not None:
+            self._owns_comm = comm_module.installed() is None
+            self.comm = comm_module.install(store=self.store, settings=settings)
         if optimizer is not None:
             self._hook_handles = [
                 optimizer.register_step_pre_hook(self._before_optimizer_step),
@@ -219,6 +225,8 @@ class Monitor:
         self._stats.release()
         if self.gpu is not None:
             self.gpu.close()
+        if self._owns_comm:
+            comm_module.uninstall()
         try:
             for pending, values in self._readout.drain():
                 self._publish(pending, values)
@@ -318,8 +326,11 @@ class Monitor:
                     learning_rates.append(None)
                 else:
                     learning_rates.append(None if lr is None else float(lr))
+        step_index = index if step is None else int(step)
+        if self.comm is not None:
+            self.comm.step = step_index + 1  # the collectives that follow belong to the next step
         pending = _PendingStep(
-            step=index if step is None else int(step),
+            step=step_index,
             wall_time=time.time(),
             duration_s=duration,
             tokens=None if tokens is None else int(tokens),

@@ -1,0 +1,85 @@
+"""Reading any supported trace (v1, Flight Recorder, StragglerAnalysis) and writing v1.
+
+``trainhealth trace convert`` and ``trainhealth trace info`` go through :func:`load_any`.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+import pandas as pd
+
+from trainhealth.traces.flight_recorder import import_flight_recorder, looks_like_flight_recorder
+from trainhealth.traces.format import TraceError
+from trainhealth.traces.io import Trace, is_trace_file, read_trace, write_trace
+from trainhealth.traces.straggler_analysis import import_straggler_analysis, looks_like_straggler_analysis
+from trainhealth.traces.topology import TOPOLOGY_FILE, Topology
+
+__all__ = ["INPUT_KINDS", "detect_kind", "load_any", "save"]
+
+INPUT_KINDS = ("auto", "v1", "flight-recorder", "straggler-analysis")
+
+
+def detect_kind(path: Path) -> str:
+    if path.is_dir():
+        return "v1"
+    if looks_like_straggler_analysis(path):
+        return "straggler-analysis"
+    if not is_trace_file(path) and looks_like_flight_recorder(path):
+        return "flight-recorder"
+    return "v1"
+
+
+def load_any(paths: Sequence[str | os.PathLike[str]], kind: str = "auto",
+             topology: str | os.PathLike[str] | None = None) -> tuple[Trace, list[str]]:
+    """All inputs as one v1 trace, with notes for the user (skipped entries and the like)."""
+    if kind not in INPUT_KINDS:
+        raise TraceError(", ".join(map(str, paths)), f"unknown input kind {kind!r}; expected one of {', '.join(INPUT_KINDS)}")
+    by_kind: dict[str, list[Path]] = {}
+    for path in map(Path, paths):
+        if not path.exists():
+            raise TraceError(str(path), "no such file or directory")
+        by_kind.setdefault(detect_kind(path) if kind == "auto" else kind, []).append(path)
+    traces, notes = [], []
+    for found, files in by_kind.items():
+        if found == "flight-recorder":
+            trace, skipped = import_flight_recorder(files)
+            notes += [f"skipped {count} Flight Recorder entr{'y' if count == 1 else 'ies'} of unrecognised operation {name!r}"
+                      for name, count in sorted(skipped.items())]
+        elif found == "straggler-analysis":
+            imported = [import_straggler_analysis(file) for file in files]
+            trace = imported[0] if len(imported) == 1 else _merge(imported)
+        else:
+            trace = read_trace(files, topology)
+        traces.append(trace)
+    return (traces[0] if len(traces) == 1 else _merge(traces)), notes
+
+
+def _merge(traces: list[Trace]) -> Trace:
+    records = pd.concat([t.records for t in traces], ignore_index=True)
+    groups, hosts, parallelism = {}, {}, {}
+    for t in traces:
+        if t.topology is not None:
+            groups.update(t.topology.groups)
+            hosts.update(t.topology.hosts)
+            parallelism.update(t.topology.parallelism)
+    topology = Topology(groups, hosts, parallelism) if (groups or hosts or parallelism) else None
+    return Trace(records, topology, tuple(s for t in traces for s in t.sources))
+
+
+def save(trace: Trace, output: str | os.PathLike[str]) -> list[Path]:
+    """Write ``trace`` to a file (the extension picks the format) or, for a directory, to
+    ``trace.parquet`` plus ``topology.json``. Returns the files written."""
+    output = Path(output)
+    if is_trace_file(output):
+        write_trace(trace.records, output)
+        return [output]
+    output.mkdir(parents=True, exist_ok=True)
+    written = [output / "trace.parquet"]
+    write_trace(trace.records, written[0])
+    if trace.topology is not None:
+        trace.topology.save(output / TOPOLOGY_FILE)
+        written.append(output / TOPOLOGY_FILE)
+    return written

@@ -1,0 +1,198 @@
+"""Reading and writing trace format v1: Parquet, JSON Lines, CSV, and gzip-compressed text.
+
+The file type follows the extension. Readers take files and directories (every
+trace file directly inside, plus its ``topology.json``); every problem is a
+:class:`~trainhealth.traces.format.TraceError` naming file, row and column.
+
+>>> import pandas as pd, tempfile, pathlib
+>>> records = pd.DataFrame({"rank": [0, 1], "step": [0, 0], "op": ["all_reduce"] * 2, "group": ["dp0"] * 2,
+...                         "seq": [0, 0], "start": [0.0, 0.1], "duration": [0.5, 0.4]})
+>>> path = pathlib.Path(tempfile.mkdtemp()) / "trace.jsonl.gz"
+>>> write_trace(records, path)
+>>> read_trace([path]).records[["rank", "duration"]].to_dict("list")
+{'rank': [0, 1], 'duration': [0.5, 0.4]}
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import os
+import zlib
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from trainhealth.traces.format import COLUMNS, TraceError, validate
+from trainhealth.traces.topology import TOPOLOGY_FILE, Topology
+
+__all__ = ["TRACE_SUFFIXES", "Trace", "is_trace_file", "read_trace", "read_trace_file", "write_trace"]
+
+TRACE_SUFFIXES = (".parquet", ".jsonl", ".jsonl.gz", ".csv", ".csv.gz")
+
+
+@dataclass(frozen=True)
+class Trace:
+    """Validated records (canonical dtypes), the topology when one was given, and where they came from."""
+
+    records: pd.DataFrame
+    topology: Topology | None
+    sources: tuple[str, ...]
+
+
+def _suffix(path: Path) -> str | None:
+    name = path.name.lower()
+    for suffix in sorted(TRACE_SUFFIXES, key=len, reverse=True):
+        if name.endswith(suffix):
+            return suffix
+    return None
+
+
+def is_trace_file(path: Path) -> bool:
+    return _suffix(path) is not None
+
+
+def read_trace_file(path: str | os.PathLike[str]) -> pd.DataFrame:
+    """One trace file, validated."""
+    path = Path(path)
+    suffix = _suffix(path)
+    if suffix is None:
+        raise TraceError(str(path), f"unknown file type; expected one of {', '.join(TRACE_SUFFIXES)}")
+    if not path.is_file():
+        raise TraceError(str(path), "no such file")
+    if path.stat().st_size == 0:
+        raise TraceError(str(path), "empty file")
+    lines = None
+    try:
+        if suffix == ".parquet":
+            frame = pq.read_table(path).to_pandas()
+        else:
+            text = _read_text(path, suffix.endswith(".gz"))
+            if suffix.startswith(".jsonl"):
+                frame, lines = _parse_jsonl(text, str(path))
+            else:
+                frame, lines = _parse_csv(text, str(path))
+    except TraceError:
+        raise
+    except (pa.ArrowException, OSError, EOFError, zlib.error, UnicodeDecodeError, pd.errors.ParserError) as exc:
+        kind = {".parquet": "Parquet"}.get(suffix, suffix.lstrip(".").upper())
+        raise TraceError(str(path), f"not a readable {kind} file (truncated or corrupt?): {_short(exc)}") from None
+    return validate(frame, str(path), lines)
+
+
+def _short(exc: BaseException) -> str:
+    return str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
+
+
+def _read_text(path: Path, compressed: bool) -> str:
+    if compressed:
+        with gzip.open(path, "rt", encoding="utf-8") as handle:
+            return handle.read()
+    return path.read_text(encoding="utf-8")
+
+
+def _parse_jsonl(text: str, path: str) -> tuple[pd.DataFrame, list[int]]:
+    rows, lines = [], []
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise TraceError(path, f"not valid JSON (truncated file?): {exc.msg}", row=len(rows) + 1, line=number) from None
+        if not isinstance(row, dict):
+            raise TraceError(path, "each line must be a JSON object", row=len(rows) + 1, line=number)
+        rows.append(row)
+        lines.append(number)
+    return pd.DataFrame.from_records(rows), lines
+
+
+def _parse_csv(text: str, path: str) -> tuple[pd.DataFrame, list[int]]:
+    if not text.strip():
+        raise TraceError(path, "empty file")
+    frame = pd.read_csv(io.StringIO(text), dtype=str, keep_default_na=False, na_values=[""])
+    header = [str(name) for name in frame.columns]
+    unnamed = [name for name in header if name.startswith("Unnamed:")]
+    if unnamed:
+        raise TraceError(path, "the header row has an empty column name")
+    known = {column.name for column in COLUMNS}
+    for name in header:
+        if name not in known:  # extra columns: numbers where every value is one, text otherwise
+            try:
+                frame[name] = pd.to_numeric(frame[name])
+            except (ValueError, TypeError):
+                pass
+    # Rows are data lines after the header; pandas skips blank lines, which CSV traces do not have.
+    return frame, [index + 2 for index in range(len(frame))]
+
+
+def _files_in(path: Path) -> list[Path]:
+    files = sorted(p for p in path.iterdir() if p.is_file() and is_trace_file(p))
+    if not files:
+        raise TraceError(str(path), f"no trace files ({', '.join(TRACE_SUFFIXES)}) in this directory")
+    return files
+
+
+def read_trace(paths: Iterable[str | os.PathLike[str]], topology: str | os.PathLike[str] | None = None) -> Trace:
+    """Every record of the given files and directories; ``topology`` overrides a directory's ``topology.json``."""
+    files: list[Path] = []
+    found_topology: Path | None = None
+    for entry in map(Path, paths):
+        if entry.is_dir():
+            files += _files_in(entry)
+            if (entry / TOPOLOGY_FILE).is_file() and found_topology is None:
+                found_topology = entry / TOPOLOGY_FILE
+        elif entry.exists():
+            files.append(entry)
+        else:
+            raise TraceError(str(entry), "no such file or directory")
+    if not files:
+        raise TraceError("(no input)", "no trace files given")
+    frames = [read_trace_file(file) for file in files]
+    records = frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True)
+    chosen = Path(topology) if topology is not None else found_topology
+    return Trace(records, Topology.load(chosen) if chosen is not None else None, tuple(map(str, files)))
+
+
+_ARROW_TYPES = {"int": pa.int64(), "float": pa.float64(), "str": pa.string()}
+
+
+def write_trace(records: pd.DataFrame, path: str | os.PathLike[str]) -> None:
+    """Validate ``records`` and write them to ``path``; the extension picks the format."""
+    path = Path(path)
+    suffix = _suffix(path)
+    if suffix is None:
+        raise TraceError(str(path), f"unknown file type; expected one of {', '.join(TRACE_SUFFIXES)}")
+    frame = validate(records, str(path))
+    known = [column.name for column in COLUMNS if column.name in frame.columns]
+    frame = frame[known + [name for name in frame.columns if name not in known]]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(path.name + ".partial")
+    if suffix == ".parquet":
+        fields = [pa.field(c.name, _ARROW_TYPES[c.kind], nullable=not c.required) for c in COLUMNS if c.name in frame.columns]
+        schema = pa.schema(fields)
+        table = pa.Table.from_pandas(frame[[f.name for f in fields]], schema=schema, preserve_index=False)
+        extra = [name for name in frame.columns if name not in schema.names]
+        for name in extra:
+            table = table.append_column(name, pa.array(frame[name]))
+        pq.write_table(table, temporary)
+    elif suffix.startswith(".jsonl"):
+        text = frame.to_json(orient="records", lines=True, force_ascii=False)
+        _write_text(temporary, text, suffix.endswith(".gz"))
+    else:
+        _write_text(temporary, frame.to_csv(index=False), suffix.endswith(".gz"))
+    os.replace(temporary, path)  # readers never see a half-written trace
+
+
+def _write_text(path: Path, text: str, compressed: bool) -> None:
+    if compressed:
+        with gzip.open(path, "wt", encoding="utf-8") as handle:
+            handle.write(text)
+    else:
+        path.write_text(text, encoding="utf-8")
+
