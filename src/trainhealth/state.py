@@ -106,26 +106,7 @@ class MetricStore:
 
     def observe(self, spec: MetricSpec, value: float, labels: Labels = ()) -> None:
         """Add one observation to a histogram; non-finite values are not observed."""
-        self._expect(spec, MetricKind.HISTOGRAM)
-        value = float(value)
-        if not math.isfinite(value):
-            return
-        with self._lock:
-            series = self._series_of(spec, labels)
-            if series is None:
-                return
-            histogram = series.get(labels)
-            if not isinstance(histogram, _Histogram):
-                histogram = series[labels] = _Histogram(len(spec.buckets))
-            histogram.counts[bisect.bisect_left(spec.buckets, value)] += 1
-            histogram.count += 1
-            histogram.sum += value
-            observers = tuple(self._observers)
-        for observer in observers:
-            try:
-                observer(spec, value, labels)
-            except Exception as exc:  # an observer must not break the producer
-                self.record_error("observer", exc)
+        self.observe_many(spec, (value,), labels)
 
     def write(self, values: Iterable[tuple[MetricSpec, Labels, float]]) -> None:
         """Set many gauges under one lock; counters are set to the absolute total read from a
