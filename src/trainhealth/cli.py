@@ -14,6 +14,7 @@ import signal
 import sys
 import threading
 from collections.abc import Sequence
+from pathlib import Path
 from typing import NoReturn
 
 from trainhealth import __version__
@@ -146,6 +147,62 @@ def _cmd_trace_convert(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_detect(args: argparse.Namespace) -> int:
+    from trainhealth.detectors.offline import DEFAULT_OFFLINE, SeriesError, detect, load_series
+    from trainhealth.detectors.spec import parse_item
+
+    try:
+        specs = [parse_item(item, args.column) for item in args.detector or list(DEFAULT_OFFLINE)]
+        frame = load_series(args.file)
+        anomalies = detect(frame, args.column, specs, series_column=args.series_column, time_column=args.time_column)
+    except (SeriesError, ValueError) as exc:
+        raise UsageError(str(exc)) from None
+    rows = [anomaly.to_dict() for anomaly in anomalies]
+    if args.out:
+        out = Path(args.out)
+        if out.suffix.lower() == ".json":
+            out.write_text(json.dumps(rows, indent=2) + "\n", encoding="utf-8")
+        else:
+            import pandas as pd
+
+            pd.DataFrame(rows, columns=list(rows[0]) if rows else ["detector"]).to_csv(out, index=False)
+    if args.json:
+        print(json.dumps(rows, indent=2))
+    else:
+        for anomaly in anomalies:
+            end = "ongoing" if anomaly.end_step is None else f"to {anomaly.end_step}"
+            print(f"{anomaly.severity.value:<9}{anomaly.detector:<12}{anomaly.series or '-':<12}"
+                  f"step {anomaly.start_step} {end:<12} peak {anomaly.value:.6g} (expected "
+                  f"{'?' if anomaly.expected is None else f'{anomaly.expected:.6g}'}, score {anomaly.score:.3g})")
+        print(f"{len(anomalies)} anomal{'y' if len(anomalies) == 1 else 'ies'} in {args.file} [{args.column}]")
+    return 0
+
+
+def _cmd_bench_nab(args: argparse.Namespace) -> int:
+    from trainhealth.bench.nab import NAB_DETECTORS, PROFILES, run_nab
+
+    data = args.data or os.environ.get("TRAINHEALTH_NAB_DATA")
+    if data is None:
+        for candidate in ("data/nab", "../shared/data/nab"):
+            if os.path.isdir(candidate):
+                data = candidate
+                break
+    if data is None or not os.path.isdir(data):
+        raise UsageError("NAB data not found: pass --data DIR (a NAB checkout: data/ and labels/combined_windows.json)")
+    try:
+        results = run_nab(data, args.out, args.detector or NAB_DETECTORS)
+    except (FileNotFoundError, ValueError) as exc:
+        raise UsageError(str(exc)) from None
+    names = list(PROFILES)
+    print(f"NAB scores (0 = null detector, 100 = perfect), results in {args.out}")
+    width = max(len(result.spec) for result in results) + 2
+    print(f"{'detector':<{width}}" + "".join(f"{name:>20}" for name in names) + f"{'standard, per point':>22}")
+    for result in results:
+        print(f"{result.spec:<{width}}" + "".join(f"{result.events[name]:>20.1f}" for name in names)
+              + f"{result.points['standard']:>22.1f}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="trainhealth", description="Observability for large-model training.")
     parser.add_argument("--version", action="version", version=f"trainhealth {__version__}")
@@ -183,6 +240,33 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--basic-auth-password-file", help="file holding the basic-auth password")
     export.add_argument("--duration", type=float, metavar="SECONDS", help="stop after this long (default: run until stopped)")
     export.set_defaults(handler=_cmd_export)
+
+    detect_parser = commands.add_parser(
+        "detect", help="run detectors over a recorded series (CSV or Parquet) and list the anomalies",
+        description="Each --detector is name or name(key=value,...), with the detector's parameters and the "
+                    "decision step's threshold, cooldown, min_consecutive and protect (see docs/detectors.md).",
+    )
+    detect_parser.add_argument("file", help="a .csv, .csv.gz or .parquet file")
+    detect_parser.add_argument("--column", required=True, help="the column to watch")
+    detect_parser.add_argument("--detector", action="append", metavar="SPEC",
+                               help="a detector (repeatable; default zscore, iqr, level_shift, nonfinite)")
+    detect_parser.add_argument("--series-column", help="column naming the series (rank, GPU): watched side by side")
+    detect_parser.add_argument("--time-column", help="column with the time or step of each row")
+    detect_parser.add_argument("--out", help="also write the anomalies to this .csv or .json file")
+    detect_parser.add_argument("--json", action="store_true", help="print the anomalies as JSON")
+    detect_parser.set_defaults(handler=_cmd_detect)
+
+    bench = commands.add_parser("bench", help="evaluate the detectors on public benchmarks")
+    bench_commands = bench.add_subparsers(dest="bench_command", metavar="COMMAND", parser_class=_Parser, required=True)
+    nab = bench_commands.add_parser(
+        "nab", help="run the detectors over the Numenta Anomaly Benchmark and score them as NAB does",
+        description="Writes NAB's results layout (OUT/<detector>/<category>/<detector>_<file>.csv) and prints "
+                    "the normalised score per profile, from trainhealth's own implementation of NAB's scoring.",
+    )
+    nab.add_argument("--out", required=True, help="directory for the per-record results")
+    nab.add_argument("--data", help="NAB data directory (default $TRAINHEALTH_NAB_DATA, ./data/nab or ../shared/data/nab)")
+    nab.add_argument("--detector", action="append", metavar="SPEC", help="a detector (repeatable; default: a set of five)")
+    nab.set_defaults(handler=_cmd_bench_nab)
 
     trace = commands.add_parser("trace", help="inspect and convert collective traces (trace format v1)")
     trace_commands = trace.add_subparsers(dest="trace_command", metavar="COMMAND", parser_class=_Parser, required=True)

@@ -27,6 +27,7 @@ from typing import Any
 
 from trainhealth._torch import require_torch
 from trainhealth.config import Settings
+from trainhealth.detectors.runner import SignalDetectors
 from trainhealth.exporters.comm import COMMUNICATION_FUNCTIONS, CollectiveLogger
 from trainhealth.state import MetricStore
 
@@ -45,10 +46,11 @@ def installed() -> CollectiveLogger | None:
 
 
 def install(trace_dir: str | os.PathLike[str] | None = None, *, store: MetricStore | None = None,
-            settings: Settings | None = None) -> CollectiveLogger:
+            settings: Settings | None = None, detectors: SignalDetectors | None = None) -> CollectiveLogger:
     """Wrap the torch.distributed collectives and start recording; idempotent.
 
-    ``store`` receives the metrics (a Monitor passes its own); ``settings``
+    ``store`` receives the metrics and ``detectors`` the median duration of each
+    (op, group) per flush (a Monitor passes its own); ``settings``
     defaults to the ``TRAINHEALTH_*`` environment, with ``trace_dir`` overriding
     ``TRAINHEALTH_TRACE_DIR``.
     """
@@ -66,6 +68,8 @@ def install(trace_dir: str | os.PathLike[str] | None = None, *, store: MetricSto
         if _installed is not None:
             if store is not None and _installed.store is None:
                 _installed.store = store
+            if detectors is not None and _installed.detectors is None:
+                _installed.detectors = detectors
             if settings.trace_dir and _installed.trace_dir is None:
                 _installed.trace_dir = Path(settings.trace_dir)
             return _installed
@@ -75,7 +79,7 @@ def install(trace_dir: str | os.PathLike[str] | None = None, *, store: MetricSto
         logger = CollectiveLogger(
             rank=settings.rank, host=identity.host, gpu=identity.local_rank,
             ring_size=settings.comm_ring_size, store=store, trace_dir=settings.trace_dir,
-            flush_interval_s=settings.comm_flush_interval,
+            flush_interval_s=settings.comm_flush_interval, detectors=detectors,
         )
         for name in COMMUNICATION_FUNCTIONS:
             original = getattr(c10d, name)

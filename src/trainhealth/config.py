@@ -24,6 +24,14 @@ from typing import Any
 __all__ = ["ConfigError", "Settings", "SettingInfo", "ENV_PREFIX", "setting_infos"]
 
 ENV_PREFIX = "TRAINHEALTH_"
+#: The default ``detectors`` setting (syntax in trainhealth.detectors.spec).
+DEFAULT_DETECTORS = (
+    "loss=zscore(direction=up),spike,nonfinite;"
+    "grad_norm=zscore(direction=up),spike,nonfinite;"
+    "step_time=delta,level_shift(direction=up);"
+    "throughput=level_shift(direction=down);"
+    "comm_duration=level_shift(direction=up)"
+)
 DEFAULT_PROMETHEUS_PORT_BASE = 9450
 
 
@@ -107,6 +115,8 @@ class Settings:
     trace_dir: str | None = _setting(None, _parse_str, "Directory for per-rank collective traces (rank-<rank>.parquet, trace format v1), written at uninstall and exit.")
     comm_ring_size: int = _setting(65536, _parse_int, "Collective records kept in memory per rank; older ones are dropped (and counted).")
     comm_flush_interval: float = _setting(1.0, _parse_float, "Seconds between updates of the collective metrics, the in-flight view and the abnormal filter.")
+    # detectors
+    detectors: str = _setting(DEFAULT_DETECTORS, _parse_str, "Detectors per signal (loss, grad_norm, step_time, throughput, comm_duration): signal=detector[(key=value,...)],...;... or off. See docs/detectors.md.")
     # GPU hardware telemetry
     gpu_backend: str = _setting("nvml", _parse_str, "Where GPU metrics come from: nvml, simulated (explicitly chosen, every series labelled backend=\"simulated\") or off.")
     gpus: str = _setting("", _parse_str, "GPUs to sample: own (the rank's GPU), all, or NVML indices like 0,2; default own in a training process, all in trainhealth export.")
@@ -132,6 +142,12 @@ class Settings:
             raise ConfigError("gpu_backend", f"must be one of {', '.join(GPU_BACKENDS)}, got {self.gpu_backend!r}")
         if not _valid_gpus(self.gpus):
             raise ConfigError("gpus", f"must be own, all or comma-separated GPU indices, got {self.gpus!r}")
+        from trainhealth.detectors.spec import parse_spec
+
+        try:
+            parse_spec(self.detectors)
+        except ValueError as exc:
+            raise ConfigError("detectors", str(exc)) from None
         for name in ("flops_per_token", "peak_flops", "gpu_sample_interval", "comm_flush_interval"):
             value = getattr(self, name)
             if value is not None and not value > 0:

@@ -35,6 +35,7 @@ def test_a_rank_samples_its_own_simulated_gpu_and_joins_on_its_uuid():
     env = {"RANK": "6", "LOCAL_RANK": "2", "WORLD_SIZE": "8"}
     with Monitor(torch.nn.Linear(2, 1), env=env, gpu_backend="simulated", **SERVE) as mon:
         mon.step(loss=1.0)
+        mon.flush()
         got = scrape(mon.metrics_url)
     (gpu_info,) = got.labels_of("trainhealth_gpu_info")
     assert gpu_info["gpu"] == "2" and gpu_info["backend"] == "simulated"
@@ -50,6 +51,7 @@ def test_the_demo_can_script_faults_on_a_ranks_simulated_gpu():
         simulator.inject(SimulatedFault(FaultKind.XID, gpu=0, xid=79))
         assert mon.gpu.watcher.wait_for(1, timeout_s=10)
         mon.gpu.sampler.sample_once()
+        mon.flush()
         got = scrape(mon.metrics_url)
     assert got.value("trainhealth_gpu_xid_errors_total", gpu="0", xid="79") == 1
     assert got.value("trainhealth_gpu_up", gpu="0") == 0
@@ -62,6 +64,7 @@ def test_without_a_driver_the_real_backend_fails_soft(caplog):
     with Monitor(torch.nn.Linear(2, 1), env={}, gpu_backend="nvml", **SERVE) as mon:
         mon.step(loss=2.5)
         mon.gpu.sampler.sample_once()  # a later pass neither retries loudly nor raises
+        mon.flush()
         got = scrape(mon.metrics_url)
     warnings = [r.getMessage() for r in caplog.records if "NVML is not available" in r.getMessage()]
     assert len(warnings) == 1 and "TRAINHEALTH_GPU_BACKEND=off" in warnings[0]
@@ -73,6 +76,7 @@ def test_without_a_driver_the_real_backend_fails_soft(caplog):
 def test_gpu_backend_off_samples_nothing():
     with Monitor(torch.nn.Linear(2, 1), env={}, gpu_backend="off", **SERVE) as mon:
         assert mon.gpu is None
+        mon.flush()
         got = scrape(mon.metrics_url)
     assert not [name for (name, _), _ in got.samples().items() if "gpu" in name]
 

@@ -56,6 +56,7 @@ def test_scraped_values_match_independent_computation():
             optimizer.zero_grad()
             scheduler.step()
             mon.step(loss=loss, tokens=BATCH * SEQ)
+        mon.flush()
         got = scrape(mon.metrics_url)
         lrs = [group["lr"] for group in optimizer.param_groups]
 
@@ -99,6 +100,7 @@ def test_scraped_values_match_independent_computation():
 def test_identity_labels_and_rank_info():
     model = TinyGPT()
     with Monitor(model, env=ENV, **SERVE) as mon:
+        mon.flush()
         got = scrape(mon.metrics_url)
     (info,) = got.labels_of("trainhealth_rank_info")
     assert info == {
@@ -123,6 +125,7 @@ def test_caller_supplied_grad_norm_is_the_pre_clip_norm():
             optimizer.step()
             optimizer.zero_grad()
             mon.step(loss=1.0, grad_norm=pre_clip)
+        mon.flush()
         got = scrape(mon.metrics_url)
     assert float(pre_clip) > 1e-2  # clipping was active, so the two norms differ
     assert got.value("trainhealth_train_grad_norm") == pytest.approx(float(pre_clip), rel=1e-6)
@@ -136,6 +139,7 @@ def test_without_optimizer_the_gradients_are_read_at_step():
         lm_loss(model, 0).backward()
         expected = float(torch.nn.utils.get_total_norm([p.grad for p in model.parameters()]))
         mon.step(loss=2.0)
+        mon.flush()
         got = scrape(mon.metrics_url)
     assert got.value("trainhealth_train_grad_norm") == pytest.approx(expected, rel=1e-5)
     expected_params = _group_norms([(n, p.detach()) for n, p in model.named_parameters()])
@@ -156,6 +160,7 @@ def test_sparse_embedding_gradients_are_measured():
         )
         optimizer.step()
         mon.step(loss=1.0)
+        mon.flush()
         got = scrape(mon.metrics_url)
     assert got.value("trainhealth_train_grad_norm") == pytest.approx(math.sqrt(squares), rel=1e-5)
     assert got.labels_of("trainhealth_exporter_errors_total") == []
@@ -173,6 +178,7 @@ def test_nonfinite_loss_and_gradients_are_counted():
         model(torch.ones(1, 3)).sum().backward()
         optimizer.step()
         mon.step(loss=float("nan"))
+        mon.flush()
         got = scrape(mon.metrics_url)
     assert got.value("trainhealth_train_nonfinite_steps_total", signal="loss") == 2
     # only the first step had a NaN gradient (a linear layer's weight gradient is its input)

@@ -2,62 +2,11 @@
 
 from __future__ import annotations
 
-import gzip
-import http.server
-import threading
-
 import pytest
 import torch
-from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
-
 from tests.helpers import BATCH, SEQ, TinyGPT, lm_loss, scrape
+from tests.otlp import OtlpReceiver, attributes
 from trainhealth import Monitor, catalog
-
-
-class OtlpReceiver:
-    """Collects every ExportMetricsServiceRequest POSTed to /v1/metrics."""
-
-    def __init__(self) -> None:
-        self.requests: list[ExportMetricsServiceRequest] = []
-        receiver = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                body = self.rfile.read(int(self.headers["Content-Length"]))
-                if self.headers.get("Content-Encoding") == "gzip":
-                    body = gzip.decompress(body)
-                if self.path == "/v1/metrics" and self.headers["Content-Type"] == "application/x-protobuf":
-                    receiver.requests.append(ExportMetricsServiceRequest.FromString(body))
-                    self.send_response(200)
-                else:
-                    self.send_response(404)
-                self.end_headers()
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
-
-    @property
-    def endpoint(self) -> str:
-        return f"http://127.0.0.1:{self.server.server_address[1]}"
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-    def last_points(self, name: str) -> list:
-        """The data points of ``name`` in the last request that carried it."""
-        for request in reversed(self.requests):
-            for resource_metrics in request.resource_metrics:
-                for scope_metrics in resource_metrics.scope_metrics:
-                    for metric in scope_metrics.metrics:
-                        if metric.name == name:
-                            data = getattr(metric, metric.WhichOneof("data"))
-                            return list(data.data_points)
-        raise AssertionError(f"{name} was never exported")
 
 
 @pytest.fixture
@@ -70,14 +19,6 @@ def receiver(monkeypatch):
     monkeypatch.setenv("OTEL_RESOURCE_ATTRIBUTES", "deployment.environment=test")
     yield receiver
     receiver.close()
-
-
-def _attributes(key_values) -> dict:
-    out = {}
-    for kv in key_values:
-        value = kv.value
-        out[kv.key] = getattr(value, value.WhichOneof("value"))
-    return out
 
 
 def test_otlp_export_carries_the_same_values_as_the_scrape(receiver):
@@ -94,11 +35,12 @@ def test_otlp_export_carries_the_same_values_as_the_scrape(receiver):
         optimizer.step()
         optimizer.zero_grad()
         mon.step(loss=loss, tokens=BATCH * SEQ)
+    mon.flush()
     scraped = scrape(mon.metrics_url)
     mon.close()  # pushes the final export
 
     assert receiver.requests, "no OTLP request arrived"
-    resource = _attributes(receiver.requests[-1].resource_metrics[0].resource.attributes)
+    resource = attributes(receiver.requests[-1].resource_metrics[0].resource.attributes)
     assert resource["service.name"] == "pretrain-7b"
     assert resource["deployment.environment"] == "test"
     assert resource["trainhealth.rank"] == 3 and resource["trainhealth.job"] == "run-9"
@@ -118,7 +60,7 @@ def test_otlp_export_carries_the_same_values_as_the_scrape(receiver):
     assert histogram.sum == pytest.approx(scraped.value("trainhealth_train_step_duration_seconds_sum"))
 
     lr_points = receiver.last_points(catalog.TRAIN_LEARNING_RATE.otel_name)
-    assert [(_attributes(p.attributes), p.as_double) for p in lr_points] == [({"param_group": "0"}, 0.05)]
+    assert [(attributes(p.attributes), p.as_double) for p in lr_points] == [({"param_group": "0"}, 0.05)]
 
 
 def test_failed_exports_are_counted(monkeypatch):

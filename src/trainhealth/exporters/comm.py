@@ -101,6 +101,7 @@ class CollectiveLogger:
         flush_interval_s: float = 1.0,
         abnormal: AbnormalFilter | None = None,
         abnormal_keep: int = 10_000,
+        detectors: Any = None,
     ) -> None:
         if ring_size < 1:
             raise ValueError("ring_size must be >= 1")
@@ -109,6 +110,7 @@ class CollectiveLogger:
         self.host = host
         self.gpu = gpu
         self.store = store
+        self.detectors = detectors  # a SignalDetectors fed each (op, group)'s median duration per flush
         self.trace_dir = Path(trace_dir) if trace_dir is not None else None
         self._ring: deque[tuple] = deque(maxlen=ring_size)
         self._pending: deque[tuple] = deque(maxlen=ring_size)  # records the flush thread has not seen
@@ -497,6 +499,9 @@ class CollectiveLogger:
                 flagged += [records[members[i]] for i in hits]
             self.abnormal_records.extend(flagged)
             self._abnormal_total += len(flagged)
+            if self.detectors is not None:
+                self.detectors.observe("comm_duration", float(np.median(durations)), series=f"{op}/{group}",
+                                       step=records[-1][0])
             if self.store is not None:
                 labels = (op, group)
                 self.store.observe_many(catalog.COMM_OP_DURATION, durations.tolist(), labels)

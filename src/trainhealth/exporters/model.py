@@ -5,7 +5,8 @@ group, step time, tokens/s, MFU and non-finite counts; every ``stats_every``
 steps it adds gradient and parameter norms per layer group, the
 update-to-parameter ratio and the cosine similarity of consecutive updates.
 Device values are read without stalling the loop (see
-:mod:`trainhealth.exporters.readout`). Errors are counted in
+:mod:`trainhealth.exporters.readout`), and the metric writes and detectors run
+on a background thread (:meth:`Monitor.flush` waits for them). Errors are counted in
 ``trainhealth_exporter_errors_total`` and never reach the training loop.
 
 >>> import torch
@@ -37,12 +38,15 @@ from trainhealth import catalog
 from trainhealth import comm as comm_module
 from trainhealth._torch import require_torch
 from trainhealth.config import Settings
+from trainhealth.detectors.runner import SignalDetectors
+from trainhealth.detectors.spec import parse_spec
 from trainhealth.events import EventLog
 from trainhealth.exporters.gpu import GpuTelemetry
 from trainhealth.exporters.layer_groups import group_parameters
 from trainhealth.exporters.param_stats import ParameterStats, UpdateStats
 from trainhealth.exporters.readout import DeferredReadout
 from trainhealth.exporters.sinks import Sinks
+from trainhealth.exporters.worker import OrderedWorker
 from trainhealth.identity import Identity
 from trainhealth.state import MetricStore
 
@@ -105,7 +109,9 @@ class Monitor:
     """Record training-loop metrics and serve them.
 
     Use as a context manager or call :meth:`close`. Call :meth:`step` once per
-    training iteration, after ``optimizer.step()``. Unless ``gpu_backend`` is
+    training iteration, after ``optimizer.step()``. The ``detectors`` setting
+    chooses the streaming detectors run on loss, gradient norm, step time and
+    throughput (their anomalies are metrics and ``events``). Unless ``gpu_backend`` is
     ``off``, the rank's own GPU is sampled too (see :mod:`trainhealth.exporters.gpu`);
     ``events`` holds what happened to it (XIDs, a lost GPU). Every keyword argument is a
     :class:`~trainhealth.config.Settings` field and overrides its
@@ -148,6 +154,7 @@ class Monitor:
         self._optimizer = optimizer
         self._stats, self._group_labels = _parameter_stats(torch, model, optimizer, settings.max_layer_groups)
         self._readout = DeferredReadout(torch)
+        self._worker = OrderedWorker(self.store)  # metric writes and detectors run off the training thread
         self._hook_results = _HookResults()
         self._optimizer_steps = 0
         self._reported_steps = 0
@@ -158,7 +165,8 @@ class Monitor:
         self._hook_handles: list[Any] = []
 
         self.events = EventLog()
-        self._sinks = Sinks.start(self.store, identity, settings, env)
+        self.detectors = SignalDetectors(parse_spec(settings.detectors), store=self.store, events=self.events)
+        self._sinks = Sinks.start(self.store, identity, settings, env, events=self.events)
         try:
             self.gpu = GpuTelemetry.start(self.store, self.events, settings, identity, role="rank", env=env)
         except Exception:
@@ -171,7 +179,7 @@ class Monitor:
         self._owns_comm = False
         if settings.comm or comm_module.installed() is not None:
             self._owns_comm = comm_module.installed() is None
-            self.comm = comm_module.install(store=self.store, settings=settings)
+            self.comm = comm_module.install(store=self.store, settings=settings, detectors=self.detectors)
         if optimizer is not None:
             self._hook_handles = [
                 optimizer.register_step_pre_hook(self._before_optimizer_step),
@@ -213,6 +221,15 @@ class Monitor:
             self.store.record_error("monitor", exc)
         self._publish_ready()
 
+    def flush(self, timeout_s: float = 10.0) -> bool:
+        """Make every step recorded so far visible in the metrics (waits for the device and the export thread)."""
+        try:
+            for pending, values in self._readout.drain():
+                self._publish(pending, values)
+        except Exception as exc:
+            self.store.record_error("monitor", exc)
+        return self._worker.flush(timeout_s)
+
     def close(self) -> None:
         """Read the last device values, remove the hooks, export a last time and stop serving."""
         if self._closed:
@@ -232,6 +249,7 @@ class Monitor:
                 self._publish(pending, values)
         except Exception as exc:
             self.store.record_error("monitor", exc)
+        self._worker.close()
         self._sinks.close()
 
     def __enter__(self) -> Monitor:
@@ -366,8 +384,8 @@ class Monitor:
             read[f"lr{i}"] if lr is None else lr for i, lr in enumerate(pending.learning_rates)
         )
         stats = self._step_stats(pending, read, learning_rates)
-        self._export(stats)
         self._latest = stats
+        self._worker.submit(self._export, stats)
 
     def _step_stats(self, pending: _PendingStep, read: dict[str, Any], learning_rates: tuple[float, ...]) -> StepStats:
         duration = pending.duration_s
@@ -434,6 +452,10 @@ class Monitor:
             _set_if(store, catalog.TRAIN_LAYER_GRAD_NORM, layer.grad_norm, labels)
             _set_if(store, catalog.TRAIN_LAYER_PARAM_NORM, layer.param_norm, labels)
             _set_if(store, catalog.TRAIN_LAYER_UPDATE_RATIO, layer.update_ratio, labels)
+        for signal, value in (("loss", stats.loss), ("grad_norm", stats.grad_norm),
+                              ("step_time", stats.duration_s), ("throughput", stats.tokens_per_second)):
+            if value is not None:
+                self.detectors.observe(signal, value, step=stats.step)
 
 
 def _set_if(store: MetricStore, spec: catalog.MetricSpec, value: float | None, labels: tuple[str, ...] = ()) -> None:

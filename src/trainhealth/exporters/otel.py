@@ -3,7 +3,8 @@
 Gauges, counters and info metrics are observable instruments whose callbacks
 read the :class:`~trainhealth.state.MetricStore`; histograms are synchronous
 instruments fed by the store's observation hook, with an explicit bucket View
-in seconds that matches the Prometheus buckets. The OTLP/HTTP exporter and the
+in seconds that matches the Prometheus buckets. Events (XIDs, anomalies) become
+log records with ``event_name`` ``trainhealth.<name>``. The OTLP/HTTP exporters and the
 reader take their settings from the standard variables
 (``OTEL_EXPORTER_OTLP_ENDPOINT``, ``OTEL_METRIC_EXPORT_INTERVAL``,
 ``OTEL_RESOURCE_ATTRIBUTES``, ``OTEL_SERVICE_NAME`` ...). The process identity
@@ -39,11 +40,15 @@ from opentelemetry.sdk.metrics.export import (
     MetricsData,
     PeriodicExportingMetricReader,
 )
+from opentelemetry._logs import SeverityNumber
+from opentelemetry.sdk._logs import LoggerProvider
+from opentelemetry.sdk._logs.export import BatchLogRecordProcessor, LogRecordExporter
 from opentelemetry.sdk.metrics.view import ExplicitBucketHistogramAggregation, View
 from opentelemetry.sdk.resources import Resource
 
 from trainhealth import __version__
 from trainhealth.catalog import CATALOG, MetricKind, MetricSpec
+from trainhealth.events import Event, EventLog, Severity
 from trainhealth.identity import Identity
 from trainhealth.state import MetricStore
 
@@ -52,6 +57,8 @@ __all__ = ["OtelExporter"]
 log = logging.getLogger(__name__)
 
 DEFAULT_SERVICE_NAME = "trainhealth"
+_SEVERITY = {Severity.INFO: SeverityNumber.INFO, Severity.WARNING: SeverityNumber.WARN,
+             Severity.CRITICAL: SeverityNumber.ERROR}
 
 
 class _CountingExporter(MetricExporter):
@@ -74,6 +81,17 @@ class _CountingExporter(MetricExporter):
         if result is not MetricExportResult.SUCCESS:
             self._store.record_error("otel")
         return result
+
+    def _emit_event(self, event: Event) -> None:
+        """An event as an OpenTelemetry log record named ``trainhealth.<event name>`` (the Events API is gone)."""
+        try:
+            self._logger.emit(
+                timestamp=int(event.time * 1e9), body=event.summary, attributes=dict(event.attributes),
+                event_name=f"trainhealth.{event.name}", severity_number=_SEVERITY[event.severity],
+                severity_text=event.severity.value.upper(),
+            )
+        except Exception as exc:
+            self._store.record_error("otel", exc)
 
     def force_flush(self, timeout_millis: float = 10_000) -> bool:
         return self._inner.force_flush(timeout_millis)
@@ -103,6 +121,8 @@ class OtelExporter:
         *,
         reader: MetricReader | None = None,
         catalog: Sequence[MetricSpec] = CATALOG,
+        events: EventLog | None = None,
+        log_exporter: LogRecordExporter | None = None,
     ) -> None:
         if reader is None:
             from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
@@ -114,7 +134,18 @@ class OtelExporter:
             for spec in catalog
             if spec.kind is MetricKind.HISTOGRAM
         ]
-        self._provider = MeterProvider(metric_readers=[reader], resource=_resource(identity), views=views)
+        resource = _resource(identity)
+        self._provider = MeterProvider(metric_readers=[reader], resource=resource, views=views)
+        self._logs: LoggerProvider | None = None
+        if events is not None:
+            if log_exporter is None:
+                from opentelemetry.exporter.otlp.proto.http._log_exporter import OTLPLogExporter
+
+                log_exporter = OTLPLogExporter()
+            self._logs = LoggerProvider(resource=resource)
+            self._logs.add_log_record_processor(BatchLogRecordProcessor(log_exporter))
+            self._logger = self._logs.get_logger("trainhealth", __version__)
+            events.add_listener(self._emit_event)
         meter = self._provider.get_meter("trainhealth", __version__)
         self._histograms: dict[MetricSpec, Any] = {}
         for spec in catalog:
@@ -152,6 +183,17 @@ class OtelExporter:
         if histogram is not None:
             histogram.record(value, dict(zip(spec.labels, labels)))
 
+    def _emit_event(self, event: Event) -> None:
+        """An event as an OpenTelemetry log record named ``trainhealth.<event name>`` (the Events API is gone)."""
+        try:
+            self._logger.emit(
+                timestamp=int(event.time * 1e9), body=event.summary, attributes=dict(event.attributes),
+                event_name=f"trainhealth.{event.name}", severity_number=_SEVERITY[event.severity],
+                severity_text=event.severity.value.upper(),
+            )
+        except Exception as exc:
+            self._store.record_error("otel", exc)
+
     def force_flush(self, timeout_millis: float = 10_000) -> bool:
         try:
             return self._provider.force_flush(timeout_millis)
@@ -162,7 +204,10 @@ class OtelExporter:
     def shutdown(self) -> None:
         """Export what is pending and stop; never raises."""
         self._store.remove_observer(self._record_observation)
-        try:
-            self._provider.shutdown()
-        except Exception as exc:
-            self._store.record_error("otel", exc)
+        for provider in (self._provider, self._logs):
+            if provider is None:
+                continue
+            try:
+                provider.shutdown()
+            except Exception as exc:
+                self._store.record_error("otel", exc)

@@ -1,4 +1,5 @@
-"""Start and stop both sinks — the /metrics endpoint and the OTLP push — over one store."""
+"""Start and stop both sinks — the /metrics endpoint and the OTLP push (metrics, and events
+as log records) — over one store."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from prometheus_client import CollectorRegistry
 
 from trainhealth import __version__, catalog
 from trainhealth.config import ConfigError, Settings
+from trainhealth.events import EventLog
 from trainhealth.exporters.otel import OtelExporter
 from trainhealth.exporters.prometheus import BasicAuth, MetricsServer, StoreCollector, TLSFiles
 from trainhealth.identity import Identity
@@ -48,6 +50,7 @@ class Sinks:
         identity: Identity,
         settings: Settings,
         env: Mapping[str, str] | None = None,
+        events: EventLog | None = None,
     ) -> Sinks:
         """Start what ``settings`` enables; a port that cannot be bound raises :class:`ConfigError`."""
         env = os.environ if env is None else env
@@ -70,7 +73,7 @@ class Sinks:
             except OSError as exc:
                 raise ConfigError("prometheus_port", f"cannot serve on {settings.prometheus_addr}:{port}: {exc.strerror or exc}") from None
             log.info("trainhealth: serving metrics at %s", server.url)
-        otel = OtelExporter(store, identity) if settings.otel_enabled(env) else None
+        otel = OtelExporter(store, identity, events=events) if settings.otel_enabled(env) else None
         return cls(server, otel)
 
     @property

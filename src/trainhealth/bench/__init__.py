@@ -1,0 +1,1 @@
+"""Evaluation harnesses: the Numenta Anomaly Benchmark and labelled training signals."""

@@ -1,0 +1,219 @@
+"""The Numenta Anomaly Benchmark: run detectors over its corpus and score them as NAB does.
+
+Scoring, implemented here from NAB's README and whitepaper (Lavin & Ahmad,
+"Evaluating Real-time Anomaly Detection Algorithms", 2015):
+
+* each data file has labelled anomaly windows; the first 15% of a file (at most
+  750 records) is probationary and not scored;
+* a record is a detection when its anomaly score reaches the threshold;
+* in each window only the first detection counts, weighted by the scaled
+  sigmoid ``2 / (1 + exp(5 y)) - 1`` of its position ``y`` in the window (-1 at
+  the window's start, 0 at its end): early detections earn up to ~0.99 of the
+  true-positive weight;
+* a detection outside every window is a false positive weighted by the same
+  sigmoid of its distance after the preceding window, in window lengths (-1
+  beyond three window lengths, or when no window precedes it), times the
+  profile's false-positive weight; a window without a detection costs the
+  false-negative weight;
+* per profile and detector the threshold is the one maximising the total over
+  the corpus, and totals are normalised so the null detector (no detections)
+  scores 0 and the perfect one (every window caught at its first record) 100.
+
+Each detector runs with its decision step (protection, cooldown), at half its
+default threshold so that NAB's threshold search has room below the default.
+Two sets of anomaly scores are scored: ``events`` — the score where an event
+opens and 0 elsewhere, what trainhealth reports — and ``points``, every record's
+score. Scores are mapped to [0, 1) by ``score / (score + threshold)`` (0.5 at
+the detector's default threshold; still telling apart scores a million times it). The ``events`` scores are written in NAB's
+layout, ``<out>/<detector>/<category>/<detector>_<file>.csv`` with columns
+``timestamp, value, anomaly_score, label``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from trainhealth.detectors.spec import WatchSpec, parse_item
+from trainhealth.detectors.watch import Watch
+
+__all__ = ["NAB_DETECTORS", "PROFILES", "NabFile", "NabResult", "load_corpus", "run_nab", "score_corpus", "scaled_sigmoid"]
+
+#: The detectors run by ``trainhealth bench nab`` by default, with NAB-sized windows.
+NAB_DETECTORS = (
+    "zscore(window=1000,warmup=50)",
+    "robust_z(window=1000,warmup=50)",
+    "iqr(window=1000,warmup=50)",
+    "level_shift(window=400,warmup=100)",
+    "stl(window=576,refit_every=96)",
+)
+
+#: NAB's scoring profiles (config/profiles.json): weights of true/false positives and negatives.
+PROFILES = {
+    "standard": {"tp": 1.0, "fp": 0.11, "fn": 1.0},
+    "reward_low_FP_rate": {"tp": 1.0, "fp": 0.22, "fn": 1.0},
+    "reward_low_FN_rate": {"tp": 1.0, "fp": 0.11, "fn": 2.0},
+}
+
+
+@dataclass(frozen=True)
+class NabFile:
+    """One NAB data file: its name (category/file.csv), records and windows (as record index ranges)."""
+
+    name: str
+    timestamps: pd.Series
+    values: np.ndarray
+    windows: tuple[tuple[int, int], ...]
+
+    @property
+    def probation(self) -> int:
+        return min(math.floor(0.15 * len(self.values)), 750)
+
+    @property
+    def labels(self) -> np.ndarray:
+        label = np.zeros(len(self.values), dtype=np.int64)
+        for left, right in self.windows:
+            label[left: right + 1] = 1
+        return label
+
+
+def load_corpus(root: str | os.PathLike[str]) -> list[NabFile]:
+    """The NAB data files under ``root`` (with data/ and labels/combined_windows.json)."""
+    root = Path(root)
+    windows_file = root / "labels" / "combined_windows.json"
+    if not windows_file.is_file():
+        raise FileNotFoundError(f"{root} is not a NAB directory: {windows_file} is missing")
+    windows = json.loads(windows_file.read_text(encoding="utf-8"))
+    files = []
+    for name in sorted(windows):
+        frame = pd.read_csv(root / "data" / name)
+        stamps = pd.to_datetime(frame["timestamp"])
+        ranges = []
+        for start, end in windows[name]:
+            inside = np.flatnonzero((stamps >= pd.Timestamp(start)) & (stamps <= pd.Timestamp(end)))
+            if len(inside):
+                ranges.append((int(inside[0]), int(inside[-1])))
+        files.append(NabFile(name, frame["timestamp"], frame["value"].to_numpy(dtype=np.float64), tuple(ranges)))
+    return files
+
+
+def scaled_sigmoid(position: float) -> float:
+    """NAB's weight: ~1 at a window's start, 0 at its end, towards -1 for late false positives."""
+    if position > 3.0:
+        return -1.0
+    return 2.0 / (1.0 + math.exp(5.0 * position)) - 1.0
+
+
+def _file_score(file: NabFile, detected: np.ndarray, weights: dict[str, float]) -> float:
+    detected = detected.copy()
+    detected[: file.probation] = False
+    score = 0.0
+    covered = np.zeros(len(detected), dtype=bool)
+    for left, right in file.windows:
+        covered[left: right + 1] = True
+        hits = np.flatnonzero(detected[left: right + 1])
+        if len(hits):
+            length = right - left + 1
+            position = -(right - (left + hits[0]) + 1) / length
+            score += weights["tp"] * scaled_sigmoid(position)
+        else:
+            score -= weights["fn"]
+    for index in np.flatnonzero(detected & ~covered):
+        previous = [(left, right) for left, right in file.windows if right < index]
+        if previous:
+            left, right = previous[-1]
+            position = (index - right) / (right - left + 1)
+            score += weights["fp"] * scaled_sigmoid(position)
+        else:
+            score -= weights["fp"]
+    return score
+
+
+def score_corpus(files: Sequence[NabFile], scores: Sequence[np.ndarray], profile: str = "standard",
+                 thresholds: Iterable[float] | None = None) -> tuple[float, float]:
+    """(normalised score, best threshold) of one detector's anomaly scores over the corpus."""
+    weights = PROFILES[profile]
+    windows = sum(len(f.windows) for f in files)
+    null = -weights["fn"] * windows
+    perfect = weights["tp"] * windows * scaled_sigmoid(-1.0)
+    if thresholds is None:
+        pooled = np.concatenate([s[f.probation:] for f, s in zip(files, scores)])
+        pooled = pooled[np.isfinite(pooled)]
+        thresholds = np.unique(np.quantile(pooled, np.r_[np.linspace(0.5, 0.99, 50), 1 - np.geomspace(1e-2, 1e-6, 150)]))
+    best, best_threshold = -math.inf, 1.0
+    for threshold in thresholds:
+        raw = sum(_file_score(f, s >= threshold, weights) for f, s in zip(files, scores))
+        if raw > best:
+            best, best_threshold = raw, float(threshold)
+    best = max(best, null)  # a threshold above every score is the null detector
+    return 100.0 * (best - null) / (perfect - null), best_threshold
+
+
+def detector_scores(file: NabFile, spec: WatchSpec) -> tuple[np.ndarray, np.ndarray]:
+    """(events, points): the detector's scores over one file, mapped to [0, 1) (0 where it had no verdict).
+
+    ``events`` keeps the score only where an event opened; ``points`` keeps every record's.
+    """
+    decision = replace(spec, threshold=spec.threshold / 2).decision()
+    watch = Watch(spec.signal, spec.detector.clone(), decision=decision)
+    points, events = np.zeros(len(file.values)), np.zeros(len(file.values))
+    for index, value in enumerate(file.values):
+        update = watch.update([value], step=index, time=float(index))
+        score = update.scores[0]
+        points[index] = 0.0 if not np.isfinite(score) else score / (score + spec.threshold)
+        if update.opened:
+            events[index] = points[index]
+    return events, points
+
+
+@dataclass(frozen=True)
+class NabResult:
+    """Normalised scores per profile, for event-level and point-level anomaly scores.
+
+    ``detector`` names the results directory; ``spec`` is the detector as given.
+    """
+
+    detector: str
+    spec: str
+    events: dict[str, float]
+    points: dict[str, float]
+
+
+def run_nab(root: str | os.PathLike[str], out: str | os.PathLike[str],
+            detectors: Sequence[str] = NAB_DETECTORS) -> list[NabResult]:
+    """Run ``detectors`` over the corpus, write NAB's results layout, and return the scores."""
+    files = load_corpus(root)
+    out = Path(out)
+    results = []
+    used: set[str] = set()
+    for item in detectors:
+        spec = parse_item(item, "value")
+        name = spec.detector.name
+        suffix = 2
+        while name in used:  # the same detector twice, with other parameters
+            name = f"{spec.detector.name}_{suffix}"
+            suffix += 1
+        used.add(name)
+        event_scores, point_scores = [], []
+        for file in files:
+            events, points = detector_scores(file, spec)
+            event_scores.append(events)
+            point_scores.append(points)
+            category, csv_name = file.name.split("/")
+            target = out / name / category / f"{name}_{csv_name}"
+            target.parent.mkdir(parents=True, exist_ok=True)
+            pd.DataFrame({"timestamp": file.timestamps, "value": file.values, "anomaly_score": events,
+                          "label": file.labels}).to_csv(target, index=False)
+        results.append(NabResult(
+            name, item,
+            {profile: score_corpus(files, event_scores, profile)[0] for profile in PROFILES},
+            {profile: score_corpus(files, point_scores, profile)[0] for profile in PROFILES},
+        ))
+    return results

@@ -1,0 +1,95 @@
+"""Running detectors over a recorded series (``trainhealth detect``).
+
+>>> import pandas as pd
+>>> frame = pd.DataFrame({"loss": [2.0 + 0.01 * (i % 3) for i in range(60)] + [4.0] + [2.0] * 10})
+>>> [(a.detector, a.start_step, a.value) for a in detect(frame, "loss", parse_spec("loss=zscore"))]
+[('zscore', 60, 4.0)]
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from trainhealth.detectors.spec import WatchSpec, parse_spec
+from trainhealth.detectors.watch import Anomaly, Watch
+
+__all__ = ["DEFAULT_OFFLINE", "detect", "load_series", "parse_spec"]
+
+DEFAULT_OFFLINE = ("zscore", "iqr", "level_shift", "nonfinite")
+
+
+class SeriesError(ValueError):
+    """A problem with the input file or its columns; the message names them."""
+
+
+def load_series(path: str | os.PathLike[str]) -> pd.DataFrame:
+    """A CSV (optionally .gz) or Parquet file as a data frame; ``SeriesError`` when unreadable."""
+    path = Path(path)
+    if not path.is_file():
+        raise SeriesError(f"{path}: no such file")
+    try:
+        if path.suffix.lower() == ".parquet":
+            frame = pd.read_parquet(path)
+        elif path.name.lower().endswith((".csv", ".csv.gz")):
+            frame = pd.read_csv(path)
+        else:
+            raise SeriesError(f"{path}: unknown file type; expected .csv, .csv.gz or .parquet")
+    except SeriesError:
+        raise
+    except Exception as exc:
+        raise SeriesError(f"{path}: not readable: {str(exc).splitlines()[0]}") from None
+    if frame.empty:
+        raise SeriesError(f"{path}: no rows")
+    return frame
+
+
+def detect(frame: pd.DataFrame, column: str, specs: Sequence[WatchSpec], *, series_column: str | None = None,
+           time_column: str | None = None) -> list[Anomaly]:
+    """Every anomaly the detectors find in ``column``, in order of start.
+
+    With ``series_column`` the rows are one value per (time, series) and every
+    series is watched at once (one vector per time); otherwise row ``i`` is step ``i``.
+    """
+    for name in filter(None, (column, series_column, time_column)):
+        if name not in frame.columns:
+            raise SeriesError(f"no column {name!r}; columns: {', '.join(map(str, frame.columns))}")
+    values = pd.to_numeric(frame[column], errors="coerce")
+    bad = values.isna() & frame[column].notna() & ~frame[column].astype(str).str.lower().isin(["nan", "inf", "-inf"])
+    if bad.any():
+        row = int(np.flatnonzero(bad.to_numpy())[0])
+        raise SeriesError(f"column {column!r}, row {row + 1}: not a number: {frame[column].iloc[row]!r}")
+    data = frame.assign(_value=values)
+    if series_column is None:
+        data = data.assign(_series="")
+        series_column = "_series"
+    if time_column is None:
+        data = data.assign(_time=data.groupby(series_column).cumcount())
+        time_column = "_time"
+    table = data.pivot_table(index=time_column, columns=series_column, values="_value", aggfunc="last", dropna=False)
+    keys = [str(key) for key in table.columns]
+    times = _seconds(table.index)
+    anomalies: list[Anomaly] = []
+    for spec in specs:
+        watch = Watch(column, spec.detector.clone(), decision=spec.decision(), series=keys, critical=spec.critical)
+        for step, (when, row) in enumerate(zip(times, table.to_numpy())):
+            update = watch.update(row, step=step, time=when)
+            anomalies += update.closed
+        anomalies += watch.active
+    return sorted(anomalies, key=lambda a: (a.start_time, a.detector, a.series))
+
+
+def _seconds(index: pd.Index) -> list[float]:
+    if pd.api.types.is_datetime64_any_dtype(index):
+        return list((index.astype("int64") / 1e9).astype(float))
+    numeric = pd.to_numeric(pd.Series(index), errors="coerce")
+    if numeric.notna().all():
+        return [float(v) for v in numeric]
+    parsed = pd.to_datetime(pd.Series(index), errors="coerce")
+    if parsed.notna().all():
+        return [float(v) for v in parsed.astype("int64") / 1e9]
+    return [float(i) for i in range(len(index))]

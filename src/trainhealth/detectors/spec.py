@@ -1,0 +1,148 @@
+"""Which detectors watch which signal: the ``detectors`` setting.
+
+Syntax: ``signal=detector[(name=value, ...)],...;signal=...`` — for example
+``loss=zscore(direction=up),spike;step_time=delta(delta=2.0)``. Parameters are
+the detector's own, plus the decision step's ``threshold``, ``release``,
+``cooldown``, ``min_consecutive``, ``protect``, ``max_protected``,
+``max_protected_share`` and ``critical``. ``off`` (or an
+empty string) watches nothing.
+
+>>> spec = parse_spec("loss=zscore(window=200,threshold=5),nonfinite;step_time=delta")
+>>> [(s.signal, s.detector.name, s.threshold) for s in spec]
+[('loss', 'zscore', 5.0), ('loss', 'nonfinite', 0.5), ('step_time', 'delta', 1.5)]
+>>> parse_spec("loss=zscor")
+Traceback (most recent call last):
+...
+ValueError: unknown detector 'zscor' for loss; known: delta, iqr, level_shift, nonfinite, peer, robust_z, spike, stl, zscore
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from trainhealth.config import DEFAULT_DETECTORS
+from trainhealth.detectors.base import Detector
+from trainhealth.detectors.decision import Decision
+from trainhealth.detectors.delta import DeltaIrregularity
+from trainhealth.detectors.iqr import IQR
+from trainhealth.detectors.level_shift import LevelShift
+from trainhealth.detectors.nonfinite import NonFinite
+from trainhealth.detectors.peer import PeerOutlier
+from trainhealth.detectors.robust_z import RobustZ
+from trainhealth.detectors.spike import SpikeScore
+from trainhealth.detectors.stl import STLDetector
+from trainhealth.detectors.zscore import ZScore
+
+__all__ = ["DEFAULT_SPEC", "DETECTORS", "SIGNALS", "WatchSpec", "build_detector", "parse_item", "parse_spec"]
+
+DETECTORS: dict[str, type[Detector]] = {cls.name: cls for cls in (
+    ZScore, RobustZ, IQR, STLDetector, DeltaIrregularity, SpikeScore, LevelShift, NonFinite, PeerOutlier,
+)}
+
+#: Signals the Monitor and the collective logger feed to detectors.
+SIGNALS = ("loss", "grad_norm", "step_time", "throughput", "comm_duration")
+
+DEFAULT_SPEC = DEFAULT_DETECTORS  # the default of the ``detectors`` setting
+
+_DECISION_PARAMETERS = ("threshold", "release", "cooldown", "min_consecutive", "protect", "max_protected",
+                        "max_protected_share", "critical")
+_ITEM = re.compile(r"^\s*([a-z_]+)\s*(?:\((.*)\))?\s*$")
+
+
+@dataclass(frozen=True)
+class WatchSpec:
+    """One detector on one signal, with its decision parameters."""
+
+    signal: str
+    detector: Detector
+    threshold: float
+    release: float | None = None
+    cooldown: int = 3
+    min_consecutive: int = 1
+    protect: bool = True
+    max_protected: int = 32
+    max_protected_share: float = 0.05
+    critical: float | None = None
+
+    def decision(self) -> Decision:
+        return Decision(self.threshold, release=self.release, cooldown=self.cooldown,
+                        min_consecutive=self.min_consecutive, protect=self.protect, max_protected=self.max_protected,
+                        max_protected_share=self.max_protected_share)
+
+
+def _value(text: str) -> Any:
+    text = text.strip()
+    if text.lower() in ("true", "false"):
+        return text.lower() == "true"
+    for convert in (int, float):
+        try:
+            return convert(text)
+        except ValueError:
+            pass
+    return text.strip("'\"")
+
+
+def _split_items(text: str) -> list[str]:
+    items, depth, current = [], 0, ""
+    for char in text:
+        if char == "," and depth == 0:
+            items.append(current)
+            current = ""
+            continue
+        depth += {"(": 1, ")": -1}.get(char, 0)
+        current += char
+    if current.strip():
+        items.append(current)
+    return items
+
+
+def build_detector(name: str, parameters: dict[str, Any], signal: str = "the signal") -> WatchSpec:
+    cls = DETECTORS.get(name)
+    if cls is None:
+        raise ValueError(f"unknown detector {name!r} for {signal}; known: {', '.join(sorted(DETECTORS))}")
+    decision = {key: parameters.pop(key) for key in list(parameters) if key in _DECISION_PARAMETERS}
+    try:
+        detector = cls(**parameters)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{name} for {signal}: {exc}") from None
+    try:
+        threshold = float(decision.pop("threshold", cls.default_threshold))
+        spec = WatchSpec(signal=signal, detector=detector, threshold=threshold, **decision)
+        spec.decision()  # validates the decision parameters now, not at the first step
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{name} for {signal}: {exc}") from None
+    return spec
+
+
+def parse_spec(text: str) -> list[WatchSpec]:
+    """Parse the ``detectors`` setting; raises ``ValueError`` naming what is wrong."""
+    text = text.strip()
+    if text in ("", "off"):
+        return []
+    specs = []
+    for part in filter(str.strip, text.split(";")):
+        signal, _, detectors = part.partition("=")
+        signal = signal.strip()
+        if signal not in SIGNALS:
+            raise ValueError(f"unknown signal {signal!r}; known: {', '.join(SIGNALS)}")
+        if not detectors.strip():
+            raise ValueError(f"no detector named for {signal}")
+        specs += [parse_item(item, signal) for item in _split_items(detectors)]
+    return specs
+
+
+def parse_item(item: str, signal: str) -> WatchSpec:
+    """One ``name`` or ``name(key=value, ...)`` for ``signal`` (any name, for offline use)."""
+    match = _ITEM.match(item)
+    if match is None:
+        raise ValueError(f"cannot read {item.strip()!r} for {signal}: expected name or name(key=value, ...)")
+    name, arguments = match.group(1), match.group(2) or ""
+    parameters = {}
+    for argument in _split_items(arguments):
+        key, equals, value = argument.partition("=")
+        if not equals:
+            raise ValueError(f"{name} for {signal}: expected key=value, got {argument.strip()!r}")
+        parameters[key.strip()] = _value(value)
+    return build_detector(name, parameters, signal)
