@@ -82,17 +82,6 @@ class _CountingExporter(MetricExporter):
             self._store.record_error("otel")
         return result
 
-    def _emit_event(self, event: Event) -> None:
-        """An event as an OpenTelemetry log record named ``trainhealth.<event name>`` (the Events API is gone)."""
-        try:
-            self._logger.emit(
-                timestamp=int(event.time * 1e9), body=event.summary, attributes=dict(event.attributes),
-                event_name=f"trainhealth.{event.name}", severity_number=_SEVERITY[event.severity],
-                severity_text=event.severity.value.upper(),
-            )
-        except Exception as exc:
-            self._store.record_error("otel", exc)
-
     def force_flush(self, timeout_millis: float = 10_000) -> bool:
         return self._inner.force_flush(timeout_millis)
 
