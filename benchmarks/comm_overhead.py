@@ -66,7 +66,7 @@ def memory(ring: int = 65_536) -> tuple[float, float]:
     before = tracemalloc.get_traced_memory()[0]
     logger = CollectiveLogger(rank=0, ring_size=ring)
     marks = []
-    for fill in (1, 2):
+    for _ in range(2):
         for seq in range(ring):
             logger.end("all_reduce", "default_pg:0", seq, time.perf_counter(), 1e-4, 4096, None, False)
         logger.flush()

@@ -579,7 +579,7 @@ class _CompletionPoller:
                         finished.append(entry)
                 except Exception:
                     finished.append((None, lambda: None))
-            for work, on_done in finished:
+            for _, on_done in finished:
                 on_done()
             if finished:
                 with self._wake:
