@@ -7,7 +7,7 @@ import re
 import pytest
 
 from trainhealth import catalog
-from trainhealth.catalog import CATALOG, IDENTITY_LABELS, MetricKind, MetricSpec, Unit
+from trainhealth.catalog import CATALOG, IDENTITY_LABELS, SUSPECT_SCORE, MetricKind, MetricSpec, Unit
 
 PROMETHEUS_NAME = re.compile(r"^trainhealth_[a-z][a-z0-9_]*$")
 NON_BASE_UNITS = ("_milliseconds", "_ms", "_percent", "_megabytes", "_mb", "_kilobytes", "_fahrenheit", "_mhz", "_mw", "_mj")
@@ -22,8 +22,9 @@ def test_prometheus_naming_rules(spec: MetricSpec):
     if spec.unit.prometheus_suffix:
         assert name.removesuffix("_total").endswith("_" + spec.unit.prometheus_suffix)
     assert not any(part in name for part in NON_BASE_UNITS)
-    assert not set(spec.labels) & set(IDENTITY_LABELS)
-    assert spec.all_labels[: len(IDENTITY_LABELS)] == IDENTITY_LABELS
+    assert not set(spec.labels) & set(spec.identity)
+    assert spec.all_labels[: len(spec.identity)] == spec.identity
+    assert spec.identity == IDENTITY_LABELS or spec is SUSPECT_SCORE  # its rank and host name the suspect
 
 
 @pytest.mark.parametrize("spec", CATALOG, ids=lambda spec: spec.prometheus_name)

@@ -125,6 +125,9 @@ class MetricSpec:
     buckets: tuple[float, ...] = ()
     #: When the metric may be missing from an endpoint, and why.
     availability: str = ""
+    #: The identity labels of the exporting process it carries: all of them, except for metrics whose
+    #: own ``rank`` and ``host`` labels name someone else (the analyzer's suspects).
+    identity: tuple[str, ...] = IDENTITY_LABELS
     _prometheus_name: str = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -136,8 +139,10 @@ class MetricSpec:
             raise ValueError(f"metric {self.name!r}: info metrics have no unit")
         if not self.help or not (self.help[0].isupper() or self.help[0].isdigit()) or self.help.endswith("."):
             raise ValueError(f"metric {self.name!r}: help is a capitalised phrase without a final period")
+        if not set(self.identity) <= set(IDENTITY_LABELS) or "job" not in self.identity:
+            raise ValueError(f"metric {self.name!r}: identity labels must include job and come from {IDENTITY_LABELS}")
         for label in self.labels:
-            if not _LABEL_RE.match(label) or label in _FORBIDDEN_LABELS or label in IDENTITY_LABELS:
+            if not _LABEL_RE.match(label) or label in _FORBIDDEN_LABELS or label in self.identity:
                 raise ValueError(f"metric {self.name!r}: label {label!r} is not allowed")
         if len(set(self.labels)) != len(self.labels):
             raise ValueError(f"metric {self.name!r}: duplicate label")
@@ -166,7 +171,7 @@ class MetricSpec:
     @property
     def all_labels(self) -> tuple[str, ...]:
         """Identity labels followed by the metric's own labels, as exported to Prometheus."""
-        return IDENTITY_LABELS + self.labels
+        return self.identity + self.labels
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -504,6 +509,38 @@ TRAIN_IRREGULARITY = MetricSpec(
     "train.irregularity", _G, Unit.RATIO,
     "Share of the last 100 steps that took delta (1.5) times longer than the recent average (Holmes)",
     labels=("signal",), availability="When the delta detector watches step_time.",
+)
+
+# --- localization (trainhealth analyze) ---------------------------------------------------
+SUSPECT_SCORE = MetricSpec(
+    "suspect.score", _G, Unit.DIMENSIONLESS,
+    "Localization score of a suspect component, 0 to 1 (0.5 and more blames it); rank, host and gpu name "
+    "the suspect (empty for a switch), kind is gpu, nic, host or switch",
+    labels=("rank", "host", "gpu", "kind", "component"), identity=("job",),
+    availability="From trainhealth analyze, while it names suspects.",
+)
+ANALYSIS_VERDICT = MetricSpec(
+    "analysis.verdict", _G, Unit.DIMENSIONLESS,
+    "1 for the verdict of the last localization (healthy, compute, communication, imbalance), 0 for the others",
+    labels=("verdict",), availability="From trainhealth analyze.",
+)
+ANALYSIS_IRREGULAR_STEPS = MetricSpec(
+    "analysis.irregular_steps", _G, Unit.STEPS,
+    "Steps of the analysed window that took delta times the window's median step time",
+    availability="From trainhealth analyze.",
+)
+ANALYSIS_RANKS = MetricSpec(
+    "analysis.ranks", _G, Unit.DIMENSIONLESS, "Ranks seen in the analysed window",
+    availability="From trainhealth analyze.",
+)
+ANALYSIS_DURATION = MetricSpec(
+    "analysis.duration", _G, Unit.SECONDS, "Wall time of the last localization, reading its input included",
+    availability="From trainhealth analyze.",
+)
+ANALYSIS_LAST_RUN_TIMESTAMP = MetricSpec(
+    "analysis.last_run.timestamp", _G, Unit.SECONDS,
+    "Unix time the last localization finished; an old value means the analyzer is stuck or has no input",
+    availability="From trainhealth analyze.",
 )
 
 CATALOG: tuple[MetricSpec, ...] = tuple(

@@ -21,16 +21,14 @@ from trainhealth import __version__
 from trainhealth.catalog import CATALOG
 from trainhealth.config import ConfigError, Settings, setting_infos
 from trainhealth.docgen import render_configuration_markdown, render_metrics_markdown
+from trainhealth.errors import UsageError
 from trainhealth.identity import Identity
+from trainhealth.localize.commands import add_commands as add_localization_commands
 from trainhealth.traces.format import TraceError
 
 __all__ = ["main"]
 
 USAGE_ERROR = 2
-
-
-class UsageError(Exception):
-    """Bad input from the command line: reported in one line, exit status 2."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -287,6 +285,7 @@ def build_parser() -> argparse.ArgumentParser:
     convert.add_argument("--from", dest="input_format", choices=kinds, default="auto", help="input format (default: detect)")
     convert.add_argument("--topology", help="topology sidecar for v1 inputs")
     convert.set_defaults(handler=_cmd_trace_convert)
+    add_localization_commands(commands, _Parser)
     return parser
 
 

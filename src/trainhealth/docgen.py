@@ -30,8 +30,10 @@ def render_metrics_markdown(catalog: Sequence[MetricSpec] = CATALOG) -> str:
         "/metrics or pushed over OTLP through a Collector.",
         "",
         f"Every series also carries the identity labels {', '.join(f'`{name}`' for name in IDENTITY_LABELS)} "
-        "(see docs/configuration.md for where they come from). In OpenTelemetry they are resource "
-        "attributes (`trainhealth.job`, `host.name`, `trainhealth.rank`) instead of point attributes.",
+        "(see docs/configuration.md for where they come from); `trainhealth_suspect_score` (from the analyzer) "
+        "carries only `job`, since its own `rank` and `host` labels name the suspect. In OpenTelemetry the "
+        "identity labels are resource attributes (`trainhealth.job`, `host.name`, `trainhealth.rank`) instead "
+        "of point attributes.",
         "",
         "| Prometheus name | type | labels | OpenTelemetry instrument | unit | description |",
         "|---|---|---|---|---|---|",

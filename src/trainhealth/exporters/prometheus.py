@@ -68,10 +68,10 @@ class StoreCollector(Collector):
         except Exception as exc:
             self._store.record_error("prometheus", exc)
             return
-        identity_values = list(self._identity.labels.values())
+        identity_labels = self._identity.labels
         for family in families:
             try:
-                metric = _to_metric(family, identity_values)
+                metric = _to_metric(family, [identity_labels[name] for name in family.spec.identity])
             except Exception as exc:
                 self._store.record_error("prometheus", exc)
                 continue

@@ -24,6 +24,9 @@ class Topology:
     groups: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
     hosts: Mapping[int, str] = field(default_factory=dict)
     parallelism: Mapping[str, int] = field(default_factory=dict)
+    #: Optional extensions: rank -> leaf switch (``switches``), and ``simulated`` for simulator output.
+    switches: Mapping[int, str] = field(default_factory=dict)
+    simulated: bool = False
 
     @classmethod
     def from_dict(cls, data: Any, path: str = "topology") -> Topology:
@@ -31,9 +34,7 @@ class Topology:
 
         if not isinstance(data, dict):
             raise TraceError(path, "the topology must be a JSON object")
-        unknown = set(data) - {"groups", "hosts", "parallelism"}
-        if unknown:
-            raise TraceError(path, f"unknown key(s) {', '.join(sorted(unknown))}; expected groups, hosts, parallelism")
+        # keys other than these are extensions of later versions: ignored, as trace readers ignore extra columns
         groups: dict[str, tuple[int, ...]] = {}
         for name, members in dict(data.get("groups", {})).items():
             if not isinstance(members, list) or not all(isinstance(r, int) and r >= 0 for r in members):
@@ -49,7 +50,12 @@ class Topology:
             if not isinstance(size, int) or size < 1:
                 raise TraceError(path, f"parallelism.{name} must be a positive integer", column="parallelism")
             parallelism[str(name)] = size
-        return cls(groups, hosts, parallelism)
+        switches: dict[int, str] = {}
+        for rank, switch in dict(data.get("switches", {})).items():
+            if not str(rank).isdigit() or not isinstance(switch, str):
+                raise TraceError(path, f"switches must map ranks to switch names, got {rank!r}: {switch!r}", column="switches")
+            switches[int(rank)] = switch
+        return cls(groups, hosts, parallelism, switches, bool(data.get("simulated", False)))
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> Topology:
@@ -64,11 +70,16 @@ class Topology:
         return cls.from_dict(data, str(path))
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "groups": {name: list(members) for name, members in sorted(self.groups.items())},
             "hosts": {str(rank): host for rank, host in sorted(self.hosts.items())},
             "parallelism": dict(sorted(self.parallelism.items())),
         }
+        if self.switches:
+            out["switches"] = {str(rank): switch for rank, switch in sorted(self.switches.items())}
+        if self.simulated:
+            out["simulated"] = True
+        return out
 
     def save(self, path: str | os.PathLike[str]) -> None:
         Path(path).write_text(json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n", encoding="utf-8")

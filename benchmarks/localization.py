@@ -1,0 +1,135 @@
+"""Localization accuracy, false blame, latency and memory: the tables of docs/benchmarks.md.
+
+    python benchmarks/localization.py                       # everything (about 40 minutes on 2 cores)
+    python benchmarks/localization.py --scales 64 512 --no-latency
+
+Cases come from trainhealth.bench.localization (seeded simulator windows: 20
+steps, 4 layouts per scale from 3-D to 5-D parallelism, GPU / NIC / host /
+switch faults at severity 1.02-3, persistent or transient, and three negative
+controls per layout). The thresholds are the defaults of
+trainhealth.localize.localizer.Thresholds, chosen on seeds 0 and 1; this script
+reports on seeds 100 and up, which were not looked at while choosing them.
+
+Latency and peak memory: ``trainhealth localize`` on one core (taskset -c 0, one
+BLAS thread) over an 8192-GPU, 20-step window read from Parquet, end to end
+(process start, reading, localizing, printing the JSON).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from multiprocessing import Pool
+from pathlib import Path
+
+import pandas as pd
+
+from trainhealth.bench.localization import Outcome, cases, evaluate, summarize
+from trainhealth.faults.cluster import Layout
+from trainhealth.faults.simulator import FaultKind, InjectedFault, Scenario, simulate
+from trainhealth.localize.localizer import Thresholds
+
+TRAINHEALTH = str(Path(sys.executable).parent / "trainhealth")
+
+
+def _evaluate(job: tuple) -> Outcome:
+    case, collectives_only = job
+    return evaluate(case, Thresholds(), collectives_only=collectives_only)
+
+
+def _percent(frame: pd.DataFrame) -> str:
+    shown = frame.copy()
+    for column in ("top1", "top3", "naive", "false_blame", "verdict_ok"):
+        if column in shown:
+            shown[column] = shown[column].map(lambda v: "" if pd.isna(v) else f"{100 * v:.1f}%")
+    for column in ("cases", "controls"):
+        if column in shown:
+            shown[column] = shown[column].map(lambda v: "" if pd.isna(v) else f"{int(v)}")
+    header = [shown.index.name or ""] + list(shown.columns)
+    rows = [[str(index)] + [str(value) for value in row] for index, row in zip(shown.index, shown.to_numpy())]
+    return "\n".join(["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+                     + ["| " + " | ".join(row) + " |" for row in rows])
+
+
+def _table(title: str, outcomes: list[Outcome], by: str, minimum_severity: float | None = None) -> None:
+    chosen = [o for o in outcomes if minimum_severity is None or o.case.fault is None
+              or o.case.fault.severity >= minimum_severity]
+    print(f"\n### {title}\n")
+    print(_percent(summarize(chosen, by)))
+
+
+def _latency(repeats: int) -> None:
+    layout = Layout(dp=64, pp=16, tp=8)
+    fault = InjectedFault(FaultKind.GPU, 4242, 1.2, start_step=8)
+    with tempfile.TemporaryDirectory() as directory:
+        began = time.perf_counter()
+        trace = simulate(Scenario(layout, steps=20, microbatches=4, seed=7, faults=(fault,)))
+        trace.write(directory)
+        print(f"\nsimulated {layout.world} GPUs x 20 steps: {len(trace.records):,} records in "
+              f"{time.perf_counter() - began:.1f} s ({os.path.getsize(Path(directory) / 'trace.parquet') / 2**20:.0f} MiB Parquet)")
+        del trace
+        env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
+        walls, peaks = [], []
+        for _ in range(repeats):
+            before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+            began = time.perf_counter()
+            result = subprocess.run(["taskset", "-c", "0", TRAINHEALTH, "localize", directory, "--json"],
+                                    capture_output=True, text=True, env=env, check=True)
+            walls.append(time.perf_counter() - began)
+            peaks.append(max(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, before) / 1024)
+        top = json.loads(result.stdout)["suspects"][0]["component"]
+        walls.sort()
+        print(f"trainhealth localize, 8192 GPUs x 20 steps on one core: median {walls[len(walls) // 2]:.2f} s "
+              f"(runs: {', '.join(f'{w:.2f}' for w in walls)}), peak RSS {max(peaks):.0f} MiB, top suspect {top} "
+              f"(injected gpu:rank-4242)")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--scales", type=int, nargs="+", default=[64, 512, 2048, 8192])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[100, 101], help="evaluation seeds")
+    parser.add_argument("--seeds-8192", type=int, nargs="+", default=[100], help="evaluation seeds at 8192 GPUs")
+    parser.add_argument("--collectives-only-scales", type=int, nargs="*", default=[64, 512, 2048])
+    parser.add_argument("--processes", type=int, default=2)
+    parser.add_argument("--no-latency", action="store_true")
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+
+    jobs = [(case, False) for scale in args.scales
+            for case in cases(scale, args.seeds_8192 if scale == 8192 else args.seeds)]
+    jobs += [(case, True) for scale in args.collectives_only_scales if scale in args.scales
+             for case in cases(scale, args.seeds)]
+    began = time.perf_counter()
+    with Pool(args.processes) as pool:
+        outcomes = pool.map(_evaluate, jobs, chunksize=1)
+    print(f"{len(jobs)} cases in {time.perf_counter() - began:.0f} s; thresholds {Thresholds()}")
+    full = [o for o, (_, only) in zip(outcomes, jobs) if not only]
+    collectives = [o for o, (_, only) in zip(outcomes, jobs) if only]
+
+    _table("By scale, every severity (1.02-3)", full, "scale")
+    _table("By scale, severity 1.05-3", full, "scale", minimum_severity=1.05)
+    _table("By parallelism dimensions, every severity", full, "dims")
+    _table("By fault type, every severity", full, "kind")
+    _table("By severity", full, "severity")
+    _table("By pattern", full, "pattern")
+    _table("Negative controls", full, "control")
+    if collectives:
+        _table("Collectives only (no compute records), by scale, every severity", collectives, "scale")
+        _table("Collectives only, by fault type", collectives, "kind")
+        _table("Collectives only, by severity", collectives, "severity")
+        _table("Collectives only, negative controls", collectives, "control")
+    seconds = pd.DataFrame({"scale": [o.case.scale for o in full], "seconds": [o.seconds for o in full]})
+    print("\nanalysis time per window, every candidate scored (in-process, records in memory): "
+          + ", ".join(f"{scale} GPUs {group['seconds'].median():.2f} s" for scale, group in seconds.groupby("scale")))
+    if not args.no_latency:
+        _latency(args.repeats)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Alerting: the advice catalogue (and, later, alert rules, Alertmanager config and runbooks)."""

@@ -1,0 +1,78 @@
+"""The localization result: trace format v1's public output (docs/trace-format.md).
+
+>>> result = LocalizationResult("compute", (Suspect("gpu", (5,), "node-b", None, 0.93, "last to arrive"),), (12,), ["..."])
+>>> sorted(result.to_dict())
+['advice', 'irregular_steps', 'suspects', 'verdict']
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["LocalizationResult", "Suspect", "VERDICTS"]
+
+VERDICTS = ("healthy", "compute", "communication", "imbalance")
+
+
+@dataclass(frozen=True)
+class Suspect:
+    """A component to blame: ``kind`` gpu, link or host; ``ranks`` it covers; ``score`` in [0, 1]."""
+
+    kind: str
+    ranks: tuple[int, ...]
+    host: str | None
+    group: str | None
+    score: float
+    evidence: str
+    component: str | None = None  # e.g. "gpu:rank-5", "nic:rank-9", "switch:leaf-2", "host:node-3"
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"kind": self.kind, "ranks": list(self.ranks), "host": self.host, "group": self.group,
+                               "score": round(self.score, 4), "evidence": self.evidence}
+        if self.component is not None:
+            out["component"] = self.component
+        return out
+
+
+@dataclass(frozen=True)
+class LocalizationResult:
+    verdict: str
+    suspects: tuple[Suspect, ...]
+    irregular_steps: tuple[int, ...]
+    advice: list[str]
+    details: dict[str, Any] = field(default_factory=dict)  # extra, optional fields of the JSON
+
+    def __post_init__(self) -> None:
+        if self.verdict not in VERDICTS:
+            raise ValueError(f"verdict must be one of {VERDICTS}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "verdict": self.verdict,
+            "suspects": [s.to_dict() for s in self.suspects],
+            "irregular_steps": list(self.irregular_steps),
+            "advice": list(self.advice),
+            **self.details,
+        }
+
+    def render(self) -> str:
+        lines = [f"verdict: {self.verdict}"]
+        if self.details.get("simulated"):
+            lines[0] += "  (input is SIMULATED)"
+        steps = self.irregular_steps
+        lines.append(f"irregular steps: {len(steps)}" + (f" ({', '.join(map(str, steps[:12]))}{', ...' if len(steps) > 12 else ''})" if steps else ""))
+        if self.suspects:
+            lines.append("suspects:")
+            for position, suspect in enumerate(self.suspects, start=1):
+                ranks = ", ".join(map(str, suspect.ranks[:8])) + (", ..." if len(suspect.ranks) > 8 else "")
+                where = f" on {suspect.host}" if suspect.host else ""
+                label = suspect.component or f"{suspect.kind} {ranks}"
+                lines.append(f"  {position}. {label} (ranks {ranks}){where}  score {suspect.score:.2f}")
+                lines.append(f"     {suspect.evidence}")
+        for reason in self.details.get("reasons", []):
+            lines.append(f"note: {reason}")
+        if self.advice:
+            lines.append("advice:")
+            lines += [f"  - {line}" for line in self.advice]
+        return "\n".join(lines)

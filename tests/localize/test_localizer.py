@@ -1,0 +1,98 @@
+"""Localization on simulated clusters with known faults, and on the real StragglerAnalysis traces."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from trainhealth.faults.cluster import Layout
+from trainhealth.faults.simulator import Control, FaultKind, InjectedFault, Scenario, simulate
+from trainhealth.localize.localizer import Thresholds, localize
+from trainhealth.traces.convert import load_any
+
+LAYOUT = Layout(dp=4, pp=4, tp=4, hosts_per_leaf=2)  # 64 GPUs on 8 hosts under 4 leaf switches
+DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "straggler-analysis"
+COMPUTE = ["forward", "backward", "optimizer"]
+
+
+def _run(*faults: InjectedFault, seed: int = 11, control: Control = Control.NONE, collectives_only: bool = False):
+    trace = simulate(Scenario(LAYOUT, steps=20, seed=seed, faults=faults, control=control))
+    records = trace.records[~trace.records["op"].isin(COMPUTE)] if collectives_only else trace.records
+    return localize(records, trace.topology), trace.ground_truth
+
+
+@pytest.mark.parametrize("kind, target, component, verdict", [
+    ("gpu", 37, "gpu:rank-37", "compute"),
+    ("nic", 37, "nic:rank-37", "communication"),
+    ("host", 5, "host:sim-node-0005", "communication"),
+    ("switch", 2, "switch:leaf-2", "communication"),
+])
+@pytest.mark.parametrize("start, end", [(6, None), (8, 13)])
+def test_the_injected_fault_is_the_top_suspect(kind, target, component, verdict, start, end):
+    result, truth = _run(InjectedFault(FaultKind(kind), target, 1.3, start_step=start, end_step=end))
+    assert truth["faults"][0]["component"] == component
+    assert result.verdict == verdict
+    assert result.suspects[0].component == component
+    assert result.suspects[0].score > 0.5
+    assert f"in steps {start}-{(end or 20) - 1}" in result.suspects[0].evidence
+    assert result.details["simulated"] is True and "SIMULATED" in result.render()
+    assert result.advice and result.to_dict()["suspects"][0]["kind"] in ("gpu", "link", "host")
+
+
+@pytest.mark.parametrize("control, verdict, reason", [
+    (Control.NONE, "healthy", None),
+    (Control.STAGE_IMBALANCE, "imbalance", "uneven stages: ranks 48, 49, 50, 51, 52"),
+    (Control.SEQLEN_IMBALANCE, "imbalance", "uneven batches"),
+])
+@pytest.mark.parametrize("seed", [1, 2])
+def test_negative_controls_blame_no_device(control, verdict, reason, seed):
+    result, truth = _run(control=control, seed=seed)
+    assert truth["verdict"] == verdict
+    assert result.verdict == verdict and result.suspects == ()
+    assert (reason is None) == (not result.details["reasons"])
+    if reason:
+        assert result.details["reasons"][0].startswith(reason)
+        assert result.advice[0].startswith("No device is to blame")
+
+
+def test_a_slow_gpu_is_found_from_collectives_alone():
+    result, _ = _run(InjectedFault(FaultKind.GPU, 21, 1.5, start_step=6), collectives_only=True)
+    assert result.details["evidence_source"] == "collectives"
+    assert result.verdict == "compute" and result.suspects[0].component == "gpu:rank-21"
+    assert result.suspects[0].evidence.startswith("spends 1.5")
+    assert "as long outside collectives (computing) as its peers in steps 6-19" in result.suspects[0].evidence
+
+
+def test_uneven_batches_from_collectives_alone_blame_no_device():
+    result, _ = _run(control=Control.SEQLEN_IMBALANCE, collectives_only=True)
+    assert result.verdict == "imbalance" and result.suspects == ()
+
+
+def test_a_fault_below_the_noise_is_not_blamed_on_someone_else():
+    result, _ = _run(InjectedFault(FaultKind.GPU, 9, 1.02, start_step=15, end_step=18))
+    assert all(s.component == "gpu:rank-9" for s in result.suspects[:1])
+
+
+def test_trace_ar_blames_the_artificially_slowed_worker():
+    trace, _ = load_any([DATA / "trace-AR.parquet"])
+    result = localize(trace.records, trace.topology)
+    top = result.suspects[0]
+    assert result.verdict == "compute" and top.kind == "gpu"
+    first = trace.records[trace.records["rank"] == top.ranks[0]].iloc[0]
+    assert (first["dp_rank"], first["stage"]) == (0, 0)
+    assert "computes 2.4" in top.evidence
+
+
+def test_trace_st_is_imbalance_with_no_gpu_blamed():
+    trace, _ = load_any([DATA / "trace-ST.parquet"])
+    result = localize(trace.records, trace.topology)
+    assert result.verdict == "imbalance" and result.suspects == ()
+    assert result.details["reasons"][0].startswith("uneven stages: ranks 6, 7 compute 1.6")
+
+
+def test_thresholds_are_checked():
+    with pytest.raises(ValueError, match="gpu_z"):
+        Thresholds(gpu_z=0)
+    with pytest.raises(ValueError, match="decay"):
+        Thresholds(decay=1.5)
