@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import socket
 import subprocess
@@ -121,7 +120,7 @@ def test_analyzer_over_prometheus_names_the_slow_rank(tmp_path):
 
         once = subprocess.run([TRAINHEALTH, "analyze", "--prometheus", prometheus.url, "--job", "e2e",
                                "--window", "12", "--step", "2", "--once", "--json"],
-                              capture_output=True, text=True, timeout=120)
+                              capture_output=True, text=True, timeout=120, check=False)
         assert once.returncode == 0, once.stderr
         result = json.loads(once.stdout)
         assert result["verdict"] == "compute", result
@@ -147,12 +146,12 @@ def test_analyzer_over_prometheus_names_the_slow_rank(tmp_path):
 
 def test_analyzer_errors_are_one_line(tmp_path):
     missing = subprocess.run([TRAINHEALTH, "analyze", "--traces", str(tmp_path / "nope"), "--once"],
-                             capture_output=True, text=True, timeout=60)
+                             capture_output=True, text=True, timeout=60, check=False)
     assert missing.returncode == 2 and "no such directory" in missing.stderr
     unreachable = subprocess.run([TRAINHEALTH, "analyze", "--prometheus", "http://127.0.0.1:9", "--once"],
-                                 capture_output=True, text=True, timeout=60)
+                                 capture_output=True, text=True, timeout=60, check=False)
     assert unreachable.returncode == 2 and "cannot query Prometheus at http://127.0.0.1:9" in unreachable.stderr
     both = subprocess.run([TRAINHEALTH, "analyze", "--prometheus", "http://x", "--traces", "d"],
-                          capture_output=True, text=True, timeout=60)
+                          capture_output=True, text=True, timeout=60, check=False)
     assert both.returncode == 2 and "not allowed with argument" in both.stderr
     assert all("Traceback" not in r.stderr for r in (missing, unreachable, both))

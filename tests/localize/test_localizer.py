@@ -7,7 +7,13 @@ from pathlib import Path
 import pytest
 
 from trainhealth.faults.cluster import Layout
-from trainhealth.faults.simulator import Control, FaultKind, InjectedFault, Scenario, simulate
+from trainhealth.faults.simulator import (
+    Control,
+    FaultKind,
+    InjectedFault,
+    Scenario,
+    simulate,
+)
 from trainhealth.localize.localizer import Thresholds, localize
 from trainhealth.traces.convert import load_any
 

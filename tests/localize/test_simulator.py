@@ -8,7 +8,13 @@ import numpy as np
 import pytest
 
 from trainhealth.faults.cluster import Layout
-from trainhealth.faults.simulator import Control, FaultKind, InjectedFault, Scenario, simulate
+from trainhealth.faults.simulator import (
+    Control,
+    FaultKind,
+    InjectedFault,
+    Scenario,
+    simulate,
+)
 from trainhealth.traces import read_trace
 
 LAYOUT = Layout(dp=4, pp=4, tp=4, hosts_per_leaf=2)  # 64 GPUs, 8 hosts, 4 leaf switches

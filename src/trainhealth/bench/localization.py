@@ -32,11 +32,17 @@ import numpy as np
 import pandas as pd
 
 from trainhealth.faults.cluster import Layout
-from trainhealth.faults.simulator import Control, FaultKind, InjectedFault, Scenario, simulate
+from trainhealth.faults.simulator import (
+    Control,
+    FaultKind,
+    InjectedFault,
+    Scenario,
+    simulate,
+)
 from trainhealth.localize.evidence import COMPUTE_OPS
 from trainhealth.localize.localizer import Analysis, Thresholds, analyze, decide
 
-__all__ = ["Case", "Outcome", "SCALES", "SEVERITIES", "cases", "evaluate", "judge", "summarize"]
+__all__ = ["SCALES", "SEVERITIES", "Case", "Outcome", "cases", "evaluate", "judge", "summarize"]
 
 SCALES: dict[int, tuple[Layout, ...]] = {
     64: (Layout(dp=4, pp=2, tp=8), Layout(dp=2, pp=2, tp=8, cp=2), Layout(dp=4, pp=2, tp=8, ep=2),

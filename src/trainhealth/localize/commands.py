@@ -100,7 +100,12 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
     from trainhealth.exporters.sinks import Sinks
     from trainhealth.identity import Identity
     from trainhealth.localize.analyzer import Analyzer
-    from trainhealth.localize.sources import PrometheusClient, PrometheusSource, SourceError, TraceDirectory
+    from trainhealth.localize.sources import (
+        PrometheusClient,
+        PrometheusSource,
+        SourceError,
+        TraceDirectory,
+    )
     from trainhealth.state import MetricStore
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")

@@ -9,13 +9,9 @@ Three kinds of evidence, following Holmes's reading of collective timings:
   against its peers and its own past. Traces of collectives alone have no
   compute records: then a rank's compute in a step is the time its records span
   minus the time it spent inside collectives (waiting included).
-* **Lateness** (collectives only, Holmes's straggler rule): a collective ends for
-  all members at once, so the member that arrived last waited least and its
-  operation looks *normal* while the others' look prolonged. A member's lateness
-  in an instance is the instance's median duration minus its own; summed per
-  rank and step, relative to its peers, as a share of the step time. Pipeline
-  sends and receives enter the same sum, so a stage the others wait for is
-  found by following the transfers back to it.
+* **Who arrived last**: a collective ends for all members at once, so the
+  member that arrived last waited least (Holmes's straggler rule): per rank, the
+  share of its collectives it was last to, for the evidence text.
 * **Transfer excess** (Holmes's communication rule): the last member to arrive
   did not wait, so its duration is the transfer time; when even that is long,
   every member looks abnormal and the path is at fault. Kept per inter-host
@@ -85,8 +81,6 @@ class Evidence:
     compute_change: np.ndarray  # log compute time relative to the rank's own usual, common changes removed
     compute_seconds: np.ndarray  # compute seconds
     compute_derived: bool  # no compute records: compute is the time outside collectives
-    lateness: np.ndarray  # lateness relative to peers, as a share of the step time
-    raw_lateness: np.ndarray  # the same before the peer correction
     last_share: np.ndarray  # per rank: share of its collectives it arrived last to
     transfers: Transfers
     hosts: dict[int, str]
@@ -120,16 +114,6 @@ def gather_evidence(records: pd.DataFrame, hosts: Mapping[int, str] | None = Non
     lockstep_of = _joined(instances.group, member_rank, np.isin(member_kind, ("tp", "cp")) & (peer_kind != "tp"),
                           n_ranks)
 
-    # lateness: the instance's median duration minus the member's own; from collectives of three or
-    # more members when there are any (in a pair the median is the mean: both look half late)
-    late = instances.median[instances.instance] - duration[instances.rows]
-    counted = instances.size[instances.instance] >= 3
-    if not counted.any():
-        counted[:] = True
-    raw_lateness = np.zeros((n_ranks, n_steps))
-    np.add.at(raw_lateness, (member_rank[counted], step_code[instances.rows][counted]), late[counted])
-    raw_lateness /= np.where(step_time > 0, step_time, np.nan)
-    lateness = _minus_peer_median(raw_lateness, peer_of)
     last_count = np.bincount(member_rank[instances.last_row], minlength=n_ranks)
     taken = np.bincount(member_rank, minlength=n_ranks)
 
@@ -157,7 +141,6 @@ def gather_evidence(records: pd.DataFrame, hosts: Mapping[int, str] | None = Non
         ranks=ranks.astype(np.int64), steps=steps.astype(np.int64), step_time=step_time, peer_of=peer_of,
         peer_kind=peer_kind, replica_of=replica_of, lockstep_of=lockstep_of, compute=compute, compute_change=compute_change,
         compute_seconds=compute_seconds, compute_derived=derived,
-        lateness=lateness, raw_lateness=raw_lateness,
         last_share=np.where(taken > 0, last_count / np.maximum(taken, 1), 0.0), transfers=transfers,
         hosts={int(r): str(h) for r, h in zip(ranks, rank_hosts) if h}, switches=switch_of,
     )
@@ -278,14 +261,6 @@ def _joined(member_group: np.ndarray, member_rank: np.ndarray, chosen: np.ndarra
         if np.array_equal(updated, label):
             return np.unique(label, return_inverse=True)[1]
         label = updated
-
-
-def _minus_peer_median(values: np.ndarray, peer_of: np.ndarray) -> np.ndarray:
-    out = np.empty_like(values)
-    for peer in np.unique(peer_of):
-        members = peer_of == peer
-        out[members] = values[members] - np.nanmedian(values[members], axis=0) if members.sum() > 1 else 0.0
-    return out
 
 
 def _compute(rank: np.ndarray, step: np.ndarray, op: np.ndarray, start: np.ndarray, duration: np.ndarray,

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["LocalizationResult", "Suspect", "VERDICTS"]
+__all__ = ["VERDICTS", "LocalizationResult", "Suspect"]
 
 VERDICTS = ("healthy", "compute", "communication", "imbalance")
 

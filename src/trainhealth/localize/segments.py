@@ -19,6 +19,7 @@ exceeds ``allowance`` above the peer reference of zero.
 
 from __future__ import annotations
 
+import itertools
 import warnings
 from dataclasses import dataclass
 
@@ -86,7 +87,7 @@ def strongest_robust_stretch(values: np.ndarray, sigma: float | np.ndarray, min_
         edges = np.linspace(0, steps, MAX_BLOCKS + 1).round().astype(np.int64)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
-            values = np.stack([np.nanmedian(values[:, a:b], axis=1) for a, b in zip(edges[:-1], edges[1:])], axis=1)
+            values = np.stack([np.nanmedian(values[:, a:b], axis=1) for a, b in itertools.pairwise(edges)], axis=1)
         steps = MAX_BLOCKS
     else:
         edges = np.arange(steps + 1)

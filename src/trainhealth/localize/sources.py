@@ -196,7 +196,7 @@ class PrometheusSource:
         duration = float(value)
         if not math.isfinite(duration) or duration < 0 or not labels.get("rank", "").isdigit():
             return None
-        row = {"rank": int(labels["rank"]), "step": int(round((float(t) - start) / self.step)),
+        row = {"rank": int(labels["rank"]), "step": round((float(t) - start) / self.step),
                "op": labels.get("op", ""), "group": labels.get("group", ""), "start": float(t), "duration": duration,
                "host": labels.get("host") or None}
         gpu = gpus.get((labels.get("job"), labels.get("rank")))

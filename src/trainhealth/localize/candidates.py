@@ -1,0 +1,104 @@
+"""What the localizer scores and the thresholds that judge it, with helpers its parts share."""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+
+import numpy as np
+
+from trainhealth.localize.evidence import Evidence
+from trainhealth.localize.segments import Stretch
+
+__all__ = ["Candidate", "Thresholds", "best", "ranks_text", "row_noise", "steps_text", "stretch_effect"]
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """The localizer's settings; the defaults were chosen on simulator seeds (benchmarks/localization.py)."""
+
+    gpu_z: float = 7.0  # z-score of a rank's slow compute stretch that blames its GPU
+    collectives_z: float = 7.0  # the same when compute is derived from collectives alone (noisier)
+    link_z: float = 6.0  # z-score of a NIC's, host's or switch's slow transfers that blames it
+    compute_allowance: float = 0.10  # log-ratio a healthy GPU may stay above its peers all window (PRISM: 14%)
+    transfer_allowance: float = 0.10  # log-ratio a healthy path may stay slow all window
+    min_compute_effect: float = 0.015  # log-ratio: slowdowns below 1.5% are not worth a page
+    min_transfer_effect: float = 0.04  # log-ratio: transfers 4% slower
+    min_length: int = 3  # steps a fault lasts at least; shorter blips (GC pauses) are noise
+    min_length_derived: int = 5  # the same for compute derived from collectives (medians of it)
+    decay: float = 0.95  # weight of a step per step of age
+    irregular: float = 1.1  # delta: a step this many times the window's median step time is irregular
+    stage_imbalance: float = 0.10  # slowest peer group above the median one: imbalance between stages
+    replica_imbalance: float = 0.03  # spread of a replica's compute from step to step: uneven batches
+    explain_share: float = 0.6  # a host or switch explains a NIC when its excess is this share of the NIC's
+    explain_z: float = 20.0  # a GPU this clearly slow explains its own slow transfers (its peers waited in them)
+    max_suspects: int = 5
+
+    def __post_init__(self) -> None:
+        for name in ("gpu_z", "collectives_z", "link_z", "irregular"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be positive")
+        if not 0 < self.decay <= 1:
+            raise ValueError("decay must be in (0, 1]")
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A component the evidence points at, before the thresholds judge it."""
+
+    kind: str  # gpu, link, host
+    component: str  # gpu:rank-N, nic:rank-N, host:NAME, switch:NAME
+    ranks: tuple[int, ...]
+    host: str | None
+    z: float
+    evidence: str
+    basis: str = "transfers"  # what the z-score comes from: compute (records), derived (from collectives), transfers
+
+    def strength(self, thresholds: Thresholds) -> float:
+        """z over the threshold of its basis: 1 or more blames it."""
+        threshold = {"compute": thresholds.gpu_z, "derived": thresholds.collectives_z}.get(self.basis, thresholds.link_z)
+        return self.z / threshold
+
+
+def row_noise(values: np.ndarray, floor: float = 1e-6) -> float:
+    """One cell's standard deviation around its row's median (robust: 1.4826 * MAD), at least ``floor``.
+
+    The floor keeps noiseless input (synthetic traces, a constant timer) from
+    turning a trifle into a large z-score.
+    """
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # rows without any value
+        centered = values - np.nanmedian(values, axis=1, keepdims=True)
+    finite = np.abs(centered[np.isfinite(centered)])
+    return max(1.4826 * float(np.median(finite)) if len(finite) else 0.0, floor)
+
+
+def best(stretch: Stretch, whole: Stretch) -> tuple[np.ndarray, Stretch]:
+    """The larger z of the two; the stretch is reported unless the level is far stronger."""
+    use_level = whole.z > 2.0 * stretch.z
+    chosen = Stretch(np.where(use_level, whole.start, stretch.start), np.where(use_level, whole.stop, stretch.stop),
+                     np.where(use_level, whole.effect, stretch.effect), np.maximum(whole.z, stretch.z))
+    return chosen.z, chosen
+
+
+def stretch_effect(values: np.ndarray, start: int, stop: int) -> float:
+    """The median row's mean in steps [start, stop) minus its mean in the other steps (its mean, for all steps)."""
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # rows without values there
+        inside = np.nanmean(values[:, start:stop], axis=1)
+        outside = np.nanmean(np.delete(values, np.s_[start:stop], axis=1), axis=1) if stop - start < values.shape[1] else 0.0
+        difference = inside - outside
+    difference = difference[np.isfinite(difference)]
+    return float(np.median(difference)) if len(difference) else 0.0
+
+
+def steps_text(evidence: Evidence, start: int, stop: int) -> str:
+    steps = evidence.steps
+    if start <= 0 and stop >= len(steps):
+        return "throughout the window"
+    return f"in steps {steps[start]}-{steps[stop - 1]}"
+
+
+def ranks_text(ranks: np.ndarray) -> str:
+    shown = ", ".join(str(int(r)) for r in ranks[:8])
+    return shown + (f", ... ({len(ranks)} ranks)" if len(ranks) > 8 else "")
