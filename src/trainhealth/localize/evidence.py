@@ -90,12 +90,12 @@ class Evidence:
 def gather_evidence(records: pd.DataFrame, hosts: Mapping[int, str] | None = None,
                     switches: Mapping[int, str] | None = None) -> Evidence:
     """Evidence from ``records`` (trace format v1 with canonical dtypes)."""
-    rank_code, ranks = _codes(records["rank"].to_numpy())
-    step_code, steps = _codes(records["step"].to_numpy())
+    rank_code, ranks = _small_codes(records["rank"].to_numpy(dtype=np.int64))
+    step_code, steps = _small_codes(records["step"].to_numpy(dtype=np.int64))
     n_ranks, n_steps = len(ranks), len(steps)
     duration = records["duration"].to_numpy(dtype=np.float64)
     start = records["start"].to_numpy(dtype=np.float64)
-    op = _strings(records["op"])
+    op = _Ops(records["op"])
     host_of = _hosts(records, ranks, hosts)
     switch_of = {int(r): str(s) for r, s in (switches or {}).items()}
 
@@ -117,12 +117,13 @@ def gather_evidence(records: pd.DataFrame, hosts: Mapping[int, str] | None = Non
     last_count = np.bincount(member_rank[instances.last_row], minlength=n_ranks)
     taken = np.bincount(member_rank, minlength=n_ranks)
 
-    chosen = np.isin(op, _PASSES)
+    chosen = op.among(_PASSES)
     if not chosen.any():
-        chosen = np.isin(op, COMPUTE_OPS)
+        chosen = op.among(COMPUTE_OPS)
     derived = not chosen.any()
     if derived:  # collectives only: what a rank spends outside them is its compute
-        rows = instances.rows
+        # sends are left out: a sender computes on while its send waits for the receiver
+        rows = instances.rows[~op.among(("send",))[instances.rows]]
         in_collectives = _covered(rank_code[rows] * n_steps + step_code[rows], start[rows], duration[rows],
                                   n_ranks * n_steps)
         busy = np.maximum(span.reshape(-1) - in_collectives, 0.0)
@@ -131,12 +132,12 @@ def gather_evidence(records: pd.DataFrame, hosts: Mapping[int, str] | None = Non
             cells // n_steps, cells % n_steps, np.full(len(cells), "compute", dtype=object), first.reshape(-1)[cells],
             busy[cells], peer_of, replica_of, n_ranks, n_steps)
     else:
-        compute, compute_change, compute_seconds = _compute(rank_code[chosen], step_code[chosen], op[chosen],
+        compute, compute_change, compute_seconds = _compute(rank_code[chosen], step_code[chosen], op.names(chosen),
                                                             start[chosen], duration[chosen], peer_of, replica_of,
                                                             n_ranks, n_steps)
 
     rank_hosts = np.array([host_of.get(int(r), "") for r in ranks])
-    transfers = _transfers(records, instances, kinds, member_rank, rank_hosts, step_code, peer_of)
+    transfers = _transfers(records, op, instances, kinds, member_rank, rank_hosts, step_code, peer_of)
     return Evidence(
         ranks=ranks.astype(np.int64), steps=steps.astype(np.int64), step_time=step_time, peer_of=peer_of,
         peer_kind=peer_kind, replica_of=replica_of, lockstep_of=lockstep_of, compute=compute, compute_change=compute_change,
@@ -144,6 +145,16 @@ def gather_evidence(records: pd.DataFrame, hosts: Mapping[int, str] | None = Non
         last_share=np.where(taken > 0, last_count / np.maximum(taken, 1), 0.0), transfers=transfers,
         hosts={int(r): str(h) for r, h in zip(ranks, rank_hosts) if h}, switches=switch_of,
     )
+
+
+def _small_codes(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Codes of non-negative integers (ranks, steps) in sorted order, by table lookup when their range is small."""
+    distinct = np.sort(pd.unique(values))
+    if len(distinct) and distinct[-1] < 50_000_000:
+        table = np.zeros(int(distinct[-1]) + 1, dtype=np.int64)
+        table[distinct] = np.arange(len(distinct))
+        return table[values], distinct
+    return np.searchsorted(distinct, values).astype(np.int64), distinct
 
 
 def _codes(values: np.ndarray | pd.Series) -> tuple[np.ndarray, np.ndarray]:
@@ -204,8 +215,8 @@ class _Instances:
     last_row: np.ndarray  # per instance: index into rows of the member with the shortest duration
 
 
-def _instances(records: pd.DataFrame, op: np.ndarray) -> _Instances:
-    is_comm = np.isin(op, COMMUNICATION_OPS) & records["group"].notna().to_numpy() & records["seq"].notna().to_numpy()
+def _instances(records: pd.DataFrame, op: _Ops) -> _Instances:
+    is_comm = op.among(COMMUNICATION_OPS) & records["group"].notna().to_numpy() & records["seq"].notna().to_numpy()
     rows = np.flatnonzero(is_comm)
     group, group_names = _codes(_strings(records["group"])[rows])
     seq = records["seq"].to_numpy()[rows].astype(np.int64)
@@ -214,12 +225,25 @@ def _instances(records: pd.DataFrame, op: np.ndarray) -> _Instances:
     rows, group, instance = rows[multi], group[multi], instance[multi]
     instance = pd.factorize(instance)[0]
     size = np.bincount(instance)
-    duration = records["duration"].to_numpy(dtype=np.float64)[rows]
-    order = np.lexsort((duration, instance))
-    offsets = np.r_[0, np.cumsum(size)[:-1]].astype(np.int64)
-    ordered = duration[order]
-    median = (ordered[offsets + (size - 1) // 2] + ordered[offsets + size // 2]) / 2
-    return _Instances(rows, instance, group, group_names, size, median, ordered[offsets], order[offsets])
+    by_instance = pd.Series(records["duration"].to_numpy(dtype=np.float64)[rows]).groupby(instance)
+    return _Instances(rows, instance, group, group_names, size, by_instance.median().to_numpy(),
+                      by_instance.min().to_numpy(), by_instance.idxmin().to_numpy())
+
+
+class _Ops:
+    """The ``op`` column as codes into its few distinct names: masks without comparing millions of strings."""
+
+    def __init__(self, column: pd.Series) -> None:
+        categorical = pd.Categorical(column)
+        self._codes = categorical.codes
+        self._names = np.asarray(categorical.categories.astype(str), dtype=object)
+
+    def among(self, wanted: tuple[str, ...]) -> np.ndarray:
+        return (self._codes >= 0) & np.isin(self._names, wanted)[np.maximum(self._codes, 0)]
+
+    def names(self, rows: np.ndarray | None = None) -> np.ndarray:
+        codes = self._codes if rows is None else self._codes[rows]
+        return np.where(codes >= 0, self._names[np.maximum(codes, 0)], "")
 
 
 def _peer_groups(member_kind: np.ndarray, member_rank: np.ndarray, member_group: np.ndarray,
@@ -290,9 +314,11 @@ def _compute(rank: np.ndarray, step: np.ndarray, op: np.ndarray, start: np.ndarr
     # the replica's shared change, for replicas of three or more ranks (a median of two would split a fault)
     large = np.bincount(replica_of)[replica_of[rank]] >= 3
     frame["replica"] = np.where(large, replica_of[rank], -1)
-    shared = frame.groupby(["replica", "step", "op", "k"], sort=False)["own"].transform("median").to_numpy()
-    everyone = frame.groupby(["step", "op", "k"], sort=False)["own"].transform("median").to_numpy()
-    versus_own = frame["own"].to_numpy() - np.where(large, shared, everyone)
+    common = frame.groupby(["replica", "step", "op", "k"], sort=False)["own"].transform("median").to_numpy()
+    if not large.all():  # ranks of small replicas: what every rank shares in the step (drift)
+        everyone = frame.groupby(["step", "op", "k"], sort=False)["own"].transform("median").to_numpy()
+        common = np.where(large, common, everyone)
+    versus_own = frame["own"].to_numpy() - common
     relative = _robust_cell_mean(versus_peers, rank_step, n_ranks, n_steps)
     change = _robust_cell_mean(versus_own, rank_step, n_ranks, n_steps)
     seconds = np.bincount(rank_step, weights=duration, minlength=n_ranks * n_steps).reshape(n_ranks, n_steps)
@@ -310,7 +336,7 @@ def _robust_cell_mean(values: np.ndarray, cell: np.ndarray, n_ranks: int, n_step
         return (total / count).reshape(n_ranks, n_steps)
 
 
-def _transfers(records: pd.DataFrame, instances: _Instances, kinds: np.ndarray, member_rank: np.ndarray,
+def _transfers(records: pd.DataFrame, op_column: _Ops, instances: _Instances, kinds: np.ndarray, member_rank: np.ndarray,
                rank_hosts: np.ndarray, step_code: np.ndarray, peer_of: np.ndarray) -> Transfers:
     """Inter-host instances with log(transfer time / median of the instances of their class).
 
@@ -322,7 +348,7 @@ def _transfers(records: pd.DataFrame, instances: _Instances, kinds: np.ndarray, 
     """
     first = instances.last_row
     n = len(instances.size)
-    host_code = pd.factorize(rank_hosts[member_rank])[0]
+    host_code = pd.factorize(rank_hosts)[0][member_rank]
     if (rank_hosts == "").all():  # hosts unknown: everything but tensor parallelism crosses hosts
         inter = kinds[instances.group[first]] != "tp"
     else:
@@ -333,7 +359,7 @@ def _transfers(records: pd.DataFrame, instances: _Instances, kinds: np.ndarray, 
         inter = high > low
     rows = instances.rows[first]
     nbytes = (records["bytes"].to_numpy()[rows] if "bytes" in records.columns else np.zeros(n))
-    op = _strings(records["op"])[rows]
+    op = op_column.names(rows)
     member_peer = peer_of[member_rank]
     low_peer = np.full(n, np.iinfo(np.int64).max)
     high_peer = np.full(n, -1)

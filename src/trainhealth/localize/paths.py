@@ -43,9 +43,9 @@ def path_candidates(evidence: Evidence, thresholds: Thresholds,
     """Greedy explaining-away: name the strongest component, drop the transfers it explains, repeat.
 
     Transfers of a clearly slow GPU are explained by it (in real pipelines a
-    straggler's partners wait inside the transfers too). A NIC whose slow stretch every NIC shares is
-    no culprit: then the switch is named when one explains it, else the slowdown
-    is reported as network-wide.
+    straggler's partners wait inside the transfers too). A NIC whose slow stretch
+    every NIC shares is no culprit: then the switch is named when one explains it,
+    else the slowdown is reported as network-wide.
     """
     transfers = evidence.transfers
     if len(transfers.excess) < 2:
@@ -55,8 +55,9 @@ def path_candidates(evidence: Evidence, thresholds: Thresholds,
     _explain(evidence, explained, slow_gpus)
     out: list[Candidate] = []
     notes: list[str] = []
-    for _ in range(thresholds.max_suspects):
-        scores = {layer.name: _score_layer(evidence, layer, explained, thresholds) for layer in layers}
+    noise: dict[str, float] = {}  # per layer, measured once: explaining a few components away barely moves it
+    for _ in range(min(thresholds.max_suspects, 3)):  # a network fault rarely comes with more than a second
+        scores = {layer.name: _score_layer(evidence, layer, explained, thresholds, noise) for layer in layers}
         nic_z, nic_stretch, nic_values = scores["nic"]
         index = int(np.argmax(nic_z))
         if nic_z[index] < 0.5 * thresholds.link_z:
@@ -127,8 +128,8 @@ def _layers(evidence: Evidence) -> list[_Layer]:
     return layers
 
 
-def _score_layer(evidence: Evidence, layer: _Layer, explained: np.ndarray,
-                 thresholds: Thresholds) -> tuple[np.ndarray, Stretch, np.ndarray]:
+def _score_layer(evidence: Evidence, layer: _Layer, explained: np.ndarray, thresholds: Thresholds,
+                 noise: dict[str, float]) -> tuple[np.ndarray, Stretch, np.ndarray]:
     """Per component: z, stretch and per-step mean excess of the transfers crossing it, not yet explained.
 
     Each transfer counts once; the noise is one transfer's, inflated by how much
@@ -145,7 +146,10 @@ def _score_layer(evidence: Evidence, layer: _Layer, explained: np.ndarray,
     counts = np.bincount(cell, minlength=size).astype(np.float64).reshape(n_components, n_steps)
     with np.errstate(invalid="ignore", divide="ignore"):
         values = np.where(counts > 0, sums / counts, np.nan)
-    sigma = _transfer_noise(transfers.excess[instance], values, counts, thresholds.min_transfer_effect / 4)
+    if layer.name not in noise:
+        noise[layer.name] = _transfer_noise(transfers.excess[instance], values, counts,
+                                            thresholds.min_transfer_effect / 4)
+    sigma = noise[layer.name]
     stretch = strongest_stretch(sums, counts, sigma, thresholds.min_length, thresholds.decay)
     whole = level(sums, counts, sigma, thresholds.transfer_allowance, thresholds.min_length)
     z, chosen = best(stretch, whole)

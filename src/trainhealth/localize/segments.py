@@ -136,12 +136,25 @@ def level(sums: np.ndarray, counts: np.ndarray, sigma: float, allowance: float, 
     with np.errstate(invalid="ignore", divide="ignore"), warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # rows without any value
         means = np.where(counts > 0, sums / np.where(counts > 0, counts, 1.0), np.nan)
-        quartile = np.nanquantile(means, 0.25, axis=1)
+        quartile = _lower_quartile(means)
         present = (counts > 0).sum(axis=1)
         per_step = sigma / np.sqrt(np.nanmedian(np.where(counts > 0, counts, np.nan), axis=1))
         z = (quartile - allowance) / (1.36 * per_step / np.sqrt(present))  # 1.36: a normal quartile's error
     z = np.where(present >= min_steps, np.nan_to_num(z, nan=0.0), 0.0)
     return Stretch(np.zeros(rows, dtype=np.int64), np.full(rows, steps), np.nan_to_num(quartile), z)
+
+
+def _lower_quartile(values: np.ndarray) -> np.ndarray:
+    """Per row, the 25th percentile of the finite values (linear interpolation, as numpy's), NaN for none;
+    vectorised: numpy's nanquantile goes row by row."""
+    ordered = np.sort(values, axis=1)  # NaN sorts last
+    count = np.isfinite(values).sum(axis=1)
+    position = 0.25 * np.maximum(count - 1, 0)
+    low = np.floor(position).astype(np.int64)
+    high = np.minimum(low + 1, np.maximum(count - 1, 0))
+    rows = np.arange(len(values))
+    quartile = ordered[rows, low] + (ordered[rows, high] - ordered[rows, low]) * (position - low)
+    return np.where(count > 0, quartile, np.nan)
 
 
 def _blocks(sums: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -96,7 +96,8 @@ def validate(frame: pd.DataFrame, path: str, lines: Sequence[int] | None = None)
         raise fail(f"missing required column{'s' if len(missing) > 1 else ''}", column=", ".join(missing))
     if len(frame) == 0:
         raise fail("no records (empty trace)")
-    out = frame.reset_index(drop=True).copy()
+    out = frame.copy(deep=False)  # columns are replaced below, never changed in place
+    out.index = pd.RangeIndex(len(out))
     for column in COLUMNS:
         if column.name not in out.columns:
             continue
@@ -138,6 +139,18 @@ def _first_bad(mask: np.ndarray) -> int | None:
 
 
 def _integers(raw: pd.Series, column: Column, fail) -> pd.Series:  # type: ignore[no-untyped-def]
+    if pd.api.types.is_integer_dtype(raw.dtype):  # already integers (Parquet): only the checks that can fail
+        missing = raw.isna().to_numpy()
+        values = raw.to_numpy(dtype=np.int64, na_value=0)
+        position = _first_bad(values < 0)
+        if position is not None:
+            raise fail(f"negative value {raw[position]}", position, column.name)
+        if column.required:
+            position = _first_bad(missing)
+            if position is not None:
+                raise fail("missing value", position, column.name)
+            return pd.Series(values, index=raw.index)
+        return pd.Series(pd.array(values, dtype="Int64"), index=raw.index).where(~missing, pd.NA)
     present = _present(raw)
     numbers = pd.to_numeric(raw.where(present), errors="coerce")
     position = _first_bad((present & numbers.isna()).to_numpy())
@@ -160,6 +173,13 @@ def _integers(raw: pd.Series, column: Column, fail) -> pd.Series:  # type: ignor
 
 
 def _floats(raw: pd.Series, column: Column, fail) -> pd.Series:  # type: ignore[no-untyped-def]
+    if pd.api.types.is_float_dtype(raw.dtype) and not pd.api.types.is_extension_array_dtype(raw.dtype):
+        values = raw.to_numpy()
+        position = _first_bad(~np.isfinite(values))
+        if position is not None:
+            raise fail("missing value" if np.isnan(values[position]) else f"expected a finite number, got "
+                        f"{raw[position]!r}", position, column.name)
+        return pd.Series(values.astype(np.float64, copy=False), index=raw.index)
     present = _present(raw)
     numbers = pd.to_numeric(raw.where(present), errors="coerce")
     position = _first_bad((present & numbers.isna()).to_numpy())
@@ -176,18 +196,22 @@ def _floats(raw: pd.Series, column: Column, fail) -> pd.Series:  # type: ignore[
 
 
 def _strings(raw: pd.Series, column: Column, fail) -> pd.Series:  # type: ignore[no-untyped-def]
-    present = _present(raw)
+    # distinct values first: a trace has millions of rows but few op, group and host names
+    codes, distinct = pd.factorize(raw, use_na_sentinel=True)
+    distinct = np.asarray(distinct, dtype=object)
+    text = np.array([isinstance(v, str) for v in distinct], dtype=bool)
+    wrong = ~text & np.array([not _is_null(v) for v in distinct], dtype=bool)
+    if wrong.any():
+        position = _first_bad(np.isin(codes, np.flatnonzero(wrong)))
+        raise fail(f"expected text, got {raw[position]!r}", position, column.name)
+    usable = text & np.array([isinstance(v, str) and v.strip() != "" for v in distinct], dtype=bool)
+    present = (codes >= 0) & usable[np.maximum(codes, 0)] if len(distinct) else np.zeros(len(codes), dtype=bool)
     if column.required:
-        position = _first_bad(~present.to_numpy())
+        position = _first_bad(~present)
         if position is not None:
             raise fail("missing value", position, column.name)
-    values = raw.to_numpy(dtype=object)
-    wrong = np.fromiter((v is not None and not isinstance(v, str) and not _is_null(v) for v in values),
-                        dtype=bool, count=len(values))
-    position = _first_bad(wrong)
-    if position is not None:
-        raise fail(f"expected text, got {values[position]!r}", position, column.name)
-    return pd.Series(np.where(present.to_numpy(), values, None), index=raw.index, dtype=object)
+    values = np.append(distinct, None)[np.where(present, codes, len(distinct))]
+    return pd.Series(values, index=raw.index, dtype=object)
 
 
 def _is_null(value: object) -> bool:
