@@ -1,6 +1,6 @@
 """Localization accuracy, false blame, latency and memory: the tables of docs/benchmarks.md.
 
-    python benchmarks/localization.py                       # everything (about 40 minutes on 2 cores)
+    python benchmarks/localization.py                       # everything (about 15 minutes on 2 cores)
     python benchmarks/localization.py --scales 64 512 --no-latency
 
 Cases come from trainhealth.bench.localization (seeded simulator windows: 20
