@@ -12,41 +12,18 @@ from __future__ import annotations
 
 import argparse
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 import torch
 
 import trainhealth
 
+from trainhealth.models.tiny_gpt import TinyGPT, synthetic_batch
+
 VOCAB, D_MODEL, LAYERS, HEADS, SEQ, BATCH = 256, 128, 2, 4, 64, 16
-
-
-class TinyGPT(torch.nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.embed = torch.nn.Embedding(VOCAB, D_MODEL)
-        self.position = torch.nn.Parameter(torch.zeros(SEQ, D_MODEL))
-        self.layers = torch.nn.ModuleList(
-            torch.nn.TransformerEncoderLayer(D_MODEL, HEADS, 4 * D_MODEL, dropout=0.0, batch_first=True, norm_first=True)
-            for _ in range(LAYERS)
-        )
-        self.norm = torch.nn.LayerNorm(D_MODEL)
-        self.head = torch.nn.Linear(D_MODEL, VOCAB)
-        self.register_buffer("mask", torch.nn.Transformer.generate_square_subsequent_mask(SEQ), persistent=False)
-
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        hidden = self.embed(tokens) + self.position[: tokens.shape[1]]
-        for layer in self.layers:
-            hidden = layer(hidden, src_mask=self.mask, is_causal=True)
-        return self.head(self.norm(hidden))
-
-
-def synthetic_batch(generator: torch.Generator) -> torch.Tensor:
-    """Sequences that mostly count upwards, with 10% random tokens: learnable, never trivial."""
-    start = torch.randint(0, VOCAB, (BATCH, 1), generator=generator)
-    tokens = (start + torch.arange(SEQ + 1)) % VOCAB
-    noise = torch.rand(tokens.shape, generator=generator) < 0.1
-    return torch.where(noise, torch.randint(0, VOCAB, tokens.shape, generator=generator), tokens)
+CHECKPOINT_EVERY = 200
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -54,18 +31,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=600, help="training steps (default 600, about half a minute)")
     parser.add_argument("--port", type=int, default=None, help="/metrics port (default 9450 + LOCAL_RANK)")
     parser.add_argument("--addr", default=None, help="address to serve on (default TRAINHEALTH_PROMETHEUS_ADDR or 0.0.0.0)")
+    parser.add_argument("--checkpoint", default=None, help="checkpoint file (default: one in a temporary directory)")
     parser.add_argument("--linger", type=float, default=0.0, help="seconds to keep serving after training")
     args = parser.parse_args(argv)
 
     torch.manual_seed(0)
-    model = TinyGPT()
+    model = TinyGPT(vocab=VOCAB, width=D_MODEL, layers=LAYERS, heads=HEADS, context=SEQ)
     decay = [p for p in model.parameters() if p.ndim >= 2]
     no_decay = [p for p in model.parameters() if p.ndim < 2]
     optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}], lr=3e-3)
     schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=3e-3, total_steps=args.steps, pct_start=0.1)
     n_params = sum(p.numel() for p in model.parameters())
-    generator = torch.Generator().manual_seed(1)
 
+    checkpoint = args.checkpoint or str(Path(tempfile.mkdtemp(prefix="train_tiny-")) / "checkpoint.pt")
     try:
         monitor = trainhealth.Monitor(
             model, optimizer, flops_per_token=6 * n_params, prometheus_port=args.port, prometheus_addr=args.addr,
@@ -78,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
         if monitor.metrics_url:
             print(f"serving metrics at {monitor.metrics_url}  (try: curl -s {monitor.metrics_url} | grep trainhealth_train_)")
         for step in range(args.steps):
-            tokens = synthetic_batch(generator)
+            tokens = synthetic_batch(VOCAB, SEQ, BATCH, seed=step)
             logits = model(tokens[:, :-1])
             loss = torch.nn.functional.cross_entropy(logits.reshape(-1, VOCAB), tokens[:, 1:].reshape(-1))
             loss.backward()
@@ -87,6 +65,10 @@ def main(argv: list[str] | None = None) -> int:
             optimizer.zero_grad(set_to_none=True)
             schedule.step()
             monitor.step(loss=loss, tokens=BATCH * SEQ, grad_norm=grad_norm, step=step)
+            if step > 0 and step % CHECKPOINT_EVERY == 0:
+                began = time.perf_counter()
+                torch.save({"model": model.state_dict(), "step": step}, checkpoint)
+                monitor.checkpoint_saved(step, duration_s=time.perf_counter() - began)
             latest = monitor.latest
             if latest is not None and (step % 25 == 0 or step == args.steps - 1):
                 rate = f"{latest.tokens_per_second:,.0f} tok/s" if latest.tokens_per_second else "—"

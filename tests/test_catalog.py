@@ -7,7 +7,17 @@ import re
 import pytest
 
 from trainhealth import catalog
-from trainhealth.catalog import CATALOG, IDENTITY_LABELS, SUSPECT_SCORE, MetricKind, MetricSpec, Unit
+from trainhealth.catalog import (
+    CATALOG,
+    IDENTITY_LABELS,
+    SELFTEST_ERROR,
+    SELFTEST_PASSED,
+    SELFTEST_TIMESTAMP,
+    SUSPECT_SCORE,
+    MetricKind,
+    MetricSpec,
+    Unit,
+)
 
 PROMETHEUS_NAME = re.compile(r"^trainhealth_[a-z][a-z0-9_]*$")
 NON_BASE_UNITS = ("_milliseconds", "_ms", "_percent", "_megabytes", "_mb", "_kilobytes", "_fahrenheit", "_mhz", "_mw", "_mj")
@@ -24,7 +34,9 @@ def test_prometheus_naming_rules(spec: MetricSpec):
     assert not any(part in name for part in NON_BASE_UNITS)
     assert not set(spec.labels) & set(spec.identity)
     assert spec.all_labels[: len(spec.identity)] == spec.identity
-    assert spec.identity == IDENTITY_LABELS or spec is SUSPECT_SCORE  # its rank and host name the suspect
+    # the suspects' rank and host name the suspect; a self-test belongs to a host, not a rank
+    assert spec.identity == IDENTITY_LABELS or spec in (SUSPECT_SCORE, SELFTEST_PASSED, SELFTEST_ERROR,
+                                                        SELFTEST_TIMESTAMP)
 
 
 @pytest.mark.parametrize("spec", CATALOG, ids=lambda spec: spec.prometheus_name)

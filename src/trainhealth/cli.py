@@ -24,6 +24,7 @@ from trainhealth.docgen import render_configuration_markdown, render_metrics_mar
 from trainhealth.errors import UsageError
 from trainhealth.identity import Identity
 from trainhealth.localize.commands import add_commands as add_localization_commands
+from trainhealth.sdc.commands import add_commands as add_selftest_commands
 from trainhealth.traces.format import TraceError
 
 __all__ = ["main"]
@@ -286,6 +287,7 @@ def build_parser() -> argparse.ArgumentParser:
     convert.add_argument("--topology", help="topology sidecar for v1 inputs")
     convert.set_defaults(handler=_cmd_trace_convert)
     add_localization_commands(commands, _Parser)
+    add_selftest_commands(commands, _Parser)
     return parser
 
 

@@ -117,6 +117,13 @@ class Settings:
     comm_flush_interval: float = _setting(1.0, _parse_float, "Seconds between updates of the collective metrics, the in-flight view and the abnormal filter.")
     # detectors
     detectors: str = _setting(DEFAULT_DETECTORS, _parse_str, "Detectors per signal (loss, grad_norm, step_time, throughput, comm_duration): signal=detector[(key=value,...)],...;... or off. See docs/detectors.md.")
+    # silent data corruption, instability signals, faults
+    sdc_interval: int = _setting(100, _parse_int, "Steps between cross-replica parameter fingerprints (needs torch.distributed); 0 turns them off.")
+    grad_check_every: int = _setting(10, _parse_int, "Steps between comparisons of the ranks' local gradient norms before the all-reduce (needs torch.distributed); 0 turns them off.")
+    sdc_group: str = _setting("world", _parse_str, "Ranks that hold identical replicas, for the fingerprints: world (pure data parallelism) or off; other layouts pass sdc_group= a process group to Monitor.")
+    model_signals: bool = _setting(True, _parse_bool, "Hook the model for attention max logit and entropy, output log Z, block activation RMS and the origin of non-finite activations.")
+    signal_tokens: int = _setting(64, _parse_int, "Tokens of the first sequence that the attention signals are recomputed on.")
+    restarts: int | None = _setting(None, _parse_int, "Times this job was restarted; default TORCHELASTIC_RESTART_COUNT, else 0.")
     # GPU hardware telemetry
     gpu_backend: str = _setting("nvml", _parse_str, "Where GPU metrics come from: nvml, simulated (explicitly chosen, every series labelled backend=\"simulated\") or off.")
     gpus: str = _setting("", _parse_str, "GPUs to sample: own (the rank's GPU), all, or NVML indices like 0,2; default own in a training process, all in trainhealth export.")
@@ -138,6 +145,12 @@ class Settings:
         _check_range(self, "max_series_per_metric", 1)
         _check_range(self, "simulated_gpus", 1)
         _check_range(self, "comm_ring_size", 1)
+        _check_range(self, "sdc_interval", 0)
+        _check_range(self, "grad_check_every", 0)
+        _check_range(self, "signal_tokens", 1)
+        _check_range(self, "restarts", 0)
+        if self.sdc_group not in ("world", "off"):
+            raise ConfigError("sdc_group", f"must be world or off, got {self.sdc_group!r}")
         if self.gpu_backend not in GPU_BACKENDS:
             raise ConfigError("gpu_backend", f"must be one of {', '.join(GPU_BACKENDS)}, got {self.gpu_backend!r}")
         if not _valid_gpus(self.gpus):

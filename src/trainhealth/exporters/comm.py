@@ -106,6 +106,8 @@ class CollectiveLogger:
         if ring_size < 1:
             raise ValueError("ring_size must be >= 1")
         self.step = 0
+        #: Fault injection (trainhealth.faults): seconds to sleep inside each collective, as a slow link would
+        self.injected_delay: Callable[[], float] | None = None
         self._rank = rank
         self.host = host
         self.gpu = gpu
@@ -271,6 +273,8 @@ class CollectiveLogger:
                     pending_async[(group, seq)] = (op, t0)
                 else:
                     logger._current = (op, group, seq, t0)
+                if logger.injected_delay is not None:
+                    _sleep(logger.injected_delay())
             except Exception:  # never let bookkeeping break a collective
                 return original(*args, **kwargs)
             try:
@@ -328,6 +332,8 @@ class CollectiveLogger:
                 group = logger.p2p_group_id(group_object, -1 if source is None else source, target)
                 t0 = clock()
                 seq = logger.begin(op, group, t0, always_async)
+                if logger.injected_delay is not None:
+                    _sleep(logger.injected_delay())
             except Exception:
                 return original(*args, **kwargs)
             if not always_async:
@@ -394,6 +400,8 @@ class CollectiveLogger:
             tensor = bucket.buffer()
             t0 = clock()
             seq = self.begin("all_reduce", group, t0, True)
+            if self.injected_delay is not None:
+                _sleep(self.injected_delay())
             nbytes = tensor.nbytes
             tensor.div_(world)
             future = all_reduce(tensor, group=process_group, async_op=True).get_future()
@@ -587,3 +595,8 @@ class _CompletionPoller:
                         if entry in self._pending:
                             self._pending.remove(entry)
             time.sleep(self._interval)
+
+
+def _sleep(seconds: float) -> None:
+    if seconds > 0:
+        time.sleep(seconds)

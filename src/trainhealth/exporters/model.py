@@ -26,6 +26,7 @@ on a background thread (:meth:`Monitor.flush` waits for them). Errors are counte
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import logging
 import math
 import time
@@ -43,6 +44,8 @@ from trainhealth.detectors.spec import parse_spec
 from trainhealth.events import EventLog
 from trainhealth.exporters.gpu import GpuTelemetry
 from trainhealth.exporters.layer_groups import group_parameters
+from trainhealth.exporters.model_health import ModelHealth
+from trainhealth.exporters.model_signals import SignalValues
 from trainhealth.exporters.param_stats import ParameterStats, UpdateStats
 from trainhealth.exporters.readout import DeferredReadout
 from trainhealth.exporters.sinks import Sinks
@@ -81,6 +84,8 @@ class StepStats:
     update_ratio: float | None = None
     update_cosine: float | None = None
     layers: tuple[LayerGroupStats, ...] = ()
+    #: Model signals: every step's non-finite origin, the sampled values every ``stats_every`` steps.
+    signals: SignalValues | None = None
 
 
 @dataclass
@@ -88,6 +93,7 @@ class _PendingStep:
     """Host-side facts of a step, waiting for its device values; ``fields`` lays out the read vector."""
 
     step: int
+    index: int
     wall_time: float
     duration_s: float | None
     tokens: int | None
@@ -122,6 +128,13 @@ class Monitor:
     passes it (use the value ``clip_grad_norm_`` returns: the norm before
     clipping); otherwise it is computed in an optimizer pre-step hook, which sees
     the gradients the optimizer uses — after clipping, if the loop clips.
+
+    With a model, the Monitor also hooks it for the model signals (attention
+    max logit and entropy, output log Z, block activation RMS, the origin of
+    non-finite activations) and, under torch.distributed, runs the cross-replica
+    SDC checks (see :mod:`trainhealth.exporters.model_health`); ``sdc_group`` is
+    the process group of the ranks holding identical replicas when that is not
+    every rank. Report checkpoints with :meth:`checkpoint_saved`.
     """
 
     def __init__(
@@ -133,6 +146,7 @@ class Monitor:
         peak_flops: float | None = None,
         settings: Settings | None = None,
         env: Mapping[str, str] | None = None,
+        sdc_group: Any = None,
         **overrides: Any,
     ) -> None:
         torch = require_torch("trainhealth.Monitor")
@@ -167,6 +181,10 @@ class Monitor:
         self.events = EventLog()
         self.detectors = SignalDetectors(parse_spec(settings.detectors), store=self.store, events=self.events)
         self._sinks = Sinks.start(self.store, identity, settings, env, events=self.events)
+        self.health: ModelHealth | None = None
+        if model is not None:
+            self.health = ModelHealth(torch, model, settings, self.store, self.events, start_time=time.time(),
+                                      sdc_group=sdc_group, env=env)
         try:
             self.gpu = GpuTelemetry.start(self.store, self.events, settings, identity, role="rank", env=env)
         except Exception:
@@ -230,6 +248,35 @@ class Monitor:
             self.store.record_error("monitor", exc)
         return self._worker.flush(timeout_s)
 
+    def checkpoint_saved(self, step: int, duration_s: float | None = None) -> None:
+        """Report a checkpoint of training step ``step`` (``duration_s``: how long saving took). Never raises."""
+        if self._closed or self.health is None:
+            return
+        try:
+            self.health.checkpoint_saved(int(step), None if duration_s is None else float(duration_s))
+        except Exception as exc:
+            self.store.record_error("monitor", exc)
+
+    def selftest(self, size: int = 256) -> list[Any]:
+        """Run ``trainhealth selftest``'s checks on this rank's device now (between steps) and publish them.
+
+        Returns the :class:`~trainhealth.sdc.selftest.CheckResult` list; a failure is also a
+        ``selftest_failed`` event. Never raises.
+        """
+        from trainhealth.sdc.selftest import publish_results, run_selftest
+
+        device = "cpu"
+        first = next(iter(self._model.parameters()), None) if self._model is not None else None
+        if first is not None and first.device.type == "cuda":
+            device = f"cuda:{first.device.index or 0}"
+        try:
+            results = run_selftest([device], size=size)
+            publish_results(self.store, self.events, results)
+            return results
+        except Exception as exc:
+            self.store.record_error("selftest", exc)
+            return []
+
     def close(self) -> None:
         """Read the last device values, remove the hooks, export a last time and stop serving."""
         if self._closed:
@@ -240,6 +287,8 @@ class Monitor:
             handle.remove()
         self._hook_handles = []
         self._stats.release()
+        if self.health is not None:
+            self.health.close()
         if self.gpu is not None:
             self.gpu.close()
         if self._owns_comm:
@@ -322,6 +371,9 @@ class Monitor:
 
         add("loss", loss)
         add("grad_norm", results.grad_norm)
+        if self.health is not None:
+            for name, tensor, length in self.health.device_values(index):
+                add(name, tensor, length)
         n_groups = len(self._group_labels)
         add("group_grad_norms", results.group_grad_norms, n_groups)
         if results.update is not None:
@@ -349,6 +401,7 @@ class Monitor:
             self.comm.step = step_index + 1  # the collectives that follow belong to the next step
         pending = _PendingStep(
             step=step_index,
+            index=index,
             wall_time=time.time(),
             duration_s=duration,
             tokens=None if tokens is None else int(tokens),
@@ -357,6 +410,8 @@ class Monitor:
             fields=fields,
         )
         self._readout.submit(tensors, pending)
+        if self.health is not None:
+            self.health.after_step(index, step_index)  # the cross-replica checks: collectives, same step everywhere
 
     def _gradient_results_without_optimizer(self, index: int) -> _HookResults:
         results = _HookResults()
@@ -384,8 +439,10 @@ class Monitor:
             read[f"lr{i}"] if lr is None else lr for i, lr in enumerate(pending.learning_rates)
         )
         stats = self._step_stats(pending, read, learning_rates)
+        if self.health is not None:
+            stats = dataclasses.replace(stats, signals=self.health.signal_values(pending.index, read))
         self._latest = stats
-        self._worker.submit(self._export, stats)
+        self._worker.submit(self._export, stats, pending.wall_time)
 
     def _step_stats(self, pending: _PendingStep, read: dict[str, Any], learning_rates: tuple[float, ...]) -> StepStats:
         duration = pending.duration_s
@@ -425,7 +482,7 @@ class Monitor:
             layers=layers,
         )
 
-    def _export(self, stats: StepStats) -> None:
+    def _export(self, stats: StepStats, wall_time: float) -> None:
         store = self.store
         store.inc(catalog.TRAIN_STEPS)
         store.set(catalog.TRAIN_STEP, stats.step)
@@ -452,10 +509,15 @@ class Monitor:
             _set_if(store, catalog.TRAIN_LAYER_GRAD_NORM, layer.grad_norm, labels)
             _set_if(store, catalog.TRAIN_LAYER_PARAM_NORM, layer.param_norm, labels)
             _set_if(store, catalog.TRAIN_LAYER_UPDATE_RATIO, layer.update_ratio, labels)
+        loss_spike_began = False
         for signal, value in (("loss", stats.loss), ("grad_norm", stats.grad_norm),
                               ("step_time", stats.duration_s), ("throughput", stats.tokens_per_second)):
             if value is not None:
-                self.detectors.observe(signal, value, step=stats.step)
+                opened = self.detectors.observe(signal, value, step=stats.step)
+                if signal == "loss":
+                    loss_spike_began = any(anomaly.detector != "nonfinite" for anomaly in opened)
+        if self.health is not None:
+            self.health.export(stats.step, wall_time, stats.loss, stats.signals, loss_spike_began)
 
 
 def _set_if(store: MetricStore, spec: catalog.MetricSpec, value: float | None, labels: tuple[str, ...] = ()) -> None:

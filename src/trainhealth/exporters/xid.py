@@ -18,7 +18,7 @@ from enum import Enum
 
 from trainhealth.events import Severity
 
-__all__ = ["XidAction", "XidInfo", "describe_xid", "recovery_action_advice"]
+__all__ = ["XidAction", "XidInfo", "describe_xid", "known_xids", "recovery_action_advice"]
 
 
 class XidAction(str, Enum):
@@ -70,6 +70,11 @@ _CATALOGUE: dict[int, tuple[str, XidAction, Severity]] = {
     140: ("unrecovered ECC error", XidAction.RESET_GPU_THEN_VENDOR, _C),
     154: ("GPU recovery action changed", XidAction.READ_RECOVERY_ACTION, _C),
 }
+
+
+def known_xids() -> tuple[XidInfo, ...]:
+    """Every XID in the catalogue, by number."""
+    return tuple(describe_xid(xid) for xid in sorted(_CATALOGUE))
 
 
 def describe_xid(xid: int) -> XidInfo:

@@ -1,0 +1,1 @@
+"""Small real models for the demo, the benchmarks and the tests."""

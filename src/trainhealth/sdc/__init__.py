@@ -1,0 +1,1 @@
+"""Silent data corruption: cross-replica fingerprints, peer gradient norms, NaN provenance, self-test."""
