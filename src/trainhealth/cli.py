@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from trainhealth import __version__
+from trainhealth.alerts.commands import add_commands as add_alerting_commands
 from trainhealth.catalog import CATALOG
 from trainhealth.config import ConfigError, Settings, setting_infos
 from trainhealth.docgen import render_configuration_markdown, render_metrics_markdown
@@ -288,6 +289,7 @@ def build_parser() -> argparse.ArgumentParser:
     convert.set_defaults(handler=_cmd_trace_convert)
     add_localization_commands(commands, _Parser)
     add_selftest_commands(commands, _Parser)
+    add_alerting_commands(commands, _Parser)
     return parser
 
 

@@ -1,0 +1,58 @@
+"""``trainhealth alerts``: write the Prometheus rule file, the PrometheusRule manifest and the runbooks."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from trainhealth.errors import UsageError
+
+__all__ = ["add_commands"]
+
+
+def _cmd_alerts(args: argparse.Namespace) -> int:
+    from trainhealth.alerts.render import write_alerts
+    from trainhealth.alerts.rules import ALERTS
+
+    if not args.runbook_base.startswith(("http://", "https://")):
+        raise UsageError(f"--runbook-base must be an http(s) URL, got {args.runbook_base!r}")
+    try:
+        written = write_alerts(Path(args.out), Path(args.runbooks) if args.runbooks else None, args.runbook_base)
+    except OSError as exc:
+        raise UsageError(f"cannot write {exc.filename}: {exc.strerror}") from None
+    print(f"{len(ALERTS)} alert rules: {written[0]}, {written[1]}"
+          + (f"; {len(written) - 2} runbooks in {args.runbooks}" if args.runbooks else ""))
+    return 0
+
+
+def _cmd_dashboards(args: argparse.Namespace) -> int:
+    from trainhealth.dashboards.render import write_dashboards
+
+    try:
+        written = write_dashboards(Path(args.out))
+    except OSError as exc:
+        raise UsageError(f"cannot write {exc.filename}: {exc.strerror}") from None
+    print(f"{len(written)} dashboards in {args.out}: " + ", ".join(p.name for p in written))
+    return 0
+
+
+def add_commands(commands: argparse._SubParsersAction, parser_class: type[argparse.ArgumentParser]) -> None:  # type: ignore[type-arg]
+    from trainhealth.alerts.rules import RUNBOOK_BASE
+
+    alerts = commands.add_parser(
+        "alerts", help="write the Prometheus alert rules (rule file and PrometheusRule) and their runbooks",
+        description="Writes trainhealth.rules.yml (for rule_files) and prometheusrule.yaml (Prometheus Operator) "
+                    "into OUT; with --runbooks, one Markdown runbook per alert.",
+    )
+    alerts.add_argument("--out", required=True, metavar="DIR", help="directory for the rule files")
+    alerts.add_argument("--runbooks", metavar="DIR", help="also write the runbooks here (docs/runbooks)")
+    alerts.add_argument("--runbook-base", default=RUNBOOK_BASE, metavar="URL",
+                        help=f"where runbook_url points (default {RUNBOOK_BASE})")
+    alerts.set_defaults(handler=_cmd_alerts)
+    dashboards = commands.add_parser(
+        "dashboards", help="write the Grafana dashboards as JSON",
+        description="Writes the training, GPU, communication and incidents dashboards (Grafana JSON, stable uids "
+                    "and panel ids) into OUT, ready for Grafana's file provisioning.",
+    )
+    dashboards.add_argument("--out", required=True, metavar="DIR", help="directory for the dashboard files")
+    dashboards.set_defaults(handler=_cmd_dashboards)

@@ -1,0 +1,313 @@
+"""Prometheus alert rules, declared from the metric catalogue, with severity, runbook and mitigation.
+
+Every expression is built from :mod:`trainhealth.catalog` constants, so a rule
+cannot name a metric that is not exported. Each rule has a severity (``page``:
+wake someone; ``ticket``: fix in working hours; ``info``: context for the
+others), a ``for``, a summary, a description that carries the value and the
+rank / host / gpu, a ``runbook_url`` (docs/runbooks/<Alert>.md, generated from
+the same declarations) and a ``mitigation`` taken from the advice catalogue.
+
+Baselines of relative rules are taken with an ``offset``, so a drop is compared
+with the time before it and does not drag its own baseline down (REFERENCE.md).
+
+>>> rule = by_name("GpuLost")
+>>> rule.severity, rule.for_
+('page', '1m')
+>>> rule.expr
+'trainhealth_gpu_up == 0'
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from trainhealth import catalog as c
+from trainhealth.alerts.advice import ADVICE
+from trainhealth.events import Severity
+from trainhealth.exporters.xid import known_xids
+
+__all__ = ["ALERTS", "RUNBOOK_BASE", "AlertRule", "by_name"]
+
+#: Where runbook_url points; ``trainhealth alerts --runbook-base`` changes it (a fork, a wiki).
+RUNBOOK_BASE = "https://github.com/trainhealth/trainhealth/blob/main/docs/runbooks"
+PAGE, TICKET, INFO = "page", "ticket", "info"
+WHERE = "rank {{ $labels.rank }} on {{ $labels.host }}"
+GPU_WHERE = "GPU {{ $labels.gpu }} on {{ $labels.host }}"
+_RANK_KEYS = "job, host, rank"
+
+
+@dataclass(frozen=True)
+class AlertRule:
+    """One alerting rule; ``advice`` is the key of its entry in the advice catalogue."""
+
+    name: str
+    group: str
+    expr: str
+    for_: str
+    severity: str
+    summary: str
+    description: str
+    advice: str
+    explanation: str  # for the runbook: what the rule measures and why it fires
+
+    @property
+    def mitigation(self) -> str:
+        return " ".join(ADVICE[self.advice].steps)
+
+    def to_rule(self, runbook_base: str = RUNBOOK_BASE) -> dict[str, object]:
+        """The rule as Prometheus reads it (one entry of a group's ``rules``)."""
+        rule: dict[str, object] = {"alert": self.name, "expr": self.expr}
+        if self.for_ != "0m":
+            rule["for"] = self.for_
+        rule["labels"] = {"severity": self.severity}
+        rule["annotations"] = {
+            "summary": self.summary,
+            "description": self.description,
+            "runbook_url": f"{runbook_base.rstrip('/')}/{self.name}.md",
+            "mitigation": self.mitigation,
+        }
+        return rule
+
+
+def _xid_description(severity: Severity) -> str:
+    """A template naming the XID's meaning and NVIDIA's action, chosen by the xid label."""
+    branches = []
+    for info in known_xids():
+        if info.severity is severity:
+            keyword = "if" if not branches else "else if"
+            branches.append(f'{{{{ {keyword} eq $labels.xid "{info.xid}" }}}}XID {info.xid}: {info.meaning}; '
+                            f"action: {info.action.value}.")
+    return (f"{GPU_WHERE} reported {{{{ $value | printf \"%.0f\" }}}} XID {{{{ $labels.xid }}}} error(s) in 10 minutes. "
+            + "".join(branches) + "{{ end }}")
+
+
+def _xids(severity: Severity) -> str:
+    return "|".join(str(info.xid) for info in known_xids() if info.severity is severity)
+
+
+_THERMAL = "hw_thermal_slowdown|sw_thermal_slowdown|hw_slowdown"
+_POWER = "sw_power_cap|hw_power_brake_slowdown"
+_THROUGHPUT = c.TRAIN_THROUGHPUT.prometheus_name
+_LAST_STEP = c.TRAIN_LAST_STEP_TIMESTAMP.prometheus_name
+
+ALERTS: tuple[AlertRule, ...] = (
+    # --- hardware ----------------------------------------------------------------------
+    AlertRule(
+        "GpuXidCritical", "hardware",
+        f'increase({c.GPU_XID_ERRORS.prometheus_name}{{xid=~"{_xids(Severity.CRITICAL)}"}}[10m]) > 0', "0m", PAGE,
+        "Critical XID {{ $labels.xid }} on " + GPU_WHERE, _xid_description(Severity.CRITICAL), "xid_critical",
+        "An XID that NVIDIA's catalogue treats as a hardware or driver fault needing a reset, a reboot or service "
+        "(the critical entries of trainhealth's XID catalogue). The job on this GPU is failing or about to.",
+    ),
+    AlertRule(
+        "GpuXidWarning", "hardware",
+        f'increase({c.GPU_XID_ERRORS.prometheus_name}{{xid=~"{_xids(Severity.WARNING)}"}}[10m]) > 0', "0m", TICKET,
+        "XID {{ $labels.xid }} on " + GPU_WHERE, _xid_description(Severity.WARNING), "xid_warning",
+        "An XID that usually points at the application or a recoverable memory error; one occurrence is a ticket, "
+        "repeats on the same GPU are a hardware suspect.",
+    ),
+    AlertRule(
+        "GpuEccUncorrectable", "hardware",
+        f'increase({c.GPU_ECC_ERRORS.prometheus_name}{{error_type="uncorrected",counter_type="volatile"}}[10m]) > 0',
+        "0m", PAGE, "Uncorrectable ECC error on " + GPU_WHERE,
+        GPU_WHERE + " had {{ $value | printf \"%.0f\" }} uncorrectable ECC error(s) in 10 minutes: its results are "
+        "not trustworthy.", "ecc_uncorrectable",
+        "Uncorrectable (double-bit) ECC errors since the last reset. The data in that memory was lost; the process "
+        "using it usually crashes, and row remapping may be needed.",
+    ),
+    AlertRule(
+        "GpuRowRemapFailure", "hardware", f"{c.GPU_ROW_REMAP_FAILURE.prometheus_name} == 1", "0m", PAGE,
+        "Row remapping failed on " + GPU_WHERE,
+        GPU_WHERE + " could not remap a failing memory row: the GPU needs service.", "row_remap_failure",
+        "The GPU ran out of spare rows (or remapping failed): uncorrectable memory errors will recur.",
+    ),
+    AlertRule(
+        "GpuRowRemapPending", "hardware", f"{c.GPU_ROW_REMAP_PENDING.prometheus_name} == 1", "15m", TICKET,
+        "Row remap pending on " + GPU_WHERE,
+        GPU_WHERE + " has a row remap waiting for the next GPU reset.", "row_remap_pending",
+        "A memory row was marked for remapping; it takes effect at the next GPU reset.",
+    ),
+    AlertRule(
+        "GpuLost", "hardware", f"{c.GPU_UP.prometheus_name} == 0", "1m", PAGE,
+        "GPU lost: " + GPU_WHERE,
+        GPU_WHERE + " does not answer NVML (lost, fallen off the bus or needing a reset).", "gpu_lost",
+        "NVML reports the GPU lost or needing a reset (often with XID 79). Every job using it is stuck or dead.",
+    ),
+    AlertRule(
+        "GpuThermalThrottling", "hardware",
+        f'max by (job, host, gpu, backend) ({c.GPU_CLOCKS_EVENT_ACTIVE.prometheus_name}{{reason=~"{_THERMAL}"}}) == 1',
+        "10m", TICKET, "Thermal throttling on " + GPU_WHERE,
+        GPU_WHERE + " has held its clocks down for heat for 10 minutes: it is slower than its peers and drags "
+        "every synchronous step.", "thermal",
+        "A thermal or hardware slowdown clocks-event reason has been active for 10 minutes.",
+    ),
+    AlertRule(
+        "GpuPowerThrottling", "hardware",
+        f'max by (job, host, gpu, backend) ({c.GPU_CLOCKS_EVENT_ACTIVE.prometheus_name}{{reason=~"{_POWER}"}}) == 1',
+        "30m", INFO, "Power capping on " + GPU_WHERE,
+        GPU_WHERE + " has been power capped for 30 minutes.", "power",
+        "A power cap or power brake has held the clocks down for 30 minutes; common under full load, a problem "
+        "when one GPU is capped and its peers are not.",
+    ),
+    AlertRule(
+        "GpuPcieReplays", "hardware", f"rate({c.GPU_PCIE_REPLAYS.prometheus_name}[10m]) * 60 > 1", "10m", TICKET,
+        "PCIe replays on " + GPU_WHERE,
+        GPU_WHERE + " retransmits {{ $value | printf \"%.1f\" }} PCIe packets a minute: a marginal link or riser.",
+        "pcie",
+        "The PCIe link retransmits packets (replays) steadily: a degrading link that slows host-device copies.",
+    ),
+    AlertRule(
+        "GpuNvlinkErrors", "hardware",
+        f"sum by (job, host, gpu, link) (increase({c.GPU_NVLINK_ERRORS.prometheus_name}[10m])) > 0", "5m", TICKET,
+        "NVLink errors on " + GPU_WHERE + " link {{ $labels.link }}",
+        GPU_WHERE + " link {{ $labels.link }} had {{ $value | printf \"%.0f\" }} errors in 10 minutes.", "nvlink",
+        "NVLink replay, recovery or CRC errors on a link; they slow collectives among the GPUs of a node.",
+    ),
+    AlertRule(
+        "GpuSelftestFailed", "hardware", f"{c.SELFTEST_PASSED.prometheus_name} == 0", "0m", PAGE,
+        "Self-test {{ $labels.check }} failed on {{ $labels.device }} of {{ $labels.host }}",
+        "{{ $labels.device }} on {{ $labels.host }} got the {{ $labels.check }} check wrong against the golden "
+        "reference: silent data corruption.", "sdc",
+        "trainhealth selftest compares GEMM, reduction and elementwise results with a float64 reference and "
+        "across devices; a failure means the device computes wrong numbers.",
+    ),
+    # --- training -----------------------------------------------------------------------
+    AlertRule(
+        "LossSpike", "training",
+        f'max by (job) (increase({c.ANOMALIES.prometheus_name}{{signal="loss",detector!="nonfinite"}}[5m])) > 0',
+        "0m", INFO, "Loss spike in {{ $labels.job }}",
+        "The loss of {{ $labels.job }} spiked; trainhealth follows whether it recovers (LossSpikeNotRecovered).",
+        "loss_spike",
+        "A loss detector (z-score by default) flagged a spike. Most recover within tens of steps.",
+    ),
+    AlertRule(
+        "LossSpikeNotRecovered", "training",
+        f"max by (job) ({c.TRAIN_LOSS_SPIKE_REWIND_STEP.prometheus_name} and on ({_RANK_KEYS}) "
+        f"{c.TRAIN_LOSS_SPIKE_UNRECOVERED.prometheus_name} == 1) or max by (job) "
+        f"({c.TRAIN_LOSS_SPIKE_UNRECOVERED.prometheus_name} == 1) * -1", "0m", PAGE,
+        "Loss spike in {{ $labels.job }} has not recovered",
+        "The loss of {{ $labels.job }} is still high 50 steps after the spike. "
+        "{{ if ge $value 0.0 }}Rewind to the checkpoint of step {{ $value | printf \"%.0f\" }}, the last one before "
+        "the spike.{{ else }}No checkpoint before the spike was reported (Monitor.checkpoint_saved).{{ end }}",
+        "loss_spike",
+        "A loss spike has not come back within 50 steps; training continues from a worse place. The value is the "
+        "step of the last checkpoint before the spike (-1 when none was reported).",
+    ),
+    AlertRule(
+        "NonFiniteTraining", "training",
+        f"increase({c.TRAIN_NONFINITE_STEPS.prometheus_name}[5m]) > 0", "0m", PAGE,
+        "Non-finite {{ $labels.signal }} on " + WHERE,
+        "{{ $labels.signal }} was NaN or infinite on {{ $value | printf \"%.0f\" }} step(s) of " + WHERE
+        + "; the rank with the lowest trainhealth_train_nonfinite_origin_first_step produced it first.",
+        "nonfinite",
+        "The loss or the gradient norm was NaN or infinite: the optimizer step that follows corrupts the weights.",
+    ),
+    AlertRule(
+        "GradNormSpike", "training",
+        f'max by (job) (increase({c.ANOMALIES.prometheus_name}{{signal="grad_norm",detector!="nonfinite"}}[5m])) '
+        f"> 0", "0m", INFO, "Gradient-norm spike in {{ $labels.job }}",
+        "The gradient norm of {{ $labels.job }} spiked; loss spikes often follow.", "loss_spike",
+        "A detector flagged the total gradient norm; a precursor of loss spikes.",
+    ),
+    AlertRule(
+        "IrregularSteps", "training",
+        f'max by (job, host, rank) ({c.TRAIN_IRREGULARITY.prometheus_name}{{signal="step_time"}}) > 0.05', "10m",
+        TICKET, "δ-irregular steps on " + WHERE,
+        "{{ $value | humanizePercentage }} of the last 100 steps of " + WHERE + " took 1.5× the recent average.",
+        "compute",
+        "Holmes's δ-irregularity: training goes on, but many iterations take much longer. The analyzer's suspects "
+        "(StragglerSuspect) name the GPU or link behind it.",
+    ),
+    AlertRule(
+        "ThroughputDrop", "training",
+        f"sum by (job) (avg_over_time({_THROUGHPUT}[5m])) < 0.7 * sum by (job) "
+        f"(avg_over_time({_THROUGHPUT}[1h] offset 10m))", "5m", TICKET,
+        "Throughput of {{ $labels.job }} dropped",
+        "{{ $labels.job }} processes {{ $value | printf \"%.0f\" }} tokens/s, under 70% of its last hour.",
+        "compute",
+        "Tokens/s summed over the ranks fell below 70% of the hour before (the baseline is offset, so the drop "
+        "does not lower it).",
+    ),
+    AlertRule(
+        "ThroughputDegraded", "training",
+        f"sum by (job) (avg_over_time({_THROUGHPUT}[1h])) < 0.9 * sum by (job) "
+        f"(avg_over_time({_THROUGHPUT}[6h] offset 1h))", "1h", TICKET,
+        "Throughput of {{ $labels.job }} degraded for an hour",
+        "{{ $labels.job }} has run at {{ $value | printf \"%.0f\" }} tokens/s for an hour, under 90% of the six "
+        "hours before.", "compute",
+        "A persistent slowdown: a throttled GPU, a slow link or a degraded node that does not fail.",
+    ),
+    AlertRule(
+        "TrainingStalled", "training",
+        f"time() - max by (job) ({_LAST_STEP}) > clamp_min(10 * max by (job) "
+        f"({c.TRAIN_LAST_STEP_DURATION.prometheus_name}), 300)", "2m", PAGE,
+        "{{ $labels.job }} has made no step progress",
+        "No rank of {{ $labels.job }} has finished a step for {{ $value | humanizeDuration }}.", "hang",
+        "No step for ten step times (at least five minutes): a hang, a dead rank or a stuck collective.",
+    ),
+    AlertRule(
+        "HungCollective", "training",
+        f"{c.COMM_STARTED_SEQ.prometheus_name} < on (job, group) group_left max by (job, group) "
+        f"({c.COMM_STARTED_SEQ.prometheus_name}) and on (job, group) (max by (job, group) "
+        f"({c.COMM_INFLIGHT_DURATION.prometheus_name}) > 300)", "1m", PAGE,
+        "Collective in {{ $labels.group }} waits for " + WHERE,
+        "Ranks of {{ $labels.job }} have waited over 5 minutes in a {{ $labels.group }} collective that "
+        + WHERE + " never entered (it is at sequence {{ $value | printf \"%.0f\" }}).", "hang",
+        "Members of a process group are inside a collective for over five minutes; the ranks whose started "
+        "sequence number is behind the group's are the ones holding it up.",
+    ),
+    AlertRule(
+        "StragglerSuspect", "training", f"{c.SUSPECT_SCORE.prometheus_name} >= 0.5", "5m", TICKET,
+        "{{ $labels.kind }} suspect: {{ $labels.component }}",
+        "The analyzer blames {{ $labels.kind }} {{ $labels.component }} (rank {{ $labels.rank }}, host "
+        "{{ $labels.host }}, GPU {{ $labels.gpu }}) for slow iterations of {{ $labels.job }}, score "
+        "{{ $value | printf \"%.2f\" }}.", "compute",
+        "trainhealth analyze localized δ-irregular iterations to a GPU, NIC, host or switch from collective "
+        "timings (Holmes's rules) with a score of 0.5 or more for 5 minutes.",
+    ),
+    AlertRule(
+        "SdcSuspect", "training", f"max_over_time({c.SDC_SUSPECT.prometheus_name}[15m]) == 1", "0m", PAGE,
+        "Silent data corruption suspected on " + WHERE,
+        WHERE + " computed different numbers from its data-parallel peers ({{ $labels.check }} check).", "sdc",
+        "A cross-replica check put this rank in the minority: its parameters differ from the other replicas' "
+        "(fingerprint) or its gradient norm before the all-reduce is far from theirs (grad_norm).",
+    ),
+    # --- telemetry ----------------------------------------------------------------------
+    AlertRule(
+        "TrainhealthTargetDown", "telemetry", 'up{job=~"trainhealth.*"} == 0', "5m", TICKET,
+        "Scrape target {{ $labels.instance }} is down",
+        "Prometheus cannot scrape {{ $labels.instance }} ({{ $labels.job }}): its metrics and alerts are blind.",
+        "telemetry",
+        "A trainhealth endpoint (a rank's /metrics, a node exporter, the analyzer) has not answered for 5 minutes.",
+    ),
+    AlertRule(
+        "TrainhealthMetricsAbsent", "telemetry",
+        f'(up{{job=~"trainhealth.*"}} == 1) unless on (instance) group by (instance) '
+        f"({c.RANK_INFO.prometheus_name} or {c.EXPORTER_GPU_BACKEND_UP.prometheus_name} "
+        f"or {c.ANALYSIS_LAST_RUN_TIMESTAMP.prometheus_name})", "10m", TICKET,
+        "{{ $labels.instance }} answers without trainhealth metrics",
+        "{{ $labels.instance }} is up but exports none of trainhealth's identity metrics: a wrong port, or "
+        "something else is listening there.", "telemetry",
+        "A scraped target answers but exposes none of the metrics every trainhealth endpoint has.",
+    ),
+    AlertRule(
+        "GpuTelemetryDown", "telemetry", f"{c.EXPORTER_GPU_BACKEND_UP.prometheus_name} == 0", "5m", TICKET,
+        "GPU telemetry down on {{ $labels.host }}",
+        "The {{ $labels.backend }} backend on {{ $labels.host }} is not sampling: GPU alerts there are blind.",
+        "telemetry",
+        "NVML or DCGM could not be initialised or stopped answering.",
+    ),
+    AlertRule(
+        "AnalyzerStale", "telemetry", f"time() - {c.ANALYSIS_LAST_RUN_TIMESTAMP.prometheus_name} > 600", "5m",
+        TICKET, "The trainhealth analyzer has not localized for 10 minutes",
+        "trainhealth analyze for {{ $labels.job }} last finished {{ $value | humanizeDuration }} ago: suspects "
+        "are stale.", "telemetry",
+        "trainhealth analyze is stuck or has no input (Prometheus unreachable, no trace files).",
+    ),
+)
+
+_BY_NAME = {rule.name: rule for rule in ALERTS}
+
+
+def by_name(name: str) -> AlertRule:
+    return _BY_NAME[name]

@@ -1,0 +1,1 @@
+"""Grafana dashboards generated with grafanalib from the metric catalogue (``trainhealth dashboards``)."""

@@ -1,0 +1,68 @@
+"""Communication: collective latency by rank (heatmap), in-flight collectives, the lagging rank, abnormal
+operations and the analyzer's suspects."""
+
+from __future__ import annotations
+
+from grafanalib import core as g
+
+from trainhealth import catalog as c
+from trainhealth.dashboards.layout import RANK_FILTER as F
+from trainhealth.dashboards.layout import arrange, dashboard, target
+
+__all__ = ["communication_dashboard"]
+
+
+def communication_dashboard() -> g.Dashboard:
+    duration = c.COMM_OP_DURATION.prometheus_name
+    started = c.COMM_STARTED_SEQ.prometheus_name
+    panels = [
+        g.Heatmap(
+            title="Median collective latency by rank",
+            description="One row per rank: a slow GPU's peers wait for it (long), the straggler itself is short; "
+                        "a slow link makes every member of its group long.",
+            dataSource="${datasource}", dataFormat="tsbuckets", yBucketBound="middle", hideZeroBuckets=False,
+            targets=[target(f"histogram_quantile(0.5, sum by (rank, le) (rate({duration}_bucket{{{F}}}[2m])))",
+                            "{{rank}}")],
+            options={"calculate": False, "yAxis": {"unit": "s"}, "color": {"scheme": "Oranges", "mode": "scheme"},
+                     "cellGap": 1},
+        ),
+        g.TimeSeries(
+            title="p99 collective latency by operation", dataSource="${datasource}", unit="s",
+            targets=[target(f"histogram_quantile(0.99, sum by (op, le) (rate({duration}_bucket{{{F}}}[5m])))",
+                            "{{op}}")],
+        ),
+        g.TimeSeries(
+            title="Time inside the current collective", dataSource="${datasource}", unit="s",
+            description="How long each rank has been waiting in its collective; everyone high but one rank: that "
+                        "rank never arrived.",
+            targets=[target(f"{c.COMM_INFLIGHT_DURATION.prometheus_name}{{{F}}} > 0", "rank {{rank}} {{op}}")],
+        ),
+        g.Table(
+            title="Lagging ranks (collectives behind their group)", dataSource="${datasource}",
+            description="Collectives a rank has not yet entered that others in its group have.",
+            targets=[target(f"max by (job, group) ({started}{{{F}}}) - on (job, group) group_right "
+                            f"{started}{{{F}}} > 0", instant=True, table=True)],
+            transformations=[{"id": "organize", "options": {"excludeByName": {"Time": True},
+                                                            "renameByName": {"Value": "behind"}}}],
+            sortBy=[g.TableSortByField(displayName="behind", desc=True)],
+        ),
+        g.TimeSeries(
+            title="Abnormal collectives per minute", dataSource="${datasource}",
+            targets=[target(f"sum by (rank) (rate({c.COMM_ABNORMAL_OPS.prometheus_name}{{{F}}}[5m])) * 60",
+                            "rank {{rank}}")],
+        ),
+        g.TimeSeries(
+            title="Collective traffic", dataSource="${datasource}", unit="Bps",
+            targets=[target(f"sum by (op) (rate({c.COMM_BYTES.prometheus_name}{{{F}}}[5m]))", "{{op}}")],
+        ),
+        g.Table(
+            title="Suspects (trainhealth analyze)", dataSource="${datasource}",
+            targets=[target(f'{c.SUSPECT_SCORE.prometheus_name}{{job=~"$job"}} > 0', instant=True, table=True)],
+            transformations=[{"id": "organize", "options": {"excludeByName": {"Time": True, "__name__": True},
+                                                            "renameByName": {"Value": "score"}}}],
+            sortBy=[g.TableSortByField(displayName="score", desc=True)],
+        ),
+    ]
+    return dashboard("trainhealth-communication", "trainhealth / Communication",
+                     "Collective operations by rank: who waits, who lags, and which GPU or link is to blame.",
+                     arrange(panels, wide=[True, False, False, False, False, False, True]))

@@ -1,0 +1,128 @@
+"""Generated dashboards, rules and runbooks: committed copies match a fresh generation, and every query names
+only metrics that exist (trainhealth's catalogue, dcgm-exporter's, or Prometheus's own)."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from trainhealth.alerts.render import (
+    prometheus_rule_yaml,
+    rule_file_yaml,
+    runbook_markdown,
+)
+from trainhealth.alerts.rules import ALERTS
+from trainhealth.catalog import CATALOG, MetricKind
+from trainhealth.dashboards.gpu import DCGM_METRICS
+from trainhealth.dashboards.render import DASHBOARDS, dashboard_json, queries
+
+ROOT = Path(__file__).resolve().parents[2]
+TRAINHEALTH = str(Path(sys.executable).parent / "trainhealth")
+PROMETHEUS_OWN = {"up", "ALERTS"}
+KEYWORDS = {"and", "or", "unless", "offset", "bool", "group_left", "group_right"}
+
+
+def known_metrics() -> set[str]:
+    names = set(DCGM_METRICS) | PROMETHEUS_OWN
+    for spec in CATALOG:
+        names.add(spec.prometheus_name)
+        if spec.kind is MetricKind.HISTOGRAM:
+            names |= {spec.prometheus_name + suffix for suffix in ("_bucket", "_sum", "_count")}
+    return names
+
+
+def metric_names(promql: str) -> set[str]:
+    """The metric names a PromQL expression selects (labels, functions, keywords and durations removed)."""
+    text = re.sub(r'"(?:[^"\\]|\\.)*"', '""', promql)
+    text = re.sub(r"\{[^}]*\}", " ", text)
+    text = re.sub(r"\b(by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", " ", text)
+    text = re.sub(r"\[[^\]]*\]", " ", text)
+    identifiers = re.findall(r"\b[A-Za-z_:][A-Za-z0-9_:]*\b(?!\s*\()", text)
+    return {name for name in identifiers if name not in KEYWORDS and not re.fullmatch(r"\d+\w*", name)}
+
+
+def test_the_extractor_sees_metrics_and_not_the_rest():
+    assert metric_names('sum by (job) (rate(a_total{x="b c"}[5m] offset 1h)) > 0.7 * on (job) max(b) and c') == {
+        "a_total", "b", "c"}
+
+
+@pytest.mark.parametrize("uid", sorted(DASHBOARDS))
+def test_every_dashboard_query_names_known_metrics(uid):
+    known = known_metrics()
+    found = queries(DASHBOARDS[uid]())
+    assert found
+    for title, expr in found:
+        assert metric_names(expr) - known == set(), (title, expr)
+        assert metric_names(expr), (title, expr)
+
+
+def test_every_alert_expression_names_known_metrics():
+    known = known_metrics()
+    for rule in ALERTS:
+        names = metric_names(rule.expr)
+        assert names and names - known == set(), (rule.name, rule.expr)
+
+
+def test_dashboards_are_deterministic_with_stable_ids():
+    for uid, build in DASHBOARDS.items():
+        first, second = dashboard_json(build()), dashboard_json(build())
+        assert first == second
+        data = json.loads(first)
+        assert data["uid"] == uid
+        ids = [panel["id"] for panel in data["panels"]]
+        assert ids == list(range(1, len(ids) + 1))
+        names = [v["name"] for v in data["templating"]["list"]]
+        assert names[:4] == ["datasource", "job", "host", "rank"]
+
+
+def _generated(tmp_path: Path) -> dict[Path, str]:
+    subprocess.run([TRAINHEALTH, "dashboards", "--out", str(tmp_path / "dash")], check=True, capture_output=True)
+    subprocess.run([TRAINHEALTH, "alerts", "--out", str(tmp_path / "rules"), "--runbooks", str(tmp_path / "rb")],
+                   check=True, capture_output=True)
+    out = {ROOT / "deploy/grafana/dashboards" / p.name: p.read_text() for p in (tmp_path / "dash").iterdir()}
+    out |= {ROOT / "deploy/prometheus" / p.name: p.read_text() for p in (tmp_path / "rules").iterdir()}
+    out |= {ROOT / "docs/runbooks" / p.name: p.read_text() for p in (tmp_path / "rb").iterdir()}
+    return out
+
+
+def test_committed_copies_match_a_fresh_generation(tmp_path):
+    generated = _generated(tmp_path)
+    assert len(generated) == len(DASHBOARDS) + 2 + len(ALERTS) + 1  # and the runbook index
+    for path, text in generated.items():
+        assert path.is_file(), f"{path.relative_to(ROOT)} is missing: run trainhealth dashboards / alerts"
+        assert path.read_text() == text, f"{path.relative_to(ROOT)} is stale: regenerate it"
+    committed = {p for p in (ROOT / "docs/runbooks").glob("*.md")}
+    assert committed == {p for p in generated if p.parent.name == "runbooks"}, "a runbook without an alert"
+
+
+def test_rule_outputs_carry_the_same_rules():
+    import yaml
+
+    plain = yaml.safe_load(rule_file_yaml())["groups"]
+    operator = yaml.safe_load(prometheus_rule_yaml())
+    assert operator["apiVersion"] == "monitoring.coreos.com/v1" and operator["kind"] == "PrometheusRule"
+    assert operator["spec"]["groups"] == plain
+    rules = [r for group in plain for r in group["rules"]]
+    assert [r["alert"] for r in rules] == [rule.name for rule in ALERTS]
+    for rule in rules:
+        assert set(rule["annotations"]) == {"summary", "description", "runbook_url", "mitigation"}
+        assert rule["annotations"]["runbook_url"].endswith(f"docs/runbooks/{rule['alert']}.md")
+
+
+def test_runbooks_name_the_advice_and_its_sources():
+    text = runbook_markdown(next(r for r in ALERTS if r.name == "SdcSuspect"))
+    assert "dcgmi diag -r 3" in text and "## Sources" in text and "arXiv 2502.12340" in text
+    xid = runbook_markdown(next(r for r in ALERTS if r.name == "GpuXidCritical"))
+    assert "| 79 | GPU has fallen off the bus |" in xid and "| 13 |" not in xid
+
+
+def test_bad_runbook_base_is_one_line_and_status_2(tmp_path):
+    done = subprocess.run([TRAINHEALTH, "alerts", "--out", str(tmp_path), "--runbook-base", "docs/"],
+                          capture_output=True, text=True, check=False)
+    assert done.returncode == 2 and "--runbook-base must be an http(s) URL" in done.stderr
+    assert "Traceback" not in done.stderr
