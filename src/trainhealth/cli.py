@@ -21,11 +21,13 @@ from trainhealth import __version__
 from trainhealth.alerts.commands import add_commands as add_alerting_commands
 from trainhealth.catalog import CATALOG
 from trainhealth.config import ConfigError, Settings, setting_infos
+from trainhealth.demo.commands import add_commands as add_demo_commands
 from trainhealth.docgen import render_configuration_markdown, render_metrics_markdown
 from trainhealth.errors import UsageError
 from trainhealth.identity import Identity
 from trainhealth.localize.commands import add_commands as add_localization_commands
 from trainhealth.sdc.commands import add_commands as add_selftest_commands
+from trainhealth.stack.commands import add_commands as add_stack_commands
 from trainhealth.traces.format import TraceError
 
 __all__ = ["main"]
@@ -290,6 +292,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_localization_commands(commands, _Parser)
     add_selftest_commands(commands, _Parser)
     add_alerting_commands(commands, _Parser)
+    add_demo_commands(commands, _Parser)
+    add_stack_commands(commands, _Parser)
     return parser
 
 

@@ -37,6 +37,11 @@ CASES: dict[str, Case] = {
         [Firing({_gpu(XID, ',xid="79"'): "0x4 1x10"}, "8m", {**GPU, "xid": "79"},
                 "Critical XID 79 on GPU 2 on node-1",
                 "GPU 2 on node-1 reported 1 XID 79 error(s) in 10 minutes. XID 79: GPU has fallen off the bus; "
+                "action: reboot the machine, then contact vendor support."),
+         # the exporter creates the series at the first XID, at 1: increase() alone would never see it
+         Firing({_gpu(XID, ',xid="79"'): "_x4 1x10"}, "8m", {**GPU, "xid": "79"},
+                "Critical XID 79 on GPU 2 on node-1",
+                "GPU 2 on node-1 reported 1 XID 79 error(s) in 10 minutes. XID 79: GPU has fallen off the bus; "
                 "action: reboot the machine, then contact vendor support.")],
         {_gpu(XID, ',xid="13"'): "0x4 1x10"}, "8m"),
     "GpuXidWarning": Case(
@@ -49,7 +54,9 @@ CASES: dict[str, Case] = {
                  "0x4 2x10"}, "8m", {**GPU, "error_type": "uncorrected", "counter_type": "volatile"},
                 "Uncorrectable ECC error on GPU 2 on node-1",
                 "GPU 2 on node-1 had 2 uncorrectable ECC error(s) in 10 minutes: its results are not trustworthy.")],
-        {_gpu("trainhealth_gpu_ecc_errors_total", ',error_type="corrected",counter_type="volatile"'): "0x4 2x10"},
+        {_gpu("trainhealth_gpu_ecc_errors_total", ',error_type="corrected",counter_type="volatile"'): "0x4 2x10",
+         # a series that appears at 0 is not an error
+         _gpu("trainhealth_gpu_ecc_errors_total", ',error_type="uncorrected",counter_type="volatile",gpu_="x"'): "_x4 0x10"},
         "8m"),
     "GpuRowRemapFailure": Case(
         [Firing({_gpu("trainhealth_gpu_row_remap_failure"): "0x4 1x10"}, "8m", GPU,
@@ -95,6 +102,9 @@ CASES: dict[str, Case] = {
     "LossSpike": Case(
         [Firing({f'trainhealth_anomalies_total{{{L},detector="zscore",signal="loss"}}': "0x5 1x5"}, "7m",
                 {"job": "train"}, "Loss spike in train",
+                "The loss of train spiked; trainhealth follows whether it recovers (LossSpikeNotRecovered)."),
+         Firing({f'trainhealth_anomalies_total{{{L},detector="zscore",signal="loss"}}': "_x5 1x5"}, "7m",
+                {"job": "train"}, "Loss spike in train",
                 "The loss of train spiked; trainhealth follows whether it recovers (LossSpikeNotRecovered).")],
         {f'trainhealth_anomalies_total{{{L},detector="nonfinite",signal="loss"}}': "0x5 1x5"}, "7m"),
     "LossSpikeNotRecovered": Case(
@@ -113,6 +123,10 @@ CASES: dict[str, Case] = {
         [Firing({f'trainhealth_train_nonfinite_steps_total{{{L},signal="loss"}}': "0x3 1x5"}, "5m",
                 {**RANK, "signal": "loss"}, "Non-finite loss on rank 3 on node-1",
                 "loss was NaN or infinite on 1 step(s) of rank 3 on node-1; the rank with the lowest "
+                "trainhealth_train_nonfinite_origin_first_step produced it first."),
+         Firing({f'trainhealth_train_nonfinite_steps_total{{{L},signal="loss"}}': "_x3 2x5"}, "5m",
+                {**RANK, "signal": "loss"}, "Non-finite loss on rank 3 on node-1",
+                "loss was NaN or infinite on 2 step(s) of rank 3 on node-1; the rank with the lowest "
                 "trainhealth_train_nonfinite_origin_first_step produced it first.")],
         {f'trainhealth_train_nonfinite_steps_total{{{L},signal="loss"}}': "0x10"}, "5m"),
     "GradNormSpike": Case(

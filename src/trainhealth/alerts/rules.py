@@ -26,7 +26,7 @@ from trainhealth.alerts.advice import ADVICE
 from trainhealth.events import Severity
 from trainhealth.exporters.xid import known_xids
 
-__all__ = ["ALERTS", "RUNBOOK_BASE", "AlertRule", "by_name"]
+__all__ = ["ALERTS", "RUNBOOK_BASE", "AlertRule", "by_name", "counted"]
 
 #: Where runbook_url points; ``trainhealth alerts --runbook-base`` changes it (a fork, a wiki).
 RUNBOOK_BASE = "https://github.com/trainhealth/trainhealth/blob/main/docs/runbooks"
@@ -54,11 +54,15 @@ class AlertRule:
     def mitigation(self) -> str:
         return " ".join(ADVICE[self.advice].steps)
 
-    def to_rule(self, runbook_base: str = RUNBOOK_BASE) -> dict[str, object]:
-        """The rule as Prometheus reads it (one entry of a group's ``rules``)."""
+    def to_rule(self, runbook_base: str = RUNBOOK_BASE, max_for_s: float | None = None) -> dict[str, object]:
+        """The rule as Prometheus reads it (one entry of a group's ``rules``); ``max_for_s`` caps ``for``
+        (demos and tests, where minutes of patience would hide everything)."""
         rule: dict[str, object] = {"alert": self.name, "expr": self.expr}
-        if self.for_ != "0m":
-            rule["for"] = self.for_
+        duration = self.for_
+        if max_for_s is not None and _seconds(duration) > max_for_s:
+            duration = f"{max_for_s:g}s"
+        if duration != "0m":
+            rule["for"] = duration
         rule["labels"] = {"severity": self.severity}
         rule["annotations"] = {
             "summary": self.summary,
@@ -67,6 +71,20 @@ class AlertRule:
             "mitigation": self.mitigation,
         }
         return rule
+
+
+def counted(selector: str, window: str) -> str:
+    """Events counted in ``window``: the increase, or the whole count of a series that did not exist before.
+
+    An exporter creates an event counter's series at the first event (an XID, an anomaly), at 1: ``increase``
+    alone never sees that first step.
+    """
+    return f"(increase({selector}[{window}]) > 0 or ({selector} > 0 unless {selector} offset {window}))"
+
+
+def _seconds(duration: str) -> float:
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    return float(duration[:-1]) * units[duration[-1]]
 
 
 def _xid_description(severity: Severity) -> str:
@@ -94,21 +112,21 @@ ALERTS: tuple[AlertRule, ...] = (
     # --- hardware ----------------------------------------------------------------------
     AlertRule(
         "GpuXidCritical", "hardware",
-        f'increase({c.GPU_XID_ERRORS.prometheus_name}{{xid=~"{_xids(Severity.CRITICAL)}"}}[10m]) > 0', "0m", PAGE,
+        counted(f'{c.GPU_XID_ERRORS.prometheus_name}{{xid=~"{_xids(Severity.CRITICAL)}"}}', "10m"), "0m", PAGE,
         "Critical XID {{ $labels.xid }} on " + GPU_WHERE, _xid_description(Severity.CRITICAL), "xid_critical",
         "An XID that NVIDIA's catalogue treats as a hardware or driver fault needing a reset, a reboot or service "
         "(the critical entries of trainhealth's XID catalogue). The job on this GPU is failing or about to.",
     ),
     AlertRule(
         "GpuXidWarning", "hardware",
-        f'increase({c.GPU_XID_ERRORS.prometheus_name}{{xid=~"{_xids(Severity.WARNING)}"}}[10m]) > 0', "0m", TICKET,
+        counted(f'{c.GPU_XID_ERRORS.prometheus_name}{{xid=~"{_xids(Severity.WARNING)}"}}', "10m"), "0m", TICKET,
         "XID {{ $labels.xid }} on " + GPU_WHERE, _xid_description(Severity.WARNING), "xid_warning",
         "An XID that usually points at the application or a recoverable memory error; one occurrence is a ticket, "
         "repeats on the same GPU are a hardware suspect.",
     ),
     AlertRule(
         "GpuEccUncorrectable", "hardware",
-        f'increase({c.GPU_ECC_ERRORS.prometheus_name}{{error_type="uncorrected",counter_type="volatile"}}[10m]) > 0',
+        counted(f'{c.GPU_ECC_ERRORS.prometheus_name}{{error_type="uncorrected",counter_type="volatile"}}', "10m"),
         "0m", PAGE, "Uncorrectable ECC error on " + GPU_WHERE,
         GPU_WHERE + " had {{ $value | printf \"%.0f\" }} uncorrectable ECC error(s) in 10 minutes: its results are "
         "not trustworthy.", "ecc_uncorrectable",
@@ -174,7 +192,7 @@ ALERTS: tuple[AlertRule, ...] = (
     # --- training -----------------------------------------------------------------------
     AlertRule(
         "LossSpike", "training",
-        f'max by (job) (increase({c.ANOMALIES.prometheus_name}{{signal="loss",detector!="nonfinite"}}[5m])) > 0',
+        "max by (job) " + counted(c.ANOMALIES.prometheus_name + '{signal="loss",detector!="nonfinite"}', "5m"),
         "0m", INFO, "Loss spike in {{ $labels.job }}",
         "The loss of {{ $labels.job }} spiked; trainhealth follows whether it recovers (LossSpikeNotRecovered).",
         "loss_spike",
@@ -195,7 +213,7 @@ ALERTS: tuple[AlertRule, ...] = (
     ),
     AlertRule(
         "NonFiniteTraining", "training",
-        f"increase({c.TRAIN_NONFINITE_STEPS.prometheus_name}[5m]) > 0", "0m", PAGE,
+        counted(c.TRAIN_NONFINITE_STEPS.prometheus_name, "5m"), "0m", PAGE,
         "Non-finite {{ $labels.signal }} on " + WHERE,
         "{{ $labels.signal }} was NaN or infinite on {{ $value | printf \"%.0f\" }} step(s) of " + WHERE
         + "; the rank with the lowest trainhealth_train_nonfinite_origin_first_step produced it first.",
@@ -204,8 +222,7 @@ ALERTS: tuple[AlertRule, ...] = (
     ),
     AlertRule(
         "GradNormSpike", "training",
-        f'max by (job) (increase({c.ANOMALIES.prometheus_name}{{signal="grad_norm",detector!="nonfinite"}}[5m])) '
-        f"> 0", "0m", INFO, "Gradient-norm spike in {{ $labels.job }}",
+        "max by (job) " + counted(c.ANOMALIES.prometheus_name + '{signal="grad_norm",detector!="nonfinite"}', "5m"), "0m", INFO, "Gradient-norm spike in {{ $labels.job }}",
         "The gradient norm of {{ $labels.job }} spiked; loss spikes often follow.", "loss_spike",
         "A detector flagged the total gradient norm; a precursor of loss spikes.",
     ),

@@ -7,6 +7,7 @@ from __future__ import annotations
 from grafanalib import core as g
 
 from trainhealth import catalog as c
+from trainhealth.alerts.rules import counted
 from trainhealth.dashboards.layout import DCGM_FILTER as D
 from trainhealth.dashboards.layout import GPU_FILTER as F
 from trainhealth.dashboards.layout import arrange, dashboard, target
@@ -34,7 +35,7 @@ def _xid_table() -> g.Table:
         title="XID errors (last 24 h) with meaning and action",
         description="From NVIDIA's XID catalogue: each XID is shown with its meaning and immediate action.",
         dataSource="${datasource}",
-        targets=[target(f"sum by (host, gpu, xid) (increase({c.GPU_XID_ERRORS.prometheus_name}{{{F}}}[24h])) > 0",
+        targets=[target(f"sum by (host, gpu, xid) {counted(f'{c.GPU_XID_ERRORS.prometheus_name}{{{F}}}', '24h')}",
                         instant=True, table=True)],
         transformations=[{"id": "organize", "options": {"excludeByName": {"Time": True},
                                                         "renameByName": {"Value": "count", "xid": "XID"}}}],
@@ -69,7 +70,7 @@ def gpu_dashboard() -> g.Dashboard:
                f"rate(DCGM_FI_DEV_PCIE_REPLAY_COUNTER{{{D}}}[5m]) * 60"),
         _panel("NVLink errors per minute", f"sum by (host, gpu, link) (rate({c.GPU_NVLINK_ERRORS.prometheus_name}"
                f"{{{F}}}[5m])) * 60", legend="{{host}} GPU {{gpu}} link {{link}}"),
-        _panel("XIDs per hour", f"increase({c.GPU_XID_ERRORS.prometheus_name}{{{F}}}[1h])",
+        _panel("XIDs in the last hour", counted(f"{c.GPU_XID_ERRORS.prometheus_name}{{{F}}}", "1h"),
                f"DCGM_FI_DEV_XID_ERRORS{{{D}}} > 0", legend="{{host}} GPU {{gpu}} XID {{xid}}",
                description="dcgm-exporter exports only the last XID's number (repeats are lost)."),
         _panel("Memory used", f"{c.GPU_MEMORY_USED.prometheus_name}{{{F}}}", unit="bytes"),

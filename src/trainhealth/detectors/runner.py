@@ -52,6 +52,9 @@ class SignalDetectors:
         self._max_series = max_series
         self._watches: dict[tuple[str, str], list[Watch]] = {}
         self._lock = threading.Lock()
+        if store is not None:  # counters start at 0, so the first anomaly is an increase Prometheus can see
+            for spec in specs:
+                store.inc(catalog.ANOMALIES, 0.0, (spec.detector.name, spec.signal))
 
     @property
     def signals(self) -> tuple[str, ...]:

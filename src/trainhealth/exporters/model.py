@@ -180,6 +180,8 @@ class Monitor:
 
         self.events = EventLog()
         self.detectors = SignalDetectors(parse_spec(settings.detectors), store=self.store, events=self.events)
+        for signal in ("loss", "grad_norm"):  # from 0, so the first non-finite step is an increase
+            self.store.inc(catalog.TRAIN_NONFINITE_STEPS, 0.0, (signal,))
         self._sinks = Sinks.start(self.store, identity, settings, env, events=self.events)
         self.health: ModelHealth | None = None
         if model is not None:

@@ -1,0 +1,1 @@
+"""A local monitoring stack without docker: ``trainhealth stack up`` / ``down``."""

@@ -1,0 +1,362 @@
+"""The local deployment (docker-compose.yml, Dockerfile, deploy/) is valid and hangs together.
+
+Prometheus and Alertmanager configs go through promtool and amtool; docker-compose.yml is checked
+structurally here and, where Docker Compose is installed, by ``docker compose config``.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import re
+import shutil
+import subprocess
+import urllib.parse
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.prometheus_server import require_binary
+
+ROOT = Path(__file__).resolve().parent.parent
+COMPOSE_FILE = ROOT / "docker-compose.yml"
+PROMETHEUS_CONFIG = ROOT / "deploy/prometheus/prometheus.yml"
+ALERTMANAGER_CONFIG = ROOT / "deploy/alertmanager/alertmanager.yml"
+ALERTMANAGER_COMPOSE_CONFIG = ROOT / "deploy/alertmanager/alertmanager.compose.yml"
+GRAFANA_DATASOURCES = ROOT / "deploy/grafana/provisioning/datasources/prometheus.yml"
+GRAFANA_DASHBOARD_PROVIDERS = ROOT / "deploy/grafana/provisioning/dashboards/trainhealth.yml"
+OTEL_COLLECTOR_CONFIG = ROOT / "deploy/otel/collector.yml"
+DOCKERFILE = ROOT / "Dockerfile"
+
+# Services that run on a plain `docker compose up`; the rest belong to profiles.
+DEFAULT_SERVICES = {"trainer", "prometheus", "alertmanager", "grafana"}
+PROFILES = {"gpu": {"gpu-exporter", "dcgm-exporter"}, "otel": {"otel-collector"}}
+
+
+def load(path: Path):
+    return yaml.safe_load(path.read_text(encoding="utf-8"))
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict:
+    return load(COMPOSE_FILE)
+
+
+@pytest.fixture(scope="module")
+def services(compose) -> dict:
+    return compose["services"]
+
+
+@pytest.fixture(scope="module")
+def prometheus_config() -> dict:
+    return load(PROMETHEUS_CONFIG)
+
+
+def mounts(service: dict) -> list[tuple[str, str]]:
+    """(source, target) of a service's volumes, short or long syntax."""
+    found = []
+    for volume in service.get("volumes", []):
+        if isinstance(volume, dict):
+            found.append((volume["source"], volume["target"]))
+        else:
+            source, target = volume.split(":")[:2]
+            found.append((source, target))
+    return found
+
+
+def host_path(source: str) -> Path | None:
+    """The repository path of a bind mount's source; None for a named volume."""
+    return ROOT / source if source.startswith(("./", "../", "/")) else None
+
+
+def container_ports(service: dict) -> set[int]:
+    """Ports a service listens on inside the network: its `expose` and the container side of `ports`."""
+    ports: set[int] = set()
+    entries = [str(entry) for entry in service.get("expose", [])]
+    for entry in service.get("ports", []):
+        entries.append(str(entry["target"]) if isinstance(entry, dict) else str(entry).rsplit(":", 1)[-1])
+    for entry in entries:
+        entry = entry.split("/")[0]
+        low, _, high = entry.partition("-")
+        ports.update(range(int(low), int(high or low) + 1))
+    return ports
+
+
+def option(command: list[str], name: str) -> str:
+    """The value of ``--name=value`` in a command list."""
+    for argument in command:
+        if argument.startswith(f"{name}="):
+            return argument.split("=", 1)[1]
+    raise AssertionError(f"{name}= not in {command}")
+
+
+def resolve_in_container(service: dict, container_path: str) -> Path:
+    """The repository file that ``container_path`` is inside ``service`` (through a bind mount)."""
+    for source, target in mounts(service):
+        path = host_path(source)
+        if path is None:
+            continue
+        if container_path == target:
+            return path
+        if container_path.startswith(target.rstrip("/") + "/"):
+            return path / container_path[len(target.rstrip("/")) + 1:]
+    raise AssertionError(f"{container_path} is not bind-mounted into the service ({mounts(service)})")
+
+
+# --- Prometheus -----------------------------------------------------------------------------------
+
+def test_prometheus_config_passes_promtool():
+    result = subprocess.run([require_binary("promtool"), "check", "config", str(PROMETHEUS_CONFIG)],
+                            capture_output=True, text=True, timeout=60, check=False)
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output
+    assert "SUCCESS" in output and "rules found" in output, output  # the rule file was found and loaded
+
+
+def test_prometheus_scrape_settings(prometheus_config):
+    assert prometheus_config["global"]["scrape_interval"] == "5s"
+    assert prometheus_config["global"]["evaluation_interval"] == "5s"
+    assert prometheus_config["rule_files"] == ["trainhealth.rules.yml"]
+    jobs = {job["job_name"]: job for job in prometheus_config["scrape_configs"]}
+    assert {"trainhealth-ranks", "trainhealth-analyzer", "trainhealth-node", "dcgm-exporter"} <= set(jobs)
+    for name, job in jobs.items():
+        if name.startswith("trainhealth"):  # the exporters set job/host/rank themselves
+            assert job.get("honor_labels") is True, name
+    ranks = jobs["trainhealth-ranks"]["static_configs"][0]["targets"]
+    assert ranks == [f"trainer:{9450 + rank}" for rank in range(4)]
+    assert jobs["trainhealth-analyzer"]["static_configs"][0]["targets"] == ["trainer:9448"]
+
+
+def test_prometheus_targets_are_compose_services(prometheus_config, services):
+    """Static targets run without a profile (else TrainhealthTargetDown fires for good);
+    the profiles' services are found by DNS."""
+    static, discovered = [], []
+    for job in prometheus_config["scrape_configs"]:
+        for group in job.get("static_configs", []):
+            static += [(job["job_name"], target) for target in group["targets"]]
+        for dns in job.get("dns_sd_configs", []):
+            assert dns["type"] == "A"
+            discovered += [(job["job_name"], f"{name}:{dns['port']}") for name in dns["names"]]
+    for alertmanagers in prometheus_config["alerting"]["alertmanagers"]:
+        for group in alertmanagers["static_configs"]:
+            static += [("alerting", target) for target in group["targets"]]
+    assert static and discovered
+    for job, target in static:
+        host, port = target.rsplit(":", 1)
+        if host == "localhost":
+            assert job == "prometheus"
+            continue
+        assert host in DEFAULT_SERVICES, f"{job}: {target} is not a service of a plain `docker compose up`"
+        assert int(port) in container_ports(services[host]), f"{job}: {host} does not listen on {port}"
+    for job, target in discovered:
+        host, port = target.rsplit(":", 1)
+        assert host in PROFILES["gpu"], f"{job}: {target} is not a gpu-profile service"
+        assert int(port) in container_ports(services[host]), f"{job}: {host} does not listen on {port}"
+    assert {target for _, target in discovered} == {"gpu-exporter:9449", "dcgm-exporter:9400"}
+
+
+# --- Alertmanager ---------------------------------------------------------------------------------
+
+def test_compose_alertmanager_config_passes_amtool():
+    result = subprocess.run([require_binary("amtool"), "check-config", str(ALERTMANAGER_COMPOSE_CONFIG)],
+                            capture_output=True, text=True, timeout=60, check=False)
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output
+    assert "SUCCESS" in output, output
+
+
+def pop_webhook_urls(node) -> list[str]:
+    """Remove and return every webhook URL under ``node``, in document order."""
+    urls = []
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key == "webhook_configs":
+                urls += [webhook.pop("url") for webhook in value]
+            else:
+                urls += pop_webhook_urls(value)
+    elif isinstance(node, list):
+        for item in node:
+            urls += pop_webhook_urls(item)
+    return urls
+
+
+def test_compose_alertmanager_config_differs_only_in_webhook_urls(services):
+    default, composed = copy.deepcopy(load(ALERTMANAGER_CONFIG)), copy.deepcopy(load(ALERTMANAGER_COMPOSE_CONFIG))
+    default_urls, compose_urls = pop_webhook_urls(default), pop_webhook_urls(composed)
+    assert composed == default, "alertmanager.compose.yml drifted from alertmanager.yml: copy the change over"
+    assert len(compose_urls) == len(default_urls) >= 2
+    for original, local in zip(default_urls, compose_urls):
+        original, local = urllib.parse.urlsplit(original), urllib.parse.urlsplit(local)
+        assert (local.scheme, local.port, local.path) == (original.scheme, original.port, original.path)
+        assert local.hostname == "trainer"
+        assert local.port in container_ports(services["trainer"])
+    assert {urllib.parse.urlsplit(url).path for url in compose_urls} == {"/alerts/page", "/alerts/ticket"}
+
+
+# --- docker-compose.yml ---------------------------------------------------------------------------
+
+def test_every_image_is_pinned(services):
+    images = {name: service["image"] for name, service in services.items() if "image" in service}
+    assert set(images) >= DEFAULT_SERVICES - {"trainer"}
+    for name, image in images.items():
+        last = image.rsplit("/", 1)[-1]
+        assert ":" in last, f"{name}: {image} has no tag"
+        assert last.split(":", 1)[1] not in ("", "latest"), f"{name}: {image} is not pinned"
+    for name, service in services.items():
+        assert "image" in service or "build" in service, name
+
+
+def test_every_published_port_is_bound_to_localhost(services):
+    published = 0
+    for name, service in services.items():
+        for port in service.get("ports", []):
+            published += 1
+            if isinstance(port, dict):
+                assert port.get("host_ip") == "127.0.0.1", f"{name}: {port}"
+            else:
+                assert re.fullmatch(r"127\.0\.0\.1:\d+(-\d+)?:\d+(-\d+)?(/(tcp|udp))?", str(port)), f"{name}: {port}"
+    assert published >= 3  # at least Prometheus, Alertmanager and Grafana
+
+
+def test_grafana_has_no_default_admin_password(services):
+    environment = services["grafana"]["environment"]
+    # ${VAR:?message}: compose refuses to start without the variable, so there is no admin/admin.
+    assert re.fullmatch(r"\$\{[A-Z_][A-Z0-9_]*:\?[^}]+\}", str(environment["GF_SECURITY_ADMIN_PASSWORD"]))
+    assert re.fullmatch(r"\$\{[A-Z_][A-Z0-9_]*:-false\}", str(environment["GF_AUTH_ANONYMOUS_ENABLED"]))
+    assert environment["GF_AUTH_ANONYMOUS_ORG_ROLE"] == "Viewer"
+
+
+def test_profiles(services):
+    by_profile: dict[str, set[str]] = {}
+    for name, service in services.items():
+        for profile in service.get("profiles", []) or ["default"]:
+            by_profile.setdefault(profile, set()).add(name)
+    assert by_profile == {"default": DEFAULT_SERVICES, **PROFILES}
+    for name in ("gpu-exporter", "dcgm-exporter"):
+        devices = services[name]["deploy"]["resources"]["reservations"]["devices"]
+        assert any(device["driver"] == "nvidia" and "gpu" in device["capabilities"] for device in devices), name
+    assert "SYS_ADMIN" in services["dcgm-exporter"]["cap_add"]
+    exporter = services["gpu-exporter"]["command"]
+    assert exporter[:3] == ["export", "--backend", "nvml"] and "0.0.0.0" in exporter and "9449" in exporter
+    # The otel profile's collector gets the trainer's metrics when the endpoint is passed through.
+    assert "OTEL_EXPORTER_OTLP_ENDPOINT" in services["trainer"]["environment"]
+
+
+def test_trainer_runs_the_demo(services):
+    trainer = services["trainer"]
+    command = trainer["command"]
+    assert command[0] == "demo"  # the image's entrypoint is `trainhealth`
+    assert command[command.index("--addr") + 1] == "0.0.0.0"
+    assert command[command.index("--out") + 1] == "/reports"
+    assert ("./reports", "/reports") in mounts(trainer)
+    assert {9448, 9450, 9451, 9452, 9453, 9096} <= container_ports(trainer)
+    assert "ports" not in trainer  # reached by Prometheus and Alertmanager inside the network only
+
+
+def test_mounted_deploy_files_exist(services):
+    checked = 0
+    for name, service in services.items():
+        for source, target in mounts(service):
+            if source.startswith("./deploy"):
+                checked += 1
+                assert (ROOT / source).exists(), f"{name} mounts {source}, which does not exist"
+    assert checked >= 5
+
+
+def test_service_commands_read_the_mounted_configs(services):
+    prometheus_service = services["prometheus"]
+    prometheus = resolve_in_container(prometheus_service, option(prometheus_service["command"], "--config.file"))
+    assert prometheus == PROMETHEUS_CONFIG
+    assert (prometheus.parent / "trainhealth.rules.yml").is_file()  # rule_files resolve next to it
+    alertmanager = services["alertmanager"]
+    alertmanager_config = resolve_in_container(alertmanager, option(alertmanager["command"], "--config.file"))
+    assert alertmanager_config == ALERTMANAGER_COMPOSE_CONFIG
+    collector = services["otel-collector"]
+    assert resolve_in_container(collector, option(collector["command"], "--config")) == OTEL_COLLECTOR_CONFIG
+
+
+def test_grafana_provisioning(services):
+    grafana = services["grafana"]
+    provisioning = resolve_in_container(grafana, "/etc/grafana/provisioning")
+    assert provisioning.resolve() == (ROOT / "deploy/grafana/provisioning").resolve()
+    datasources = load(GRAFANA_DATASOURCES)["datasources"]
+    assert len(datasources) == 1
+    (datasource,) = datasources
+    assert (datasource["type"], datasource["uid"], datasource["isDefault"]) == ("prometheus", "prometheus", True)
+    url = urllib.parse.urlsplit(datasource["url"])
+    assert url.hostname == "prometheus" and url.port in container_ports(services["prometheus"])
+
+    (provider,) = load(GRAFANA_DASHBOARD_PROVIDERS)["providers"]
+    assert provider["type"] == "file"
+    dashboards = resolve_in_container(grafana, provider["options"]["path"])
+    assert dashboards.resolve() == (ROOT / "deploy/grafana/dashboards").resolve()
+    files = sorted(dashboards.glob("*.json"))
+    assert files, f"no dashboards in {dashboards}"
+    for path in files:
+        variables = {v["name"]: v for v in json.loads(path.read_text(encoding="utf-8"))["templating"]["list"]}
+        assert variables["datasource"]["type"] == "datasource", path.name
+        assert variables["datasource"]["query"] == "prometheus", path.name
+
+
+def test_otel_collector_config(services):
+    config = load(OTEL_COLLECTOR_CONFIG)
+    assert config["receivers"]["otlp"]["protocols"]["http"]["endpoint"] == "0.0.0.0:4318"
+    assert config["exporters"]["prometheus"]["endpoint"] == "0.0.0.0:8889"
+    pipeline = config["service"]["pipelines"]["metrics"]
+    assert pipeline["receivers"] == ["otlp"] and {"prometheus", "debug"} <= set(pipeline["exporters"])
+    for kind in ("receivers", "processors", "exporters"):
+        for component in pipeline.get(kind, []):
+            assert component in config[kind], f"{component} is used but not defined under {kind}"
+    assert {4318, 8889} <= container_ports(services["otel-collector"])
+
+
+def test_dockerfile(services):
+    text = DOCKERFILE.read_text(encoding="utf-8")
+    instructions = [line for line in text.splitlines() if line and not line.startswith("#")]
+    (base,) = [line.split()[1] for line in instructions if line.startswith("FROM ")]
+    assert base.startswith("python:3.11-slim")
+    assert "torch==" in text and "download.pytorch.org/whl/cpu" in text
+    users = [line.split()[1] for line in instructions if line.startswith("USER ")]
+    assert users and users[-1] not in ("root", "0")
+    assert 'ENTRYPOINT ["trainhealth"]' in instructions
+    exposed = container_ports({"expose": [p for line in instructions if line.startswith("EXPOSE ")
+                                          for p in line.split()[1:]]})
+    assert container_ports(services["trainer"]) <= exposed
+    ignored = (ROOT / ".dockerignore").read_text(encoding="utf-8").split()
+    assert {".venv", ".git", "reports"} <= set(ignored)
+
+
+# --- Docker Compose itself, where installed -------------------------------------------------------
+
+def docker_compose() -> list[str]:
+    docker = shutil.which("docker")
+    if docker is None:
+        pytest.skip("docker is not installed")
+    result = subprocess.run([docker, "compose", "version"], capture_output=True, text=True, timeout=30, check=False)
+    if result.returncode != 0:
+        pytest.skip("docker compose is not installed")
+    return [docker, "compose", "--project-directory", str(ROOT), "-f", str(COMPOSE_FILE),
+            "--profile", "gpu", "--profile", "otel"]
+
+
+def test_docker_compose_config(tmp_path):
+    command = docker_compose()
+    empty_env_file = tmp_path / "empty.env"  # ignore a developer's .env
+    empty_env_file.write_text("")
+    environment = {key: value for key, value in os.environ.items() if key != "GRAFANA_ADMIN_PASSWORD"}
+
+    refused = subprocess.run([*command, "--env-file", str(empty_env_file), "config", "-q"], env=environment,
+                             capture_output=True, text=True, timeout=60, check=False)
+    assert refused.returncode != 0 and "GRAFANA_ADMIN_PASSWORD" in refused.stderr, refused.stderr
+
+    result = subprocess.run([*command, "--env-file", str(empty_env_file), "config", "--format", "json"],
+                            env={**environment, "GRAFANA_ADMIN_PASSWORD": "test-only"},
+                            capture_output=True, text=True, timeout=60, check=False)
+    assert result.returncode == 0, result.stderr
+    rendered = json.loads(result.stdout)["services"]
+    assert set(rendered) == DEFAULT_SERVICES | PROFILES["gpu"] | PROFILES["otel"]
+    for name, service in rendered.items():
+        for port in service.get("ports", []):
+            assert port.get("host_ip") == "127.0.0.1", f"{name}: {port}"
