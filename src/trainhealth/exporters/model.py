@@ -164,6 +164,7 @@ class Monitor:
         self.store = MetricStore(settings.max_series_per_metric)
         self.store.set_info(catalog.RANK_INFO, tuple(identity.info_labels.values()))
 
+        optimizer = _base_optimizer(optimizer)
         self._model = model
         self._optimizer = optimizer
         self._stats, self._group_labels = _parameter_stats(torch, model, optimizer, settings.max_layer_groups)
@@ -520,6 +521,14 @@ class Monitor:
                     loss_spike_began = any(anomaly.detector != "nonfinite" for anomaly in opened)
         if self.health is not None:
             self.health.export(stats.step, wall_time, stats.loss, stats.signals, loss_spike_began)
+
+
+def _base_optimizer(optimizer: Any) -> Any:
+    """The torch optimizer inside wrappers such as Accelerate's AcceleratedOptimizer (they forward ``step``)."""
+    while optimizer is not None and not hasattr(optimizer, "_optimizer_step_pre_hooks") and hasattr(
+            optimizer, "optimizer"):
+        optimizer = optimizer.optimizer
+    return optimizer
 
 
 def _set_if(store: MetricStore, spec: catalog.MetricSpec, value: float | None, labels: tuple[str, ...] = ()) -> None:

@@ -1,0 +1,1 @@
+"""Attach trainhealth to the trainer you already use: Hugging Face, Lightning, Accelerate, torchtitan."""
