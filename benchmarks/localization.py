@@ -2,6 +2,7 @@
 
     python benchmarks/localization.py                       # everything (about 15 minutes on 2 cores)
     python benchmarks/localization.py --scales 64 512 --no-latency
+    python benchmarks/localization.py --latency-only --latency-gpus 16384 --repeats 1   # the analyzer at 16k GPUs
 
 Cases come from trainhealth.bench.localization (seeded simulator windows: 20
 steps, 4 layouts per scale from 3-D to 5-D parallelism, GPU / NIC / host /
@@ -64,9 +65,10 @@ def _table(title: str, outcomes: list[Outcome], by: str, minimum_severity: float
     print(_percent(summarize(chosen, by)))
 
 
-def _latency(repeats: int) -> None:
-    layout = Layout(dp=64, pp=16, tp=8)
-    fault = InjectedFault(FaultKind.GPU, 4242, 1.2, start_step=8)
+def _latency(repeats: int, gpus: int = 8192) -> None:
+    layout = Layout(dp=gpus // 128, pp=16, tp=8)
+    target = gpus // 2 + 146  # 4242 at 8192 GPUs
+    fault = InjectedFault(FaultKind.GPU, target, 1.2, start_step=8)
     with tempfile.TemporaryDirectory() as directory:
         began = time.perf_counter()
         trace = simulate(Scenario(layout, steps=20, microbatches=4, seed=7, faults=(fault,)))
@@ -85,9 +87,9 @@ def _latency(repeats: int) -> None:
             peaks.append(max(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, before) / 1024)
         top = json.loads(result.stdout)["suspects"][0]["component"]
         walls.sort()
-        print(f"trainhealth localize, 8192 GPUs x 20 steps on one core: median {walls[len(walls) // 2]:.2f} s "
+        print(f"trainhealth localize, {layout.world} GPUs x 20 steps on one core: median {walls[len(walls) // 2]:.2f} s "
               f"(runs: {', '.join(f'{w:.2f}' for w in walls)}), peak RSS {max(peaks):.0f} MiB, top suspect {top} "
-              f"(injected gpu:rank-4242)")
+              f"(injected gpu:rank-{target})")
 
 
 def main() -> None:
@@ -99,7 +101,14 @@ def main() -> None:
     parser.add_argument("--processes", type=int, default=2)
     parser.add_argument("--no-latency", action="store_true")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--latency-gpus", type=int, nargs="+", default=[8192],
+                        help="GPU counts of the latency runs (multiples of 128; 16384 for the analyzer's cost at 16k)")
+    parser.add_argument("--latency-only", action="store_true", help="skip the accuracy cases")
     args = parser.parse_args()
+    if args.latency_only:
+        for gpus in args.latency_gpus:
+            _latency(args.repeats, gpus)
+        return
 
     jobs = [(case, False) for scale in args.scales
             for case in cases(scale, args.seeds_8192 if scale == 8192 else args.seeds)]
@@ -128,7 +137,8 @@ def main() -> None:
     print("\nanalysis time per window, every candidate scored (in-process, records in memory): "
           + ", ".join(f"{scale} GPUs {group['seconds'].median():.2f} s" for scale, group in seconds.groupby("scale")))
     if not args.no_latency:
-        _latency(args.repeats)
+        for gpus in args.latency_gpus:
+            _latency(args.repeats, gpus)
 
 
 if __name__ == "__main__":

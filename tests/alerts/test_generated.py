@@ -61,11 +61,13 @@ def test_every_dashboard_query_names_known_metrics(uid):
         assert metric_names(expr), (title, expr)
 
 
-def test_every_alert_expression_names_known_metrics():
+def test_every_alert_and_recording_expression_names_known_metrics():
+    from trainhealth.alerts.recording import RECORDING_RULES
+
     known = known_metrics()
-    for rule in ALERTS:
-        names = metric_names(rule.expr)
-        assert names and names - known == set(), (rule.name, rule.expr)
+    for name, expr in [(r.name, r.expr) for r in ALERTS] + [(r.record, r.expr) for r in RECORDING_RULES]:
+        names = metric_names(expr)
+        assert names and names - known == set(), (name, expr)
 
 
 def test_dashboards_are_deterministic_with_stable_ids():
@@ -81,18 +83,20 @@ def test_dashboards_are_deterministic_with_stable_ids():
 
 
 def _generated(tmp_path: Path) -> dict[Path, str]:
-    subprocess.run([TRAINHEALTH, "dashboards", "--out", str(tmp_path / "dash")], check=True, capture_output=True)
-    subprocess.run([TRAINHEALTH, "alerts", "--out", str(tmp_path / "rules"), "--runbooks", str(tmp_path / "rb")],
-                   check=True, capture_output=True)
+    subprocess.run([TRAINHEALTH, "dashboards", "--out", str(tmp_path / "dash"), "--configmap",
+                    str(tmp_path / "k8s" / "grafana-dashboards.yaml")], check=True, capture_output=True)
+    subprocess.run([TRAINHEALTH, "alerts", "--out", str(tmp_path / "rules"), "--operator-out", str(tmp_path / "k8s"),
+                    "--runbooks", str(tmp_path / "rb")], check=True, capture_output=True)
     out = {ROOT / "deploy/grafana/dashboards" / p.name: p.read_text() for p in (tmp_path / "dash").iterdir()}
     out |= {ROOT / "deploy/prometheus" / p.name: p.read_text() for p in (tmp_path / "rules").iterdir()}
+    out |= {ROOT / "deploy/k8s" / p.name: p.read_text() for p in (tmp_path / "k8s").iterdir()}
     out |= {ROOT / "docs/runbooks" / p.name: p.read_text() for p in (tmp_path / "rb").iterdir()}
     return out
 
 
 def test_committed_copies_match_a_fresh_generation(tmp_path):
     generated = _generated(tmp_path)
-    assert len(generated) == len(DASHBOARDS) + 2 + len(ALERTS) + 1  # and the runbook index
+    assert len(generated) == len(DASHBOARDS) + 3 + len(ALERTS) + 1  # rules, PrometheusRule, ConfigMap; runbook index
     for path, text in generated.items():
         assert path.is_file(), f"{path.relative_to(ROOT)} is missing: run trainhealth dashboards / alerts"
         assert path.read_text() == text, f"{path.relative_to(ROOT)} is stale: regenerate it"
@@ -107,7 +111,7 @@ def test_rule_outputs_carry_the_same_rules():
     operator = yaml.safe_load(prometheus_rule_yaml())
     assert operator["apiVersion"] == "monitoring.coreos.com/v1" and operator["kind"] == "PrometheusRule"
     assert operator["spec"]["groups"] == plain
-    rules = [r for group in plain for r in group["rules"]]
+    rules = [r for group in plain for r in group["rules"] if "alert" in r]
     assert [r["alert"] for r in rules] == [rule.name for rule in ALERTS]
     for rule in rules:
         assert set(rule["annotations"]) == {"summary", "description", "runbook_url", "mitigation"}

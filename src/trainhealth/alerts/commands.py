@@ -17,7 +17,8 @@ def _cmd_alerts(args: argparse.Namespace) -> int:
     if not args.runbook_base.startswith(("http://", "https://")):
         raise UsageError(f"--runbook-base must be an http(s) URL, got {args.runbook_base!r}")
     try:
-        written = write_alerts(Path(args.out), Path(args.runbooks) if args.runbooks else None, args.runbook_base)
+        written = write_alerts(Path(args.out), Path(args.runbooks) if args.runbooks else None, args.runbook_base,
+                               Path(args.operator_out) if args.operator_out else None)
     except OSError as exc:
         raise UsageError(f"cannot write {exc.filename}: {exc.strerror}") from None
     print(f"{len(ALERTS)} alert rules: {written[0]}, {written[1]}"
@@ -26,13 +27,15 @@ def _cmd_alerts(args: argparse.Namespace) -> int:
 
 
 def _cmd_dashboards(args: argparse.Namespace) -> int:
-    from trainhealth.dashboards.render import write_dashboards
+    from trainhealth.dashboards.render import write_configmap, write_dashboards
 
     try:
         written = write_dashboards(Path(args.out))
+        if args.configmap:
+            written.append(write_configmap(Path(args.configmap)))
     except OSError as exc:
         raise UsageError(f"cannot write {exc.filename}: {exc.strerror}") from None
-    print(f"{len(written)} dashboards in {args.out}: " + ", ".join(p.name for p in written))
+    print(f"{len(written)} files: " + ", ".join(str(p) for p in written))
     return 0
 
 
@@ -46,6 +49,8 @@ def add_commands(commands: argparse._SubParsersAction, parser_class: type[argpar
     )
     alerts.add_argument("--out", required=True, metavar="DIR", help="directory for the rule files")
     alerts.add_argument("--runbooks", metavar="DIR", help="also write the runbooks here (docs/runbooks)")
+    alerts.add_argument("--operator-out", metavar="DIR",
+                        help="write prometheusrule.yaml here instead of OUT (deploy/k8s)")
     alerts.add_argument("--runbook-base", default=RUNBOOK_BASE, metavar="URL",
                         help=f"where runbook_url points (default {RUNBOOK_BASE})")
     alerts.set_defaults(handler=_cmd_alerts)
@@ -55,4 +60,6 @@ def add_commands(commands: argparse._SubParsersAction, parser_class: type[argpar
                     "and panel ids) into OUT, ready for Grafana's file provisioning.",
     )
     dashboards.add_argument("--out", required=True, metavar="DIR", help="directory for the dashboard files")
+    dashboards.add_argument("--configmap", metavar="FILE",
+                            help="also write them as a Kubernetes ConfigMap for Grafana's dashboard sidecar")
     dashboards.set_defaults(handler=_cmd_dashboards)

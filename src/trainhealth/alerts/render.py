@@ -15,6 +15,7 @@ from pathlib import Path
 import yaml
 
 from trainhealth.alerts.advice import ADVICE, known_xid_advice
+from trainhealth.alerts.recording import RECORDING_RULES
 from trainhealth.alerts.rules import ALERTS, RUNBOOK_BASE, AlertRule
 
 __all__ = ["prometheus_rule_yaml", "rule_file_yaml", "runbook_index", "runbook_markdown", "write_alerts"]
@@ -24,8 +25,10 @@ GROUPS = ("hardware", "training", "telemetry")
 
 
 def _groups(runbook_base: str, max_for_s: float | None = None) -> list[dict[str, object]]:
-    return [{"name": f"trainhealth-{group}", "rules": [rule.to_rule(runbook_base, max_for_s) for rule in ALERTS
-                                                       if rule.group == group]} for group in GROUPS]
+    alerting = [{"name": f"trainhealth-{group}", "rules": [rule.to_rule(runbook_base, max_for_s) for rule in ALERTS
+                                                           if rule.group == group]} for group in GROUPS]
+    return alerting + [{"name": "trainhealth-per-job", "interval": "30s",
+                        "rules": [rule.to_rule() for rule in RECORDING_RULES]}]
 
 
 def _dump(data: object) -> str:
@@ -96,14 +99,17 @@ def runbook_index() -> str:
     return "\n".join(lines)
 
 
-def write_alerts(out: Path, runbooks: Path | None = None, runbook_base: str = RUNBOOK_BASE) -> list[Path]:
-    """Write trainhealth.rules.yml and prometheusrule.yaml into ``out`` (and the runbooks); returns the paths."""
-    out.mkdir(parents=True, exist_ok=True)
+def write_alerts(out: Path, runbooks: Path | None = None, runbook_base: str = RUNBOOK_BASE,
+                 operator_out: Path | None = None) -> list[Path]:
+    """Write trainhealth.rules.yml into ``out`` and prometheusrule.yaml into ``operator_out`` (default ``out``),
+    and the runbooks; returns the paths."""
+    operator_out = operator_out or out
     written = []
-    for name, text in (("trainhealth.rules.yml", rule_file_yaml(runbook_base)),
-                       ("prometheusrule.yaml", prometheus_rule_yaml(runbook_base))):
-        (out / name).write_text(text, encoding="utf-8")
-        written.append(out / name)
+    for directory, name, text in ((out, "trainhealth.rules.yml", rule_file_yaml(runbook_base)),
+                                  (operator_out, "prometheusrule.yaml", prometheus_rule_yaml(runbook_base))):
+        directory.mkdir(parents=True, exist_ok=True)
+        (directory / name).write_text(text, encoding="utf-8")
+        written.append(directory / name)
     if runbooks is not None:
         runbooks.mkdir(parents=True, exist_ok=True)
         (runbooks / "README.md").write_text(runbook_index(), encoding="utf-8")
