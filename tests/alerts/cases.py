@@ -3,7 +3,7 @@ near-miss series that must not. Run through ``promtool test rules`` by test_rule
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 L = 'job="train",host="node-1",rank="3"'
 RANK = {"job": "train", "host": "node-1", "rank": "3"}
@@ -24,7 +24,6 @@ class Case:
     firing: list[Firing]
     quiet: dict[str, str]  # series that must not fire it
     quiet_eval_time: str
-    extra: dict = field(default_factory=dict)
 
 
 def _gpu(metric: str, extra: str = "") -> str:

@@ -13,7 +13,7 @@ import json
 import os
 import queue
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -178,6 +178,3 @@ def _send(progress: Any, message: dict[str, Any]) -> None:
     except (queue.Full, ValueError, OSError):
         pass
 
-
-def config_dict(config: DemoConfig) -> dict[str, Any]:
-    return asdict(config)

@@ -65,6 +65,7 @@ class ModelHealth:
         self.spikes = LossSpikeRecovery()
         self._lock = threading.Lock()  # checkpoints arrive on the training thread, steps on the export thread
         self._first_nonfinite: int | None = None
+        self._lost_published: dict[str, float] = {}
         self._order: dict[int, list[str]] = {}
         env = os.environ if env is None else env
         restarts = settings.restarts
@@ -129,9 +130,10 @@ class ModelHealth:
             self.goodput.step(step, wall_time)
             ratio, lost = self.goodput.ratio(wall_time), dict(self.goodput.lost)
         self._store.set(catalog.TRAIN_GOODPUT, ratio)
-        for reason, seconds in lost.items():
-            previous = self._store.value(catalog.TRAIN_LOST_TIME, (reason,)) or 0.0
-            self._store.inc(catalog.TRAIN_LOST_TIME, max(0.0, seconds - float(previous)), (reason,))
+        for reason, seconds in lost.items():  # the counter follows Goodput's running totals
+            self._store.inc(catalog.TRAIN_LOST_TIME, max(0.0, seconds - self._lost_published.get(reason, 0.0)),
+                            (reason,))
+            self._lost_published[reason] = seconds
         if loss is not None:
             if loss_spike_began:
                 self.spikes.spike_began(step, loss)

@@ -42,28 +42,20 @@ def _cmd_selftest(args: argparse.Namespace) -> int:
 
 
 def _write_metrics(path: Path, results: list) -> None:  # type: ignore[type-arg]
-    """The results in Prometheus text format, for node_exporter's textfile collector."""
-    import time
+    """The results in Prometheus text format, for node_exporter's textfile collector (written atomically)."""
+    from prometheus_client import CollectorRegistry, write_to_textfile
 
-    from trainhealth import catalog
+    from trainhealth.exporters.prometheus import StoreCollector
     from trainhealth.identity import Identity
+    from trainhealth.sdc.selftest import publish_results
+    from trainhealth.state import MetricStore
 
-    host = Identity.node().host
-    lines = []
-    for spec, value_of in ((catalog.SELFTEST_PASSED, lambda r: 1.0 if r.passed else 0.0),
-                           (catalog.SELFTEST_ERROR, lambda r: r.max_error)):
-        lines.append(f"# HELP {spec.prometheus_name} {spec.help}")
-        lines.append(f"# TYPE {spec.prometheus_name} gauge")
-        for r in results:
-            lines.append(f'{spec.prometheus_name}{{host="{host}",device="{r.device}",check="{r.check}"}} '
-                         f"{value_of(r):.9g}")
-    stamp = catalog.SELFTEST_TIMESTAMP.prometheus_name
-    lines += [f"# HELP {stamp} {catalog.SELFTEST_TIMESTAMP.help}", f"# TYPE {stamp} gauge",
-              f'{stamp}{{host="{host}"}} {time.time():.3f}']
-    temporary = path.with_name(path.name + ".partial")
+    store = MetricStore()
+    publish_results(store, None, results)
+    registry = CollectorRegistry()
+    registry.register(StoreCollector(store, Identity.node()))
     try:
-        temporary.write_text("\n".join(lines) + "\n", encoding="utf-8")
-        temporary.replace(path)
+        write_to_textfile(str(path), registry)
     except OSError as exc:
         raise UsageError(f"cannot write {path}: {exc.strerror or exc}") from None
 
