@@ -566,11 +566,27 @@ class _CompletionPoller:
             self._wake.notify()
 
     def stop(self) -> None:
+        """Stop polling; works already completed but not yet seen (a busy machine) are recorded now."""
         with self._wake:
             self._stopping = True
             self._wake.notify()
         if self._thread is not None:
             self._thread.join(timeout=5)
+        with self._wake:
+            remaining, self._pending = list(self._pending), deque()
+        for _, on_done in self._completed(remaining):
+            on_done()
+
+    @staticmethod
+    def _completed(entries: list[tuple[Any, Callable[[], None]]]) -> list[tuple[Any, Callable[[], None]]]:
+        finished = []
+        for entry in entries:
+            try:
+                if entry[0].is_completed():
+                    finished.append(entry)
+            except Exception:
+                finished.append((None, lambda: None))
+        return finished
 
     def _run(self) -> None:
         while True:
@@ -580,13 +596,7 @@ class _CompletionPoller:
                 if self._stopping:
                     return
                 watched = list(self._pending)
-            finished = []
-            for entry in watched:
-                try:
-                    if entry[0].is_completed():
-                        finished.append(entry)
-                except Exception:
-                    finished.append((None, lambda: None))
+            finished = self._completed(watched)
             for _, on_done in finished:
                 on_done()
             if finished:
