@@ -1,6 +1,6 @@
 """Monitor overhead on a CPU training step of a small transformer.
 
-    python benchmarks/monitor_overhead.py [--rounds 12] [--steps 20]
+    python benchmarks/monitor_overhead.py [--rounds 12] [--steps 20] [--comm]
 
 Model: 4 layers, d_model 256, 4 heads, sequence 128, batch 8, vocabulary 8192,
 AdamW. Blocks of steps with and without a Monitor (default settings, /metrics
@@ -11,12 +11,23 @@ every step — the more expensive case. Prints the median and mean step-time
 ratio (target: median overhead <= 1%), the noise floor of that comparison, and
 the Monitor's cost measured directly: the extra time inside optimizer.step
 (where its hooks run) plus the time inside monitor.step.
+
+With ``--comm`` the process joins a one-rank gloo group, every step (with and
+without the Monitor) all-reduces the loss, and the Monitor runs with
+``comm=True``: the collective logger wraps torch.distributed, and the Monitor
+adds its forward and optimizer hooks and one step marker per step, from which
+the logger's flush thread splits each step into compute and wait (the trace
+goes to a temporary directory, rewritten every 30 s by default). The forward
+pass, where the forward hooks run, is then timed as a component too.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import socket
 import statistics
+import tempfile
 import threading
 import time
 import urllib.request
@@ -54,22 +65,27 @@ class Timings:
     step: list[float] = field(default_factory=list)
     optimizer: list[float] = field(default_factory=list)
     monitor: list[float] = field(default_factory=list)
+    forward: list[float] = field(default_factory=list)
 
     def extend(self, other: Timings) -> None:
         self.step += other.step
         self.optimizer += other.optimizer
         self.monitor += other.monitor
+        self.forward += other.forward
 
 
-def train_block(model, optimizer, data, steps: int, monitor: Monitor | None) -> Timings:
-    """Timings of ``steps`` steps, after one untimed warm-up step."""
+def train_block(model, optimizer, data, steps: int, monitor: Monitor | None, comm: bool = False) -> Timings:
+    """Timings of ``steps`` steps, after one untimed warm-up step; ``comm``: all-reduce the loss every step."""
     timings = Timings()
     for step in range(steps + 1):
         start = time.perf_counter()
         tokens = data[step % len(data)]
         logits = model(tokens[:, :-1])
+        after_forward = time.perf_counter()
         loss = torch.nn.functional.cross_entropy(logits.reshape(-1, VOCAB), tokens[:, 1:].reshape(-1))
         loss.backward()
+        if comm:
+            torch.distributed.all_reduce(loss.detach().clone())
         before_optimizer = time.perf_counter()
         optimizer.step()
         after_optimizer = time.perf_counter()
@@ -79,10 +95,38 @@ def train_block(model, optimizer, data, steps: int, monitor: Monitor | None) -> 
             monitor.step(loss=loss, tokens=BATCH * SEQ)
         end = time.perf_counter()
         if step > 0:
+            timings.forward.append(after_forward - start)
             timings.step.append(end - start)
             timings.optimizer.append(after_optimizer - before_optimizer)
             timings.monitor.append(end - before_monitor)
     return timings
+
+
+def comm_rows_per_step(calls: int = 20_000) -> float:
+    """Seconds per step that ``comm=True`` adds on the training thread, timed directly: a forward and an
+    optimizer step of a one-weight model under a Monitor with and without ``comm=True``, the comm side also
+    appending the step marker Monitor.step adds. That is the forward and optimizer timing hooks and the three
+    rows (the collective wrappers' own cost is benchmarks/comm_overhead.py's figure)."""
+    probe = torch.nn.Linear(1, 1)
+    optimizer = torch.optim.SGD(probe.parameters(), lr=0.0)
+    x = torch.zeros(1, 1)
+
+    def per_step(comm: bool) -> float:
+        monitor = Monitor(probe, optimizer, env={}, prometheus=False, otel=False, comm=comm, model_signals=False,
+                          gpu_backend="off", grad_check_every=0, sdc_interval=0, trace_write_interval=0)
+        try:
+            began = time.perf_counter()
+            for _ in range(calls):
+                probe(x)
+                optimizer.step()
+                if comm:
+                    monitor.comm.add_marker("step", 0, began, 0.0)  # what Monitor.step adds with comm=True
+            return (time.perf_counter() - began) / calls
+        finally:
+            monitor.close()
+
+    without = min(per_step(False) for _ in range(3))
+    return min(per_step(True) for _ in range(3)) - without
 
 
 def scrape_every_second(url: str, stop: threading.Event) -> None:
@@ -95,29 +139,40 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=12)
     parser.add_argument("--steps", type=int, default=20, help="timed steps per block")
+    parser.add_argument("--comm", action="store_true",
+                        help="Monitor(comm=True) on a one-rank gloo group: collective logger, hooks, step markers")
     args = parser.parse_args()
+    trace_dir = None
+    if args.comm:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        torch.distributed.init_process_group("gloo", rank=0, world_size=1)
+        trace_dir = tempfile.mkdtemp(prefix="trainhealth-bench-")
 
     torch.manual_seed(0)
     model = SmallTransformer()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     generator = torch.Generator().manual_seed(0)
     data = [torch.randint(0, VOCAB, (BATCH, SEQ + 1), generator=generator) for _ in range(8)]
-    train_block(model, optimizer, data, 3, None)  # warm up allocator and kernels
+    train_block(model, optimizer, data, 3, None, args.comm)  # warm up allocator and kernels
 
     base, monitored = Timings(), Timings()
     base_by_parity: tuple[list[float], list[float]] = ([], [])
     for round_index in range(args.rounds):
         for with_monitor in ((False, True) if round_index % 2 == 0 else (True, False)):
             if not with_monitor:
-                block = train_block(model, optimizer, data, args.steps, None)
+                block = train_block(model, optimizer, data, args.steps, None, args.comm)
                 base.extend(block)
                 base_by_parity[round_index % 2].extend(block.step)
                 continue
-            monitor = Monitor(model, optimizer, env={}, prometheus_addr="127.0.0.1", prometheus_port=0, otel=False)
+            monitor = Monitor(model, optimizer, env={}, prometheus_addr="127.0.0.1", prometheus_port=0, otel=False,
+                              comm=args.comm, trace_dir=trace_dir)
             stop = threading.Event()
             scraper = threading.Thread(target=scrape_every_second, args=(monitor.metrics_url, stop), daemon=True)
             scraper.start()
-            monitored.extend(train_block(model, optimizer, data, args.steps, monitor))
+            monitored.extend(train_block(model, optimizer, data, args.steps, monitor, args.comm))
             stop.set()
             scraper.join()
             monitor.close()
@@ -126,7 +181,8 @@ def main() -> None:
     n_params = sum(p.numel() for p in model.parameters())
     print(f"model: {LAYERS} layers, d_model {D_MODEL}, seq {SEQ}, batch {BATCH}, {n_params / 1e6:.1f}M parameters, "
           f"torch {torch.__version__}, {torch.get_num_threads()} threads")
-    print(f"steps: {len(base.step)} without and {len(monitored.step)} with Monitor, {args.rounds} interleaved rounds")
+    setup = "Monitor(comm=True): collective logger, forward/optimizer hooks, step markers" if args.comm else "Monitor"
+    print(f"steps: {len(base.step)} without and {len(monitored.step)} with {setup}, {args.rounds} interleaved rounds")
     print(f"median step: {median(base.step) * 1e3:.1f} ms without, {median(monitored.step) * 1e3:.1f} ms with")
     print(f"overhead, end to end (median step-time ratio): {100 * (median(monitored.step) / median(base.step) - 1):+.2f}%")
     print(f"overhead, end to end (mean step-time ratio, heavy steps included): {100 * (mean(monitored.step) / mean(base.step) - 1):+.2f}%")
@@ -136,9 +192,21 @@ def main() -> None:
     hooks_mean = mean(monitored.optimizer) - mean(base.optimizer)
     print(f"added by the optimizer hooks: median {hooks_median * 1e3:.2f} ms, mean {hooks_mean * 1e3:.2f} ms per step")
     print(f"inside monitor.step: median {median(monitored.monitor) * 1e3:.2f} ms, mean {mean(monitored.monitor) * 1e3:.2f} ms per step")
-    added_median = (hooks_median + median(monitored.monitor)) / median(base.step)
-    added_mean = (hooks_mean + mean(monitored.monitor)) / mean(base.step)
+    forward_median = forward_mean = 0.0
+    if args.comm:
+        forward_median = median(monitored.forward) - median(base.forward)
+        forward_mean = mean(monitored.forward) - mean(base.forward)
+        print(f"added to the forward pass (its hooks): median {forward_median * 1e3:.2f} ms, "
+              f"mean {forward_mean * 1e3:.2f} ms per step")
+    added_median = (hooks_median + median(monitored.monitor) + forward_median) / median(base.step)
+    added_mean = (hooks_mean + mean(monitored.monitor) + forward_mean) / mean(base.step)
     print(f"overhead, from the measured components: median {100 * added_median:.2f}%, mean {100 * added_mean:.2f}% of a step")
+    if args.comm:
+        rows = comm_rows_per_step()
+        print(f"comm=True's step marker, forward and optimizer rows, timed directly: {rows * 1e6:.1f} us per step, "
+              f"{100 * rows / median(base.step):.3f}% of a median step")
+    if args.comm:
+        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -13,7 +13,11 @@ from trainhealth.catalog import (
     SELFTEST_ERROR,
     SELFTEST_PASSED,
     SELFTEST_TIMESTAMP,
+    ANALYSIS_RANK_COMPUTE,
+    ANALYSIS_RANK_WAIT,
     SUSPECT_SCORE,
+    SUSPECT_SINCE_STEP,
+    SUSPECT_SLOWDOWN,
     MetricKind,
     MetricSpec,
     Unit,
@@ -34,9 +38,11 @@ def test_prometheus_naming_rules(spec: MetricSpec):
     assert not any(part in name for part in NON_BASE_UNITS)
     assert not set(spec.labels) & set(spec.identity)
     assert spec.all_labels[: len(spec.identity)] == spec.identity
-    # the suspects' rank and host name the suspect; a self-test belongs to a host, not a rank
-    assert spec.identity == IDENTITY_LABELS or spec in (SUSPECT_SCORE, SELFTEST_PASSED, SELFTEST_ERROR,
-                                                        SELFTEST_TIMESTAMP)
+    # the suspects' rank and host name the suspect, the analyzer's per-rank figures the rank analysed; a self-test
+    # belongs to a host, not a rank
+    assert spec.identity == IDENTITY_LABELS or spec in (SUSPECT_SCORE, SUSPECT_SLOWDOWN, SUSPECT_SINCE_STEP,
+                                                        ANALYSIS_RANK_COMPUTE, ANALYSIS_RANK_WAIT, SELFTEST_PASSED,
+                                                        SELFTEST_ERROR, SELFTEST_TIMESTAMP)
 
 
 @pytest.mark.parametrize("spec", CATALOG, ids=lambda spec: spec.prometheus_name)

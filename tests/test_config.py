@@ -94,3 +94,19 @@ def test_every_setting_is_documented():
     for info in setting_infos():
         assert info.env == "TRAINHEALTH_" + info.name.upper()
         assert info.help.endswith(".") and len(info.help) > 15
+
+
+def test_trace_write_interval():
+    assert Settings.resolve(env={}).trace_write_interval == 30.0
+    assert Settings.resolve(env={"TRAINHEALTH_TRACE_WRITE_INTERVAL": "0"}).trace_write_interval == 0.0  # only at exit
+    assert Settings.resolve(env={"TRAINHEALTH_TRACE_WRITE_INTERVAL": "2.5"}).trace_write_interval == 2.5
+
+
+@pytest.mark.parametrize("raw", ["inf", "nan", "-inf", "0.05", "0.01", "-1"])
+def test_trace_write_interval_rejects_what_no_writer_can_follow(raw):
+    with pytest.raises(ConfigError) as error:
+        Settings.resolve(env={"TRAINHEALTH_TRACE_WRITE_INTERVAL": raw})
+    assert error.value.setting == "trace_write_interval"
+    assert str(error.value).startswith("trace_write_interval (TRAINHEALTH_TRACE_WRITE_INTERVAL): ")
+    with pytest.raises(ConfigError):
+        Settings.resolve(env={}, trace_write_interval=float(raw))

@@ -58,3 +58,45 @@ def test_bad_environment_is_a_config_error(env, setting):
 def test_labels_are_the_bounded_identity_only():
     ident = Identity("j", "h", 3, 0, 8, gpu_uuid="GPU-x", pod="p", namespace="n")
     assert ident.labels == {"job": "j", "host": "h", "rank": "3"}
+
+
+def _report_identity(rank: int, world: int, port: int, out: str) -> None:
+    import json
+    import os
+    from datetime import timedelta
+    from pathlib import Path
+
+    import torch.distributed as dist
+
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "SLURM_PROCID", "SLURM_NTASKS"):
+        os.environ.pop(name, None)  # as torch.multiprocessing.spawn starts a rank: only torch.distributed knows it
+    before = Identity.from_env({})
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                            timeout=timedelta(seconds=60))
+    after = Identity.from_env({})
+    Path(out, f"rank-{rank}.json").write_text(json.dumps({
+        "before": [before.rank, before.world_size], "after": [after.rank, after.world_size],
+        "label": after.labels["rank"], "explicit": Identity.from_env({"RANK": "0", "WORLD_SIZE": "2"}).rank,
+    }))
+    dist.destroy_process_group()
+
+
+def test_rank_from_torch_distributed_when_no_variable_gives_it(tmp_path):
+    import json
+
+    from tests.distributed import run_ranks
+
+    run_ranks(_report_identity, 2, str(tmp_path))
+    for rank in (0, 1):
+        seen = json.loads((tmp_path / f"rank-{rank}.json").read_text())
+        assert seen["before"] == [0, 1]  # not initialised yet: the defaults
+        assert seen["after"] == [rank, 2] and seen["label"] == str(rank)
+        assert seen["explicit"] == 0  # a launcher's variable still wins
+
+
+def test_import_trainhealth_does_not_import_torch():
+    import subprocess
+    import sys
+
+    code = "import sys, trainhealth.identity; trainhealth.identity.Identity.from_env({}); print('torch' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout.strip() == "False"

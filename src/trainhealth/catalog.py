@@ -240,6 +240,27 @@ TRAIN_STEP_DURATION = MetricSpec(
 TRAIN_LAST_STEP_DURATION = MetricSpec(
     "train.last_step.duration", _G, Unit.SECONDS, "Wall time of the last reported step",
 )
+_STEP_SPLIT = ("Only with the collective logger (comm=True or trainhealth.comm installed) and a Monitor "
+               "reporting steps; updated by the logger's flush thread.")
+TRAIN_STEP_WAIT = MetricSpec(
+    "train.step.wait", _C, Unit.SECONDS,
+    "Seconds of this rank's steps spent blocked in collectives, summed over steps (its rate over the rate of "
+    "trainhealth_train_steps_total is the wait per step); the straggler is the rank that waits least",
+    availability=_STEP_SPLIT,
+)
+TRAIN_STEP_COMPUTE = MetricSpec(
+    "train.step.compute", _C, Unit.SECONDS,
+    "Seconds of this rank's steps spent outside collectives (step wall time minus wait), summed over steps",
+    availability=_STEP_SPLIT,
+)
+TRAIN_LAST_STEP_WAIT = MetricSpec(
+    "train.last_step.wait", _G, Unit.SECONDS, "Seconds the last accounted step spent blocked in collectives",
+    availability=_STEP_SPLIT,
+)
+TRAIN_LAST_STEP_COMPUTE = MetricSpec(
+    "train.last_step.compute", _G, Unit.SECONDS, "Seconds the last accounted step spent outside collectives",
+    availability=_STEP_SPLIT,
+)
 TRAIN_TOKENS = MetricSpec("train.tokens", _C, Unit.TOKENS, "Tokens processed by this rank")
 TRAIN_THROUGHPUT = MetricSpec(
     "train.throughput", _G, Unit.TOKENS_PER_SECOND, "Tokens per second processed by this rank in the last step",
@@ -642,9 +663,38 @@ SUSPECT_SCORE = MetricSpec(
     labels=("rank", "host", "gpu", "kind", "component"), identity=("job",),
     availability="From trainhealth analyze, while it names suspects.",
 )
+SUSPECT_SLOWDOWN = MetricSpec(
+    "suspect.slowdown", _G, Unit.DIMENSIONLESS,
+    "How many times as long the suspect computes as its peers (a GPU), or its transfers take as usual (a link), "
+    "where the localizer measured it; labels as trainhealth_suspect_score",
+    labels=("rank", "host", "gpu", "kind", "component"), identity=("job",),
+    availability="From trainhealth analyze, while it names suspects measured from step markers and arrivals.",
+)
+SUSPECT_SINCE_STEP = MetricSpec(
+    "suspect.since_step", _G, Unit.STEPS,
+    "The training step at which the suspect's slowness began (the change point); absent when it was slow "
+    "throughout the window",
+    labels=("rank", "host", "gpu", "kind", "component"), identity=("job",),
+    availability="From trainhealth analyze, while it names suspects with an onset.",
+)
+ANALYSIS_RANK_COMPUTE = MetricSpec(
+    "analysis.rank.compute", _G, Unit.SECONDS,
+    "Median seconds per step each rank of the analysed window spent computing (step time less the time blocked "
+    "in collectives); the straggler computes longest",
+    labels=("rank",), identity=("job",),
+    availability="From trainhealth analyze over trace files with step markers or inferred iterations.",
+)
+ANALYSIS_RANK_WAIT = MetricSpec(
+    "analysis.rank.wait", _G, Unit.SECONDS,
+    "Median seconds per step each rank of the analysed window waited in collectives for later arrivals; the "
+    "straggler waits least",
+    labels=("rank",), identity=("job",),
+    availability="From trainhealth analyze over trace files with step markers or inferred iterations.",
+)
 ANALYSIS_VERDICT = MetricSpec(
     "analysis.verdict", _G, Unit.DIMENSIONLESS,
-    "1 for the verdict of the last localization (healthy, compute, communication, imbalance), 0 for the others",
+    "1 for the verdict of the last localization (healthy, compute, communication, imbalance, insufficient_data), "
+    "0 for the others",
     labels=("verdict",), availability="From trainhealth analyze.",
 )
 ANALYSIS_IRREGULAR_STEPS = MetricSpec(

@@ -20,9 +20,11 @@ from typing import NoReturn
 from trainhealth import __version__
 from trainhealth.alerts.commands import add_commands as add_alerting_commands
 from trainhealth.catalog import CATALOG
+from trainhealth.localize.probe_commands import add_commands as add_probe_commands
 from trainhealth.config import ConfigError, Settings, setting_infos
 from trainhealth.demo.commands import add_commands as add_demo_commands
 from trainhealth.docgen import render_configuration_markdown, render_metrics_markdown
+from trainhealth.lab.realrun.commands import add_commands as add_lab_commands
 from trainhealth.errors import UsageError
 from trainhealth.identity import Identity
 from trainhealth.localize.commands import add_commands as add_localization_commands
@@ -294,6 +296,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_alerting_commands(commands, _Parser)
     add_demo_commands(commands, _Parser)
     add_stack_commands(commands, _Parser)
+    add_lab_commands(commands, _Parser)
+    add_probe_commands(commands, _Parser)
     return parser
 
 

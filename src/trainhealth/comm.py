@@ -10,7 +10,8 @@ Usage, in each rank after ``init_process_group``::
 
 With ``TRAINHEALTH_TRACE_DIR`` set (or ``trace_dir`` given) each rank writes
 ``<trace_dir>/rank-<rank>.parquet`` in trace format v1 on :func:`uninstall` and
-at process exit. Metrics reach Prometheus when a :class:`~trainhealth.Monitor`
+at process exit, and rewrites it every ``TRAINHEALTH_TRACE_WRITE_INTERVAL``
+seconds while it runs (replacing the file whole), so an analyzer can read it live. Metrics reach Prometheus when a :class:`~trainhealth.Monitor`
 runs in the process (``Monitor(..., comm=True)`` installs the logger itself).
 Code that imported a collective by name before :func:`install`
 (``from torch.distributed import all_reduce``) keeps the unwrapped function.
@@ -73,13 +74,14 @@ def install(trace_dir: str | os.PathLike[str] | None = None, *, store: MetricSto
             if settings.trace_dir and _installed.trace_dir is None:
                 _installed.trace_dir = Path(settings.trace_dir)
             return _installed
-        from trainhealth.identity import Identity
+        from trainhealth.identity import Identity, configured_rank
 
         identity = Identity.from_env(settings=settings)
-        logger = CollectiveLogger(
-            rank=settings.rank, host=identity.host, gpu=identity.local_rank,
+        logger = CollectiveLogger(  # rank: the launcher's, else torch.distributed's once it is initialised
+            rank=configured_rank(settings=settings), host=identity.host, gpu=identity.local_rank,
             ring_size=settings.comm_ring_size, store=store, trace_dir=settings.trace_dir,
             flush_interval_s=settings.comm_flush_interval, detectors=detectors,
+            trace_write_interval_s=settings.trace_write_interval,
         )
         for name in COMMUNICATION_FUNCTIONS:
             original = getattr(c10d, name)

@@ -16,6 +16,7 @@ trainhealth.config.ConfigError: prometheus_port (TRAINHEALTH_PROMETHEUS_PORT): e
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -33,6 +34,8 @@ DEFAULT_DETECTORS = (
     "comm_duration=level_shift(direction=up)"
 )
 DEFAULT_PROMETHEUS_PORT_BASE = 9450
+#: The shortest ``trace_write_interval`` (seconds) other than 0: rewriting a trace more often only burns the flush thread.
+MIN_TRACE_WRITE_INTERVAL = 0.05
 
 
 class ConfigError(ValueError):
@@ -88,9 +91,9 @@ class Settings:
     # identity overrides (see trainhealth.identity for what is read when unset)
     job: str | None = _setting(None, _parse_str, "Training job name; default TORCHELASTIC_RUN_ID, SLURM_JOB_ID or 'trainhealth'.")
     host: str | None = _setting(None, _parse_str, "Host label; default NODE_NAME (Kubernetes downward API) or the host name.")
-    rank: int | None = _setting(None, _parse_int, "Global rank; default RANK or SLURM_PROCID, else 0.")
+    rank: int | None = _setting(None, _parse_int, "Global rank; default RANK or SLURM_PROCID, else torch.distributed's rank once it is initialised, else 0.")
     local_rank: int | None = _setting(None, _parse_int, "Rank on this host; default LOCAL_RANK or SLURM_LOCALID, else 0.")
-    world_size: int | None = _setting(None, _parse_int, "Number of ranks; default WORLD_SIZE or SLURM_NTASKS, else 1.")
+    world_size: int | None = _setting(None, _parse_int, "Number of ranks; default WORLD_SIZE or SLURM_NTASKS, else torch.distributed's world size once it is initialised, else 1.")
     gpu_uuid: str | None = _setting(None, _parse_str, "UUID of this rank's GPU (GPU-...); default read from CUDA when the model is on a GPU.")
     # Prometheus endpoint
     prometheus: bool = _setting(True, _parse_bool, "Serve /metrics over HTTP.")
@@ -113,6 +116,7 @@ class Settings:
     # collective operations
     comm: bool = _setting(False, _parse_bool, "Record torch.distributed collectives in the Monitor (trainhealth.comm.install).")
     trace_dir: str | None = _setting(None, _parse_str, "Directory for per-rank collective traces (rank-<rank>.parquet, trace format v1), written at uninstall and exit.")
+    trace_write_interval: float = _setting(30.0, _parse_float, "Seconds between rewrites of the trace in trace_dir while the job runs (each replaces the file whole, for a live analyzer); 0 writes it only at uninstall and exit.")
     comm_ring_size: int = _setting(65536, _parse_int, "Collective records kept in memory per rank; older ones are dropped (and counted).")
     comm_flush_interval: float = _setting(1.0, _parse_float, "Seconds between updates of the collective metrics, the in-flight view and the abnormal filter.")
     # detectors
@@ -165,6 +169,11 @@ class Settings:
             value = getattr(self, name)
             if value is not None and not value > 0:
                 raise ConfigError(name, f"must be a positive number, got {value!r}")
+        if not math.isfinite(self.trace_write_interval):
+            raise ConfigError("trace_write_interval", f"must be a finite number of seconds, got {self.trace_write_interval!r}")
+        if self.trace_write_interval != 0 and not self.trace_write_interval > MIN_TRACE_WRITE_INTERVAL:
+            raise ConfigError("trace_write_interval", f"must be 0 (write only at exit) or more than "
+                                                      f"{MIN_TRACE_WRITE_INTERVAL} s, got {self.trace_write_interval!r}")
         if self.rank is not None and self.world_size is not None and self.rank >= self.world_size:
             raise ConfigError("rank", f"{self.rank} is not below world_size {self.world_size}")
         if (self.tls_certfile is None) != (self.tls_keyfile is None):

@@ -1,8 +1,10 @@
 """Who a process is: job, host, rank, local rank, world size, GPU, pod.
 
 Read from the variables torchrun, Slurm and Kubernetes set, with explicit
-overrides from :class:`~trainhealth.config.Settings` taking precedence. Every
-value is bounded (one per job, node or rank), so all of them may be labels.
+overrides from :class:`~trainhealth.config.Settings` taking precedence; when
+neither gives the rank (a process started by ``torch.multiprocessing.spawn``),
+an initialised torch.distributed does. Every value is bounded (one per job,
+node or rank), so all of them may be labels.
 
 >>> env = {"RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "8", "TORCHELASTIC_RUN_ID": "llm-7b", "NODE_NAME": "gpu-node-2"}
 >>> ident = Identity.from_env(env)
@@ -17,13 +19,14 @@ from __future__ import annotations
 import dataclasses
 import os
 import socket
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 from trainhealth.catalog import IDENTITY_LABELS
 from trainhealth.config import ConfigError, Settings
 
-__all__ = ["Identity"]
+__all__ = ["Identity", "configured_rank"]
 
 DEFAULT_JOB = "trainhealth"
 
@@ -48,12 +51,19 @@ class Identity:
         settings = settings if settings is not None else Settings.resolve(env=env)
         in_kubernetes = "KUBERNETES_SERVICE_HOST" in env
         pod = env.get("POD_NAME") or (env.get("HOSTNAME", "") if in_kubernetes else "")
+        rank = configured_rank(env, settings)
+        world_size = _pick_int(settings.world_size, env, "world_size", ("WORLD_SIZE", "SLURM_NTASKS"), None)
+        if rank is None or world_size is None:
+            distributed = _torch_distributed()
+            if distributed is not None:
+                rank = distributed[0] if rank is None else rank
+                world_size = distributed[1] if world_size is None else world_size
         identity = cls(
             job=settings.job or _first(env, "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID", skip=("none",)) or DEFAULT_JOB,
             host=settings.host or _first(env, "NODE_NAME", "SLURMD_NODENAME") or socket.gethostname(),
-            rank=_pick_int(settings.rank, env, "rank", ("RANK", "SLURM_PROCID"), 0),
+            rank=0 if rank is None else rank,
             local_rank=_pick_int(settings.local_rank, env, "local_rank", ("LOCAL_RANK", "SLURM_LOCALID"), 0),
-            world_size=_pick_int(settings.world_size, env, "world_size", ("WORLD_SIZE", "SLURM_NTASKS"), 1),
+            world_size=1 if world_size is None else world_size,
             gpu_uuid=settings.gpu_uuid or "",
             pod=pod,
             namespace=env.get("POD_NAMESPACE", ""),
@@ -109,6 +119,26 @@ class Identity:
         return attributes
 
 
+def configured_rank(env: Mapping[str, str] | None = None, settings: Settings | None = None) -> int | None:
+    """The rank the settings or the launcher's variables give (RANK, SLURM_PROCID); ``None`` when none does."""
+    env = os.environ if env is None else env
+    settings = settings if settings is not None else Settings.resolve(env=env)
+    return _pick_int(settings.rank, env, "rank", ("RANK", "SLURM_PROCID"), None)
+
+
+def _torch_distributed() -> tuple[int, int] | None:
+    """(rank, world size) of an initialised torch.distributed; ``None`` unless the process already imported it."""
+    dist = sys.modules.get("torch.distributed")  # never imported here: ``import trainhealth`` stays torch-free
+    if dist is None:
+        return None
+    try:
+        if dist.is_available() and dist.is_initialized():
+            return int(dist.get_rank()), int(dist.get_world_size())
+    except Exception:  # a torch without distributed support, or a group being torn down
+        return None
+    return None
+
+
 _RANK_VARIABLES = frozenset({"RANK", "LOCAL_RANK", "WORLD_SIZE", "SLURM_PROCID", "SLURM_LOCALID", "SLURM_NTASKS"})
 
 
@@ -120,7 +150,8 @@ def _first(env: Mapping[str, str], *names: str, skip: tuple[str, ...] = ()) -> s
     return ""
 
 
-def _pick_int(override: int | None, env: Mapping[str, str], setting: str, names: tuple[str, ...], default: int) -> int:
+def _pick_int(override: int | None, env: Mapping[str, str], setting: str, names: tuple[str, ...],
+              default: int | None) -> int | None:
     if override is not None:
         return override
     for name in names:

@@ -15,7 +15,7 @@ from tests.distributed import free_port, init_rank, join, run_ranks, start_ranks
 from tests.helpers import scrape
 from trainhealth import Monitor
 from trainhealth.detectors.hangs import find_hangs, states_from_samples
-from trainhealth.traces import read_trace
+from trainhealth.traces import COMMUNICATION_OPS, read_trace
 
 
 # --- work done in each rank (module level: spawned processes import it) ---------------------
@@ -227,7 +227,10 @@ def test_metrics_from_the_logger_in_one_process(tmp_path):
         assert trainhealth.comm.installed() is None  # the Monitor that installed it removed it
         assert dist.all_reduce is unwrapped and dist.distributed_c10d.all_reduce is unwrapped
         records = read_trace([tmp_path]).records
-        assert list(records.groupby("step").size()) == [5, 5, 5]  # steps follow monitor.step
+        collectives = records[records["op"].isin(COMMUNICATION_OPS)]
+        assert list(collectives.groupby("step").size()) == [5, 5, 5]  # steps follow monitor.step
+        markers = records[records["op"] == "step"]
+        assert list(markers["step"]) == [0, 1, 2] and markers["group"].isna().all()
     finally:
         dist.destroy_process_group()
 

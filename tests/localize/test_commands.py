@@ -69,10 +69,12 @@ def test_bad_input_is_one_line_and_exit_status_2(tmp_path, args, message):
     assert "Traceback" not in result.stderr
 
 
-def test_a_tiny_trace_is_localized_without_fuss(tmp_path):
+def test_a_tiny_trace_is_insufficient_data_not_healthy(tmp_path):
     (tmp_path / "ok.jsonl").write_text(
         '{"rank": 0, "step": 0, "op": "all_reduce", "group": "dp0", "seq": 0, "start": 0.0, "duration": 0.1}\n'
         '{"rank": 1, "step": 0, "op": "all_reduce", "group": "dp0", "seq": 0, "start": 0.0, "duration": 0.2}\n')
     result = _run("localize", str(tmp_path / "ok.jsonl"), "--json")
     assert result.returncode == 0, result.stderr
-    assert json.loads(result.stdout)["verdict"] == "healthy"
+    answer = json.loads(result.stdout)
+    assert answer["verdict"] == "insufficient_data" and answer["suspects"] == []
+    assert "repeating pattern" in answer["reasons"][0]

@@ -133,3 +133,18 @@ def test_invalid_topology_is_named(tmp_path):
     (tmp_path / "topology.json").write_text(json.dumps({"groups": {"dp0": [0, "one"]}}))
     with pytest.raises(TraceError, match="groups.dp0 must be a list of non-negative ranks"):
         Topology.load(tmp_path / "topology.json")
+
+
+def test_step_markers_are_an_optional_op_without_group_or_seq(tmp_path):
+    from trainhealth.traces.format import COMMUNICATION_OPS, COMPUTATION_OPS, MARKER_OPS, OPS
+
+    assert MARKER_OPS == ("step",) and "step" in OPS
+    assert not set(MARKER_OPS) & (set(COMMUNICATION_OPS) | set(COMPUTATION_OPS))
+    marked = pd.concat([sample(), pd.DataFrame({"rank": [0], "step": [3], "op": ["step"], "start": [100.0],
+                                                "duration": [2.5]})], ignore_index=True)
+    write_trace(marked, tmp_path / "trace.parquet")
+    back = read_trace_file(tmp_path / "trace.parquet")
+    marker = back[back["op"] == "step"].iloc[0]
+    assert marker["group"] is None and pd.isna(marker["seq"]) and marker["duration"] == 2.5
+    write_trace(sample(), tmp_path / "old.parquet")  # a trace without markers stays valid
+    assert "step" not in set(read_trace_file(tmp_path / "old.parquet")["op"])

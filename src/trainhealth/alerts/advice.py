@@ -60,6 +60,10 @@ ADVICE: dict[str, Advice] = {
         "from the last checkpoint; if a GPU on them reports XIDs, cordon its node first.",
     ), ("REFERENCE.md, hung collectives; PyTorch Flight Recorder",)),
     "healthy": Advice("Healthy", (), ()),
+    "insufficient_data": Advice("Not enough evidence for a verdict", (
+        "The window cannot tell a slow device from noise (see the reason): record step markers "
+        "(trainhealth.Monitor with comm=True, or mon.step() each iteration) and localize a longer window.",
+    ), (_HOLMES,)),
     "sdc": Advice("Silent data corruption", (
         "Rerun the step on the suspect rank's GPU and on another GPU with the same inputs; a GPU whose result "
         "differs is faulty (silent data corruption: wrong numbers, no error).",

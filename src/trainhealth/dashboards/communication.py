@@ -1,5 +1,5 @@
-"""Communication: collective latency by rank (heatmap), in-flight collectives, the lagging rank, abnormal
-operations and the analyzer's suspects."""
+"""Communication: compute vs wait per rank, collective latency by rank (heatmap), in-flight collectives, the
+lagging rank, abnormal operations and the analyzer's suspects."""
 
 from __future__ import annotations
 
@@ -15,7 +15,18 @@ __all__ = ["communication_dashboard"]
 def communication_dashboard() -> g.Dashboard:
     duration = c.COMM_OP_DURATION.prometheus_name
     started = c.COMM_STARTED_SEQ.prometheus_name
+    steps = f"sum by (rank) (rate({c.TRAIN_STEPS.prometheus_name}{{{F}}}[2m]))"
+    per_step = {part: f"sum by (rank) (rate({spec.prometheus_name}{{{F}}}[2m])) / {steps}"
+                for part, spec in (("compute", c.TRAIN_STEP_COMPUTE), ("wait", c.TRAIN_STEP_WAIT))}
     panels = [
+        g.TimeSeries(
+            title="Compute vs wait per rank", dataSource="${datasource}", unit="s",
+            description="Seconds per step each rank computes and waits blocked in collectives (step markers of "
+                        "the collective logger). Ranks wait for the slowest one: the straggler is the rank that "
+                        "waits least and computes most; a slow link raises every member's wait instead.",
+            targets=[target(per_step["compute"], "rank {{rank}} compute"),
+                     target(per_step["wait"], "rank {{rank}} wait", ref="B")],
+        ),
         g.Heatmap(
             title="Median collective latency by rank",
             description="One row per rank: a slow GPU's peers wait for it (long), the straggler itself is short; "
@@ -65,4 +76,4 @@ def communication_dashboard() -> g.Dashboard:
     ]
     return dashboard("trainhealth-communication", "trainhealth / Communication",
                      "Collective operations by rank: who waits, who lags, and which GPU or link is to blame.",
-                     arrange(panels, wide=[True, False, False, False, False, False, True]))
+                     arrange(panels, wide=[True, True, False, False, False, False, False, True]))

@@ -136,7 +136,9 @@ def _html(incident: Incident, plots: list[str], culprit: int | None) -> str:
     suspects = loc.get("suspects", [])
     rows = "".join(f"<tr><td>{e(str(s.get('kind')))}</td><td>{e(str(s.get('component', '')))}</td>"
                    f"<td>{e(', '.join(str(r) for r in s.get('ranks', [])))}</td><td>{e(str(s.get('host', '')))}</td>"
-                   f"<td>{float(s.get('score', 0)):.2f}</td></tr>" for s in suspects)
+                   f"<td>{float(s.get('score', 0)):.2f}</td><td>{e(str(s.get('evidence', '')))}</td></tr>"
+                   for s in suspects)
+    reasons = "".join(f"<li>{e(str(r))}</li>" for r in loc.get("reasons", []))
     events = "".join(f"<li>rank {e(str(ev.get('rank')))}: {e(str(ev.get('summary')))}</li>"
                      for ev in incident.events[:200])
     pages = "".join(f"<li>{e(str(p.get('labels', {}).get('alertname')))}: "
@@ -156,7 +158,8 @@ def _html(incident: Incident, plots: list[str], culprit: int | None) -> str:
 (every GPU series is labelled <code>backend="simulated"</code>).</p>{note}
 <h2>Localization</h2>
 <p>Verdict: <b>{verdict}</b>{f"; top suspect: rank {culprit}" if culprit is not None else ""}</p>
-<table><tr><th>kind</th><th>component</th><th>ranks</th><th>host</th><th>score</th></tr>{rows}</table>
+<table><tr><th>kind</th><th>component</th><th>ranks</th><th>host</th><th>score</th><th>evidence</th></tr>{rows}</table>
+{f"<ul>{reasons}</ul>" if reasons else ""}
 <h2>What to do</h2><ul>{advice or "<li>Nothing: no device is to blame.</li>"}</ul>
 <h2>Faults injected (ground truth)</h2><ul>{faults}</ul>
 <h2>Pages from Alertmanager</h2><ul>{pages or "<li>None received (no stack running, or nothing paged).</li>"}</ul>

@@ -279,25 +279,32 @@ class _Live:
                 self._note(f"{str(alert.get('receiver')).upper()} {labels.get('alertname')}: {annotations.get('summary')}")
 
     def _line(self) -> str:
-        parts = [f"rank {r}: step {m['step']} loss {m['loss']:.3f} {m['step_time'] * 1000:.0f} ms"
-                 for r, m in sorted(self.latest.items())]
+        parts = [f"rank {r}: step {m['step']} loss {m['loss']:.3f} compute {_ms(m.get('compute'))} "
+                 f"wait {_ms(m.get('wait'))}" for r, m in sorted(self.latest.items())]
         return " | ".join(parts) or "starting ranks..."
 
     def _table(self) -> Any:
         from rich.console import Group
         from rich.table import Table
 
-        table = Table(title=f"trainhealth demo ({self.steps or '?'} steps)", expand=False)
-        for column in ("rank", "step", "loss", "step time", "GPU °C", "GPU up", "XIDs"):
+        # Every rank's step takes as long as the slowest one's, so step time cannot name the straggler;
+        # the split can: the straggler computes longest and waits least (its peers wait for it).
+        table = Table(title=f"trainhealth demo ({self.steps or '?'} steps)", expand=False,
+                      caption="compute and wait per step: the straggler waits least")
+        for column in ("rank", "step", "loss", "compute", "wait", "GPU °C", "GPU up", "XIDs"):
             table.add_column(column, justify="right")
         for rank in range(self.options.ranks):
             m = self.latest.get(rank)
             if m is None:
-                table.add_row(str(rank), "-", "-", "-", "-", "-", "-")
+                table.add_row(str(rank), "-", "-", "-", "-", "-", "-", "-")
                 continue
             up = m.get("gpu_up")
-            table.add_row(str(rank), str(m["step"]), f"{m['loss']:.3f}", f"{m['step_time'] * 1000:.0f} ms",
+            table.add_row(str(rank), str(m["step"]), f"{m['loss']:.3f}", _ms(m.get("compute")), _ms(m.get("wait")),
                           "-" if m.get("temperature") is None else f"{m['temperature']:.0f}",
                           "-" if up is None else ("[green]yes[/green]" if up else "[red]LOST[/red]"),
                           f"{m.get('xids', 0):.0f}")
         return Group(table, *self.recent)
+
+
+def _ms(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds * 1000:.0f} ms"

@@ -120,7 +120,7 @@ def _train(rank: int, config: DemoConfig, progress: Any, stop: Any, torch: Any, 
             flag[0] = 1.0 if stop.is_set() else 0.0
             dist.all_reduce(flag, op=dist.ReduceOp.MAX)
             row = {"step": step, "time": time.time(), "loss": float(loss), "step_time": seconds,
-                   **_gpu_readings(monitor, rank)}
+                   **_step_split(monitor), **_gpu_readings(monitor, rank)}
             history.append(row)
             _send(progress, {"rank": rank, **row})
             if step % 20 == 0 and comm.installed() is not None:
@@ -137,6 +137,15 @@ def _train(rank: int, config: DemoConfig, progress: Any, stop: Any, torch: Any, 
         (out / "history").mkdir(parents=True, exist_ok=True)
         (out / "history" / f"rank-{rank}.json").write_text(json.dumps({"rank": rank, "steps": history}))
         _send(progress, {"rank": rank, "done": True})
+
+
+def _step_split(monitor: Any) -> dict[str, float | None]:
+    """Compute and wait of this rank's last accounted step, as the collective logger exports them."""
+    from trainhealth import catalog
+
+    readings = {"compute": monitor.store.value(catalog.TRAIN_LAST_STEP_COMPUTE),
+                "wait": monitor.store.value(catalog.TRAIN_LAST_STEP_WAIT)}
+    return {name: None if value is None else float(value) for name, value in readings.items()}
 
 
 def _gpu_readings(monitor: Any, rank: int) -> dict[str, float | None]:

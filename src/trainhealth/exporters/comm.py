@@ -12,11 +12,18 @@ Three capture paths, because none alone sees everything:
 
 The training-path cost is a few dictionary and clock operations (see
 benchmarks/comm_overhead.py); metrics, the in-flight view and the abnormal
-filter are computed by a flush thread once a second. Records are tuples
-``(step, op, group, seq, start, duration, bytes, peer)``; a group id is the same
+filter are computed by a flush thread once a second, which also rewrites the
+trace every ``trace_write_interval_s``. Records are tuples
+``(step, op, group, seq, start, duration, bytes, peer, is_async)``, the first
+eight the trace columns; a group id is the same
 string on every member (``<desc>:<name>`` of the process group, and
 ``<pg>:<src>-><dst>`` for point-to-point), and ``seq`` numbers the group's
 operations, so one collective has the same (group, seq) on all its members.
+
+A :class:`~trainhealth.Monitor` adds host-timed rows through :meth:`CollectiveLogger.add_marker`:
+one ``step`` marker per training step, ``forward`` and ``optimizer``. From the
+markers the flush thread splits each step into the time the rank waited in
+collectives and the time it computed (:func:`step_wait`).
 """
 
 from __future__ import annotations
@@ -37,12 +44,14 @@ import pandas as pd
 from trainhealth import catalog
 from trainhealth.exporters.comm_abnormal import AbnormalFilter
 from trainhealth.state import MetricStore
+from trainhealth.traces.format import COMMUNICATION_OPS
 
-__all__ = ["COMMUNICATION_FUNCTIONS", "CollectiveLogger", "RECORD_FIELDS"]
+__all__ = ["COMMUNICATION_FUNCTIONS", "CollectiveLogger", "RECORD_FIELDS", "step_wait"]
 
 log = logging.getLogger(__name__)
 
 RECORD_FIELDS = ("step", "op", "group", "seq", "start", "duration", "bytes", "peer")
+_COMMUNICATION = frozenset(COMMUNICATION_OPS)
 
 
 @dataclass(frozen=True)
@@ -102,9 +111,12 @@ class CollectiveLogger:
         abnormal: AbnormalFilter | None = None,
         abnormal_keep: int = 10_000,
         detectors: Any = None,
+        trace_write_interval_s: float = 0.0,
     ) -> None:
         if ring_size < 1:
             raise ValueError("ring_size must be >= 1")
+        if not trace_write_interval_s >= 0:
+            raise ValueError("trace_write_interval_s must be >= 0")
         self.step = 0
         #: Fault injection (trainhealth.faults): seconds to sleep inside each collective, as a slow link would
         self.injected_delay: Callable[[], float] | None = None
@@ -136,6 +148,12 @@ class CollectiveLogger:
         self._flush_interval = flush_interval_s
         self._poller = _CompletionPoller()
         self._inside = threading.local()  # set while a wrapped call runs, so nested ones pass through
+        self._trace_write_interval = trace_write_interval_s
+        self._last_trace_write = time.monotonic()
+        self._write_lock = threading.Lock()
+        # (start, end, is_async) of collectives the flush thread has not yet given to a step marker
+        self._unassigned: deque[tuple[float, float, bool]] = deque(maxlen=ring_size)
+        self._marked = False  # whether a step marker has arrived: without any, keep one flush of intervals
 
     # --- lifecycle ------------------------------------------------------------------
     def start(self) -> None:
@@ -155,6 +173,23 @@ class CollectiveLogger:
     def _run(self) -> None:
         while not self._stop.wait(self._flush_interval):
             self.flush()
+            self._write_if_due()
+
+    def _write_if_due(self) -> None:
+        """Rewrite the trace when ``trace_write_interval_s`` has passed since the last write (flush thread)."""
+        if not self._trace_write_interval or self.trace_dir is None:
+            return
+        now = time.monotonic()
+        if now - self._last_trace_write < self._trace_write_interval:
+            return
+        self._last_trace_write = now
+        try:
+            self.write_trace()
+        except Exception as exc:
+            if self.store is not None:
+                self.store.record_error("comm_trace", exc)
+            else:
+                log.warning("trainhealth: writing the collective trace failed", exc_info=True)
 
     @property
     def rank(self) -> int:
@@ -215,7 +250,7 @@ class CollectiveLogger:
             self._current = None
         self._completed[group] = seq
         if group not in self._device_timed:
-            record = (self.step, op, group, seq, t0, duration, nbytes, peer)
+            record = (self.step, op, group, seq, t0, duration, nbytes, peer, is_async)
             self._ring.append(record)
             self._pending.append(record)
             self._recorded += 1
@@ -230,13 +265,25 @@ class CollectiveLogger:
     def add_device_record(self, op: str, group: str, seq: int, start_monotonic: float, duration: float) -> None:
         """A record from the NCCL completion hook (start on the monotonic clock, duration from CUDA events)."""
         self._completed[group] = max(seq, self._completed.get(group, -1))
-        record = (self.step, op, group, seq, start_monotonic, duration, 0, None)
+        # the host does not wait for a device-timed collective as it runs: it counts as asynchronous
+        record = (self.step, op, group, seq, start_monotonic, duration, 0, None, True)
         self._ring.append(record)
         self._pending.append(record)
         self._recorded += 1
 
     def device_timed(self, group: str) -> None:
         self._device_timed.add(group)
+
+    def add_marker(self, op: str, step: int, t0: float, duration: float) -> None:
+        """Record a host-timed row that is no collective: a ``step`` marker, a ``forward`` or an ``optimizer``.
+
+        ``t0`` is on the clock of the collective records (``time.perf_counter``); group, seq,
+        bytes and peer stay empty. Two deque appends: cheap enough for the training path.
+        """
+        record = (step, op, None, None, t0, duration, None, None, False)
+        self._ring.append(record)
+        self._pending.append(record)
+        self._recorded += 1
 
     # --- wrapping ---------------------------------------------------------------------
     def wrap(self, name: str, original: Callable[..., Any]) -> Callable[..., Any]:
@@ -295,7 +342,7 @@ class CollectiveLogger:
                 logger._current = None
                 completed[group] = seq
                 if group not in device_timed:
-                    record = (logger.step, op, group, seq, t0, end - t0, nbytes, None)
+                    record = (logger.step, op, group, seq, t0, end - t0, nbytes, None, False)
                     ring_append(record)
                     pending_append(record)
                     logger._recorded += 1
@@ -441,10 +488,11 @@ class CollectiveLogger:
         return self._frame(list(self._ring))
 
     def _frame(self, rows: list[tuple]) -> pd.DataFrame:
-        frame = pd.DataFrame.from_records(rows, columns=list(RECORD_FIELDS))
+        width = len(RECORD_FIELDS)
+        frame = pd.DataFrame.from_records([row[:width] for row in rows], columns=list(RECORD_FIELDS))
         frame["start"] = frame["start"].astype(np.float64) + self._clock_offset
-        frame["peer"] = pd.array(frame["peer"].tolist(), dtype="Int64")
-        frame["bytes"] = pd.array(frame["bytes"].tolist(), dtype="Int64")
+        for name in ("seq", "peer", "bytes"):
+            frame[name] = pd.array(frame[name].tolist(), dtype="Int64")
         frame.insert(0, "rank", self.rank)
         frame["host"] = self.host or None
         frame["gpu"] = pd.array([self.gpu] * len(frame), dtype="Int64")
@@ -455,7 +503,11 @@ class CollectiveLogger:
         return max(0, self._recorded - self._ring.maxlen) if self._ring.maxlen else 0
 
     def write_trace(self, trace_dir: str | Path | None = None) -> Path | None:
-        """Write the ring as ``rank-<rank>.parquet`` and the abnormal records as ``abnormal/rank-<rank>.parquet``."""
+        """Write the ring as ``rank-<rank>.parquet`` and the abnormal records as ``abnormal/rank-<rank>.parquet``.
+
+        Each file is written to a new file beside it (created exclusively, never through an
+        existing link) and then renamed over it, so a reader sees the old trace or the new one.
+        """
         from trainhealth.traces.io import write_trace
 
         directory = Path(trace_dir) if trace_dir is not None else self.trace_dir
@@ -463,10 +515,11 @@ class CollectiveLogger:
         if directory is None or not rows:
             return None
         path = directory / f"rank-{self.rank}.parquet"
-        write_trace(self._frame(rows), path)
-        abnormal = list(self.abnormal_records)
-        if abnormal:
-            write_trace(self._frame(abnormal), directory / "abnormal" / f"rank-{self.rank}.parquet")
+        with self._write_lock:
+            write_trace(self._frame(rows), path)
+            abnormal = list(self.abnormal_records)
+            if abnormal:
+                write_trace(self._frame(abnormal), directory / "abnormal" / f"rank-{self.rank}.parquet")
         if self.records_dropped:
             log.warning("trainhealth: the ring buffer held the last %d of %d collectives; raise "
                         "TRAINHEALTH_COMM_RING_SIZE to keep them all", len(rows), self._recorded)
@@ -482,9 +535,17 @@ class CollectiveLogger:
                     batch.append(self._pending.popleft())
                 except IndexError:
                     break
-            self._flushed_total += len(batch)
-            if batch:
-                self._aggregate(batch)
+            collectives = [record for record in batch if record[1] in _COMMUNICATION]
+            markers = [record for record in batch if record[1] == "step"]
+            self._flushed_total += len(collectives)
+            if collectives:
+                self._aggregate(collectives)
+            if not markers and not self._marked:
+                self._unassigned.clear()  # nobody marks steps (yet): hold only what the first marker may need
+            self._unassigned.extend((record[4], record[4] + record[5], record[8]) for record in collectives)
+            if markers:
+                self._marked = True
+                self._account_steps(markers)
             if self.store is not None:
                 self._export_inflight()
                 dropped = self.records_dropped
@@ -518,6 +579,28 @@ class CollectiveLogger:
                 if flagged:
                     self.store.inc(catalog.COMM_ABNORMAL_OPS, len(flagged), labels)
 
+    def _account_steps(self, markers: list[tuple]) -> None:
+        """Split each marked step into the time this rank waited in collectives and the time it computed."""
+        intervals = sorted(self._unassigned)
+        self._unassigned.clear()
+        taken = 0
+        wait_total = compute_total = 0.0
+        wait = compute = 0.0
+        for marker in sorted(markers, key=lambda record: record[4]):
+            t0, t1 = marker[4], marker[4] + marker[5]
+            first = taken
+            while taken < len(intervals) and intervals[taken][0] < t1:
+                taken += 1
+            wait = step_wait(intervals[first:taken], t0, t1)
+            compute = max(0.0, marker[5] - wait)
+            wait_total += wait
+            compute_total += compute
+        self._unassigned.extend(intervals[taken:])  # collectives of steps whose marker is yet to come
+        if self.store is not None:
+            self.store.inc(catalog.TRAIN_STEP_WAIT, wait_total)
+            self.store.inc(catalog.TRAIN_STEP_COMPUTE, compute_total)
+            self.store.write([(catalog.TRAIN_LAST_STEP_WAIT, (), wait), (catalog.TRAIN_LAST_STEP_COMPUTE, (), compute)])
+
     def _export_inflight(self) -> None:
         now = time.perf_counter()
         waiting: dict[tuple[str, str], float] = {}
@@ -537,6 +620,33 @@ class CollectiveLogger:
     def abnormal_fraction(self) -> float:
         """Share of the flushed records flagged abnormal: what would leave the node under Holmes's scheme."""
         return self._abnormal_total / self._flushed_total if self._flushed_total else 0.0
+
+
+def step_wait(intervals: list[tuple[float, float, bool]], t0: float, t1: float) -> float:
+    """Seconds of the step ``[t0, t1]`` a rank was blocked in the collectives ``(start, end, is_async)``.
+
+    A synchronous collective blocks the rank throughout; an asynchronous one (a DDP bucket
+    all-reduce, an isend) overlaps the rank's compute until its last asynchronous collective of
+    the step was started — when backward finished producing gradients — so only its part after
+    that moment counts. Overlaps count once.
+
+    >>> step_wait([(0.0, 0.2, False), (0.1, 0.3, False)], 0.0, 1.0)  # one blocked stretch, 0.0 to 0.3
+    0.3
+    >>> round(step_wait([(0.1, 0.6, True), (0.5, 0.8, True)], 0.0, 1.0), 6)  # buckets: waiting from 0.5 on
+    0.3
+    """
+    pieces = [(max(start, t0), min(end, t1)) for start, end, is_async in intervals if not is_async]
+    started = [start for start, _, is_async in intervals if is_async]
+    if started:
+        last = max(max(started), t0)
+        pieces += [(max(start, last), min(end, t1)) for start, end, is_async in intervals if is_async]
+    blocked, reach = 0.0, -float("inf")
+    for start, end in sorted(pieces):
+        start = max(start, reach)
+        if end > start:
+            blocked += end - start
+            reach = end
+    return blocked
 
 
 class _CompletionPoller:

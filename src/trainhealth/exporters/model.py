@@ -135,6 +135,14 @@ class Monitor:
     SDC checks (see :mod:`trainhealth.exporters.model_health`); ``sdc_group`` is
     the process group of the ranks holding identical replicas when that is not
     every rank. Report checkpoints with :meth:`checkpoint_saved`.
+
+    With the collective logger active (``comm=True``, or :func:`trainhealth.comm.install`
+    called first) each step also leaves rows in the collective trace, on the clock of its
+    collective records: a ``step`` marker from the previous :meth:`step` call to this one
+    (the first step begins at the model's first forward pass, else at the Monitor's
+    creation), the root module's ``forward`` passes and ``optimizer.step()`` as
+    ``optimizer``; from them the logger exports how long each step computed and how long
+    it waited in collectives (``trainhealth_train_step_{compute,wait}_seconds_total``).
     """
 
     def __init__(
@@ -178,6 +186,9 @@ class Monitor:
         self._latest: StepStats | None = None
         self._closed = False
         self._hook_handles: list[Any] = []
+        self._first_step_began: float | None = None  # the first forward pass, when it precedes the first step
+        self._forward_began: float | None = None
+        self._optimizer_began: float | None = None
 
         self.events = EventLog()
         self.detectors = SignalDetectors(parse_spec(settings.detectors), store=self.store, events=self.events)
@@ -202,10 +213,16 @@ class Monitor:
             self._owns_comm = comm_module.installed() is None
             self.comm = comm_module.install(store=self.store, settings=settings, detectors=self.detectors)
         if optimizer is not None:
-            self._hook_handles = [
-                optimizer.register_step_pre_hook(self._before_optimizer_step),
-                optimizer.register_step_post_hook(self._after_optimizer_step),
-            ]
+            # the timing hooks run inside the statistics hooks, so the optimizer row times the update alone
+            self._hook_handles.append(optimizer.register_step_pre_hook(self._before_optimizer_step))
+            if self.comm is not None:
+                self._hook_handles += [optimizer.register_step_pre_hook(self._optimizer_step_begins),
+                                       optimizer.register_step_post_hook(self._optimizer_step_ends)]
+            self._hook_handles.append(optimizer.register_step_post_hook(self._after_optimizer_step))
+        if self.comm is not None and model is not None and hasattr(model, "register_forward_pre_hook"):
+            self._hook_handles += [model.register_forward_pre_hook(self._forward_begins),
+                                   model.register_forward_hook(self._forward_ends)]
+        self._created = time.perf_counter()
         self._atexit = _close_at_exit(self)
 
     # --- public ---------------------------------------------------------------------
@@ -341,15 +358,51 @@ class Monitor:
             self._stats.release()
             self.store.record_error("optimizer_hook", exc)
 
+    # --- host-timed rows for the collective trace (only while the logger is active) ---
+    def _forward_begins(self, module: Any, args: Any) -> None:
+        try:
+            now = time.perf_counter()
+            self._forward_began = now
+            if self._first_step_began is None and self._last_step_time is None:
+                self._first_step_began = now
+        except Exception as exc:
+            self.store.record_error("monitor", exc)
+
+    def _forward_ends(self, module: Any, args: Any, output: Any) -> None:
+        try:
+            began, self._forward_began = self._forward_began, None
+            if began is not None and self.comm is not None:
+                self.comm.add_marker("forward", self.comm.step, began, time.perf_counter() - began)
+        except Exception as exc:
+            self.store.record_error("monitor", exc)
+
+    def _optimizer_step_begins(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        self._optimizer_began = time.perf_counter()
+
+    def _optimizer_step_ends(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        try:
+            began, self._optimizer_began = self._optimizer_began, None
+            if began is not None and self.comm is not None:
+                self.comm.add_marker("optimizer", self.comm.step, began, time.perf_counter() - began)
+        except Exception as exc:
+            self.store.record_error("monitor", exc)
+
     # --- per step -------------------------------------------------------------------
     def _record_step(self, loss: Any, tokens: int | None, grad_norm: Any, step: int | None) -> None:
         if tokens is not None and (isinstance(tokens, bool) or not isinstance(tokens, (int, float)) or tokens < 0):
             raise ValueError(f"tokens must be a non-negative number, got {tokens!r}")
         now = time.perf_counter()
-        duration = None if self._last_step_time is None else now - self._last_step_time
+        previous = self._last_step_time
+        duration = None if previous is None else now - previous
         self._last_step_time = now
         index = self._reported_steps
         self._reported_steps += 1
+        step_index = index if step is None else int(step)
+        if self.comm is not None:
+            if previous is None:
+                previous = self._created if self._first_step_began is None else self._first_step_began
+            self.comm.add_marker("step", step_index, previous, now - previous)
+            self.comm.step = step_index + 1  # the collectives that follow belong to the next step
         results, self._hook_results = self._hook_results, _HookResults()
         if self._optimizer is None and self._stats.params:
             results = self._gradient_results_without_optimizer(index)
@@ -399,9 +452,6 @@ class Monitor:
                     learning_rates.append(None)
                 else:
                     learning_rates.append(None if lr is None else float(lr))
-        step_index = index if step is None else int(step)
-        if self.comm is not None:
-            self.comm.step = step_index + 1  # the collectives that follow belong to the next step
         pending = _PendingStep(
             step=step_index,
             index=index,

@@ -2,7 +2,9 @@
 
 Each run reads a fresh window from its source (Prometheus or trace files),
 localizes it and replaces the published series: ``trainhealth_suspect_score``
-per suspect, ``trainhealth_analysis_verdict`` (1 for the current verdict),
+per suspect (with ``trainhealth_suspect_slowdown`` and ``trainhealth_suspect_since_step``
+where the localizer measured them), each rank's compute and wait per step
+(``trainhealth_analysis_rank_compute_seconds`` / ``_wait_seconds``), ``trainhealth_analysis_verdict`` (1 for the current verdict),
 and when and how long the last run was. It keeps no state between runs beyond
 what it publishes, so it can be killed and restarted at any time: the next run
 rebuilds everything from the source.
@@ -57,6 +59,7 @@ class Analyzer:
         self.store = store
         self.thresholds = thresholds or Thresholds()
         self._published: set[tuple[str, ...]] = set()
+        self._ranks: set[tuple[str, ...]] = set()
 
     def run_once(self, strict: bool = False) -> LocalizationResult | None:
         """One run: read, localize, publish. A failed read is logged and counted (the last result stays),
@@ -64,7 +67,7 @@ class Analyzer:
         began = time.perf_counter()
         try:
             window = self.source.read()
-            result = localize(window.records, window.topology, self.thresholds)
+            result = localize(window.records, window.topology, self.thresholds, window.probe)
         except (SourceError, TraceError) as exc:
             if strict:
                 raise
@@ -88,12 +91,27 @@ class Analyzer:
     def publish(self, result: LocalizationResult, gpus: dict[int, int], seconds: float) -> None:
         for verdict in VERDICTS:
             self.store.set(catalog.ANALYSIS_VERDICT, 1.0 if verdict == result.verdict else 0.0, (verdict,))
-        current = {_labels(suspect, gpus): suspect.score for suspect in result.suspects}
+        current = {_labels(suspect, gpus): suspect for suspect in result.suspects}
         for labels in self._published - set(current):
-            self.store.remove(catalog.SUSPECT_SCORE, labels)
-        for labels, score in current.items():
-            self.store.set(catalog.SUSPECT_SCORE, score, labels)
+            for spec in (catalog.SUSPECT_SCORE, catalog.SUSPECT_SLOWDOWN, catalog.SUSPECT_SINCE_STEP):
+                self.store.remove(spec, labels)
+        for labels, suspect in current.items():
+            self.store.set(catalog.SUSPECT_SCORE, suspect.score, labels)
+            for spec, value in ((catalog.SUSPECT_SLOWDOWN, suspect.slowdown),
+                                (catalog.SUSPECT_SINCE_STEP, suspect.since_step)):
+                if value is None:
+                    self.store.remove(spec, labels)
+                else:
+                    self.store.set(spec, float(value), labels)
         self._published = set(current)
+        ranks = {(str(row["rank"]),): row for row in result.details.get("compute_and_wait", [])}
+        for labels in self._ranks - set(ranks):
+            self.store.remove(catalog.ANALYSIS_RANK_COMPUTE, labels)
+            self.store.remove(catalog.ANALYSIS_RANK_WAIT, labels)
+        for labels, row in ranks.items():
+            self.store.set(catalog.ANALYSIS_RANK_COMPUTE, float(row["compute_seconds"]), labels)
+            self.store.set(catalog.ANALYSIS_RANK_WAIT, float(row["wait_seconds"]), labels)
+        self._ranks = set(ranks)
         self.store.set(catalog.ANALYSIS_IRREGULAR_STEPS, float(len(result.irregular_steps)))
         self.store.set(catalog.ANALYSIS_RANKS, float(result.details.get("window", {}).get("ranks", 0)))
         self.store.set(catalog.ANALYSIS_DURATION, seconds)

@@ -33,9 +33,11 @@ class Thresholds:
     explain_share: float = 0.6  # a host or switch explains a NIC when its excess is this share of the NIC's
     explain_z: float = 20.0  # a GPU this clearly slow explains its own slow transfers (its peers waited in them)
     max_suspects: int = 5
+    straggler_z: float = 6.0  # measured traces (step markers, arrivals): z of a rank's busy time over its peers'
+    path_z: float = 6.0  # measured traces: z of a communicator's transfer time over its own usual
 
     def __post_init__(self) -> None:
-        for name in ("gpu_z", "collectives_z", "link_z", "irregular"):
+        for name in ("gpu_z", "collectives_z", "link_z", "irregular", "straggler_z", "path_z"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be positive")
         if not 0 < self.decay <= 1:
@@ -52,11 +54,16 @@ class Candidate:
     host: str | None
     z: float
     evidence: str
-    basis: str = "transfers"  # what the z-score comes from: compute (records), derived (from collectives), transfers
+    basis: str = "transfers"  # what the z-score comes from: compute (records), derived (from collectives),
+    # transfers, measured (busy time from step markers and arrivals), measured-path, probe
+    slowdown: float | None = None  # how many times longer it computes / transfers take (measured path)
+    since: int | None = None  # the trace step the slowness began (measured path; None: throughout the window)
 
     def strength(self, thresholds: Thresholds) -> float:
         """z over the threshold of its basis: 1 or more blames it."""
-        threshold = {"compute": thresholds.gpu_z, "derived": thresholds.collectives_z}.get(self.basis, thresholds.link_z)
+        threshold = {"compute": thresholds.gpu_z, "derived": thresholds.collectives_z,
+                     "measured": thresholds.straggler_z, "measured-path": thresholds.path_z,
+                     "probe": 1.0}.get(self.basis, thresholds.link_z)
         return self.z / threshold
 
 

@@ -25,7 +25,8 @@ ANALYZER_PORT = 9448
 def _thresholds(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     from trainhealth.localize.localizer import Thresholds
 
-    given = {name: getattr(args, name) for name in ("gpu_z", "collectives_z", "link_z") if getattr(args, name) is not None}
+    given = {name: getattr(args, name) for name in ("gpu_z", "collectives_z", "link_z", "straggler_z", "path_z")
+             if getattr(args, name, None) is not None}
     try:
         return Thresholds(**given)
     except ValueError as exc:
@@ -43,7 +44,7 @@ def _cmd_localize(args: argparse.Namespace) -> int:
             raise UsageError("--last must be at least 1")
         steps = sorted(records["step"].unique())[-args.last:]
         records = records[records["step"].isin(steps)].reset_index(drop=True)
-    result = localize(records, trace.topology, _thresholds(args))
+    result = localize(records, trace.topology, _thresholds(args), _probe(args))
     if args.json:
         print(json.dumps(result.to_dict(), indent=2, sort_keys=True))
     else:
@@ -51,6 +52,28 @@ def _cmd_localize(args: argparse.Namespace) -> int:
     for note in notes:
         print(f"note: {note}", file=sys.stderr)
     return 0
+
+
+def _probe(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+    """The link probe given with --probe, else probe.json in a trace directory, else None."""
+    from trainhealth.localize.sources import PROBE_FILE, load_probe
+
+    if args.probe is not None:
+        path = Path(args.probe)
+        if not path.is_file():
+            raise UsageError(f"--probe {args.probe}: no such file")
+        probe, problem = load_probe(path)
+        if problem:
+            raise UsageError(f"--probe {problem.removeprefix('ignored ')}")
+        return probe
+    for trace in args.traces:
+        if Path(trace).is_dir():
+            probe, problem = load_probe(Path(trace) / PROBE_FILE)
+            if problem:
+                print(f"note: {problem}", file=sys.stderr)
+            if probe is not None:
+                return probe
+    return None
 
 
 def _parse_fault(text: str):  # type: ignore[no-untyped-def]
@@ -163,6 +186,12 @@ def _add_thresholds(parser: argparse.ArgumentParser) -> None:
                         help="the same when compute is derived from collectives alone (no compute records)")
     parser.add_argument("--link-z", type=float, default=None, metavar="Z",
                         help="z-score that blames a NIC, host or switch (default: the benchmarked threshold)")
+    parser.add_argument("--straggler-z", type=float, default=None, metavar="Z",
+                        help="traces with step markers: z-value of a rank's busy time over its peers', against the "
+                             "run's own noise, that blames its GPU (default 6, chosen on the real-run lab)")
+    parser.add_argument("--path-z", type=float, default=None, metavar="Z",
+                        help="traces with step markers: z-value of a communicator's slower transfers that blames "
+                             "its path (default 6)")
 
 
 def add_commands(commands: argparse._SubParsersAction, parser_class: type[argparse.ArgumentParser]) -> None:  # type: ignore[type-arg]
@@ -179,6 +208,9 @@ def add_commands(commands: argparse._SubParsersAction, parser_class: type[argpar
     localize.add_argument("--from", dest="input_format", choices=kinds, default="auto", help="input format (default: detect)")
     localize.add_argument("--last", type=int, metavar="STEPS", help="only the last STEPS steps (default: all)")
     localize.add_argument("--json", action="store_true", help="the localization result as JSON")
+    localize.add_argument("--probe", metavar="FILE",
+                          help="a link probe result (trainhealth probe --out) that names the slow link where "
+                               "timings alone cannot (default: probe.json in a trace directory)")
     _add_thresholds(localize)
     localize.set_defaults(handler=_cmd_localize)
 

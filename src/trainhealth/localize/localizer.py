@@ -32,6 +32,7 @@ The rules are Holmes's (NSDI'25), applied to whole windows of steps with numpy:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -44,6 +45,7 @@ from trainhealth.localize.candidates import Candidate, Thresholds
 from trainhealth.localize.evidence import gather_evidence
 from trainhealth.localize.gpus import gpu_candidates
 from trainhealth.localize.imbalance import imbalance_reasons
+from trainhealth.localize.measured import analyze_measured
 from trainhealth.localize.paths import path_candidates
 from trainhealth.localize.result import LocalizationResult, Suspect
 from trainhealth.traces.topology import Topology
@@ -59,20 +61,64 @@ class Analysis:
     imbalance: tuple[str, ...]  # reasons to call the irregularity uneven work
     irregular_steps: tuple[int, ...]
     details: dict[str, Any]
+    insufficient: str | None = None  # why the window cannot support a verdict
 
 
 def localize(records: pd.DataFrame, topology: Topology | Mapping[str, Any] | None = None,
-             thresholds: Thresholds | None = None) -> LocalizationResult:
-    """Localize the cause of irregular steps in ``records`` (trace format v1, canonical dtypes)."""
+             thresholds: Thresholds | None = None, probe: Any = None) -> LocalizationResult:
+    """Localize the cause of irregular steps in ``records`` (trace format v1, canonical dtypes).
+
+    ``probe`` is a :class:`trainhealth.exporters.comm_probe.ProbeResult` (or ``None``): a pairwise link
+    measurement that names the slow link where timings alone can only say "communication".
+    """
     thresholds = thresholds or Thresholds()
-    return decide(analyze(records, topology, thresholds), thresholds)
+    return decide(analyze(records, topology, thresholds, probe), thresholds)
+
+
+def recorded_passes(records: pd.DataFrame) -> bool:
+    """True for traces that time the compute itself but mark no steps: every forward and backward pass
+    (simulator, profilers) or each step's compute (the Prometheus source's per-rank compute seconds)."""
+    ops = set(records["op"].unique())
+    return bool(ops & {"backward", "compute"}) and "step" not in ops
 
 
 def analyze(records: pd.DataFrame, topology: Topology | Mapping[str, Any] | None,
-            thresholds: Thresholds) -> Analysis:
+            thresholds: Thresholds, probe: Any = None) -> Analysis:
     """Score every candidate GPU and network component, and look for uneven work."""
     if isinstance(topology, Mapping):
         topology = Topology.from_dict(dict(topology))
+    if records.empty:
+        return Analysis((), (), (), {}, "the trace window is empty")
+    if not recorded_passes(records):
+        analysis = _measured(records, topology, thresholds)
+    else:
+        analysis = _recorded(records, topology, thresholds)
+    return _with_probe(analysis, probe) if probe is not None else analysis
+
+
+def _measured(records: pd.DataFrame, topology: Topology | None, thresholds: Thresholds) -> Analysis:
+    found = analyze_measured(records, topology, thresholds)
+    details = dict(found.details)
+    if topology is not None and topology.simulated:
+        details["simulated"] = True
+    return Analysis(found.candidates, found.imbalance, found.irregular_steps, details, found.insufficient)
+
+
+def _with_probe(analysis: Analysis, probe: Any) -> Analysis:
+    """A probe that names a slow link confirms (or adds) the communication finding with that rank."""
+    details = {**analysis.details, "probe": probe.to_dict()}
+    slow = probe.slow_ranks()
+    if slow is None:
+        return Analysis(analysis.candidates, analysis.imbalance, analysis.irregular_steps, details,
+                        analysis.insufficient)
+    named = Candidate("link", f"nic:rank-{slow.rank}", (slow.rank,), slow.host, float("inf"),
+                      f"the pairwise probe confirms it: {slow.evidence}", "probe",
+                      slowdown=slow.factor if math.isfinite(slow.factor) else None)
+    others = tuple(c for c in analysis.candidates if c.kind != "link")
+    return Analysis((named,) + others, analysis.imbalance, analysis.irregular_steps, details, None)
+
+
+def _recorded(records: pd.DataFrame, topology: Topology | None, thresholds: Thresholds) -> Analysis:
     evidence = gather_evidence(records, topology.hosts if topology else None, topology.switches if topology else None)
     median_step = float(np.median(evidence.step_time)) if len(evidence.step_time) else 0.0
     irregular = tuple(int(s) for s in evidence.steps[evidence.step_time > thresholds.irregular * median_step])
@@ -95,12 +141,18 @@ def analyze(records: pd.DataFrame, topology: Topology | Mapping[str, Any] | None
 
 
 def decide(analysis: Analysis, thresholds: Thresholds) -> LocalizationResult:
-    """The verdict: the strongest candidate over its threshold, else imbalance, else healthy."""
+    """The verdict: the strongest candidate over its threshold, else imbalance, else healthy; "insufficient
+    data" with the reason when the window cannot tell."""
+    if analysis.insufficient is not None:
+        details = {**analysis.details, "reasons": [analysis.insufficient]}
+        return LocalizationResult("insufficient_data", (), (), advice_for("insufficient_data"), details)
     ranked = sorted(analysis.candidates, key=lambda c: c.strength(thresholds), reverse=True)
     if ranked and ranked[0].strength(thresholds) >= 1.0:
         verdict = "compute" if ranked[0].kind == "gpu" else "communication"
+        # the recorded path lists near misses too; the measured path only what passes its threshold (a healthy
+        # rank beside the culprit, however close, is not a suspect)
         suspects = tuple(_suspect(c, thresholds) for c in ranked[: thresholds.max_suspects]
-                         if c.strength(thresholds) >= 0.5)
+                         if c.strength(thresholds) >= (1.0 if c.basis.startswith("measured") else 0.5))
         reasons: list[str] = []
     else:
         verdict = "imbalance" if analysis.imbalance else "healthy"
@@ -111,5 +163,6 @@ def decide(analysis: Analysis, thresholds: Thresholds) -> LocalizationResult:
 
 def _suspect(candidate: Candidate, thresholds: Thresholds) -> Suspect:
     strength = candidate.strength(thresholds)
-    return Suspect(candidate.kind, candidate.ranks, candidate.host, None, strength**2 / (strength**2 + 1.0),
-                   candidate.evidence, candidate.component)
+    score = 1.0 if math.isinf(strength) else strength**2 / (strength**2 + 1.0)
+    return Suspect(candidate.kind, candidate.ranks, candidate.host, None, score, candidate.evidence,
+                   candidate.component, candidate.slowdown, candidate.since)

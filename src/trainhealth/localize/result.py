@@ -12,7 +12,7 @@ from typing import Any
 
 __all__ = ["VERDICTS", "LocalizationResult", "Suspect"]
 
-VERDICTS = ("healthy", "compute", "communication", "imbalance")
+VERDICTS = ("healthy", "compute", "communication", "imbalance", "insufficient_data")
 
 
 @dataclass(frozen=True)
@@ -26,12 +26,18 @@ class Suspect:
     score: float
     evidence: str
     component: str | None = None  # e.g. "gpu:rank-5", "nic:rank-9", "switch:leaf-2", "host:node-3"
+    slowdown: float | None = None  # how many times as long it computes (or its transfers take), where measured
+    since_step: int | None = None  # the step the slowness began, where an onset was found
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"kind": self.kind, "ranks": list(self.ranks), "host": self.host, "group": self.group,
                                "score": round(self.score, 4), "evidence": self.evidence}
         if self.component is not None:
             out["component"] = self.component
+        if self.slowdown is not None:
+            out["slowdown"] = round(self.slowdown, 4)
+        if self.since_step is not None:
+            out["since_step"] = self.since_step
         return out
 
 

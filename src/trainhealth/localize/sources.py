@@ -9,8 +9,11 @@ Both return trace format v1 records, so one localizer serves both.
 * :class:`PrometheusSource` asks Prometheus for the per-rank aggregates every
   rank exports: the mean duration of each collective (op, group) over each
   ``step`` seconds — one "instance" of the group per interval, the same on every
-  member — and the time per training step spent outside collectives, as
-  ``compute`` records. In this mode a trace "step" is one query interval.
+  member — and each rank's compute per training step, as ``compute`` records:
+  the compute the rank measures itself (step time less the time it was blocked
+  in collectives, ``trainhealth_train_step_compute_seconds_total``), or, from
+  ranks of older versions, the mean step time less the collective time per step.
+  In this mode a trace "step" is one query interval.
 """
 
 from __future__ import annotations
@@ -36,7 +39,10 @@ from trainhealth.traces.format import TraceError, validate
 from trainhealth.traces.io import is_trace_file, read_trace_file
 from trainhealth.traces.topology import TOPOLOGY_FILE, Topology
 
-__all__ = ["PrometheusClient", "PrometheusSource", "SourceError", "TraceDirectory", "Window"]
+#: the link probe's result, read from a trace directory beside the traces (``trainhealth probe --out``)
+PROBE_FILE = "probe.json"
+
+__all__ = ["PROBE_FILE", "PrometheusClient", "PrometheusSource", "SourceError", "TraceDirectory", "Window", "load_probe"]
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +58,7 @@ class Window:
     records: pd.DataFrame
     topology: Topology | None
     notes: tuple[str, ...] = ()
+    probe: Any = None  # a ProbeResult found beside the traces (probe.json), naming a slow link
 
 
 @dataclass(frozen=True)
@@ -84,7 +91,22 @@ class TraceDirectory:
                 topology = Topology.load(self.directory / TOPOLOGY_FILE)
             except TraceError as exc:
                 notes.append(f"ignored {exc}")
-        return Window(records, topology, tuple(notes))
+        probe, problem = load_probe(self.directory / PROBE_FILE)
+        if problem:
+            notes.append(problem)
+        return Window(records, topology, tuple(notes), probe)
+
+
+def load_probe(path: Path) -> tuple[Any, str | None]:
+    """The link probe result at ``path`` when there is one, else None; a bad file is a note, not fatal."""
+    if not path.is_file():
+        return None, None
+    from trainhealth.exporters.comm_probe import ProbeResult
+
+    try:
+        return ProbeResult.load(path), None
+    except (OSError, ValueError) as exc:
+        return None, f"ignored {path}: {exc}"
 
 
 @dataclass(frozen=True)
@@ -170,23 +192,38 @@ class PrometheusSource:
         if not collectives:
             raise SourceError(f"no {catalog.COMM_OP_DURATION.prometheus_name} series in {self.describe()} over the "
                               f"last {self.window:g}s: are the ranks running trainhealth.comm and being scraped?")
-        step_mean = self.client.query_range(
-            f"sum by ({by_rank}) (rate({self._select(step_sum)}{interval})) / "
-            f"sum by ({by_rank}) (rate({self._select(step_count)}{interval}))", start, end, self.step)
-        comm_per_step = self.client.query_range(
-            f"sum by ({by_rank}) (rate({self._select(comm_sum)}{interval})) / "
-            f"sum by ({by_rank}) (rate({self._select(step_count)}{interval}))", start, end, self.step)
+        compute = self._measured_compute(interval, start, end, by_rank)
+        if not compute:  # ranks without the measured split: the mean step time minus the collective time per step
+            step_mean = self.client.query_range(
+                f"sum by ({by_rank}) (rate({self._select(step_sum)}{interval})) / "
+                f"sum by ({by_rank}) (rate({self._select(step_count)}{interval}))", start, end, self.step)
+            comm_per_step = self.client.query_range(
+                f"sum by ({by_rank}) (rate({self._select(comm_sum)}{interval})) / "
+                f"sum by ({by_rank}) (rate({self._select(step_count)}{interval}))", start, end, self.step)
         gpus = {(row["metric"].get("job"), row["metric"].get("rank")): row["metric"].get("local_rank")
                 for row in self.client.query(self._select(catalog.RANK_INFO.prometheus_name))}
         rows = [self._row(series["metric"], t, value, start, gpus)
                 for series in collectives for t, value in series["values"]]
-        rows += self._compute_rows(step_mean, comm_per_step, start, gpus)
+        if compute:
+            rows += [self._row({**series["metric"], "op": "compute"}, t, value, start, gpus)
+                     for series in compute for t, value in series["values"]]
+        else:
+            rows += self._compute_rows(step_mean, comm_per_step, start, gpus)
         frame = pd.DataFrame([row for row in rows if row is not None])
         if frame.empty:
             raise SourceError(f"no collectives completed in {self.describe()} over the last {self.window:g}s")
         frame["seq"] = frame["step"].where(frame["op"] != "compute")
         frame.loc[frame["op"] == "compute", "group"] = None
         return Window(validate(frame, self.describe()), None)
+
+    def _measured_compute(self, interval: str, start: float, end: float, by_rank: str) -> list[dict[str, Any]]:
+        """Per rank, seconds per step computing (step time less the time blocked in collectives), as the
+        ranks measure it themselves (trainhealth_train_step_compute_seconds_total); empty when not exported."""
+        compute_total = catalog.TRAIN_STEP_COMPUTE.prometheus_name
+        steps_total = catalog.TRAIN_STEPS.prometheus_name
+        return self.client.query_range(
+            f"sum by ({by_rank}) (rate({self._select(compute_total)}{interval})) / "
+            f"sum by ({by_rank}) (rate({self._select(steps_total)}{interval}))", start, end, self.step)
 
     def _select(self, metric: str) -> str:
         return f'{metric}{{job="{self.job}"}}' if self.job else metric

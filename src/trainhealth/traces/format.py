@@ -26,6 +26,7 @@ __all__ = [
     "COLUMNS",
     "COMMUNICATION_OPS",
     "COMPUTATION_OPS",
+    "MARKER_OPS",
     "OPS",
     "REQUIRED_COLUMNS",
     "Column",
@@ -36,7 +37,10 @@ __all__ = [
 COMMUNICATION_OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "reduce", "barrier",
                      "send", "recv")
 COMPUTATION_OPS = ("forward", "backward", "optimizer", "compute")
-OPS = COMMUNICATION_OPS + COMPUTATION_OPS
+#: Rows that mark time rather than do work: ``step`` spans one training step of the rank (optional; traces
+#: without markers stay valid).
+MARKER_OPS = ("step",)
+OPS = COMMUNICATION_OPS + COMPUTATION_OPS + MARKER_OPS
 
 
 @dataclass(frozen=True)

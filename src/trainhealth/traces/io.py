@@ -19,6 +19,7 @@ import gzip
 import io
 import json
 import os
+import secrets
 import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -70,7 +71,8 @@ def read_trace_file(path: str | os.PathLike[str]) -> pd.DataFrame:
     lines = None
     try:
         if suffix == ".parquet":
-            frame = pq.read_table(path).to_pandas()
+            with open(path, "rb") as handle:  # opened once: a trace replaced meanwhile is read whole, old or new
+                frame = pq.read_table(handle).to_pandas()
         else:
             text = _read_text(path, suffix.endswith(".gz"))
             if suffix.startswith(".jsonl"):
@@ -172,27 +174,38 @@ def write_trace(records: pd.DataFrame, path: str | os.PathLike[str]) -> None:
     known = [column.name for column in COLUMNS if column.name in frame.columns]
     frame = frame[known + [name for name in frame.columns if name not in known]]
     path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(path.name + ".partial")
-    if suffix == ".parquet":
-        fields = [pa.field(c.name, _ARROW_TYPES[c.kind], nullable=not c.required) for c in COLUMNS if c.name in frame.columns]
-        schema = pa.schema(fields)
-        table = pa.Table.from_pandas(frame[[f.name for f in fields]], schema=schema, preserve_index=False)
-        extra = [name for name in frame.columns if name not in schema.names]
-        for name in extra:
-            table = table.append_column(name, pa.array(frame[name]))
-        pq.write_table(table, temporary)
-    elif suffix.startswith(".jsonl"):
-        text = frame.to_json(orient="records", lines=True, force_ascii=False)
-        _write_text(temporary, text, suffix.endswith(".gz"))
-    else:
-        _write_text(temporary, frame.to_csv(index=False), suffix.endswith(".gz"))
-    os.replace(temporary, path)  # readers never see a half-written trace
+    descriptor, temporary = _exclusive_temporary(path)
+    try:
+        with os.fdopen(descriptor, "wb") as handle:
+            if suffix == ".parquet":
+                fields = [pa.field(c.name, _ARROW_TYPES[c.kind], nullable=not c.required)
+                          for c in COLUMNS if c.name in frame.columns]
+                schema = pa.schema(fields)
+                table = pa.Table.from_pandas(frame[[f.name for f in fields]], schema=schema, preserve_index=False)
+                extra = [name for name in frame.columns if name not in schema.names]
+                for name in extra:
+                    table = table.append_column(name, pa.array(frame[name]))
+                pq.write_table(table, handle)
+            else:
+                text = frame.to_json(orient="records", lines=True, force_ascii=False) if suffix.startswith(".jsonl") \
+                    else frame.to_csv(index=False)
+                data = text.encode("utf-8")
+                handle.write(gzip.compress(data) if suffix.endswith(".gz") else data)
+        os.replace(temporary, path)  # readers never see a half-written trace
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise
 
 
-def _write_text(path: Path, text: str, compressed: bool) -> None:
-    if compressed:
-        with gzip.open(path, "wt", encoding="utf-8") as handle:
-            handle.write(text)
-    else:
-        path.write_text(text, encoding="utf-8")
+def _exclusive_temporary(path: Path) -> tuple[int, Path]:
+    """A new file beside ``path`` to write it into, created exclusively: whatever already sits at the
+    name (a link planted there, a leftover of a crashed writer) is never followed or reused."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    candidate = path.with_name(path.name + ".partial")
+    for _ in range(100):
+        try:
+            return os.open(candidate, flags, 0o644), candidate
+        except FileExistsError:
+            candidate = path.with_name(f".{path.name}.{secrets.token_hex(6)}.partial")
+    raise FileExistsError(f"{path}: no free name for a temporary file beside it")
 

@@ -1,0 +1,25 @@
+"""The real-run fault lab: real gloo ranks, real injected slowness, ground truth, scored localization.
+
+Evidence, never imported by production modules. One case: :func:`run_case`
+(:mod:`trainhealth.lab.realrun.launcher`); suites: :mod:`trainhealth.lab.realrun.cases` and
+:mod:`trainhealth.lab.realrun.suite`; the command: ``trainhealth lab run``. The names below
+load on first use, so the ``trainhealth`` command does not import pandas to list its commands.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__all__ = ["CaseOutcome", "CaseSpec", "Fault", "FaultKind", "Layout", "LivePoll", "Pattern", "Truth", "run_case",
+           "suite_cases"]
+
+_HOMES = {"CaseOutcome": "launcher", "LivePoll": "launcher", "run_case": "launcher", "suite_cases": "cases",
+          "CaseSpec": "spec", "Fault": "spec", "FaultKind": "spec", "Layout": "spec", "Pattern": "spec",
+          "Truth": "spec"}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _HOMES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{_HOMES[name]}"), name)

@@ -1,0 +1,69 @@
+"""``trainhealth lab run``: the real-run fault lab from the command line.
+
+Bad options raise :class:`trainhealth.errors.UsageError` (one line, exit 2).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+
+from trainhealth.errors import UsageError
+
+__all__ = ["add_commands", "parse_seeds"]
+
+
+def parse_seeds(text: str) -> tuple[int, ...]:
+    """``0,1,2`` or ``0-2`` -> (0, 1, 2)."""
+    seeds: list[int] = []
+    try:
+        for part in text.split(","):
+            if "-" in part.strip()[1:]:
+                first, last = part.split("-", 1)
+                seeds.extend(range(int(first), int(last) + 1))
+            else:
+                seeds.append(int(part))
+    except ValueError:
+        raise UsageError(f"--seeds {text!r}: expected numbers like 0,1,2 or 0-2") from None
+    if not seeds or any(s < 0 for s in seeds):
+        raise UsageError(f"--seeds {text!r}: expected non-negative seeds")
+    return tuple(seeds)
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from trainhealth.lab.realrun.cases import suite_cases
+    from trainhealth.lab.realrun.suite import run_suite, summary, table
+
+    seeds = parse_seeds(args.seeds) if args.seeds else ((0,) if args.suite == "small" else (0, 1, 2))
+    kinds = tuple(k.strip() for k in (args.cases or "").split(",") if k.strip())
+    cases = suite_cases(args.suite, seeds, kinds)
+    if not cases:
+        raise UsageError(f"--cases {args.cases!r} matches no case of suite {args.suite}")
+    out = args.out or tempfile.mkdtemp(prefix="trainhealth-lab-")
+
+    def report(outcome) -> None:  # type: ignore[no-untyped-def]
+        score = outcome.localize or {}
+        print(f"{outcome.case:<48} {outcome.status:<7} {outcome.wall_s:5.1f}s  verdict {score.get('verdict', '-'):<13} "
+              f"top {score.get('top') or '-':<16} live delay {outcome.live_detection_delay}"
+              + (f"  ({outcome.reason[:100]})" if outcome.reason else ""), flush=True)
+
+    rows = run_suite(cases, out, noise=args.noise, report=report)
+    print()
+    print(table(rows))
+    print()
+    print(summary(rows))
+    print(f"results: {out}/results.jsonl", file=sys.stderr)
+    return 0
+
+
+def add_commands(commands: argparse._SubParsersAction, parser_class: type) -> None:  # type: ignore[type-arg]
+    lab = commands.add_parser("lab", help="the real-run fault lab: real gloo ranks with injected faults, scored")
+    lab_commands = lab.add_subparsers(dest="lab_command", metavar="COMMAND", parser_class=parser_class, required=True)
+    run = lab_commands.add_parser("run", help="run a suite of cases and print the score table")
+    run.add_argument("--suite", choices=("small", "full"), default="small", help="which cases (default small)")
+    run.add_argument("--out", help="directory for the runs and results.jsonl (default: a new temporary directory)")
+    run.add_argument("--seeds", help="seeds, like 0,1,2 or 0-2 (default: 0 for small, 0-2 for full)")
+    run.add_argument("--cases", help="only cases whose kind or name contains one of these (comma-separated)")
+    run.add_argument("--noise", action="store_true", help="run a competing CPU-bound process beside the suite")
+    run.set_defaults(handler=_cmd_run)

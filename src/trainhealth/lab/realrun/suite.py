@@ -1,0 +1,153 @@
+"""Run a suite of real-run cases, write one JSON line per run, and tabulate the scores.
+
+The table is by fault kind (and pattern) x layout x severity band: runs, right verdict,
+top-1 right, false blame, median live detection delay (steps after the onset) and the
+naive baselines' top-1 ("cmp": the rank with the largest time outside collectives;
+"wait": the rank whose collectives are shortest).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from trainhealth.lab.realrun.launcher import HOG_CODE, CaseOutcome, run_case
+from trainhealth.lab.realrun.spec import CaseSpec
+
+__all__ = ["RESULTS_FILE", "load_results", "run_suite", "summary", "table"]
+
+RESULTS_FILE = "results.jsonl"
+
+
+def run_suite(cases: Sequence[CaseSpec], out: str | os.PathLike[str], *, noise: bool = False, live: bool = True,
+              report: Callable[[CaseOutcome], None] | None = None) -> list[dict[str, Any]]:
+    """Run ``cases`` one after another into ``out``; with ``noise`` a busy process runs beside them all."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    results = []
+    hog = None
+    if noise:  # unpinned: the scheduler spreads it over both cores, slowing every rank alike
+        hog = subprocess.Popen([sys.executable, "-c", HOG_CODE], stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)
+    try:
+        with open(out / RESULTS_FILE, "w", encoding="utf-8") as sink:
+            for case in cases:
+                outcome = run_case(case, out, live=live, noise=noise)
+                row = outcome.to_dict()
+                row.pop("answer", None)
+                sink.write(json.dumps(row, sort_keys=True, default=str) + "\n")
+                sink.flush()
+                results.append(row)
+                if report is not None:
+                    report(outcome)
+    finally:
+        if hog is not None:
+            hog.kill()
+            hog.wait(timeout=10)
+    return results
+
+
+def load_results(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    with open(path, encoding="utf-8") as handle:
+        return [json.loads(line) for line in handle if line.strip()]
+
+
+def _label(row: dict[str, Any]) -> str:
+    truth = row["truth"]
+    kind = truth["kind"]
+    if truth["target"] is None:
+        return kind
+    if kind.startswith("link") and truth["fault"]["onset"] == 0 and not truth.get("notes"):
+        return f"{kind}/start"
+    return f"{kind}/{truth['pattern']}"
+
+
+def _percent(values: Iterable[bool | None]) -> str:
+    known = [bool(v) for v in values if v is not None]
+    return f"{100.0 * sum(known) / len(known):5.0f}%" if known else "     -"
+
+
+def table(rows: Sequence[dict[str, Any]]) -> str:
+    """The score table of ``rows`` (the suite's JSON lines)."""
+    groups: dict[tuple[str, str, str], list[dict[str, Any]]] = defaultdict(list)
+    skipped: dict[str, str] = {}
+    errors = []
+    for row in rows:
+        if row["status"] == "skipped":
+            skipped[_label(row)] = row["reason"]
+            continue
+        if row["status"] != "ok":
+            errors.append(f"{row['case']}: {row['reason'][:160]}")
+            continue
+        groups[(_label(row), row["truth"]["layout"], row["truth"]["severity_band"])].append(row)
+    header = (f"{'fault':<28}{'layout':<7}{'severity':<9}{'runs':>5}{'verdict':>8}{'top-1':>7}{'false':>7}"
+              f"{'delay':>7}{'base cmp':>9}{'base wait':>10}")
+    lines = [header, "-" * len(header)]
+    for (label, layout, band), members in sorted(groups.items()):
+        delays = [r["live_detection_delay"] for r in members if r["live_detection_delay"] is not None]
+        delay = f"{np.median(delays):7.0f}" if delays else "      -"
+        lines.append(
+            f"{label:<28}{layout:<7}{band:<9}{len(members):>5}"
+            f"{_percent(r['localize']['verdict_right'] for r in members):>8}"
+            f"{_percent(r['localize']['top1_right'] for r in members):>7}"
+            f"{_percent(r['localize']['false_blame'] for r in members):>7}{delay}"
+            f"{_percent(r['baseline_compute']['top1_right'] if r['truth']['target'] is not None else not r['baseline_compute']['false_blame'] for r in members):>9}"
+            f"{_percent(r['baseline_wait']['top1_right'] if r['truth']['target'] is not None else not r['baseline_wait']['false_blame'] for r in members):>10}"
+        )
+    for label, reason in sorted(skipped.items()):
+        lines.append(f"{label:<28}skipped: {reason}")
+    for error in errors:
+        lines.append(f"error: {error}")
+    lines.append("(verdict: accepted verdict; top-1: the top suspect is the injected component; false: anyone "
+                 "wrongly blamed; delay: median live detection, steps after onset; base: the naive baselines' "
+                 "top-1, or for controls the share of runs where they blame nobody)")
+    return "\n".join(lines)
+
+
+def summary(rows: Sequence[dict[str, Any]]) -> str:
+    """The issue's acceptance figures, computed from ``rows``."""
+    done = [r for r in rows if r["status"] == "ok"]
+
+    def share(selected: list[dict[str, Any]], key: Callable[[dict[str, Any]], bool]) -> str:
+        return f"{sum(map(key, selected))}/{len(selected)}" if selected else "0/0"
+
+    def fault(r: dict[str, Any], kinds: tuple[str, ...], patterns: tuple[str, ...]) -> bool:
+        t = r["truth"]
+        return t["kind"] in kinds and t["pattern"] in patterns and (t["severity"] is None or t["severity"] >= 1.2)
+
+    persistent = [r for r in done if fault(r, ("compute", "cpu_contention", "dataloader"), ("persistent",))]
+    passing = [r for r in done if fault(r, ("compute",), ("transient", "intermittent"))]
+    controls = [r for r in done if r["truth"]["target"] is None]
+    links = [r for r in done if r["truth"]["kind"].startswith("link")]
+    delays = [r["live_detection_delay"] for r in done if r["live_detection_delay"] is not None]
+    detected = [r for r in done if r["truth"]["target"] is not None]
+    lines = [
+        f"runs: {len(rows)} ({len(done)} scored, {sum(r['status'] == 'skipped' for r in rows)} skipped, "
+        f"{sum(r['status'] == 'error' for r in rows)} failed); median wall time per run "
+        f"{np.median([r['wall_s'] for r in done]) if done else float('nan'):.1f}s",
+        f"top-1, persistent compute faults (slow kernels, contention, data-loader stalls), severity >= 1.2: "
+        f"{share(persistent, lambda r: r['localize']['top1_right'])}",
+        f"top-1, transient and intermittent compute faults, severity >= 1.2: {share(passing, lambda r: r['localize']['top1_right'])}",
+        f"controls with an accepted verdict and nobody blamed: "
+        f"{share(controls, lambda r: r['localize']['verdict_right'] and not r['localize']['false_blame'])}",
+        f"link faults answered 'communication' from timings alone: "
+        f"{share(links, lambda r: r['localize']['verdict'] == 'communication')}, 'imbalance': "
+        f"{share(links, lambda r: r['localize']['verdict'] == 'imbalance')}; with the probe: 'communication' "
+        f"{share([r for r in links if r['localize_probe']], lambda r: r['localize_probe'].get('verdict') == 'communication')}"
+        f", the slow rank's link named "
+        f"{share([r for r in links if r['localize_probe']], lambda r: bool(r['localize_probe'].get('top1_right')))}",
+        f"false blame over all runs: {share(done, lambda r: r['localize']['false_blame'])}",
+        f"live detection: {len(delays)}/{len(detected)} faults detected, median delay "
+        f"{np.median(delays) if delays else float('nan'):.0f} steps after onset",
+        f"naive baselines top-1 over faults: cmp {share(detected, lambda r: bool(r['baseline_compute']['top1_right']))}, "
+        f"wait {share(detected, lambda r: bool(r['baseline_wait']['top1_right']))}",
+    ]
+    return "\n".join(lines)

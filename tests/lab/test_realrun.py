@@ -1,0 +1,102 @@
+"""The CI slice of the real-run fault lab: 4 real gloo ranks, DDP, ~30 steps, one straggler and one clean run.
+
+The full suite is ``benchmarks/real_runs.py``; here the lab runs for real and ``localize`` must name the
+straggler's GPU and blame nobody in the clean run.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from trainhealth.lab.realrun.cases import suite_cases
+from trainhealth.lab.realrun.launcher import run_case
+from trainhealth.lab.realrun.scoring import baseline_wait, score_answer
+from trainhealth.lab.realrun.spec import CaseSpec, Fault, FaultKind, Layout, Pattern, truth
+from trainhealth.localize.localizer import localize
+from trainhealth.traces.io import read_trace
+
+pytest.importorskip("torch")
+
+STEPS = 30
+TARGET = 2
+
+
+def _spec(name: str, fault: Fault) -> CaseSpec:
+    return CaseSpec(name, Layout.DDP, ranks=4, steps=STEPS, seed=3, fault=fault)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
+    out = tmp_path_factory.mktemp("lab")
+    straggler = _spec("straggler", Fault(FaultKind.COMPUTE, Pattern.PERSISTENT, target=TARGET, onset=8, severity=2.0))
+    clean = _spec("clean", Fault(FaultKind.CLEAN))
+    return {"straggler": run_case(straggler, out, live=False), "clean": run_case(clean, out, live=False)}
+
+
+def _records(outcome):  # type: ignore[no-untyped-def]
+    return read_trace([outcome.run_dir])
+
+
+def test_the_runs_leave_traces_topology_and_truth(runs) -> None:  # type: ignore[no-untyped-def]
+    for name, outcome in runs.items():
+        assert outcome.status == "ok", outcome.reason
+        trace = _records(outcome)
+        records = trace.records
+        assert sorted(records["rank"].unique()) == [0, 1, 2, 3]
+        assert records["step"].max() >= STEPS - 2
+        assert (records["op"] == "all_reduce").any()
+        assert set(records["host"].unique()) == {f"lab-host-{r}" for r in range(4)}
+        assert trace.topology is not None and trace.topology.groups == {"default_pg:0": (0, 1, 2, 3)}
+        stored = json.loads((Path(outcome.run_dir) / "truth.json").read_text())
+        assert stored["case"] == name and stored["layout"] == "ddp" and stored["ranks"] == 4
+    stored = json.loads((Path(runs["straggler"].run_dir) / "truth.json").read_text())
+    assert (stored["kind"], stored["target"], stored["onset"], stored["severity"]) == ("compute", TARGET, 8, 2.0)
+    assert (stored["expected_verdict"], stored["components"]) == ("compute", [f"gpu:rank-{TARGET}"])
+    assert runs["straggler"].measured_slowdown > 1.3  # the injected slowness reached the job's steps
+
+
+def test_localize_names_the_straggler_gpu(runs) -> None:  # type: ignore[no-untyped-def]
+    trace = _records(runs["straggler"])
+    result = localize(trace.records, trace.topology)
+    assert result.verdict == "compute", result.render()
+    assert result.suspects[0].component == f"gpu:rank-{TARGET}", result.render()
+    assert not any(TARGET not in s.ranks for s in result.suspects if s.score >= 0.5), result.render()
+
+
+def test_localize_blames_nobody_in_the_clean_run(runs) -> None:  # type: ignore[no-untyped-def]
+    trace = _records(runs["clean"])
+    result = localize(trace.records, trace.topology)
+    assert result.verdict in ("healthy", "imbalance"), result.render()
+    assert not [s for s in result.suspects if s.score >= 0.5], result.render()
+
+
+def test_the_naive_baseline_sees_the_straggler_too(runs) -> None:  # type: ignore[no-untyped-def]
+    assert baseline_wait(_records(runs["straggler"]).records) == TARGET
+
+
+def test_scoring_counts_a_wrong_rank_as_false_blame() -> None:
+    t = truth(_spec("s", Fault(FaultKind.COMPUTE, target=1, onset=5, severity=2.0)))
+    assert score_answer(t, "compute", [("gpu:rank-3", (3,), 0.9)]).false_blame
+    assert not score_answer(t, "compute", [("gpu:rank-3", (3,), 0.9)]).top1_right
+    control = truth(_spec("c", Fault(FaultKind.CLEAN)))
+    assert score_answer(control, "compute", [("gpu:rank-0", (0,), 0.7)]).false_blame
+    assert not score_answer(control, "imbalance", []).false_blame
+
+
+def test_the_full_suite_covers_the_issue() -> None:
+    cases = suite_cases("full", seeds=(0, 1, 2))
+    assert len(cases) >= 60
+    assert {c.ranks for c in cases} == {4, 8}
+    assert {c.layout for c in cases} == set(Layout)
+    assert {c.fault.kind for c in cases} == set(FaultKind)
+    assert {c.fault.pattern for c in cases if c.fault.kind is FaultKind.COMPUTE} == set(Pattern)
+
+
+def test_public_names() -> None:
+    import trainhealth.lab.realrun as realrun
+
+    for name in realrun.__all__:
+        assert getattr(realrun, name) is not None, name

@@ -1,0 +1,114 @@
+"""The measured path on traces built by the physics of a synchronous step, one rule at a time.
+
+Each rank computes, then joins its collectives: a collective ends on every member
+at max(arrivals) + transfer time. The real-run lab (tests/lab/test_realrun.py)
+checks the same rules on real gloo ranks; these traces isolate one rule each.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from trainhealth.localize.localizer import localize
+
+
+def _trace(*, ranks=4, steps=40, slow=None, factor=1.0, onset=0, end=None, every=0, jitter=0.02,
+           uneven=0.0, tp=1, link=None, link_factor=1.0, markers=True, seed=0):
+    """Records of ``ranks`` ranks (data parallel x ``tp``), each step: compute, TP all-reduce, DP all-reduce."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    clock = np.zeros(ranks)
+    dp_groups = [tuple(range(t, ranks, tp)) for t in range(tp)]
+    tp_groups = [tuple(range(d, d + tp)) for d in range(0, ranks, tp)] if tp > 1 else []
+    seq = {}
+    for step in range(steps):
+        begin = clock.copy()
+        work = 0.05 * (1 + rng.normal(0, jitter, ranks)) * (1 + uneven * rng.random(ranks))
+        hit = slow is not None and step >= onset and (end is None or step < end) and (not every or step % every == 0)
+        if hit:
+            work[slow] *= factor
+        arrive = clock + work
+        for groups, name in ((tp_groups, "tp"), (dp_groups, "dp")):
+            for index, members in enumerate(groups):
+                group = f"{name}{index}"
+                transfer = 0.004 * (link_factor if link is not None and link in members and step >= onset else 1.0)
+                finish = max(arrive[m] for m in members) + transfer
+                n = seq[group] = seq.get(group, -1) + 1
+                for m in members:
+                    rows.append({"rank": m, "step": step if markers else 0, "op": "all_reduce", "group": group,
+                                 "seq": n, "start": arrive[m], "duration": finish - arrive[m], "bytes": 1 << 20,
+                                 "host": f"h{m}"})
+                    arrive[m] = finish
+        clock = arrive + 0.002
+        if markers:
+            rows += [{"rank": r, "step": step, "op": "step", "group": None, "seq": None, "start": begin[r],
+                      "duration": clock[r] - begin[r], "bytes": 0, "host": f"h{r}"} for r in range(ranks)]
+    frame = pd.DataFrame(rows)
+    frame["seq"] = frame["seq"].astype("Int64")
+    return frame
+
+
+def test_a_straggler_is_named_with_its_onset():
+    result = localize(_trace(slow=2, factor=1.3, onset=18))
+    assert result.verdict == "compute" and [s.component for s in result.suspects] == ["gpu:rank-2"]
+    assert "since step 18" in result.suspects[0].evidence and "1.3" in result.suspects[0].evidence
+    waits = {row["rank"]: row for row in result.details["compute_and_wait"]}
+    assert waits[2]["wait_seconds"] < min(waits[r]["wait_seconds"] for r in (0, 1, 3))  # it waits least
+
+
+def test_without_step_markers_the_iterations_are_inferred():
+    result = localize(_trace(slow=1, factor=1.5, onset=15, markers=False))
+    assert result.details["evidence_source"] == "collectives (steps inferred)"
+    assert result.verdict == "compute" and result.suspects[0].component == "gpu:rank-1"
+
+
+def test_a_trace_that_cannot_support_a_verdict_says_so():
+    result = localize(_trace(steps=4))
+    assert result.verdict == "insufficient_data" and "at least 6" in result.details["reasons"][0]
+    alone = _trace(ranks=1, steps=20)
+    assert localize(alone).verdict == "insufficient_data"
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_clean_runs_blame_nobody_at_any_noise(seed):
+    for jitter in (0.01, 0.05, 0.15):
+        result = localize(_trace(jitter=jitter, seed=seed))
+        assert result.suspects == () and result.verdict in ("healthy", "imbalance"), (jitter, result.render())
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_work_that_moves_is_imbalance(seed):
+    result = localize(_trace(uneven=2.0, seed=seed))  # each rank's work drawn 1-3x per step, like sequence lengths
+    assert result.suspects == () and result.verdict == "imbalance"
+    assert result.details["reasons"][0].startswith("uneven work")
+    milder = localize(_trace(uneven=0.5, seed=seed))  # below the 25% that counts as uneven: nobody blamed either way
+    assert milder.suspects == () and milder.verdict in ("healthy", "imbalance")
+
+
+def test_a_transient_fault_names_its_steps():
+    result = localize(_trace(slow=3, factor=2.0, onset=20, end=25))
+    assert result.suspects[0].component == "gpu:rank-3" and "in steps 20-24" in result.suspects[0].evidence
+
+
+def test_an_intermittent_fault_is_found_in_its_separate_steps():
+    result = localize(_trace(slow=0, factor=2.0, onset=4, every=5, steps=50))
+    assert result.suspects[0].component == "gpu:rank-0" and "separate steps" in result.suspects[0].evidence
+
+
+def test_a_tensor_parallel_straggler_not_its_mate():
+    result = localize(_trace(ranks=8, tp=2, slow=5, factor=1.4, onset=12))
+    assert [s.component for s in result.suspects] == ["gpu:rank-5"]
+
+
+def test_a_slow_link_is_communication_and_its_rank_named_when_groups_differ():
+    result = localize(_trace(ranks=8, tp=2, link=6, link_factor=4.0, onset=15))
+    assert result.verdict == "communication"
+    assert result.suspects[0].component == "nic:rank-6" and "since step 15" in result.suspects[0].evidence
+
+
+def test_in_pure_data_parallelism_the_slow_group_is_named_and_the_probe_suggested():
+    result = localize(_trace(link=1, link_factor=6.0, onset=15))
+    assert result.verdict == "communication"
+    assert result.suspects[0].component.startswith("group:") and "trainhealth probe" in result.suspects[0].evidence
