@@ -66,6 +66,25 @@ def test_localize_names_the_straggler_gpu(runs) -> None:  # type: ignore[no-unty
     assert not any(TARGET not in s.ranks for s in result.suspects if s.score >= 0.5), result.render()
 
 
+def test_the_onset_and_the_waiting_are_measured(runs) -> None:  # type: ignore[no-untyped-def]
+    trace = _records(runs["straggler"])
+    top = localize(trace.records, trace.topology).suspects[0]
+    assert top.since_step is not None and abs(top.since_step - 8) <= 2, top.evidence
+    assert 1.5 <= top.slowdown <= 2.5, top.evidence  # severity 2 on the rank's compute
+    result = localize(trace.records, trace.topology)
+    waits = {row["rank"]: row["wait_seconds"] for row in result.details["compute_and_wait"]}
+    assert waits[TARGET] < min(w for rank, w in waits.items() if rank != TARGET)  # the straggler waits least
+
+
+def test_without_step_markers_the_answer_is_right_or_insufficient_never_healthy(runs) -> None:  # type: ignore[no-untyped-def]
+    trace = _records(runs["straggler"])
+    bare = trace.records[trace.records["op"].isin(("all_reduce",))].assign(step=0)  # what comm.install alone writes
+    result = localize(bare.reset_index(drop=True), trace.topology)
+    assert result.verdict in ("compute", "insufficient_data"), result.render()
+    if result.verdict == "compute":
+        assert result.suspects[0].component == f"gpu:rank-{TARGET}", result.render()
+
+
 def test_localize_blames_nobody_in_the_clean_run(runs) -> None:  # type: ignore[no-untyped-def]
     trace = _records(runs["clean"])
     result = localize(trace.records, trace.topology)

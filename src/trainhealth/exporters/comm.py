@@ -496,6 +496,9 @@ class CollectiveLogger:
         frame.insert(0, "rank", self.rank)
         frame["host"] = self.host or None
         frame["gpu"] = pd.array([self.gpu] * len(frame), dtype="Int64")
+        # optional column: the collective ran beside the training thread (DDP buckets, isend/irecv, NCCL device
+        # timing), so only its end can block the rank; the localizer measures compute with it
+        frame["async"] = np.array([bool(row[8]) if len(row) > width else False for row in rows], dtype=bool)
         return frame
 
     @property

@@ -272,10 +272,20 @@ def round_robin(ranks: Sequence[int]) -> list[list[tuple[int, int]]]:
 
 
 def _untraced(dist: Any) -> Any:
-    """send, recv and barrier as they were before ``trainhealth.comm`` wrapped them: the probe's traffic is
-    monitoring, not training, and must not enter the collective trace the localizer reads."""
-    return SimpleNamespace(**{name: getattr(getattr(dist, name), "__wrapped__", getattr(dist, name))
-                              for name in ("send", "recv", "barrier")})
+    """send, recv and barrier on the process group's own methods: the probe's traffic is monitoring, not
+    training, and must not enter the collective trace the localizer reads (``trainhealth.comm`` wraps the
+    module's functions, and their unwrapped versions still call the wrapped ``isend`` and ``irecv``)."""
+
+    def send(tensor: Any, peer: int, group: Any, tag: int) -> None:
+        group.send([tensor], dist.get_group_rank(group, peer), tag).wait()
+
+    def recv(tensor: Any, peer: int, group: Any, tag: int) -> None:
+        group.recv([tensor], dist.get_group_rank(group, peer), tag).wait()
+
+    def barrier(group: Any) -> None:
+        group.barrier().wait()
+
+    return SimpleNamespace(send=send, recv=recv, barrier=barrier)
 
 
 def _exchange(dist, group, buffers, me: int, peer: int, base_tag: int) -> list[float]:  # noqa: ANN001

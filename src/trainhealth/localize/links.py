@@ -109,10 +109,12 @@ def _kind(name: str) -> str:
 
 def _explain(slow: dict[str, tuple[float, float, int | None]], members: dict[str, tuple[int, ...]],
              names: np.ndarray) -> list[SlowPath]:
-    """The ranks in every slow communicator and in no healthy one; else the slow communicators themselves."""
+    """The one rank in every slow communicator (or, of several, the one in no healthy communicator); else the
+    slow communicators themselves."""
     slow_sets = [set(members[name]) for name in slow if members[name]]
-    healthy = set().union(*(set(members[name]) for name in names if name not in slow))
-    shared = set.intersection(*slow_sets) - healthy if slow_sets else set()
+    shared = set.intersection(*slow_sets) if slow_sets else set()
+    if len(shared) > 1:  # several ranks in every slow communicator: those in no healthy one
+        shared -= set().union(*(set(members[name]) for name in names if name not in slow))
     z = max(v[0] for v in slow.values())
     effect = float(np.median([v[1] for v in slow.values()]))
     onsets = [v[2] for v in slow.values() if v[2] is not None]
@@ -123,9 +125,9 @@ def _explain(slow: dict[str, tuple[float, float, int | None]], members: dict[str
     if len(shared) == 1:
         rank = shared.pop()
         return [SlowPath((rank,), f"nic:rank-{rank}", z, effect, since, groups,
-                         f"transfers take {math.exp(effect):.2f}x their usual time {when} in every communicator "
-                         f"rank {rank} belongs to ({shown}) and in no other: even the last member to arrive waits "
-                         f"in them, so the path through rank {rank}'s link is slow")]
+                         f"transfers take {math.exp(effect):.2f}x their usual time {when} in {shown}, and rank "
+                         f"{rank} is the one member they all share: even the last member to arrive waits in "
+                         f"them, so the path through rank {rank}'s link is slow")]
     out = []
     for name in groups:
         z_group, effect_group, onset = slow[name]

@@ -47,7 +47,7 @@ class StragglerSettings:
     min_effect: float = math.log(1.05)  # a rank busy less than 5% longer than before is not worth a page
     allowance: float = math.log(1.15)  # a healthy device may stay this much slower than its peers all window
     min_length: int = 3  # steps a persistent or transient fault lasts at least
-    min_slowest_share: float = 0.6  # share of its stretch's steps the rank must be the slowest of its peers
+    min_slowest_share: float = 0.5  # share of its stretch's steps the rank must be the slowest of its peers
     chance: float = 1e-3  # probability of being the slowest that often by chance, below which it counts
     spike_z: float = 4.0  # a single step this many sigmas above the peers is a slow step (intermittent faults)
     min_spikes: int = 4  # an intermittent fault recurs: three slow steps in a window happen to healthy ranks

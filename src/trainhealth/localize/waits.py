@@ -12,10 +12,11 @@ Per rank and step:
   first of the next (iterations inferred, see :mod:`.iterations`);
 * **blocked**: time the rank could not compute because it was in communication —
   all of a send or receive, all of a collective that blocks the training thread;
-  of collectives that overlap each other (DDP's bucket all-reduces run beside
-  backward) only what is left of them once the step's last one began: backward
-  is over then, and the rank can only wait for its buckets (the waiting for a
-  late peer lands there too);
+  of asynchronous collectives (DDP's bucket all-reduces run beside backward; the
+  trace's optional ``async`` column says so, else overlapping collectives are
+  taken for asynchronous) only what is left of them once the step's last one
+  began: backward is over then, and the rank can only wait for its buckets (the
+  waiting for a late peer lands there too);
 * **busy** = step time − blocked: what the rank itself spent computing, loading
   data or stalling. A straggler is busy longer than the ranks doing the same work;
   the others wait for it and are blocked longer;
@@ -90,7 +91,7 @@ def measure(records: pd.DataFrame, hosts: dict[int, str] | None = None) -> Measu
     shortest = pd.Series(duration[comm]).groupby(instance).transform("min").to_numpy()
     excess = np.where(members >= 2, duration[comm] - shortest, 0.0)
     p2p = np.isin(op[comm], P2P_OPS)
-    overlapping = _overlaps(rank_code[comm], start[comm], duration[comm])
+    overlapping = _asynchronous(records, comm, rank_code, start, duration)
     # blocked: the whole interval, except for collectives running beside others (DDP's buckets beside backward):
     # what is left of them once the step's last such collective began (backward is over then)
     beside = overlapping & ~p2p
@@ -154,6 +155,19 @@ def _per_cell(cell: np.ndarray, values: np.ndarray, n_cells: int, combine: np.uf
     out[seen] = -np.inf
     combine.at(out, cell, values)
     return out
+
+
+def _asynchronous(records: pd.DataFrame, rows: np.ndarray, rank_code: np.ndarray, start: np.ndarray,
+                  duration: np.ndarray) -> np.ndarray:
+    """Per communication row: whether it ran beside the training thread — the trace's ``async`` column where
+    it has one (``trainhealth.comm`` writes it), else whether it overlaps another collective of its rank."""
+    if "async" in records.columns:
+        flag = records["async"].to_numpy()[rows]
+        known = pd.notna(flag)
+        if known.all():
+            return np.array([str(v).lower() in ("true", "1") for v in flag], dtype=bool) \
+                if flag.dtype == object else flag.astype(bool)
+    return _overlaps(rank_code[rows], start[rows], duration[rows])
 
 
 def _overlaps(rank: np.ndarray, start: np.ndarray, duration: np.ndarray) -> np.ndarray:
