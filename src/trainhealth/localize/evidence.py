@@ -35,7 +35,7 @@ import pandas as pd
 
 from trainhealth.traces.format import COMMUNICATION_OPS
 
-__all__ = ["COMPUTE_OPS", "Evidence", "Transfers", "gather_evidence", "group_kind"]
+__all__ = ["COMPUTE_OPS", "Evidence", "Transfers", "covered", "gather_evidence", "group_kind"]
 
 _KIND = re.compile(r"^(tp|dp|pp|ep|cp|emb|sp)(?=[-:_.]|\d|$)")
 COMPUTE_OPS = ("forward", "backward", "optimizer", "compute")
@@ -124,7 +124,7 @@ def gather_evidence(records: pd.DataFrame, hosts: Mapping[int, str] | None = Non
     if derived:  # collectives only: what a rank spends outside them is its compute
         # sends are left out: a sender computes on while its send waits for the receiver
         rows = instances.rows[~op.among(("send",))[instances.rows]]
-        in_collectives = _covered(rank_code[rows] * n_steps + step_code[rows], start[rows], duration[rows],
+        in_collectives = covered(rank_code[rows] * n_steps + step_code[rows], start[rows], duration[rows],
                                   n_ranks * n_steps)
         busy = np.maximum(span.reshape(-1) - in_collectives, 0.0)
         cells = np.flatnonzero(np.isfinite(busy) & np.isfinite(span.reshape(-1)))
@@ -179,7 +179,7 @@ def _hosts(records: pd.DataFrame, ranks: np.ndarray, hosts: Mapping[int, str] | 
     return found
 
 
-def _covered(cell: np.ndarray, start: np.ndarray, duration: np.ndarray, n_cells: int) -> np.ndarray:
+def covered(cell: np.ndarray, start: np.ndarray, duration: np.ndarray, n_cells: int) -> np.ndarray:
     """Per cell, the time covered by at least one of its intervals (overlapping sends and receives once)."""
     order = np.lexsort((start, cell))
     cell, begin, end = cell[order], start[order], (start + duration)[order]

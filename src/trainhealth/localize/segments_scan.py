@@ -17,11 +17,12 @@ its peers) less an ``allowance`` for healthy, persistent differences.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["Shift", "step_noise", "strongest_shift", "whole_level"]
+__all__ = ["Shift", "burst_factor", "step_noise", "strongest_shift", "whole_level"]
 
 #: cells (rows x stretches) scored at once, to bound memory at thousands of ranks and long windows
 _CHUNK_CELLS = 4_000_000
@@ -49,6 +50,29 @@ def step_noise(values: np.ndarray, floor: float) -> float:
     if not len(changes):
         return floor
     return max(1.4826 * float(np.median(changes)) / np.sqrt(2.0), floor)
+
+
+def burst_factor(values: np.ndarray, sigma: float, block: int = 3) -> float:
+    """How much more ``block``-step means move than independent steps would let them (at least 1).
+
+    Noise from a busy neighbour comes in bursts: several slow steps in a row, which the per-step
+    noise (from step-to-step changes) does not see. The changes between consecutive, non-overlapping
+    ``block``-step means of every row, robustly, against the sigma * sqrt(2 / block) that independent
+    steps would give, say how much a stretch's z-value must be discounted.
+    """
+    n_rows, n_steps = values.shape
+    blocks = n_steps // block
+    if blocks < 3 or sigma <= 0:
+        return 1.0
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # blocks without a measured step
+        means = np.nanmean(values[:, : blocks * block].reshape(n_rows, blocks, block), axis=2)
+    changes = np.abs(np.diff(means, axis=1))
+    changes = changes[np.isfinite(changes)]
+    if not len(changes):
+        return 1.0
+    observed = 1.4826 * float(np.median(changes)) / np.sqrt(2.0)
+    return max(1.0, observed / (sigma / np.sqrt(block)))
 
 
 def strongest_shift(values: np.ndarray, sigma: float, min_length: int, allowance: float,

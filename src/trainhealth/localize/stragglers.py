@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from trainhealth.localize.segments_scan import step_noise, strongest_shift, whole_level
+from trainhealth.localize.segments_scan import burst_factor, step_noise, strongest_shift, whole_level
 from trainhealth.localize.waits import Measured, without
 
 __all__ = ["StragglerSettings", "Straggler", "find_stragglers", "peer_counts"]
@@ -102,8 +102,9 @@ def find_stragglers(measured: Measured, settings: StragglerSettings) -> tuple[li
 def _candidates(measured: Measured, sigma: float, chance: np.ndarray, skip: set[int],
                 settings: StragglerSettings) -> list[Straggler]:
     relative = measured.relative
-    change = strongest_shift(relative, sigma, settings.min_length, settings.allowance, whole=False)
-    level = whole_level(relative, sigma, settings.allowance)
+    stretch_sigma = sigma * burst_factor(relative, sigma, settings.min_length)  # stretches: bursts discounted
+    change = strongest_shift(relative, stretch_sigma, settings.min_length, settings.allowance, whole=False)
+    level = whole_level(relative, stretch_sigma, settings.allowance)
     spikes_of = _SlowSteps.find(measured, sigma, settings)
     out = []
     for index in np.flatnonzero(np.isfinite(relative).any(axis=1)):

@@ -33,6 +33,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import pandas as pd
 
+from trainhealth.localize.evidence import covered
 from trainhealth.traces.format import COMMUNICATION_OPS
 
 __all__ = ["Measured", "P2P_OPS", "measure", "without"]
@@ -100,8 +101,8 @@ def measure(records: pd.DataFrame, hosts: dict[int, str] | None = None) -> Measu
     np.maximum.at(last_began, cell[comm][beside], begin[beside])
     tail_begin = np.maximum(begin, last_began[cell[comm]])
     blocked_begin = np.where(beside, tail_begin, begin)
-    blocked = _covered(cell[comm], blocked_begin, np.maximum(end - blocked_begin, 0.0), n_ranks * n_steps)
-    waited = _covered(cell[comm], start[comm], np.where(p2p, 0.0, excess), n_ranks * n_steps)
+    blocked = covered(cell[comm], blocked_begin, np.maximum(end - blocked_begin, 0.0), n_ranks * n_steps)
+    waited = covered(cell[comm], start[comm], np.where(p2p, 0.0, excess), n_ranks * n_steps)
 
     step_time = step_time.reshape(n_ranks, n_steps)
     with warnings.catch_warnings():
@@ -183,17 +184,6 @@ def _overlaps(rank: np.ndarray, start: np.ndarray, duration: np.ndarray) -> np.n
     out = np.empty(len(order), dtype=bool)
     out[order] = hit
     return out
-
-
-def _covered(cell: np.ndarray, start: np.ndarray, duration: np.ndarray, n_cells: int) -> np.ndarray:
-    """Per cell, the time covered by at least one of its intervals (overlaps counted once)."""
-    order = np.lexsort((start, cell))
-    cell, begin, end = cell[order], start[order], (start + duration)[order]
-    reach = pd.Series(end).groupby(cell).cummax().to_numpy()
-    before = np.r_[-np.inf, reach[:-1]]
-    before[np.r_[True, cell[1:] != cell[:-1]]] = -np.inf
-    added = np.maximum(end - np.maximum(begin, before), 0.0)
-    return np.bincount(cell, weights=added, minlength=n_cells)
 
 
 def _members(names: np.ndarray, member_ranks: np.ndarray) -> dict[str, tuple[int, ...]]:
