@@ -35,7 +35,7 @@ import pandas as pd
 
 from trainhealth.traces.format import COMMUNICATION_OPS
 
-__all__ = ["COMPUTE_OPS", "Evidence", "Transfers", "covered", "gather_evidence", "group_kind"]
+__all__ = ["COMPUTE_OPS", "Evidence", "Transfers", "covered", "gather_evidence", "group_kind", "rank_hosts"]
 
 _KIND = re.compile(r"^(tp|dp|pp|ep|cp|emb|sp)(?=[-:_.]|\d|$)")
 COMPUTE_OPS = ("forward", "backward", "optimizer", "compute")
@@ -96,7 +96,7 @@ def gather_evidence(records: pd.DataFrame, hosts: Mapping[int, str] | None = Non
     duration = records["duration"].to_numpy(dtype=np.float64)
     start = records["start"].to_numpy(dtype=np.float64)
     op = _Ops(records["op"])
-    host_of = _hosts(records, ranks, hosts)
+    host_of = rank_hosts(records, hosts)
     switch_of = {int(r): str(s) for r, s in (switches or {}).items()}
 
     first, span = _spans(rank_code, step_code, start, duration, n_ranks, n_steps)
@@ -136,14 +136,14 @@ def gather_evidence(records: pd.DataFrame, hosts: Mapping[int, str] | None = Non
                                                             start[chosen], duration[chosen], peer_of, replica_of,
                                                             n_ranks, n_steps)
 
-    rank_hosts = np.array([host_of.get(int(r), "") for r in ranks])
-    transfers = _transfers(records, op, instances, kinds, member_rank, rank_hosts, step_code, peer_of)
+    host_names = np.array([host_of.get(int(r), "") for r in ranks])
+    transfers = _transfers(records, op, instances, kinds, member_rank, host_names, step_code, peer_of)
     return Evidence(
         ranks=ranks.astype(np.int64), steps=steps.astype(np.int64), step_time=step_time, peer_of=peer_of,
         peer_kind=peer_kind, replica_of=replica_of, lockstep_of=lockstep_of, compute=compute, compute_change=compute_change,
         compute_seconds=compute_seconds, compute_derived=derived,
         last_share=np.where(taken > 0, last_count / np.maximum(taken, 1), 0.0), transfers=transfers,
-        hosts={int(r): str(h) for r, h in zip(ranks, rank_hosts) if h}, switches=switch_of,
+        hosts={int(r): str(h) for r, h in zip(ranks, host_names) if h}, switches=switch_of,
     )
 
 
@@ -170,7 +170,8 @@ def _strings(column: pd.Series) -> np.ndarray:
     return np.where(categorical.codes >= 0, names[np.maximum(categorical.codes, 0)], "")
 
 
-def _hosts(records: pd.DataFrame, ranks: np.ndarray, hosts: Mapping[int, str] | None) -> dict[int, str]:
+def rank_hosts(records: pd.DataFrame, hosts: Mapping[int, str] | None) -> dict[int, str]:
+    """rank -> host: the given mapping, completed from the records' ``host`` column."""
     found: dict[int, str] = {int(r): str(h) for r, h in (hosts or {}).items()}
     if "host" in records.columns:
         pairs = records[["rank", "host"]].dropna().drop_duplicates("rank")

@@ -33,7 +33,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import pandas as pd
 
-from trainhealth.localize.evidence import covered
+from trainhealth.localize.evidence import covered, rank_hosts
 from trainhealth.traces.format import COMMUNICATION_OPS
 
 __all__ = ["Measured", "P2P_OPS", "measure", "without"]
@@ -120,7 +120,7 @@ def measure(records: pd.DataFrame, hosts: dict[int, str] | None = None) -> Measu
                 .reset_index())
     return Measured(ranks=ranks, steps=steps, step_time=step_time, busy=busy,
                     waited=waited.reshape(n_ranks, n_steps), relative=relative, slowest=slowest, transfer=transfer,
-                    groups=groups, members=members, hosts=_hosts(records, hosts), markers=bool(markers.any()))
+                    groups=groups, members=members, hosts=rank_hosts(records, hosts), markers=bool(markers.any()))
 
 
 def without(measured: Measured, ranks: frozenset[int]) -> Measured:
@@ -272,12 +272,3 @@ def _peer_max(relative: np.ndarray, groups: dict[str, tuple[int, ...]], ranks: n
         top = out[positions].max(axis=0)
         result[positions] = np.maximum(result[positions], top)
     return result
-
-
-def _hosts(records: pd.DataFrame, given: dict[int, str] | None) -> dict[int, str]:
-    found = {int(r): str(h) for r, h in (given or {}).items()}
-    if "host" in records.columns:
-        pairs = records[["rank", "host"]].dropna().drop_duplicates("rank")
-        for rank, host in zip(pairs["rank"].to_numpy(), pairs["host"].astype(str).to_numpy()):
-            found.setdefault(int(rank), host)
-    return found
