@@ -14,6 +14,7 @@ cannot say which link: the finding names the communicator, and a pairwise probe
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -33,6 +34,7 @@ class LinkSettings:
     noise_floor: float = 0.01
     class_effect: float = math.log(1.5)  # a communicator slower than its kind's others from the start
     class_z: float = 4.0
+    min_step_share: float = 0.05  # a slow path adds at least 5% to the step: tiny transfers jitter by multiples
 
 
 @dataclass(frozen=True)
@@ -63,13 +65,22 @@ def find_slow_paths(measured: Measured, settings: LinkSettings) -> tuple[list[Sl
     shift = strongest_shift(centred, sigma, settings.min_length, allowance=np.inf)
     slow: dict[str, tuple[float, float, int | None]] = {}  # group -> (z, effect, onset)
     measured_columns = np.isfinite(logs)
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # a communicator or step without a measurement
+        usual = np.exp(np.nanmedian(logs, axis=1))
+        step_seconds = float(np.nanmedian(measured.step_time))
+    # seconds a slow path must add per step: a 0.2 ms transfer that takes 1 ms under a busy scheduler is 5x
+    # slower and drags nobody
+    matters = settings.min_step_share * step_seconds if np.isfinite(step_seconds) else 0.0
     for row, name in enumerate(names):
         finite = np.flatnonzero(measured_columns[row])
-        if len(finite) and shift.stop[row] > finite[-1] and shift.start[row] > finite[0] and shift.effect[row] >= settings.min_effect \
-                and shift.z[row] >= settings.z:
+        if len(finite) and shift.stop[row] > finite[-1] and shift.start[row] > finite[0] \
+                and shift.effect[row] >= settings.min_effect and shift.z[row] >= settings.z \
+                and usual[row] * math.expm1(shift.effect[row]) >= matters:
             slow[name] = (float(shift.z[row]), float(shift.effect[row]), int(measured.steps[shift.start[row]]))
-    for name, z, effect in _slower_than_their_kind(names, logs, members, settings):
-        slow.setdefault(name, (z, effect, None))
+    for name, z, effect, extra in _slower_than_their_kind(names, logs, members, settings):
+        if extra >= matters:
+            slow.setdefault(name, (z, effect, None))
     if not slow:
         return [], sigma
     return _explain(slow, members, names), sigma
@@ -80,8 +91,9 @@ def _members(measured: Measured, name: str) -> tuple[int, ...]:
 
 
 def _slower_than_their_kind(names: np.ndarray, logs: np.ndarray, members: dict[str, tuple[int, ...]],
-                            settings: LinkSettings) -> list[tuple[str, float, float]]:
-    """Communicators whose usual transfer time is far above that of the others of their kind and size."""
+                            settings: LinkSettings) -> list[tuple[str, float, float, float]]:
+    """Communicators whose usual transfer time is far above that of the others of their kind and size: name,
+    z, effect and the seconds per step above the kind's usual."""
     with np.errstate(all="ignore"):
         usual = np.nanmedian(logs, axis=1)
     kind = pd.Series([f"{_kind(name)}/{len(members[name])}" for name in names])
@@ -96,7 +108,7 @@ def _slower_than_their_kind(names: np.ndarray, logs: np.ndarray, members: dict[s
         for position, value in zip(positions, values):
             effect = value - centre
             if effect >= settings.class_effect and effect / spread >= settings.class_z:
-                out.append((str(names[position]), effect / spread, effect))
+                out.append((str(names[position]), effect / spread, effect, math.exp(value) - math.exp(centre)))
     return out
 
 

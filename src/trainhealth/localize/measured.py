@@ -20,14 +20,16 @@ import pandas as pd
 from trainhealth.localize.candidates import Candidate, Thresholds
 from trainhealth.localize.iterations import infer_steps, needs_inference
 from trainhealth.localize.links import LinkSettings, find_slow_paths
-from trainhealth.localize.stragglers import StragglerSettings, find_stragglers
+from trainhealth.localize.stragglers import Straggler, StragglerSettings, find_stragglers
 from trainhealth.localize.waits import Measured, measure
 from trainhealth.traces.topology import Topology
 
-__all__ = ["MIN_STEPS", "MeasuredAnalysis", "analyze_measured"]
+__all__ = ["MIN_STEPS", "WARMUP_STEPS", "MeasuredAnalysis", "analyze_measured"]
 
 #: steps a window needs before a fault can be told from noise
 MIN_STEPS = 6
+#: a job's first steps, left out as warm-up when the window has enough after them
+WARMUP_STEPS = 3
 #: a stage (peer group) whose ranks are busy this much longer than the median stage's, on every replica: uneven stages
 _STAGE_IMBALANCE = math.log(1.10)
 #: work that moves between peers by this much from step to step is uneven (sequence lengths, data): on the lab's
@@ -74,13 +76,14 @@ def analyze_measured(records: pd.DataFrame, topology: Topology | None, threshold
                             "measured", math.exp(s.effect), None if s.shape == "throughout" else s.steps[0])
                   for s in found]
     paths, transfer_noise = find_slow_paths(measured, LinkSettings(z=thresholds.path_z))
-    blamed = {s.rank for s in found if s.z >= thresholds.straggler_z}
+    blamed = [s for s in found if s.z >= thresholds.straggler_z]
     notes = []
     for path in paths:
-        if blamed & set(path.ranks):
+        explaining = {s.rank for s in blamed if s.rank in path.ranks and _same_time(s, path.since, measured.steps)}
+        if explaining:
             # a straggler's own collectives slowed with it (a starved CPU runs its communication threads late
             # too): the device explains them, they are no second fault
-            culprit = ", ".join(f"rank {r}" for r in sorted(blamed & set(path.ranks)))
+            culprit = ", ".join(f"rank {r}" for r in sorted(explaining))
             notes.append(f"the transfers of {path.component} slowed {math.exp(path.effect):.2f}x too: explained by "
                          f"the straggler in it ({culprit})")
             continue
@@ -95,10 +98,23 @@ def analyze_measured(records: pd.DataFrame, topology: Topology | None, threshold
     return MeasuredAnalysis(tuple(candidates), tuple(_imbalance(measured)), irregular, details)
 
 
+def _same_time(straggler: Straggler, since: int | None, steps: np.ndarray) -> bool:
+    """Whether the straggler was slow in most of the steps the path was (from the path's onset, or all window): a
+    straggler of a few late steps explains no link that slowed long before."""
+    path_steps = steps[steps >= since] if since is not None else steps
+    return straggler.shape == "throughout" or np.isin(straggler.steps, path_steps).sum() >= 0.5 * len(path_steps)
+
+
 def _without_warmup(records: pd.DataFrame) -> pd.DataFrame:
-    """Step 0 (allocations, first-touch, DDP building its buckets) is no evidence of anyone's health."""
-    if (records["step"] == 0).any() and records["step"].nunique() > MIN_STEPS:
-        return records[records["step"] != 0]
+    """A job's first steps (allocations, first-touch, DDP building its buckets, caches filling) are no evidence
+    of anyone's health: when the window begins at step 0, its first :data:`WARMUP_STEPS` are left out."""
+    steps = records["step"]
+    if (steps == 0).any():
+        kept = steps >= WARMUP_STEPS
+        if steps[kept].nunique() >= 2 * MIN_STEPS:
+            return records[kept]
+        if steps.nunique() > MIN_STEPS:
+            return records[steps != 0]
     return records
 
 

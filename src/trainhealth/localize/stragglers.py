@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -37,6 +37,9 @@ __all__ = ["StragglerSettings", "Straggler", "find_stragglers", "peer_counts"]
 
 #: stragglers looked for in one window (more than a few at once is a job-wide problem, not a device)
 _MAX_STRAGGLERS = 4
+#: steps from a straggler's onset in which its peers are no evidence against each other: the job
+#: re-synchronises around the first slow steps (a 3x data-loader stall shifts its peers' step boundaries too)
+_ECHO_STEPS = 2
 
 
 @dataclass(frozen=True)
@@ -95,8 +98,22 @@ def find_stragglers(measured: Measured, settings: StragglerSettings) -> tuple[li
             found.append(ranked[0])  # the strongest near miss, for the record (it is not blamed)
             break
         found.append(ranked[0])
-        view = without(measured, frozenset(s.rank for s in found))
+        view = _without_echoes(without(measured, frozenset(s.rank for s in found)), found)
     return found, sigma
+
+
+def _without_echoes(measured: Measured, found: list[Straggler]) -> Measured:
+    """``measured`` with the first steps after each found straggler's onset left out for everyone else."""
+    onsets = [s.steps[0] for s in found if s.shape in ("persistent", "transient")]
+    if not onsets:
+        return measured
+    columns = np.zeros(len(measured.steps), dtype=bool)
+    for onset in onsets:
+        at = int(np.searchsorted(measured.steps, onset))
+        columns[at:at + _ECHO_STEPS] = True
+    relative = measured.relative.copy()
+    relative[:, columns] = np.nan
+    return replace(measured, relative=relative, slowest=measured.slowest & ~columns[None, :])
 
 
 def _candidates(measured: Measured, sigma: float, chance: np.ndarray, skip: set[int],

@@ -57,6 +57,27 @@ def _cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_score(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from trainhealth.lab.realrun.suite import RESULTS_FILE, rescore, summary, table
+
+    path = Path(args.results)
+    if path.is_dir():
+        path = path / RESULTS_FILE
+    if not path.is_file():
+        raise UsageError(f"{args.results}: no {RESULTS_FILE} of a lab run there")
+    try:
+        rows = rescore(path)
+    except (OSError, ValueError, KeyError) as exc:
+        raise UsageError(f"{path}: not a lab results file ({exc})") from None
+    print(table(rows))
+    print()
+    print(summary(rows))
+    print("(final answers from this code on the saved traces; the live columns are as recorded)")
+    return 0
+
+
 def add_commands(commands: argparse._SubParsersAction, parser_class: type) -> None:  # type: ignore[type-arg]
     lab = commands.add_parser("lab", help="the real-run fault lab: real gloo ranks with injected faults, scored")
     lab_commands = lab.add_subparsers(dest="lab_command", metavar="COMMAND", parser_class=parser_class, required=True)
@@ -67,3 +88,7 @@ def add_commands(commands: argparse._SubParsersAction, parser_class: type) -> No
     run.add_argument("--cases", help="only cases whose kind or name contains one of these (comma-separated)")
     run.add_argument("--noise", action="store_true", help="run a competing CPU-bound process beside the suite")
     run.set_defaults(handler=_cmd_run)
+    score = lab_commands.add_parser("score", help="localize a finished suite's saved traces again with this code, "
+                                                   "and print the score table")
+    score.add_argument("results", help="the suite's --out directory, or its results.jsonl")
+    score.set_defaults(handler=_cmd_score)

@@ -43,7 +43,6 @@ from typing import Any
 import numpy as np
 
 from trainhealth.lab.realrun.scoring import (
-    AnswerScore,
     baseline_compute,
     baseline_wait,
     score_baseline,
@@ -51,7 +50,7 @@ from trainhealth.lab.realrun.scoring import (
 )
 from trainhealth.lab.realrun.spec import LINK_KINDS, CaseSpec, FaultKind, Truth, host_name, truth
 
-__all__ = ["CaseOutcome", "LivePoll", "link_lab_unavailable", "run_case"]
+__all__ = ["CaseOutcome", "LivePoll", "link_lab_unavailable", "run_case", "score_run"]
 
 log = logging.getLogger(__name__)
 
@@ -449,9 +448,6 @@ def _measured_slowdown(spec: CaseSpec, plan: Truth, run_dir: Path) -> _Slowdowns
 
 def _finish(spec: CaseSpec, plan: Truth, run_dir: Path, wall: float, polls: list[LivePoll],
             noise: bool) -> CaseOutcome:
-    from trainhealth.localize.localizer import localize
-    from trainhealth.traces.io import read_trace
-
     slow = _measured_slowdown(spec, plan, run_dir)
     detection = next((p.step for p in polls if p.right), None)
     delay = None if detection is None or plan.target is None else max(0, detection - plan.onset)
@@ -463,24 +459,40 @@ def _finish(spec: CaseSpec, plan: Truth, run_dir: Path, wall: float, polls: list
                   live_detection_step=detection, live_detection_delay=delay, live_false_blame_polls=false_polls,
                   live_polls=tuple(polls), noise=noise)
     try:
+        scores = score_run(plan, run_dir)
+    except _RunError as exc:
+        return CaseOutcome(status="error", reason=str(exc), **exc.partial, **common)  # type: ignore[arg-type]
+    return CaseOutcome(status="ok", reason="", **scores, **common)  # type: ignore[arg-type]
+
+
+class _RunError(Exception):
+    def __init__(self, message: str, partial: dict[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.partial = partial or {}
+
+
+def score_run(plan: Truth, run_dir: str | os.PathLike[str]) -> dict[str, Any]:
+    """Localize one finished run's traces with this code and score the answers (``localize``, ``localize_probe``,
+    ``baseline_compute``, ``baseline_wait``, ``answer``); ``answer.json`` is written beside the traces."""
+    from trainhealth.localize.localizer import localize
+    from trainhealth.traces.io import read_trace
+
+    run_dir = Path(run_dir)
+    try:
         trace = read_trace([run_dir])
     except Exception as exc:
-        return CaseOutcome(status="error", reason=f"reading the traces: {exc}", **common)  # type: ignore[arg-type]
+        raise _RunError(f"reading the traces: {exc}") from None
     records = trace.records
-    base_c = score_baseline(plan, baseline_compute(records))
-    base_w = score_baseline(plan, baseline_wait(records))
+    baselines = dict(baseline_compute=score_baseline(plan, baseline_compute(records)).to_dict(),
+                     baseline_wait=score_baseline(plan, baseline_wait(records)).to_dict())
     try:
         result = localize(records, trace.topology)
     except Exception as exc:
-        return CaseOutcome(status="error", reason=f"localize raised {type(exc).__name__}: {exc}",
-                           baseline_compute=base_c.to_dict(), baseline_wait=base_w.to_dict(),
-                           **common)  # type: ignore[arg-type]
-    scored: AnswerScore = score_result(plan, result)
+        raise _RunError(f"localize raised {type(exc).__name__}: {exc}", baselines) from None
     probe_score = _with_probe(localize, records, trace.topology, run_dir, plan)
     _write(run_dir / "answer.json", result.to_dict())
-    return CaseOutcome(status="ok", reason="", localize=scored.to_dict(), localize_probe=probe_score,
-                       baseline_compute=base_c.to_dict(), baseline_wait=base_w.to_dict(), answer=result.to_dict(),
-                       **common)  # type: ignore[arg-type]
+    return dict(localize=score_result(plan, result).to_dict(), localize_probe=probe_score, answer=result.to_dict(),
+                **baselines)
 
 
 def _with_probe(localize: Any, records: Any, topology: Any, run_dir: Path, plan: Truth) -> dict[str, Any] | None:

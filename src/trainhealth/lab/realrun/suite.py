@@ -19,10 +19,10 @@ from typing import Any
 
 import numpy as np
 
-from trainhealth.lab.realrun.launcher import HOG_CODE, CaseOutcome, run_case
-from trainhealth.lab.realrun.spec import CaseSpec
+from trainhealth.lab.realrun.launcher import HOG_CODE, CaseOutcome, run_case, score_run
+from trainhealth.lab.realrun.spec import CaseSpec, Truth
 
-__all__ = ["RESULTS_FILE", "load_results", "run_suite", "summary", "table"]
+__all__ = ["RESULTS_FILE", "load_results", "rescore", "run_suite", "summary", "table"]
 
 RESULTS_FILE = "results.jsonl"
 
@@ -58,6 +58,26 @@ def run_suite(cases: Sequence[CaseSpec], out: str | os.PathLike[str], *, noise: 
 def load_results(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     with open(path, encoding="utf-8") as handle:
         return [json.loads(line) for line in handle if line.strip()]
+
+
+def rescore(results: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """The rows of a suite's ``results.jsonl`` with each run localized again by this code from its saved traces.
+
+    What happened while the job ran (the live analyzer's polls and delays, the measured slowdowns) is kept as
+    recorded; the final answers, with and without the probe, and the baselines are new.
+    """
+    rows = []
+    for row in load_results(results):
+        if row.get("status") == "ok" and Path(row["run_dir"]).is_dir():
+            try:
+                scores = score_run(Truth.from_dict(row["truth"]), row["run_dir"])
+            except Exception as exc:  # noqa: BLE001 - one unreadable run is reported in its row, not fatal
+                row = {**row, "status": "error", "reason": str(exc)}
+            else:
+                scores.pop("answer", None)
+                row = {**row, **scores}
+        rows.append(row)
+    return rows
 
 
 def _label(row: dict[str, Any]) -> str:
