@@ -18,7 +18,10 @@ without the Monitor) all-reduces the loss, and the Monitor runs with
 adds its forward and optimizer hooks and one step marker per step, from which
 the logger's flush thread splits each step into compute and wait (the trace
 goes to a temporary directory, rewritten every 30 s by default). The forward
-pass, where the forward hooks run, is then timed as a component too.
+pass, where the forward hooks run, is then timed as a component too. A third
+arm, ``Monitor(comm=False)`` in the same distributed job, rotates with the other
+two, so what ``comm=True`` itself adds is read against a Monitor that already
+does its distributed checks (gradient-norm comparison, parameter fingerprints).
 """
 
 from __future__ import annotations
@@ -158,21 +161,28 @@ def main() -> None:
     data = [torch.randint(0, VOCAB, (BATCH, SEQ + 1), generator=generator) for _ in range(8)]
     train_block(model, optimizer, data, 3, None, args.comm)  # warm up allocator and kernels
 
-    base, monitored = Timings(), Timings()
+    base, monitored, plain = Timings(), Timings(), Timings()
     base_by_parity: tuple[list[float], list[float]] = ([], [])
+    # with --comm a third arm, Monitor(comm=False) in the same distributed job, separates what comm=True adds
+    # from what the Monitor already does when torch.distributed is up (gradient-norm checks, fingerprints)
+    arms = ["none", "comm", "plain"] if args.comm else ["none", "monitor"]
     for round_index in range(args.rounds):
-        for with_monitor in ((False, True) if round_index % 2 == 0 else (True, False)):
-            if not with_monitor:
+        order = arms[round_index % len(arms):] + arms[:round_index % len(arms)]
+        if round_index % 2:
+            order.reverse()
+        for arm in order:
+            if arm == "none":
                 block = train_block(model, optimizer, data, args.steps, None, args.comm)
                 base.extend(block)
                 base_by_parity[round_index % 2].extend(block.step)
                 continue
             monitor = Monitor(model, optimizer, env={}, prometheus_addr="127.0.0.1", prometheus_port=0, otel=False,
-                              comm=args.comm, trace_dir=trace_dir)
+                              comm=arm == "comm", trace_dir=trace_dir)
             stop = threading.Event()
             scraper = threading.Thread(target=scrape_every_second, args=(monitor.metrics_url, stop), daemon=True)
             scraper.start()
-            monitored.extend(train_block(model, optimizer, data, args.steps, monitor, args.comm))
+            (plain if arm == "plain" else monitored).extend(
+                train_block(model, optimizer, data, args.steps, monitor, args.comm))
             stop.set()
             scraper.join()
             monitor.close()
@@ -202,6 +212,11 @@ def main() -> None:
     added_mean = (hooks_mean + mean(monitored.monitor) + forward_mean) / mean(base.step)
     print(f"overhead, from the measured components: median {100 * added_median:.2f}%, mean {100 * added_mean:.2f}% of a step")
     if args.comm:
+        print(f"Monitor(comm=False) in the same job: median step {median(plain.step) * 1e3:.1f} ms, "
+              f"{100 * (median(plain.step) / median(base.step) - 1):+.2f}% (mean {100 * (mean(plain.step) / mean(base.step) - 1):+.2f}%)")
+        print(f"what comm=True adds to that Monitor (median step-time ratio): "
+              f"{100 * (median(monitored.step) / median(plain.step) - 1):+.2f}% "
+              f"(mean {100 * (mean(monitored.step) / mean(plain.step) - 1):+.2f}%)")
         rows = comm_rows_per_step()
         print(f"comm=True's step marker, forward and optimizer rows, timed directly: {rows * 1e6:.1f} us per step, "
               f"{100 * rows / median(base.step):.3f}% of a median step")

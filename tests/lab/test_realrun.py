@@ -96,6 +96,26 @@ def test_the_naive_baseline_sees_the_straggler_too(runs) -> None:  # type: ignor
     assert baseline_wait(_records(runs["straggler"]).records) == TARGET
 
 
+def test_a_finished_suite_is_scored_again_from_its_saved_traces(runs, tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    from trainhealth.cli import main
+    from trainhealth.lab.realrun.suite import RESULTS_FILE, rescore
+
+    results = tmp_path / RESULTS_FILE
+    rows = []
+    for outcome in runs.values():
+        row = outcome.to_dict()
+        row.pop("answer", None)
+        rows.append(row)
+    results.write_text("".join(json.dumps(row, default=str) + "\n" for row in rows))
+    again = rescore(results)
+    assert [r["localize"] for r in again] == [r["localize"] for r in rows]  # the same code gives the same answers
+    assert [r["live_polls"] for r in again] == [r["live_polls"] for r in rows]  # what happened live is kept
+    assert main(["lab", "score", str(tmp_path)]) == 0
+    printed = capsys.readouterr().out
+    assert "runs: 2 (2 scored, 0 skipped, 0 failed)" in printed and "false blame over all runs: 0/2" in printed
+    assert main(["lab", "score", str(tmp_path / "missing")]) == 2
+
+
 def test_scoring_counts_a_wrong_rank_as_false_blame() -> None:
     t = truth(_spec("s", Fault(FaultKind.COMPUTE, target=1, onset=5, severity=2.0)))
     assert score_answer(t, "compute", [("gpu:rank-3", (3,), 0.9)]).false_blame
