@@ -45,6 +45,7 @@ from trainhealth.localize.candidates import Candidate, Thresholds
 from trainhealth.localize.evidence import gather_evidence
 from trainhealth.localize.gpus import gpu_candidates
 from trainhealth.localize.imbalance import imbalance_reasons
+from trainhealth.localize.iterations import needs_inference
 from trainhealth.localize.measured import analyze_measured
 from trainhealth.localize.paths import path_candidates
 from trainhealth.localize.result import LocalizationResult, Suspect
@@ -76,10 +77,18 @@ def localize(records: pd.DataFrame, topology: Topology | Mapping[str, Any] | Non
 
 
 def recorded_passes(records: pd.DataFrame) -> bool:
-    """True for traces that time the compute itself but mark no steps: every forward and backward pass
-    (simulator, profilers) or each step's compute (the Prometheus source's per-rank compute seconds)."""
+    """True for traces the recorded path reads: no step markers, and either the compute is timed itself (every
+    forward and backward pass from the simulator or a profiler, or each step's compute from the Prometheus
+    source), or the steps are numbered and every collective blocks the training thread (no ``async`` rows), so
+    the gaps between a step's collectives are its compute. DDP buckets run beside backward (``async``), and
+    such gaps are then near zero: those traces, and traces with markers, take the measured path."""
     ops = set(records["op"].unique())
-    return bool(ops & {"backward", "compute"}) and "step" not in ops
+    if "step" in ops:
+        return False
+    if ops & {"backward", "compute"}:
+        return True
+    running_beside = "async" in records.columns and bool(records["async"].fillna(False).astype(bool).any())
+    return not running_beside and not needs_inference(records)
 
 
 def analyze(records: pd.DataFrame, topology: Topology | Mapping[str, Any] | None,
