@@ -37,6 +37,24 @@ def test_importing_trainhealth_does_not_import_torch():
     assert result.stdout.strip() == "False", result.stderr
 
 
+HEAVY = ("pandas", "pyarrow", "statsmodels", "scipy", "grafanalib", "matplotlib", "torch", "opentelemetry.sdk")
+
+
+@pytest.mark.parametrize("module", ["trainhealth", "trainhealth.cli", "trainhealth.comm"])
+def test_the_core_the_monitor_and_the_command_line_load_no_analysis_library(module):
+    result = _python(f"import sys, {module}; print(sorted({{m for m in sys.modules for h in {HEAVY!r} "
+                     f"if m == h or m.startswith(h + '.')}}))")
+    assert result.stdout.strip() == "[]", result.stdout + result.stderr
+
+
+def test_the_lazy_names_still_resolve():
+    from trainhealth import exporters, traces
+
+    assert exporters.Monitor.__name__ == "Monitor" and traces.read_trace.__name__ == "read_trace"
+    with pytest.raises(AttributeError):
+        traces.no_such_name  # noqa: B018
+
+
 def test_without_torch_the_monitor_says_what_to_install():
     result = _python(
         "import sys; sys.modules['torch'] = None\n"

@@ -7,7 +7,7 @@
 
 import logging
 
-__version__ = "0.1.0"
+from trainhealth._version import __version__
 
 from trainhealth.config import ConfigError, Settings  # noqa: E402
 from trainhealth.exporters.model import LayerGroupStats, Monitor, StepStats  # noqa: E402

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn
 
-from trainhealth import __version__
+from trainhealth._version import __version__
 from trainhealth.alerts.commands import add_commands as add_alerting_commands
 from trainhealth.catalog import CATALOG
 from trainhealth.localize.probe_commands import add_commands as add_probe_commands
@@ -30,7 +30,7 @@ from trainhealth.identity import Identity
 from trainhealth.localize.commands import add_commands as add_localization_commands
 from trainhealth.sdc.commands import add_commands as add_selftest_commands
 from trainhealth.stack.commands import add_commands as add_stack_commands
-from trainhealth.traces.format import TraceError
+from trainhealth.traces.ops import TraceError
 
 __all__ = ["main"]
 
@@ -60,6 +60,9 @@ def _cmd_config(args: argparse.Namespace) -> int:
         sys.stdout.write(render_configuration_markdown())
         return 0
     settings = Settings.resolve()
+    from trainhealth.detectors.spec import parse_setting
+
+    parse_setting(settings.detectors)
     identity = Identity.from_env(settings=settings)
     rows = []
     for info in setting_infos():

@@ -159,12 +159,6 @@ class Settings:
             raise ConfigError("gpu_backend", f"must be one of {', '.join(GPU_BACKENDS)}, got {self.gpu_backend!r}")
         if not _valid_gpus(self.gpus):
             raise ConfigError("gpus", f"must be own, all or comma-separated GPU indices, got {self.gpus!r}")
-        from trainhealth.detectors.spec import parse_spec
-
-        try:
-            parse_spec(self.detectors)
-        except ValueError as exc:
-            raise ConfigError("detectors", str(exc)) from None
         for name in ("flops_per_token", "peak_flops", "gpu_sample_interval", "comm_flush_interval"):
             value = getattr(self, name)
             if value is not None and not value > 0:

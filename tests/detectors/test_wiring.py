@@ -16,7 +16,7 @@ from tests.helpers import scrape
 from tests.otlp import OtlpReceiver, attributes
 from trainhealth import ConfigError, Monitor, Settings
 from trainhealth.detectors.runner import SignalDetectors
-from trainhealth.detectors.spec import parse_spec
+from trainhealth.detectors.spec import parse_setting, parse_spec
 from trainhealth.exporters.comm import CollectiveLogger
 from trainhealth.state import MetricStore
 from trainhealth import catalog
@@ -103,7 +103,10 @@ def test_anomalies_reach_opentelemetry_as_log_records_with_an_event_name(monkeyp
 ])
 def test_a_bad_detector_setting_fails_at_once(spec, message):
     with pytest.raises(ConfigError) as error:
-        Settings.resolve(env={"TRAINHEALTH_DETECTORS": spec})
+        Monitor(env={"TRAINHEALTH_DETECTORS": spec}, **SERVE)
+    assert error.value.setting == "detectors" and message in str(error.value)
+    with pytest.raises(ConfigError) as error:
+        parse_setting(spec)
     assert error.value.setting == "detectors" and message in str(error.value)
 
 

@@ -22,7 +22,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from trainhealth.config import DEFAULT_DETECTORS
+from trainhealth.config import DEFAULT_DETECTORS, ConfigError
 from trainhealth.detectors.base import Detector
 from trainhealth.detectors.decision import Decision
 from trainhealth.detectors.delta import DeltaIrregularity
@@ -35,7 +35,8 @@ from trainhealth.detectors.spike import SpikeScore
 from trainhealth.detectors.stl import STLDetector
 from trainhealth.detectors.zscore import ZScore
 
-__all__ = ["DEFAULT_SPEC", "DETECTORS", "SIGNALS", "WatchSpec", "build_detector", "parse_item", "parse_spec"]
+__all__ = ["DEFAULT_SPEC", "DETECTORS", "SIGNALS", "WatchSpec", "build_detector", "parse_item", "parse_setting",
+           "parse_spec"]
 
 DETECTORS: dict[str, type[Detector]] = {cls.name: cls for cls in (
     ZScore, RobustZ, IQR, STLDetector, DeltaIrregularity, SpikeScore, LevelShift, NonFinite, PeerOutlier,
@@ -114,6 +115,16 @@ def build_detector(name: str, parameters: dict[str, Any], signal: str = "the sig
     except (TypeError, ValueError) as exc:
         raise ValueError(f"{name} for {signal}: {exc}") from None
     return spec
+
+
+def parse_setting(text: str) -> list[WatchSpec]:
+    """The ``detectors`` setting parsed, or :class:`~trainhealth.config.ConfigError` naming it (what the Monitor
+    and ``trainhealth config`` call the moment they read the settings; the grammar lives here, with the
+    detectors, not in the core's settings)."""
+    try:
+        return parse_spec(text)
+    except ValueError as exc:
+        raise ConfigError("detectors", str(exc)) from None
 
 
 def parse_spec(text: str) -> list[WatchSpec]:

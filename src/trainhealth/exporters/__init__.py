@@ -1,9 +1,12 @@
-"""What produces telemetry: the training-loop Monitor and the two sinks it feeds."""
+"""What produces telemetry: the training-loop Monitor and the two sinks it feeds.
 
-from trainhealth.exporters.model import LayerGroupStats, Monitor, StepStats
-from trainhealth.exporters.otel import OtelExporter
-from trainhealth.exporters.prometheus import BasicAuth, MetricsServer, StoreCollector, TLSFiles
-from trainhealth.exporters.sinks import Sinks
+Names load on first use (PEP 562), so importing one exporter does not import the others.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
 
 __all__ = [
     "BasicAuth",
@@ -16,3 +19,13 @@ __all__ = [
     "StoreCollector",
     "TLSFiles",
 ]
+
+_HOME = {"LayerGroupStats": "model", "Monitor": "model", "StepStats": "model", "OtelExporter": "otel",
+         "BasicAuth": "prometheus", "MetricsServer": "prometheus", "StoreCollector": "prometheus",
+         "TLSFiles": "prometheus", "Sinks": "sinks"}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _HOME:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{_HOME[name]}"), name)

@@ -36,15 +36,17 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 
 from trainhealth import catalog
 from trainhealth.exporters.comm_abnormal import AbnormalFilter
 from trainhealth.state import MetricStore
-from trainhealth.traces.format import COMMUNICATION_OPS
+from trainhealth.traces.ops import COMMUNICATION_OPS
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 __all__ = ["COMMUNICATION_FUNCTIONS", "CollectiveLogger", "RECORD_FIELDS", "step_wait"]
 
@@ -488,6 +490,8 @@ class CollectiveLogger:
         return self._frame(list(self._ring))
 
     def _frame(self, rows: list[tuple]) -> pd.DataFrame:
+        import pandas as pd  # the analysis extra: only reading the records as a table needs it
+
         width = len(RECORD_FIELDS)
         frame = pd.DataFrame.from_records([row[:width] for row in rows], columns=list(RECORD_FIELDS))
         frame["start"] = frame["start"].astype(np.float64) + self._clock_offset

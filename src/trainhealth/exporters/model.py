@@ -40,7 +40,7 @@ from trainhealth import comm as comm_module
 from trainhealth._torch import require_torch
 from trainhealth.config import Settings
 from trainhealth.detectors.runner import SignalDetectors
-from trainhealth.detectors.spec import parse_spec
+from trainhealth.detectors.spec import parse_setting
 from trainhealth.events import EventLog
 from trainhealth.exporters.gpu import GpuTelemetry
 from trainhealth.exporters.layer_groups import group_parameters
@@ -165,6 +165,7 @@ class Monitor:
         else:
             settings = settings.replace(**{name: value for name, value in explicit.items() if value is not None})
         self.settings = settings
+        watched = parse_setting(settings.detectors)  # a bad detectors setting fails here, before any thread starts
         identity = Identity.from_env(env, settings)
         if not identity.gpu_uuid:
             identity = identity.with_gpu_uuid(_cuda_uuid(torch, model))
@@ -191,7 +192,7 @@ class Monitor:
         self._optimizer_began: float | None = None
 
         self.events = EventLog()
-        self.detectors = SignalDetectors(parse_spec(settings.detectors), store=self.store, events=self.events)
+        self.detectors = SignalDetectors(watched, store=self.store, events=self.events)
         for signal in ("loss", "grad_norm"):  # from 0, so the first non-finite step is an increase
             self.store.inc(catalog.TRAIN_NONFINITE_STEPS, 0.0, (signal,))
         self._sinks = Sinks.start(self.store, identity, settings, env, events=self.events)

@@ -46,7 +46,7 @@ from opentelemetry.sdk._logs.export import BatchLogRecordProcessor, LogRecordExp
 from opentelemetry.sdk.metrics.view import ExplicitBucketHistogramAggregation, View
 from opentelemetry.sdk.resources import Resource
 
-from trainhealth import __version__
+from trainhealth._version import __version__
 from trainhealth.catalog import CATALOG, MetricKind, MetricSpec
 from trainhealth.events import Event, EventLog, Severity
 from trainhealth.identity import Identity

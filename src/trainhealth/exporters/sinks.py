@@ -11,10 +11,10 @@ from collections.abc import Mapping
 
 from prometheus_client import CollectorRegistry
 
-from trainhealth import __version__, catalog
+from trainhealth import catalog
+from trainhealth._version import __version__
 from trainhealth.config import ConfigError, Settings
 from trainhealth.events import EventLog
-from trainhealth.exporters.otel import OtelExporter
 from trainhealth.exporters.prometheus import BasicAuth, MetricsServer, StoreCollector, TLSFiles
 from trainhealth.identity import Identity
 from trainhealth.state import MetricStore
@@ -73,7 +73,11 @@ class Sinks:
             except OSError as exc:
                 raise ConfigError("prometheus_port", f"cannot serve on {settings.prometheus_addr}:{port}: {exc.strerror or exc}") from None
             log.info("trainhealth: serving metrics at %s", server.url)
-        otel = OtelExporter(store, identity, events=events) if settings.otel_enabled(env) else None
+        otel = None
+        if settings.otel_enabled(env):  # the OpenTelemetry SDK loads only when OTLP is on
+            from trainhealth.exporters.otel import OtelExporter
+
+            otel = OtelExporter(store, identity, events=events)
         return cls(server, otel)
 
     @property

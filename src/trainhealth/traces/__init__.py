@@ -1,8 +1,13 @@
-"""Trace format v1 (reader, writer, validation), the topology sidecar, and importers."""
+"""Trace format v1 (reader, writer, validation), the topology sidecar, and importers.
 
-from trainhealth.traces.format import COMMUNICATION_OPS, COMPUTATION_OPS, OPS, TraceError, validate
-from trainhealth.traces.io import Trace, read_trace, read_trace_file, write_trace
-from trainhealth.traces.topology import Topology
+The names load on first use (PEP 562): the collective logger in a training pod imports
+:mod:`trainhealth.traces.ops` alone, without pandas or pyarrow.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
 
 __all__ = [
     "COMMUNICATION_OPS",
@@ -16,3 +21,13 @@ __all__ = [
     "validate",
     "write_trace",
 ]
+
+_HOME = {"COMMUNICATION_OPS": "ops", "COMPUTATION_OPS": "ops", "OPS": "ops", "TraceError": "ops",
+         "validate": "format", "Trace": "io", "read_trace": "io", "read_trace_file": "io", "write_trace": "io",
+         "Topology": "topology"}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _HOME:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{_HOME[name]}"), name)

@@ -10,7 +10,7 @@ is vectorised with pandas and stops at the first problem, reported as a
 >>> validate(frame, "trace.jsonl")
 Traceback (most recent call last):
 ...
-trainhealth.traces.format.TraceError: trace.jsonl: row 1, column 'duration': negative value -0.25
+trainhealth.traces.ops.TraceError: trace.jsonl: row 1, column 'duration': negative value -0.25
 """
 
 from __future__ import annotations
@@ -21,6 +21,8 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
+
+from trainhealth.traces.ops import COMMUNICATION_OPS, COMPUTATION_OPS, MARKER_OPS, OPS, TraceError
 
 __all__ = [
     "COLUMNS",
@@ -34,13 +36,6 @@ __all__ = [
     "validate",
 ]
 
-COMMUNICATION_OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "reduce", "barrier",
-                     "send", "recv")
-COMPUTATION_OPS = ("forward", "backward", "optimizer", "compute")
-#: Rows that mark time rather than do work: ``step`` spans one training step of the rank (optional; traces
-#: without markers stay valid).
-MARKER_OPS = ("step",)
-OPS = COMMUNICATION_OPS + COMPUTATION_OPS + MARKER_OPS
 
 
 @dataclass(frozen=True)
@@ -66,20 +61,6 @@ COLUMNS: tuple[Column, ...] = (
 )
 REQUIRED_COLUMNS = tuple(column.name for column in COLUMNS if column.required)
 _BY_NAME = {column.name: column for column in COLUMNS}
-
-
-class TraceError(ValueError):
-    """Invalid trace input; the message names the file, and the row and column where there is one."""
-
-    def __init__(self, path: str, problem: str, *, row: int | None = None, column: str | None = None,
-                 line: int | None = None) -> None:
-        self.path, self.row, self.column, self.problem = path, row, column, problem
-        where = [str(path)]
-        if row is not None:
-            where.append(f"row {row}" + (f" (line {line})" if line is not None else ""))
-        if column is not None:
-            where.append(f"column '{column}'")
-        super().__init__(f"{where[0]}: {', '.join(where[1:])}{': ' if len(where) > 1 else ''}{problem}")
 
 
 def validate(frame: pd.DataFrame, path: str, lines: Sequence[int] | None = None) -> pd.DataFrame:

@@ -2,7 +2,7 @@
 
 The file type follows the extension. Readers take files and directories (every
 trace file directly inside, plus its ``topology.json``); every problem is a
-:class:`~trainhealth.traces.format.TraceError` naming file, row and column.
+:class:`~trainhealth.traces.ops.TraceError` naming file, row and column.
 
 >>> import pandas as pd, tempfile, pathlib
 >>> records = pd.DataFrame({"rank": [0, 1], "step": [0, 0], "op": ["all_reduce"] * 2, "group": ["dp0"] * 2,
