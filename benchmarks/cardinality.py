@@ -20,12 +20,12 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from trainhealth.config import Settings
 from trainhealth.events import EventLog
-from trainhealth.exporters.gpu import GpuTelemetry
-from trainhealth.exporters.model import Monitor
-from trainhealth.exporters.sinks import Sinks
+from trainhealth.exporters.gpu.telemetry import GpuTelemetry
+from trainhealth.exporters.monitor import Monitor
+from trainhealth.sinks.service import Sinks
 from trainhealth.identity import Identity
-from trainhealth.models.tiny_gpt import TinyGPT, synthetic_batch
-from trainhealth.state import MetricStore
+from trainhealth.lab.models.tiny_gpt import TinyGPT, synthetic_batch
+from trainhealth.store import MetricStore
 
 
 def count(url: str) -> Counter:

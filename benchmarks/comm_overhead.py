@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # for tests.dis
 
 import trainhealth.comm  # noqa: E402
 from tests.distributed import free_port, init_rank, run_ranks  # noqa: E402
-from trainhealth.exporters.comm import CollectiveLogger  # noqa: E402
+from trainhealth.exporters.collectives.logger import CollectiveLogger  # noqa: E402
 
 
 def overhead(rounds: int = 7, calls: int = 20_000) -> tuple[float, float, float]:

@@ -27,13 +27,13 @@ import tracemalloc
 
 from trainhealth.config import Settings
 from trainhealth.events import EventLog
-from trainhealth.exporters.gpu import GpuTelemetry
-from trainhealth.exporters.nvml import GpuSampler
-from trainhealth.exporters.simgpu import FaultKind, SimulatedFault, SimulatedNvml, SimulatedProfiler
-from trainhealth.exporters.sinks import Sinks
-from trainhealth.exporters.xid_watcher import XidWatcher
+from trainhealth.exporters.gpu.telemetry import GpuTelemetry
+from trainhealth.exporters.gpu.sampler import GpuSampler
+from trainhealth.exporters.gpu.simulated import SimulatedFaultKind, SimulatedFault, SimulatedNvml, SimulatedProfiler
+from trainhealth.sinks.service import Sinks
+from trainhealth.exporters.gpu.xid_watcher import XidWatcher
 from trainhealth.identity import Identity
-from trainhealth.state import MetricStore
+from trainhealth.store import MetricStore
 
 CLIENT = r"""
 import http.client, sys, time, urllib.parse
@@ -94,8 +94,8 @@ def memory_growth(passes: int) -> list[tuple[int, float, float]]:
     watcher = XidWatcher(store, sim, sampler.gpus, backend="simulated", events=events, on_xid=lambda *_: None)
     watcher.start()
     chooser = random.Random(0)
-    kinds = [FaultKind.THERMAL_THROTTLE, FaultKind.POWER_THROTTLE, FaultKind.SLOW_CLOCKS, FaultKind.PCIE_REPLAYS,
-             FaultKind.NVLINK_CRC, FaultKind.ECC_CORRECTABLE, FaultKind.GPU_LOST, FaultKind.RECOVER]
+    kinds = [SimulatedFaultKind.THERMAL_THROTTLE, SimulatedFaultKind.POWER_THROTTLE, SimulatedFaultKind.SLOW_CLOCKS, SimulatedFaultKind.PCIE_REPLAYS,
+             SimulatedFaultKind.NVLINK_CRC, SimulatedFaultKind.ECC_CORRECTABLE, SimulatedFaultKind.GPU_LOST, SimulatedFaultKind.RECOVER]
     tracemalloc.start()
     marks = []
     for index in range(passes):
@@ -103,7 +103,7 @@ def memory_growth(passes: int) -> list[tuple[int, float, float]]:
             gpu = chooser.randrange(8)
             kind = chooser.choice(kinds)
             sim.inject(SimulatedFault(kind, gpu=gpu, link=chooser.randrange(18), active=chooser.random() < 0.5))
-            sim.inject(SimulatedFault(FaultKind.XID, gpu=gpu, xid=chooser.choice([13, 31, 43, 63, 94])))
+            sim.inject(SimulatedFault(SimulatedFaultKind.XID, gpu=gpu, xid=chooser.choice([13, 31, 43, 63, 94])))
         sampler.sample_once()
         if index + 1 in (passes // 10, passes // 2, passes):
             gc.collect()

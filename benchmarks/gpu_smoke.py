@@ -16,10 +16,10 @@ import time
 import pynvml
 
 from trainhealth.events import EventLog
-from trainhealth.exporters.dcgm import DcgmProfiler
-from trainhealth.exporters.nvml import GpuSampler
-from trainhealth.exporters.xid_watcher import XidWatcher
-from trainhealth.state import HistogramValue, MetricStore
+from trainhealth.exporters.gpu.dcgm import DcgmProfiler
+from trainhealth.exporters.gpu.sampler import GpuSampler
+from trainhealth.exporters.gpu.xid_watcher import XidWatcher
+from trainhealth.store import HistogramValue, MetricStore
 
 
 def main() -> int:

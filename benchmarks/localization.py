@@ -4,7 +4,7 @@
     python benchmarks/localization.py --scales 64 512 --no-latency
     python benchmarks/localization.py --latency-only --latency-gpus 16384 --repeats 1   # the analyzer at 16k GPUs
 
-Cases come from trainhealth.bench.localization (seeded simulator windows: 20
+Cases come from trainhealth.lab.bench.localization (seeded simulator windows: 20
 steps, 4 layouts per scale from 3-D to 5-D parallelism, GPU / NIC / host /
 switch faults at severity 1.02-3, persistent or transient, and three negative
 controls per layout). The thresholds are the defaults of
@@ -31,9 +31,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from trainhealth.bench.localization import Outcome, cases, evaluate, summarize
-from trainhealth.faults.cluster import Layout
-from trainhealth.faults.simulator import FaultKind, InjectedFault, Scenario, simulate
+from trainhealth.lab.bench.localization import Outcome, cases, evaluate, summarize
+from trainhealth.lab.simulator.cluster import ClusterLayout
+from trainhealth.lab.simulator.simulate import ClusterFaultKind, InjectedFault, Scenario, simulate
 from trainhealth.localize.localizer import Thresholds
 
 TRAINHEALTH = str(Path(sys.executable).parent / "trainhealth")
@@ -66,9 +66,9 @@ def _table(title: str, outcomes: list[Outcome], by: str, minimum_severity: float
 
 
 def _latency(repeats: int, gpus: int = 8192) -> None:
-    layout = Layout(dp=gpus // 128, pp=16, tp=8)
+    layout = ClusterLayout(dp=gpus // 128, pp=16, tp=8)
     target = gpus // 2 + 146  # 4242 at 8192 GPUs
-    fault = InjectedFault(FaultKind.GPU, target, 1.2, start_step=8)
+    fault = InjectedFault(ClusterFaultKind.GPU, target, 1.2, start_step=8)
     with tempfile.TemporaryDirectory() as directory:
         began = time.perf_counter()
         trace = simulate(Scenario(layout, steps=20, microbatches=4, seed=7, faults=(fault,)))

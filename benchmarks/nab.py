@@ -4,7 +4,7 @@
 
 Runs the five default detectors over the Numenta Anomaly Benchmark in
 ../shared/data/nab and prints the normalised scores per profile (see
-trainhealth.bench.nab for the scoring, written here from NAB's description),
+trainhealth.lab.bench.nab for the scoring, written here from NAB's description),
 plus a calibration row: a z-score over a 6,400-point window without
 protection is NAB's Windowed Gaussian detector, published at 39.6.
 Published standard-profile scores for context: Windowed Gaussian 39.6,
@@ -24,7 +24,7 @@ if __name__ == "__main__":
     parser.add_argument("--out", default="/tmp/nab-results")
     args = parser.parse_args()
     data = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "nab"
-    from trainhealth.bench.nab import NAB_DETECTORS
+    from trainhealth.lab.bench.nab import NAB_DETECTORS
 
     calibration = "zscore(window=6400,warmup=50,protect=false)"
     detectors = [argument for item in (*NAB_DETECTORS, calibration) for argument in ("--detector", item)]

@@ -32,10 +32,10 @@ PER_PROCESS = 32
 def _serve(first_port: int, count: int, ready: multiprocessing.Queue, stop: multiprocessing.Event) -> None:
     from trainhealth.config import Settings
     from trainhealth.events import EventLog
-    from trainhealth.exporters.gpu import GpuTelemetry
-    from trainhealth.exporters.sinks import Sinks
+    from trainhealth.exporters.gpu.telemetry import GpuTelemetry
+    from trainhealth.sinks.service import Sinks
     from trainhealth.identity import Identity
-    from trainhealth.state import MetricStore
+    from trainhealth.store import MetricStore
 
     running = []
     for offset in range(count):

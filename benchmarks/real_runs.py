@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 from trainhealth.lab.realrun.cases import suite_cases
-from trainhealth.lab.realrun.commands import parse_seeds
+from trainhealth.cli.lab import parse_seeds
 from trainhealth.lab.realrun.suite import run_suite, summary, table
 from trainhealth.errors import UsageError
 

@@ -3,7 +3,7 @@
     python benchmarks/sdc_detection.py              # the grid and the overhead (about 15 minutes on 2 cores)
     python benchmarks/sdc_detection.py --seeds 1 --no-overhead
 
-Each trial trains trainhealth.models.tiny_gpt.TinyGPT for 250 steps with the
+Each trial trains trainhealth.lab.models.tiny_gpt.TinyGPT for 250 steps with the
 Monitor at its default settings (fingerprints every 100 steps, local gradient
 norms every 10) and injects one fault on one rank at a step between 110 and
 190: a bit flip at a given position (31 sign, 30-23 exponent, 22-0 mantissa of
@@ -34,7 +34,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tests.distributed import init_rank, run_ranks  # noqa: E402
-from trainhealth.bench.sdc import Trial, run_trials  # noqa: E402
+from trainhealth.lab.bench.sdc import Trial, run_trials  # noqa: E402
 
 WORLD = 4
 BITS = {"sign": 31, "exponent-30": 30, "exponent-27": 27, "exponent-23": 23, "mantissa-22": 22, "mantissa-0": 0}

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from trainhealth.docgen import GENERATED_DOCS
+from trainhealth.cli.docgen import GENERATED_DOCS
 
 ROOT = Path(__file__).resolve().parent.parent
 COMMANDS = {

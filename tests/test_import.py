@@ -14,7 +14,7 @@ PUBLIC = {
                               "StepStats", "StoreCollector", "TLSFiles"],
     "trainhealth.catalog": ["CATALOG", "IDENTITY_LABELS", "MetricKind", "MetricSpec", "Unit", "by_prometheus_name"],
     "trainhealth.config": ["ConfigError", "Settings", "setting_infos"],
-    "trainhealth.state": ["Family", "HistogramValue", "MetricStore"],
+    "trainhealth.store": ["Family", "HistogramValue", "MetricStore"],
 }
 
 

@@ -10,7 +10,7 @@ import yaml
 
 from tests.alerts.cases import CASES
 from tests.prometheus_server import require_binary
-from trainhealth.alerts.advice import ADVICE
+from trainhealth.knowledge.advice import ADVICE
 from trainhealth.alerts.recording import RECORDING_RULES
 from trainhealth.alerts.render import rule_file_yaml
 from trainhealth.alerts.rules import ALERTS, RUNBOOK_BASE

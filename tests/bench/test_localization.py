@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-from trainhealth.bench.localization import SCALES, cases, evaluate, summarize
-from trainhealth.faults.simulator import Control, FaultKind
+from trainhealth.lab.bench.localization import SCALES, cases, evaluate, summarize
+from trainhealth.lab.simulator.simulate import Control, ClusterFaultKind
 from trainhealth.localize.localizer import Thresholds
 
 
 def test_cases_cover_every_kind_severity_control_and_layout():
     generated = cases(64, seeds=[3])
     faults = [c for c in generated if c.fault]
-    assert {c.fault.kind for c in faults} == set(FaultKind)
+    assert {c.fault.kind for c in faults} == set(ClusterFaultKind)
     assert {c.fault.severity for c in faults} == {1.02, 1.05, 1.1, 1.2, 1.5, 2.0, 3.0}
     assert {c.pattern for c in faults} == {"persistent", "transient"}
     assert {c.control for c in generated if not c.fault} == set(Control)

@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from trainhealth.bench.nab import NabFile, load_corpus, scaled_sigmoid, score_corpus
+from trainhealth.lab.bench.nab import NabFile, load_corpus, scaled_sigmoid, score_corpus
 
 NAB = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "nab"
 

@@ -17,8 +17,8 @@ from tests.otlp import OtlpReceiver, attributes
 from trainhealth import ConfigError, Monitor, Settings
 from trainhealth.detectors.runner import SignalDetectors
 from trainhealth.detectors.spec import parse_setting, parse_spec
-from trainhealth.exporters.comm import CollectiveLogger
-from trainhealth.state import MetricStore
+from trainhealth.exporters.collectives.logger import CollectiveLogger
+from trainhealth.store import MetricStore
 from trainhealth import catalog
 
 SERVE = {"prometheus_addr": "127.0.0.1", "prometheus_port": 0, "otel": False, "gpu_backend": "off"}

@@ -14,7 +14,7 @@ import pytest
 from trainhealth.lab.realrun.cases import suite_cases
 from trainhealth.lab.realrun.launcher import run_case
 from trainhealth.lab.realrun.scoring import baseline_wait, score_answer
-from trainhealth.lab.realrun.spec import CaseSpec, Fault, FaultKind, Layout, Pattern, truth
+from trainhealth.lab.realrun.spec import CaseSpec, Fault, RealRunFaultKind, Parallelism, Pattern, truth
 from trainhealth.localize.localizer import localize
 from trainhealth.traces.io import read_trace
 
@@ -25,14 +25,14 @@ TARGET = 2
 
 
 def _spec(name: str, fault: Fault) -> CaseSpec:
-    return CaseSpec(name, Layout.DDP, ranks=4, steps=STEPS, seed=3, fault=fault)
+    return CaseSpec(name, Parallelism.DDP, ranks=4, steps=STEPS, seed=3, fault=fault)
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
     out = tmp_path_factory.mktemp("lab")
-    straggler = _spec("straggler", Fault(FaultKind.COMPUTE, Pattern.PERSISTENT, target=TARGET, onset=8, severity=2.0))
-    clean = _spec("clean", Fault(FaultKind.CLEAN))
+    straggler = _spec("straggler", Fault(RealRunFaultKind.COMPUTE, Pattern.PERSISTENT, target=TARGET, onset=8, severity=2.0))
+    clean = _spec("clean", Fault(RealRunFaultKind.CLEAN))
     return {"straggler": run_case(straggler, out, live=False), "clean": run_case(clean, out, live=False)}
 
 
@@ -117,10 +117,10 @@ def test_a_finished_suite_is_scored_again_from_its_saved_traces(runs, tmp_path, 
 
 
 def test_scoring_counts_a_wrong_rank_as_false_blame() -> None:
-    t = truth(_spec("s", Fault(FaultKind.COMPUTE, target=1, onset=5, severity=2.0)))
+    t = truth(_spec("s", Fault(RealRunFaultKind.COMPUTE, target=1, onset=5, severity=2.0)))
     assert score_answer(t, "compute", [("gpu:rank-3", (3,), 0.9)]).false_blame
     assert not score_answer(t, "compute", [("gpu:rank-3", (3,), 0.9)]).top1_right
-    control = truth(_spec("c", Fault(FaultKind.CLEAN)))
+    control = truth(_spec("c", Fault(RealRunFaultKind.CLEAN)))
     assert score_answer(control, "compute", [("gpu:rank-0", (0,), 0.7)]).false_blame
     assert not score_answer(control, "imbalance", []).false_blame
 
@@ -129,9 +129,9 @@ def test_the_full_suite_covers_the_issue() -> None:
     cases = suite_cases("full", seeds=(0, 1, 2))
     assert len(cases) >= 60
     assert {c.ranks for c in cases} == {4, 8}
-    assert {c.layout for c in cases} == set(Layout)
-    assert {c.fault.kind for c in cases} == set(FaultKind)
-    assert {c.fault.pattern for c in cases if c.fault.kind is FaultKind.COMPUTE} == set(Pattern)
+    assert {c.layout for c in cases} == set(Parallelism)
+    assert {c.fault.kind for c in cases} == set(RealRunFaultKind)
+    assert {c.fault.pattern for c in cases if c.fault.kind is RealRunFaultKind.COMPUTE} == set(Pattern)
 
 
 def test_public_names() -> None:

@@ -18,8 +18,8 @@ from tests.distributed import init_rank, join, start_ranks
 from tests.helpers import scrape
 from tests.prometheus_server import start_prometheus
 from trainhealth import Monitor
-from trainhealth.faults.cluster import Layout
-from trainhealth.faults.simulator import FaultKind, InjectedFault, Scenario, simulate
+from trainhealth.lab.simulator.cluster import ClusterLayout
+from trainhealth.lab.simulator.simulate import ClusterFaultKind, InjectedFault, Scenario, simulate
 from trainhealth.traces.io import write_trace
 
 TRAINHEALTH = str(Path(sys.executable).parent / "trainhealth")
@@ -50,8 +50,8 @@ def _suspects(url: str, timeout_s: float = 30.0, want: str | None = None) -> dic
 
 def _drop_rank_files(directory: Path, severity: float | None) -> None:
     """What ranks running trainhealth.comm leave behind: one trace file per rank (and a topology)."""
-    faults = (InjectedFault(FaultKind.GPU, 13, severity, start_step=5),) if severity else ()
-    trace = simulate(Scenario(Layout(dp=4, pp=2, tp=2), steps=12, seed=5, faults=faults))
+    faults = (InjectedFault(ClusterFaultKind.GPU, 13, severity, start_step=5),) if severity else ()
+    trace = simulate(Scenario(ClusterLayout(dp=4, pp=2, tp=2), steps=12, seed=5, faults=faults))
     for rank, records in trace.records.groupby("rank"):
         write_trace(records, directory / f"rank-{rank}.parquet")
     (directory / "topology.json").write_text(json.dumps(trace.topology))

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from trainhealth.faults.cluster import Layout
-from trainhealth.faults.simulator import (
+from trainhealth.lab.simulator.cluster import ClusterLayout
+from trainhealth.lab.simulator.simulate import (
     Control,
-    FaultKind,
+    ClusterFaultKind,
     InjectedFault,
     Scenario,
     simulate,
@@ -17,7 +17,7 @@ from trainhealth.faults.simulator import (
 from trainhealth.localize.localizer import Thresholds, localize
 from trainhealth.traces.convert import load_any
 
-LAYOUT = Layout(dp=4, pp=4, tp=4, hosts_per_leaf=2)  # 64 GPUs on 8 hosts under 4 leaf switches
+LAYOUT = ClusterLayout(dp=4, pp=4, tp=4, hosts_per_leaf=2)  # 64 GPUs on 8 hosts under 4 leaf switches
 DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "straggler-analysis"
 COMPUTE = ["forward", "backward", "optimizer"]
 
@@ -39,7 +39,7 @@ def _run(*faults: InjectedFault, seed: int = 11, control: Control = Control.NONE
 ])
 @pytest.mark.parametrize("start, end", [(6, None), (8, 13)])
 def test_the_injected_fault_is_the_top_suspect(kind, target, component, verdict, start, end):
-    result, truth = _run(InjectedFault(FaultKind(kind), target, 1.3, start_step=start, end_step=end))
+    result, truth = _run(InjectedFault(ClusterFaultKind(kind), target, 1.3, start_step=start, end_step=end))
     assert truth["faults"][0]["component"] == component
     assert result.verdict == verdict
     assert result.suspects[0].component == component
@@ -67,7 +67,7 @@ def test_negative_controls_blame_no_device(control, verdict, reason, seed):
 
 def test_a_slow_gpu_is_found_from_collectives_alone():
     # numbered steps, every collective blocking: the gaps between collectives are compute (recorded path)
-    result, _ = _run(InjectedFault(FaultKind.GPU, 21, 1.5, start_step=6), collectives_only=True)
+    result, _ = _run(InjectedFault(ClusterFaultKind.GPU, 21, 1.5, start_step=6), collectives_only=True)
     assert result.details["evidence_source"] == "collectives"
     assert result.verdict == "compute" and [s.component for s in result.suspects] == ["gpu:rank-21"]
     assert "1.50x as long outside collectives" in result.suspects[0].evidence
@@ -75,7 +75,7 @@ def test_a_slow_gpu_is_found_from_collectives_alone():
 
 
 def test_collectives_alone_with_steps_unnumbered_are_read_from_inferred_iterations():
-    result, _ = _run(InjectedFault(FaultKind.GPU, 21, 1.5, start_step=6), collectives_only=True, unnumbered=True)
+    result, _ = _run(InjectedFault(ClusterFaultKind.GPU, 21, 1.5, start_step=6), collectives_only=True, unnumbered=True)
     assert result.details["evidence_source"] == "collectives (steps inferred)"
     assert result.verdict == "compute" and result.suspects[0].component == "gpu:rank-21"
     assert result.suspects[0].evidence.startswith("rank 21 computes 1.")
@@ -94,7 +94,7 @@ def test_a_clean_run_from_collectives_alone_blames_no_device(seed):
 
 
 def test_a_fault_below_the_noise_is_not_blamed_on_someone_else():
-    result, _ = _run(InjectedFault(FaultKind.GPU, 9, 1.02, start_step=15, end_step=18))
+    result, _ = _run(InjectedFault(ClusterFaultKind.GPU, 9, 1.02, start_step=15, end_step=18))
     assert all(s.component == "gpu:rank-9" for s in result.suspects[:1])
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import yaml
 
-from trainhealth.alerts.advice import ADVICE, known_xid_advice
+from trainhealth.knowledge.advice import ADVICE, known_xid_advice
 from trainhealth.alerts.recording import RECORDING_RULES
 from trainhealth.alerts.rules import ALERTS, RUNBOOK_BASE, AlertRule
 

@@ -22,9 +22,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from trainhealth import catalog as c
-from trainhealth.alerts.advice import ADVICE
 from trainhealth.events import Severity
-from trainhealth.exporters.xid import known_xids
+from trainhealth.knowledge.advice import ADVICE
+from trainhealth.knowledge.promql import counted
+from trainhealth.knowledge.xid import known_xids
 
 __all__ = ["ALERTS", "RUNBOOK_BASE", "AlertRule", "by_name", "counted"]
 
@@ -71,15 +72,6 @@ class AlertRule:
             "mitigation": self.mitigation,
         }
         return rule
-
-
-def counted(selector: str, window: str) -> str:
-    """Events counted in ``window``: the increase, or the whole count of a series that did not exist before.
-
-    An exporter creates an event counter's series at the first event (an XID, an anomaly), at 1: ``increase``
-    alone never sees that first step.
-    """
-    return f"(increase({selector}[{window}]) > 0 or ({selector} > 0 unless {selector} offset {window}))"
 
 
 def _seconds(duration: str) -> float:

@@ -7,11 +7,11 @@ from __future__ import annotations
 from grafanalib import core as g
 
 from trainhealth import catalog as c
-from trainhealth.alerts.rules import counted
 from trainhealth.dashboards.layout import DCGM_FILTER as D
 from trainhealth.dashboards.layout import GPU_FILTER as F
 from trainhealth.dashboards.layout import arrange, dashboard, target
-from trainhealth.exporters.xid import known_xids
+from trainhealth.knowledge.promql import counted
+from trainhealth.knowledge.xid import known_xids
 
 __all__ = ["DCGM_METRICS", "gpu_dashboard"]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from grafanalib import core as g
 
 from trainhealth import catalog as c
-from trainhealth.alerts.advice import ADVICE
+from trainhealth.knowledge.advice import ADVICE
 from trainhealth.dashboards.layout import arrange, dashboard, target
 
 __all__ = ["incidents_dashboard"]

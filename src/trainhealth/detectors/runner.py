@@ -9,7 +9,7 @@ event (a log line, and an OpenTelemetry log record with ``event_name``
 those still in progress. The spike detector also exports the OLMo 2 spike score,
 the delta detector the irregularity rate.
 
->>> from trainhealth.state import MetricStore
+>>> from trainhealth.store import MetricStore
 >>> from trainhealth import catalog
 >>> store = MetricStore()
 >>> runner = SignalDetectors(parse_spec("loss=nonfinite"), store=store)
@@ -32,7 +32,7 @@ from trainhealth.detectors.spec import WatchSpec, parse_spec
 from trainhealth.detectors.spike import SpikeScore
 from trainhealth.detectors.watch import Anomaly, Watch
 from trainhealth.events import Event, EventLog, Severity
-from trainhealth.state import MetricStore
+from trainhealth.store import MetricStore
 
 __all__ = ["SignalDetectors", "parse_spec"]
 

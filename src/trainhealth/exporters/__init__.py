@@ -1,4 +1,6 @@
-"""What produces telemetry: the training-loop Monitor and the two sinks it feeds.
+"""What collects telemetry, one wing per source: ``training`` (what the loop reports), ``gpu`` (NVML, DCGM,
+the simulated backend, XIDs), ``collectives`` (the collective logger); the Monitor (``exporters.monitor``)
+ties the three to the sinks.
 
 Names load on first use (PEP 562), so importing one exporter does not import the others.
 """
@@ -20,12 +22,12 @@ __all__ = [
     "TLSFiles",
 ]
 
-_HOME = {"LayerGroupStats": "model", "Monitor": "model", "StepStats": "model", "OtelExporter": "otel",
-         "BasicAuth": "prometheus", "MetricsServer": "prometheus", "StoreCollector": "prometheus",
-         "TLSFiles": "prometheus", "Sinks": "sinks"}
+_HOME = {"LayerGroupStats": "exporters.monitor", "Monitor": "exporters.monitor", "StepStats": "exporters.monitor",
+         "OtelExporter": "sinks.otel", "BasicAuth": "sinks.prometheus", "MetricsServer": "sinks.prometheus",
+         "StoreCollector": "sinks.prometheus", "TLSFiles": "sinks.prometheus", "Sinks": "sinks.service"}
 
 
 def __getattr__(name: str) -> Any:
     if name not in _HOME:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(f"{__name__}.{_HOME[name]}"), name)
+    return getattr(importlib.import_module(f"trainhealth.{_HOME[name]}"), name)

@@ -13,7 +13,7 @@ from typing import Any
 
 from accelerate.tracking import GeneralTracker
 
-from trainhealth.exporters.model import Monitor
+from trainhealth.exporters.monitor import Monitor
 
 __all__ = ["TrainhealthTracker"]
 

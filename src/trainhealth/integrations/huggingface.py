@@ -14,7 +14,7 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-from trainhealth.exporters.model import Monitor
+from trainhealth.exporters.monitor import Monitor
 from trainhealth.integrations._capture import ForwardCapture
 
 __all__ = ["TrainhealthCallback"]

@@ -15,7 +15,7 @@ from typing import Any
 
 from lightning.pytorch.callbacks import Callback
 
-from trainhealth.exporters.model import Monitor
+from trainhealth.exporters.monitor import Monitor
 
 __all__ = ["TrainhealthCallback"]
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from trainhealth.exporters.model import Monitor
+from trainhealth.exporters.monitor import Monitor
 
 __all__ = ["TORCHTITAN_KEYS", "TrainhealthLogger"]
 

@@ -9,12 +9,12 @@ and when and how long the last run was. It keeps no state between runs beyond
 what it publishes, so it can be killed and restarted at any time: the next run
 rebuilds everything from the source.
 
->>> from trainhealth.faults.cluster import Layout
->>> from trainhealth.faults.simulator import FaultKind, InjectedFault, Scenario, simulate
+>>> from trainhealth.lab.simulator.cluster import ClusterLayout
+>>> from trainhealth.lab.simulator.simulate import ClusterFaultKind, InjectedFault, Scenario, simulate
 >>> from trainhealth.localize.sources import Window
->>> from trainhealth.state import MetricStore
->>> trace = simulate(Scenario(Layout(dp=4, pp=2, tp=2), steps=12, seed=3,
-...                           faults=(InjectedFault(FaultKind.GPU, target=5, severity=1.5, start_step=6),)))
+>>> from trainhealth.store import MetricStore
+>>> trace = simulate(Scenario(ClusterLayout(dp=4, pp=2, tp=2), steps=12, seed=3,
+...                           faults=(InjectedFault(ClusterFaultKind.GPU, target=5, severity=1.5, start_step=6),)))
 >>> class Fixed:
 ...     def describe(self): return "a fixed window"
 ...     def read(self): return Window(trace.records, None)
@@ -37,7 +37,7 @@ from trainhealth import catalog
 from trainhealth.localize.localizer import Thresholds, localize
 from trainhealth.localize.result import VERDICTS, LocalizationResult, Suspect
 from trainhealth.localize.sources import SourceError, Window
-from trainhealth.state import MetricStore
+from trainhealth.store import MetricStore
 from trainhealth.traces.format import TraceError
 
 __all__ = ["Analyzer", "Source"]

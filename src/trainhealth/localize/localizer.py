@@ -21,10 +21,10 @@ The rules are Holmes's (NSDI'25), applied to whole windows of steps with numpy:
    compared between peers and replicas and reported as imbalance, never blamed
    on a GPU.
 
->>> from trainhealth.faults.cluster import Layout
->>> from trainhealth.faults.simulator import FaultKind, InjectedFault, Scenario, simulate
->>> fault = InjectedFault(FaultKind.GPU, target=5, severity=1.5, start_step=6)
->>> trace = simulate(Scenario(Layout(dp=4, pp=2, tp=2), steps=12, faults=(fault,), seed=3))
+>>> from trainhealth.lab.simulator.cluster import ClusterLayout
+>>> from trainhealth.lab.simulator.simulate import ClusterFaultKind, InjectedFault, Scenario, simulate
+>>> fault = InjectedFault(ClusterFaultKind.GPU, target=5, severity=1.5, start_step=6)
+>>> trace = simulate(Scenario(ClusterLayout(dp=4, pp=2, tp=2), steps=12, faults=(fault,), seed=3))
 >>> result = localize(trace.records, trace.topology)
 >>> result.verdict, result.suspects[0].component
 ('compute', 'gpu:rank-5')
@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from trainhealth.alerts.advice import advice_for
+from trainhealth.knowledge.advice import advice_for
 from trainhealth.localize.candidates import Candidate, Thresholds
 from trainhealth.localize.evidence import gather_evidence
 from trainhealth.localize.gpus import gpu_candidates
@@ -69,7 +69,7 @@ def localize(records: pd.DataFrame, topology: Topology | Mapping[str, Any] | Non
              thresholds: Thresholds | None = None, probe: Any = None) -> LocalizationResult:
     """Localize the cause of irregular steps in ``records`` (trace format v1, canonical dtypes).
 
-    ``probe`` is a :class:`trainhealth.exporters.comm_probe.ProbeResult` (or ``None``): a pairwise link
+    ``probe`` is a :class:`trainhealth.exporters.collectives.probe.ProbeResult` (or ``None``): a pairwise link
     measurement that names the slow link where timings alone can only say "communication".
     """
     thresholds = thresholds or Thresholds()

@@ -101,7 +101,7 @@ def load_probe(path: Path) -> tuple[Any, str | None]:
     """The link probe result at ``path`` when there is one, else None; a bad file is a note, not fatal."""
     if not path.is_file():
         return None, None
-    from trainhealth.exporters.comm_probe import ProbeResult
+    from trainhealth.exporters.collectives.probe import ProbeResult
 
     try:
         return ProbeResult.load(path), None

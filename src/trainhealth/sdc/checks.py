@@ -21,9 +21,9 @@ from trainhealth.events import Event, EventLog, Severity
 from trainhealth.sdc.fingerprint import FingerprintCheck
 from trainhealth.sdc.gradient_norms import LocalGradientNorm, compare
 from trainhealth.sdc.groups import host_group
-from trainhealth.state import MetricStore
+from trainhealth.store import MetricStore
 
-__all__ = ["CheckResult", "ReplicaChecks"]
+__all__ = ["ReplicaCheckResult", "ReplicaChecks"]
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +31,7 @@ FINGERPRINT, GRAD_NORM = "fingerprint", "grad_norm"
 
 
 @dataclass(frozen=True)
-class CheckResult:
+class ReplicaCheckResult:
     """One check at one step: the ranks in the minority, and for a fingerprint the tensors this rank differs in."""
 
     check: str
@@ -57,7 +57,7 @@ class ReplicaChecks:
         self._fingerprints: FingerprintCheck | None = None
         parameters = [p for p in model.parameters() if p.requires_grad]
         self._grad_norm = LocalGradientNorm(torch, parameters) if grad_check_every else None
-        self.results: list[CheckResult] = []  # the last findings, newest last (bounded)
+        self.results: list[ReplicaCheckResult] = []  # the last findings, newest last (bounded)
         self.arm(0)
 
     @staticmethod
@@ -70,7 +70,7 @@ class ReplicaChecks:
         if self._grad_norm is not None:
             self._grad_norm.armed = index % self._grad_every == 0
 
-    def after_step(self, index: int, step: int) -> list[CheckResult]:
+    def after_step(self, index: int, step: int) -> list[ReplicaCheckResult]:
         """Run the checks due at step ``index`` (the Monitor's count) and publish them; arm the next step."""
         results = []
         if not self.available(self._torch):
@@ -98,7 +98,7 @@ class ReplicaChecks:
         return dist.get_process_group_ranks(self._group) if self._group is not None else list(
             range(dist.get_world_size()))
 
-    def _check_grad_norm(self, step: int) -> CheckResult:
+    def _check_grad_norm(self, step: int) -> ReplicaCheckResult:
         assert self._grad_norm is not None
         mine = float(self._grad_norm.take())
         norms = self._grad_norm.gather(mine, self._group)
@@ -108,19 +108,19 @@ class ReplicaChecks:
         others = sorted(n for i, n in enumerate(norms) if i != me and math.isfinite(n))
         median = others[len(others) // 2] if others else math.nan
         ratio = mine / median if others and median > 0 else None
-        return CheckResult(GRAD_NORM, step, tuple(members[i] for i in outliers),
+        return ReplicaCheckResult(GRAD_NORM, step, tuple(members[i] for i in outliers),
                            local_grad_norm=mine, peer_ratio=ratio)
 
-    def _check_fingerprints(self, step: int) -> CheckResult:
+    def _check_fingerprints(self, step: int) -> ReplicaCheckResult:
         if self._fingerprints is None:
             self._fingerprints = FingerprintCheck(self._model, self._group)
         mismatches = self._fingerprints.check()
         rank = self._torch.distributed.get_rank()
         mine = next((m.tensors for m in mismatches if m.rank == rank), ())
-        return CheckResult(FINGERPRINT, step, tuple(m.rank for m in mismatches), tensors=mine)
+        return ReplicaCheckResult(FINGERPRINT, step, tuple(m.rank for m in mismatches), tensors=mine)
 
     # --- publishing ----------------------------------------------------------------
-    def _publish(self, result: CheckResult) -> None:
+    def _publish(self, result: ReplicaCheckResult) -> None:
         store, labels = self._store, (result.check,)
         rank = self._torch.distributed.get_rank()
         suspect = rank in result.suspects

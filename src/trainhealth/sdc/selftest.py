@@ -30,14 +30,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-__all__ = ["CHECKS", "CheckResult", "available_devices", "run_selftest"]
+__all__ = ["CHECKS", "SelftestResult", "available_devices", "run_selftest"]
 
 CHECKS = ("gemm", "reduction", "elementwise", "repeat")
 _EPS32 = 2.0 ** -24  # float32 unit roundoff
 
 
 @dataclass(frozen=True)
-class CheckResult:
+class SelftestResult:
     """One check on one device: its error against the reference and the tolerance it had to meet."""
 
     device: str
@@ -62,11 +62,11 @@ def available_devices() -> list[str]:
 
 
 def run_selftest(devices: Sequence[str] | None = None, size: int = 1024, seed: int = 0,
-                 inject: Callable[[str, str, Any], None] | None = None) -> list[CheckResult]:
+                 inject: Callable[[str, str, Any], None] | None = None) -> list[SelftestResult]:
     """Every check on every device (default: all), then the cross-device comparison.
 
     ``inject(device, check, result)`` may corrupt a result in place before it is
-    judged (trainhealth.faults.bits), to prove the self-test catches what it should.
+    judged (trainhealth.lab.injectors.bits), to prove the self-test catches what it should.
     """
     import torch
 
@@ -92,7 +92,7 @@ def _chain(x: Any) -> Any:
 
 
 def _run_device(torch: Any, device: str, inputs: dict[str, Any], golden: dict[str, Any], size: int,
-                inject: Callable[[str, str, Any], None] | None) -> list[CheckResult]:
+                inject: Callable[[str, str, Any], None] | None) -> list[SelftestResult]:
     on = {name: tensor.to(device=device, dtype=torch.float32) for name, tensor in inputs.items()}
     out = []
     first_gemm = None
@@ -113,7 +113,7 @@ def _run_device(torch: Any, device: str, inputs: dict[str, Any], golden: dict[st
         digest = hashlib.sha256(result.cpu().numpy().tobytes()).hexdigest()[:16]
         if check == "repeat":
             identical = first_gemm is not None and torch.equal(first_gemm, result.cpu())
-            out.append(CheckResult(device, check, identical, 0.0 if identical else float("inf"), 0.0, seconds, digest,
+            out.append(SelftestResult(device, check, identical, 0.0 if identical else float("inf"), 0.0, seconds, digest,
                                    "" if identical else "a second run of the same GEMM gave different bits"))
             continue
         if check == "gemm":
@@ -129,12 +129,12 @@ def _run_device(torch: Any, device: str, inputs: dict[str, Any], golden: dict[st
             tolerance = 64 * _EPS32
         error = (host - golden[check]).abs().max().item() / max(scale, 1e-300)
         passed = math.isfinite(error) and error <= tolerance
-        out.append(CheckResult(device, check, passed, error, tolerance, seconds, digest,
+        out.append(SelftestResult(device, check, passed, error, tolerance, seconds, digest,
                                "" if passed else f"error {error:.3g} above tolerance {tolerance:.3g}"))
     return out
 
 
-def _compare_devices(results: list[CheckResult]) -> list[CheckResult]:
+def _compare_devices(results: list[SelftestResult]) -> list[SelftestResult]:
     """Devices of one kind should agree bit for bit: flag the ones outside the majority of three or more."""
     out = list(results)
     for check in ("gemm", "reduction", "elementwise"):
@@ -153,8 +153,8 @@ def _compare_devices(results: list[CheckResult]) -> list[CheckResult]:
     return out
 
 
-def publish_results(store: Any, events: Any, results: Sequence[CheckResult]) -> None:
-    """Set the self-test metrics in a :class:`~trainhealth.state.MetricStore`; a failed check is also an event."""
+def publish_results(store: Any, events: Any, results: Sequence[SelftestResult]) -> None:
+    """Set the self-test metrics in a :class:`~trainhealth.store.MetricStore`; a failed check is also an event."""
     from trainhealth import catalog
     from trainhealth.events import Event, Severity
 

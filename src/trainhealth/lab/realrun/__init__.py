@@ -11,11 +11,11 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-__all__ = ["CaseOutcome", "CaseSpec", "Fault", "FaultKind", "Layout", "LivePoll", "Pattern", "Truth", "run_case",
-           "suite_cases"]
+__all__ = ["CaseOutcome", "CaseSpec", "Fault", "LivePoll", "Parallelism", "Pattern", "RealRunFaultKind", "Truth",
+           "run_case", "suite_cases"]
 
 _HOMES = {"CaseOutcome": "launcher", "LivePoll": "launcher", "run_case": "launcher", "suite_cases": "cases",
-          "CaseSpec": "spec", "Fault": "spec", "FaultKind": "spec", "Layout": "spec", "Pattern": "spec",
+          "CaseSpec": "spec", "Fault": "spec", "RealRunFaultKind": "spec", "Parallelism": "spec", "Pattern": "spec",
           "Truth": "spec"}
 
 

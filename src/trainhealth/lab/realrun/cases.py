@@ -15,7 +15,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from trainhealth.lab.realrun.spec import CONTROL_KINDS, CaseSpec, Fault, FaultKind, Layout, Pattern
+from trainhealth.lab.realrun.spec import CONTROL_KINDS, CaseSpec, Fault, RealRunFaultKind, Parallelism, Pattern
 
 __all__ = ["SUITES", "Entry", "make_case", "suite_cases"]
 
@@ -33,15 +33,15 @@ BASE_STEP_S = {4: 0.11, 8: 0.13}
 class Entry(NamedTuple):
     """One line of a suite: a case per seed. ``ranks`` None alternates 4 and 8 between entries and seeds."""
 
-    kind: FaultKind
+    kind: RealRunFaultKind
     pattern: Pattern
-    layout: Layout
+    layout: Parallelism
     mid_run: bool = True
     ranks: int | None = None
     markers: bool = True
 
 
-_C, _P, _L = FaultKind, Pattern, Layout
+_C, _P, _L = RealRunFaultKind, Pattern, Parallelism
 _FULL: tuple[Entry, ...] = (
     Entry(_C.COMPUTE, _P.PERSISTENT, _L.DDP),
     Entry(_C.COMPUTE, _P.PERSISTENT, _L.DP_PP),
@@ -81,20 +81,20 @@ _SMALL: tuple[Entry, ...] = (
 SUITES = {"small": _SMALL, "full": _FULL}
 
 
-def _bits_per_step(layout: Layout, ranks: int) -> float:
+def _bits_per_step(layout: Parallelism, ranks: int) -> float:
     """Bits one rank's link carries per step in each direction (ring all-reduce estimate)."""
     parameters = LAYERS * (WIDTH * WIDTH + WIDTH)
     activation = BATCH * WIDTH * 32.0
-    if layout is Layout.DDP:
+    if layout is Parallelism.DDP:
         return 2 * (ranks - 1) / ranks * parameters * 32.0
     replicas = ranks // 2
     ring = 2 * (replicas - 1) / replicas
-    if layout is Layout.DP_PP:
+    if layout is Parallelism.DP_PP:
         return ring * parameters / 2 * 32.0 + 2 * activation
     return ring * parameters * 32.0 + 2 * LAYERS * activation
 
 
-def make_case(kind: FaultKind, pattern: Pattern, layout: Layout, ranks: int, seed: int, *, mid_run: bool = True,
+def make_case(kind: RealRunFaultKind, pattern: Pattern, layout: Parallelism, ranks: int, seed: int, *, mid_run: bool = True,
               index: int = 0, steps: int = STEPS, markers: bool = True) -> CaseSpec:
     """One case with onset, target and severity drawn from ``(seed, index)``."""
     rng = np.random.default_rng([seed, index, 1515])
@@ -107,20 +107,20 @@ def make_case(kind: FaultKind, pattern: Pattern, layout: Layout, ranks: int, see
     if pattern is Pattern.INTERMITTENT:
         fields["every"] = int(rng.integers(3, 7))
     if kind in CONTROL_KINDS:
-        severity = {FaultKind.CLEAN: 1.0, FaultKind.SEQ_IMBALANCE: 1.3, FaultKind.STAGE_IMBALANCE: 1.5}[kind]
+        severity = {RealRunFaultKind.CLEAN: 1.0, RealRunFaultKind.SEQ_IMBALANCE: 1.3, RealRunFaultKind.STAGE_IMBALANCE: 1.5}[kind]
         fault = Fault(kind, severity=severity)
-    elif kind is FaultKind.LINK_RATE:
+    elif kind is RealRunFaultKind.LINK_RATE:
         severity = float(rng.uniform(1.3, 2.5))
         extra_s = (severity - 1.0) * BASE_STEP_S.get(ranks, 0.12)
         rate = float(np.clip(_bits_per_step(layout, ranks) / extra_s / 1e6, 10.0, 2000.0))
         fault = Fault(kind, pattern, target, onset, severity, rate_mbit=round(rate, 1), **fields)  # type: ignore[arg-type]
-    elif kind is FaultKind.LINK_DELAY:
+    elif kind is RealRunFaultKind.LINK_DELAY:
         severity = float(rng.uniform(1.3, 2.5))
         delay = (severity - 1.0) * BASE_STEP_S.get(ranks, 0.12) * 1000 / 8  # ~8 round trips per step
         fault = Fault(kind, pattern, target, onset, severity, delay_ms=round(delay, 1), **fields)  # type: ignore[arg-type]
-    elif kind is FaultKind.CPU_CONTENTION:
+    elif kind is RealRunFaultKind.CPU_CONTENTION:
         fault = Fault(kind, pattern, target, onset, 1.0, hogs=2, **fields)  # type: ignore[arg-type]
-    elif kind is FaultKind.DATALOADER:
+    elif kind is RealRunFaultKind.DATALOADER:
         severity = float(rng.uniform(1.3, 2.5))
         fault = Fault(kind, pattern, target, onset, severity, stall_s=round((severity - 1.0) * COMPUTE_S * 1.5, 4),
                       **fields)  # type: ignore[arg-type]
@@ -128,7 +128,7 @@ def make_case(kind: FaultKind, pattern: Pattern, layout: Layout, ranks: int, see
         fault = Fault(kind, pattern, target, onset, round(severity, 3), **fields)  # type: ignore[arg-type]
     name = f"s{seed}-{layout.value}-{kind.value}" + ("" if kind in CONTROL_KINDS else f"-{pattern.value}") + (
         "-start" if kind not in CONTROL_KINDS and not mid_run else "") + ("" if markers else "-nomarkers") + f"-r{ranks}"
-    cpu_share = CONTENTION_CPU_SHARE if kind is FaultKind.CPU_CONTENTION else 0.0
+    cpu_share = CONTENTION_CPU_SHARE if kind is RealRunFaultKind.CPU_CONTENTION else 0.0
     return CaseSpec(name, layout, ranks, steps, seed, fault, compute_s=COMPUTE_S, width=WIDTH, layers=LAYERS,
                     batch=BATCH, cpu_share=cpu_share, markers=markers)
 

@@ -48,7 +48,7 @@ from trainhealth.lab.realrun.scoring import (
     score_baseline,
     score_result,
 )
-from trainhealth.lab.realrun.spec import LINK_KINDS, CaseSpec, FaultKind, Truth, host_name, truth
+from trainhealth.lab.realrun.spec import LINK_KINDS, CaseSpec, RealRunFaultKind, Truth, host_name, truth
 
 __all__ = ["CaseOutcome", "LivePoll", "link_lab_unavailable", "run_case", "score_run"]
 
@@ -195,13 +195,13 @@ def run_case(spec: CaseSpec, out: str | os.PathLike[str], *, live: bool = True, 
     kind = spec.fault.kind
     hosts = {rank: host_name(rank) for rank in range(spec.ranks)}
     if kind in LINK_KINDS:
-        reason = link_lab_unavailable(delay=kind is FaultKind.LINK_DELAY)
+        reason = link_lab_unavailable(delay=kind is RealRunFaultKind.LINK_DELAY)
         if reason is not None:
             plan = _truth_for(spec, hosts)
             _write(run_dir / "truth.json", plan.to_dict())
             return CaseOutcome(spec.name, "skipped", reason, str(run_dir), plan.to_dict(), noise=noise)
         spec = replace(spec, netns=True)
-    if kind is FaultKind.CPU_CONTENTION and not spec.pin and (os.cpu_count() or 1) >= 2:
+    if kind is RealRunFaultKind.CPU_CONTENTION and not spec.pin and (os.cpu_count() or 1) >= 2:
         target = spec.fault.target
         spec = replace(spec, pin=tuple(1 if rank == target else 0 for rank in range(spec.ranks)))
     began = time.monotonic()
@@ -222,12 +222,12 @@ def run_case(spec: CaseSpec, out: str | os.PathLike[str], *, live: bool = True, 
         hogs: list[subprocess.Popen[bytes]] = []
         stack.callback(_stop, hogs)
         stack.callback(_stop, processes)
-        by_launcher = kind in LINK_KINDS or kind is FaultKind.CPU_CONTENTION
+        by_launcher = kind in LINK_KINDS or kind is RealRunFaultKind.CPU_CONTENTION
         onset_done = not by_launcher or spec.fault.onset <= 0
         actual_onset: int | None = 0 if by_launcher and onset_done else None
         if kind in LINK_KINDS and onset_done:
             _slow(netlab, spec)
-        if kind is FaultKind.CPU_CONTENTION and onset_done:
+        if kind is RealRunFaultKind.CPU_CONTENTION and onset_done:
             hogs += _start_hogs(spec.fault.hogs, spec.pin[spec.fault.target] if spec.pin else None)
         env = dict(os.environ, MASTER_ADDR=master, MASTER_PORT=str(port), WORLD_SIZE=str(spec.ranks),
                    LOCAL_RANK="0", LOCAL_WORLD_SIZE="1", TRAINHEALTH_TRACE_DIR=str(run_dir),
@@ -316,7 +316,7 @@ def _namespaces(netlab: Any, ranks: int) -> dict[str, str]:
 
 def _slow(netlab: Any, spec: CaseSpec) -> None:
     fault = spec.fault
-    if fault.kind is FaultKind.LINK_RATE:
+    if fault.kind is RealRunFaultKind.LINK_RATE:
         netlab.slow_link(fault.target, rate_mbit=fault.rate_mbit)
     else:
         netlab.slow_link(fault.target, delay_ms=fault.delay_ms)
@@ -333,7 +333,7 @@ def _log_tail(run_dir: Path) -> str:
 def _analyzer(run_dir: Path) -> Any:
     from trainhealth.localize.analyzer import Analyzer
     from trainhealth.localize.sources import TraceDirectory
-    from trainhealth.state import MetricStore
+    from trainhealth.store import MetricStore
 
     return Analyzer(TraceDirectory(run_dir), MetricStore())
 
@@ -440,7 +440,7 @@ def _measured_slowdown(spec: CaseSpec, plan: Truth, run_dir: Path) -> _Slowdowns
     other_ratio = _ratio([busy[r][s] for r in others for s in active if s in busy[r]],
                          [busy[r][s] for r in others for s in calm if s in busy[r]])
     measured = step_ratio
-    if spec.fault.kind in (FaultKind.COMPUTE, FaultKind.CPU_CONTENTION) and plan.target in busy:
+    if spec.fault.kind in (RealRunFaultKind.COMPUTE, RealRunFaultKind.CPU_CONTENTION) and plan.target in busy:
         mine = busy[plan.target]
         measured = _ratio([mine[s] for s in active if s in mine], [mine[s] for s in calm if s in mine])
     return _Slowdowns(len(step_s), median, measured, step_ratio, other_ratio)
@@ -503,7 +503,7 @@ def _with_probe(localize: Any, records: Any, topology: Any, run_dir: Path, plan:
     if "unavailable" in json.loads(path.read_text()):
         return None
     try:
-        from trainhealth.exporters.comm_probe import ProbeResult  # type: ignore[import-not-found]
+        from trainhealth.exporters.collectives.probe import ProbeResult  # type: ignore[import-not-found]
 
         result = localize(records, topology, probe=ProbeResult.load(path))
     except Exception as exc:

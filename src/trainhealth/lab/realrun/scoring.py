@@ -5,8 +5,8 @@ truth's components. Under a ``compute`` or ``communication`` verdict the top sus
 and every suspect scored 0.5 or more are blamed; false blame is any blamed suspect in
 a control run, or a blamed suspect that does not cover the target in a fault run.
 
->>> from trainhealth.lab.realrun.spec import CaseSpec, Fault, FaultKind, Layout, truth
->>> t = truth(CaseSpec("c", Layout.DDP, 4, 30, 0, Fault(FaultKind.COMPUTE, target=1, onset=5, severity=2.0)))
+>>> from trainhealth.lab.realrun.spec import CaseSpec, Fault, RealRunFaultKind, Parallelism, truth
+>>> t = truth(CaseSpec("c", Parallelism.DDP, 4, 30, 0, Fault(RealRunFaultKind.COMPUTE, target=1, onset=5, severity=2.0)))
 >>> s = score_answer(t, "compute", [("gpu:rank-1", (1,), 0.9), ("gpu:rank-3", (3,), 0.3)])
 >>> s.verdict_right, s.top1_right, s.false_blame
 (True, True, False)
@@ -24,6 +24,7 @@ import numpy as np
 import pandas as pd
 
 from trainhealth.lab.realrun.spec import Truth
+from trainhealth.traces.ops import COMMUNICATION_OPS
 
 __all__ = ["BLAME_SCORE", "BASELINE_MARGIN", "AnswerScore", "baseline_compute", "baseline_wait", "score_answer",
            "score_result"]
@@ -32,9 +33,6 @@ __all__ = ["BLAME_SCORE", "BASELINE_MARGIN", "AnswerScore", "baseline_compute", 
 BLAME_SCORE = 0.5
 #: The naive baselines blame a rank only when it stands this far (relative) from the median rank.
 BASELINE_MARGIN = 0.10
-
-COMMUNICATION_OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "reduce", "barrier",
-                     "send", "recv")
 
 
 @dataclass(frozen=True)

@@ -4,12 +4,12 @@ A :class:`CaseSpec` is written to ``spec.json`` in the run directory; every rank
 process reads it and applies the same fault schedule (:meth:`Fault.factor`), so
 the schedule is the same on every rank and in the ground truth.
 
->>> fault = Fault(FaultKind.COMPUTE, Pattern.INTERMITTENT, target=2, onset=10, severity=2.0, every=4)
+>>> fault = Fault(RealRunFaultKind.COMPUTE, Pattern.INTERMITTENT, target=2, onset=10, severity=2.0, every=4)
 >>> [fault.factor(2, step) for step in (9, 10, 11, 14)]
 [1.0, 2.0, 1.0, 2.0]
 >>> fault.factor(1, 10)
 1.0
->>> spec = CaseSpec("ddp-compute", Layout.DDP, ranks=4, steps=30, seed=0, fault=fault)
+>>> spec = CaseSpec("ddp-compute", Parallelism.DDP, ranks=4, steps=30, seed=0, fault=fault)
 >>> CaseSpec.from_dict(json.loads(json.dumps(spec.to_dict()))) == spec
 True
 >>> truth(spec).expected_verdict, truth(spec).components
@@ -27,11 +27,11 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-__all__ = ["CONTROL_KINDS", "LINK_KINDS", "CaseSpec", "Fault", "FaultKind", "Layout", "Pattern", "Truth",
+__all__ = ["CONTROL_KINDS", "LINK_KINDS", "CaseSpec", "Fault", "RealRunFaultKind", "Parallelism", "Pattern", "Truth",
            "host_name", "severity_band", "truth"]
 
 
-class Layout(str, enum.Enum):
+class Parallelism(str, enum.Enum):
     """How the ranks split the model: pure data parallelism, DP x 2 pipeline stages, DP x tensor-parallel pairs."""
 
     DDP = "ddp"
@@ -39,7 +39,7 @@ class Layout(str, enum.Enum):
     DP_TP = "dp_tp"
 
 
-class FaultKind(str, enum.Enum):
+class RealRunFaultKind(str, enum.Enum):
     COMPUTE = "compute"  # slower kernels on one rank
     LINK_RATE = "link_rate"  # tbf rate limit on one rank's link
     LINK_DELAY = "link_delay"  # netem delay on one rank's link
@@ -56,8 +56,8 @@ class Pattern(str, enum.Enum):
     INTERMITTENT = "intermittent"  # every ``every``-th step from the onset
 
 
-LINK_KINDS = frozenset({FaultKind.LINK_RATE, FaultKind.LINK_DELAY})
-CONTROL_KINDS = frozenset({FaultKind.CLEAN, FaultKind.SEQ_IMBALANCE, FaultKind.STAGE_IMBALANCE})
+LINK_KINDS = frozenset({RealRunFaultKind.LINK_RATE, RealRunFaultKind.LINK_DELAY})
+CONTROL_KINDS = frozenset({RealRunFaultKind.CLEAN, RealRunFaultKind.SEQ_IMBALANCE, RealRunFaultKind.STAGE_IMBALANCE})
 
 
 @dataclass(frozen=True)
@@ -65,7 +65,7 @@ class Fault:
     """One injected fault (or control). ``severity`` is the kernel-time factor of a compute fault and of the
     stage/batch spread of a control; for a link or a stall it is the step slowdown the lab aims for."""
 
-    kind: FaultKind
+    kind: RealRunFaultKind
     pattern: Pattern = Pattern.PERSISTENT
     target: int | None = None
     onset: int = 0
@@ -99,13 +99,13 @@ class Fault:
 
     def factor(self, rank: int, step: int) -> float:
         """The kernel-time factor of a compute fault on ``rank`` at ``step`` (1.0 elsewhere)."""
-        if self.kind is FaultKind.COMPUTE and rank == self.target and self.active(step):
+        if self.kind is RealRunFaultKind.COMPUTE and rank == self.target and self.active(step):
             return self.severity
         return 1.0
 
     def stall(self, rank: int, step: int) -> float:
         """Seconds the data fetch of ``rank`` stalls at ``step``."""
-        if self.kind is FaultKind.DATALOADER and rank == self.target and self.active(step):
+        if self.kind is RealRunFaultKind.DATALOADER and rank == self.target and self.active(step):
             return self.stall_s
         return 0.0
 
@@ -116,7 +116,7 @@ class Fault:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Fault:
-        return cls(**{**data, "kind": FaultKind(data["kind"]), "pattern": Pattern(data.get("pattern", "persistent"))})
+        return cls(**{**data, "kind": RealRunFaultKind(data["kind"]), "pattern": Pattern(data.get("pattern", "persistent"))})
 
 
 @dataclass(frozen=True)
@@ -132,11 +132,11 @@ class CaseSpec:
     """
 
     name: str
-    layout: Layout
+    layout: Parallelism
     ranks: int
     steps: int
     seed: int
-    fault: Fault = field(default_factory=lambda: Fault(FaultKind.CLEAN))
+    fault: Fault = field(default_factory=lambda: Fault(RealRunFaultKind.CLEAN))
     compute_s: float = 0.08
     width: int = 128
     layers: int = 4
@@ -149,15 +149,15 @@ class CaseSpec:
     def __post_init__(self) -> None:
         if self.ranks < 2:
             raise ValueError("ranks must be at least 2")
-        if self.layout is not Layout.DDP and self.ranks % 2:
+        if self.layout is not Parallelism.DDP and self.ranks % 2:
             raise ValueError(f"layout {self.layout.value} needs an even number of ranks, got {self.ranks}")
-        if self.layout is Layout.DP_PP and self.layers % 2:
+        if self.layout is Parallelism.DP_PP and self.layers % 2:
             raise ValueError("layout dp_pp needs an even number of layers")
         if self.steps < 5:
             raise ValueError("steps must be at least 5")
         if self.fault.target is not None and not 0 <= self.fault.target < self.ranks:
             raise ValueError(f"target rank {self.fault.target} is not below {self.ranks} ranks")
-        if self.fault.kind is FaultKind.STAGE_IMBALANCE and self.layout is not Layout.DP_PP:
+        if self.fault.kind is RealRunFaultKind.STAGE_IMBALANCE and self.layout is not Parallelism.DP_PP:
             raise ValueError("stage_imbalance needs layout dp_pp")
         if self.pin and len(self.pin) != self.ranks:
             raise ValueError("pin must give one CPU per rank")
@@ -168,29 +168,29 @@ class CaseSpec:
 
     @property
     def replicas(self) -> int:
-        return self.ranks if self.layout is Layout.DDP else self.ranks // 2
+        return self.ranks if self.layout is Parallelism.DDP else self.ranks // 2
 
     def replica(self, rank: int) -> int:
         """The data-parallel replica of ``rank`` (the ranks of one replica process the same batch)."""
-        if self.layout is Layout.DP_PP:
+        if self.layout is Parallelism.DP_PP:
             return rank % self.replicas
-        if self.layout is Layout.DP_TP:
+        if self.layout is Parallelism.DP_TP:
             return rank // 2
         return rank
 
     def stage(self, rank: int) -> int:
-        return rank // self.replicas if self.layout is Layout.DP_PP else 0
+        return rank // self.replicas if self.layout is Parallelism.DP_PP else 0
 
     def work_factor(self, rank: int, step: int) -> float:
         """Kernel-time factor of ``rank`` at ``step``: the fault times the workload's own unevenness."""
         factor = self.fault.factor(rank, step)
-        if self.fault.kind is FaultKind.SEQ_IMBALANCE:
+        if self.fault.kind is RealRunFaultKind.SEQ_IMBALANCE:
             import numpy as np
 
             spread = self.fault.severity - 1.0  # e.g. 1.4: work drawn from [0.6, 1.4] x the mean
             draw = np.random.default_rng([self.seed, step, self.replica(rank), 7]).uniform(1 - spread, 1 + spread)
             factor *= float(draw)
-        if self.fault.kind is FaultKind.STAGE_IMBALANCE and self.stage(rank) == 1:
+        if self.fault.kind is RealRunFaultKind.STAGE_IMBALANCE and self.stage(rank) == 1:
             factor *= self.fault.severity
         return factor
 
@@ -201,7 +201,7 @@ class CaseSpec:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> CaseSpec:
-        return cls(**{**data, "layout": Layout(data["layout"]), "fault": Fault.from_dict(data["fault"]),
+        return cls(**{**data, "layout": Parallelism(data["layout"]), "fault": Fault.from_dict(data["fault"]),
                       "pin": tuple(data.get("pin", ()))})
 
     @classmethod
@@ -272,20 +272,20 @@ def truth(spec: CaseSpec, hosts: dict[int, str] | None = None, *, onset: int | N
     if target is not None:
         target_host = (hosts or {}).get(target, host_name(target))
     kind = fault.kind
-    if kind is FaultKind.CLEAN:
+    if kind is RealRunFaultKind.CLEAN:
         verdict, accepted, components = "healthy", ("healthy",), ()
     elif kind in CONTROL_KINDS:
         verdict, accepted, components = "imbalance", ("imbalance", "healthy"), ()
     elif kind in LINK_KINDS:
         verdict, accepted = "communication", ("communication",)
         components = (f"nic:rank-{target}", f"host:{target_host}", f"link:rank-{target}")
-    elif kind is FaultKind.COMPUTE:
+    elif kind is RealRunFaultKind.COMPUTE:
         verdict, accepted, components = "compute", ("compute",), (f"gpu:rank-{target}",)
     else:  # host-side slowness of one rank: its device is late to every collective, as a slow GPU would be
         verdict, accepted, components = "compute", ("compute",), (f"gpu:rank-{target}", f"host:{target_host}")
     if not spec.markers:  # without step markers, "insufficient data" is an honest answer; "healthy" for a fault is not
         accepted = accepted + ("insufficient_data",)
-    severity = fault.severity if kind not in (FaultKind.CLEAN, FaultKind.CPU_CONTENTION) else None
+    severity = fault.severity if kind not in (RealRunFaultKind.CLEAN, RealRunFaultKind.CPU_CONTENTION) else None
     return Truth(
         case=spec.name, layout=spec.layout.value, ranks=spec.ranks, seed=spec.seed, steps=spec.steps,
         kind=kind.value, pattern=fault.pattern.value, target=target, target_host=target_host, onset=fault.onset,

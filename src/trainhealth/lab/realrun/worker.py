@@ -41,7 +41,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from trainhealth.lab.realrun.spec import CaseSpec, Layout
+from trainhealth.lab.realrun.spec import CaseSpec, Parallelism
 
 __all__ = ["main", "run_rank"]
 
@@ -162,7 +162,7 @@ def _new_groups(dist: Any, spec: CaseSpec, rank: int) -> tuple[_Groups, dict[str
     groups = _Groups()
     named: list[tuple[str, list[int], Any]] = []
     n, d = spec.ranks, spec.replicas
-    if spec.layout is Layout.DP_PP:
+    if spec.layout is Parallelism.DP_PP:
         for stage in range(2):
             ranks = [stage * d + i for i in range(d)]
             pg = dist.new_group(ranks, group_desc=f"dp-s{stage}")
@@ -175,7 +175,7 @@ def _new_groups(dist: Any, spec: CaseSpec, rank: int) -> tuple[_Groups, dict[str
             named.append((f"pp-d{replica}", ranks, pg))
             if rank in ranks:
                 groups.pp = pg
-    elif spec.layout is Layout.DP_TP:
+    elif spec.layout is Parallelism.DP_TP:
         for replica in range(n // 2):
             ranks = [2 * replica, 2 * replica + 1]
             pg = dist.new_group(ranks, group_desc=f"tp-d{replica}")
@@ -220,9 +220,9 @@ def _write_topology(run_dir: Path, spec: CaseSpec, rank: int, fragment: dict[str
         groups.update(part["groups"])
         hosts[str(other)] = part["host"]
     parallelism = {"dp": spec.replicas}
-    if spec.layout is Layout.DP_PP:
+    if spec.layout is Parallelism.DP_PP:
         parallelism["pp"] = 2
-    elif spec.layout is Layout.DP_TP:
+    elif spec.layout is Parallelism.DP_TP:
         parallelism["tp"] = 2
     _write_json(run_dir / "topology.json", {"groups": dict(sorted(groups.items())), "hosts": hosts,
                                              "parallelism": parallelism})
@@ -267,7 +267,7 @@ def _fork_ranks(spec_path: str, ranks: list[int]) -> int:
     import torch.nn.parallel  # noqa: F401
 
     import trainhealth.comm  # noqa: F401
-    import trainhealth.exporters.model  # noqa: F401
+    import trainhealth.exporters.monitor  # noqa: F401
     import trainhealth.traces.io  # noqa: F401
 
     run_dir = Path(spec_path).resolve().parent
@@ -348,25 +348,25 @@ def _train(torch: Any, dist: Any, spec: CaseSpec, rank: int, run_dir: Path) -> N
     from trainhealth import comm
 
     groups, mine = _new_groups(dist, spec, rank)
-    layers = spec.layers // 2 if spec.layout is Layout.DP_PP else spec.layers
+    layers = spec.layers // 2 if spec.layout is Parallelism.DP_PP else spec.layers
     clock = Clock(spec.compute_s * FORWARD_SHARE, spec.compute_s * BACKWARD_SHARE, spec.compute_s * OPTIMIZER_SHARE,
                   spec.cpu_share)
     model = _build(torch, spec, layers, clock)
     train_module = model
-    if spec.layout is Layout.DDP:
+    if spec.layout is Parallelism.DDP:
         # small buckets: about one all-reduce per layer, in flight during the rest of backward, as in real DDP
         bucket_mb = (spec.width * spec.width + spec.width) * 4 / 2**20
         train_module = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=bucket_mb)
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
     monitor = None
     if spec.markers:
-        from trainhealth.exporters.model import Monitor
+        from trainhealth.exporters.monitor import Monitor
 
         monitor = Monitor(train_module, optimizer, comm=True, prometheus=False, otel=False, gpu_backend="off",
                           model_signals=False, sdc_interval=0, grad_check_every=0, detectors="off")
     else:  # the collective logger alone: no step, forward or optimizer rows; every record has step 0
         comm.install()
-    if spec.layout is Layout.DDP:
+    if spec.layout is Parallelism.DDP:
         comm.instrument_ddp(train_module)
 
     def optimizer_kernel(*_: Any) -> None:  # registered after the Monitor's hooks
@@ -410,10 +410,10 @@ def _train(torch: Any, dist: Any, spec: CaseSpec, rank: int, run_dir: Path) -> N
 def _probe(run_dir: Path, rank: int) -> None:
     """The pairwise link probe, when the package has it; its result (rank 0's) goes to ``probe.json``."""
     try:
-        from trainhealth.exporters.comm_probe import probe_links  # type: ignore[import-not-found]
+        from trainhealth.exporters.collectives.probe import probe_links  # type: ignore[import-not-found]
     except ImportError as exc:
         if rank == 0:
-            _write_json(run_dir / "probe.json", {"unavailable": f"trainhealth.exporters.comm_probe: {exc}"})
+            _write_json(run_dir / "probe.json", {"unavailable": f"trainhealth.exporters.collectives.probe: {exc}"})
         return
     try:
         result = probe_links()
@@ -508,7 +508,7 @@ def _tp_step(torch: Any, dist: Any, spec: CaseSpec, rank: int, model: Any, _: An
     return step
 
 
-_STEPS = {Layout.DDP: _ddp_step, Layout.DP_PP: _pp_step, Layout.DP_TP: _tp_step}
+_STEPS = {Parallelism.DDP: _ddp_step, Parallelism.DP_PP: _pp_step, Parallelism.DP_TP: _tp_step}
 
 if __name__ == "__main__":
     raise SystemExit(main())

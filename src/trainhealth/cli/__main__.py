@@ -1,0 +1,7 @@
+"""``python -m trainhealth.cli``."""
+
+import sys
+
+from trainhealth.cli.main import main
+
+sys.exit(main())

@@ -1,0 +1,326 @@
+"""The ``trainhealth`` command. Subcommands delegate to the package's modules.
+
+Usage errors and bad input print one line to stderr and exit with status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import NoReturn
+
+from trainhealth._version import __version__
+from trainhealth.cli.generate import add_commands as add_alerting_commands
+from trainhealth.catalog import CATALOG
+from trainhealth.cli.probe import add_commands as add_probe_commands
+from trainhealth.config import ConfigError, Settings, setting_infos
+from trainhealth.cli.demo import add_commands as add_demo_commands
+from trainhealth.cli.docgen import render_configuration_markdown, render_metrics_markdown
+from trainhealth.cli.lab import add_commands as add_lab_commands
+from trainhealth.errors import UsageError
+from trainhealth.identity import Identity
+from trainhealth.cli.localize import add_commands as add_localization_commands
+from trainhealth.cli.selftest import add_commands as add_selftest_commands
+from trainhealth.cli.stack import add_commands as add_stack_commands
+from trainhealth.traces.ops import TraceError
+
+__all__ = ["main"]
+
+USAGE_ERROR = 2
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{message} (see '{self.prog} --help')")
+
+
+def _cmd_metrics(args: argparse.Namespace) -> int:
+    if args.json:
+        print(json.dumps([spec.to_dict() for spec in CATALOG], indent=2, sort_keys=True))
+    elif args.markdown:
+        sys.stdout.write(render_metrics_markdown())
+    else:
+        width = max(len(spec.prometheus_name) for spec in CATALOG)
+        for spec in CATALOG:
+            labels = ",".join(spec.labels)
+            print(f"{spec.prometheus_name:<{width}}  {spec.prometheus_type:<9}  {labels:<24}  {spec.help}")
+    return 0
+
+
+def _cmd_config(args: argparse.Namespace) -> int:
+    if args.markdown:
+        sys.stdout.write(render_configuration_markdown())
+        return 0
+    settings = Settings.resolve()
+    from trainhealth.detectors.spec import parse_setting
+
+    parse_setting(settings.detectors)
+    identity = Identity.from_env(settings=settings)
+    rows = []
+    for info in setting_infos():
+        value = getattr(settings, info.name)
+        if info.secret and value is not None:
+            value = "<hidden>"
+        source = "environment" if os.environ.get(info.env) else "default"
+        rows.append({"setting": info.name, "env": info.env, "value": value, "source": source})
+    if args.json:
+        print(json.dumps({"settings": rows, "identity": dataclasses.asdict(identity)}, indent=2, sort_keys=True))
+        return 0
+    width = max(len(row["setting"]) for row in rows)
+    for row in rows:
+        print(f"{row['setting']:<{width}}  {row['value']!s:<24}  ({row['source']}: {row['env']})")
+    print()
+    for key, value in dataclasses.asdict(identity).items():
+        print(f"{key:<{width}}  {value}")
+    return 0
+
+
+#: Default port of ``trainhealth export``: just below the per-rank ports (9450 + local rank).
+NODE_EXPORTER_PORT = 9449
+
+#: ``trainhealth export`` options that are settings (dest -> setting name).
+_EXPORT_SETTINGS = {
+    "backend": "gpu_backend", "gpus": "gpus", "interval": "gpu_sample_interval", "addr": "prometheus_addr",
+    "port": "prometheus_port", "simulated_gpus": "simulated_gpus", "dcgm": "dcgm", "dcgm_host": "dcgm_host",
+    "tls_certfile": "tls_certfile", "tls_keyfile": "tls_keyfile", "tls_client_cafile": "tls_client_cafile",
+    "basic_auth_username": "basic_auth_username", "basic_auth_password_file": "basic_auth_password_file",
+}
+
+
+def _cmd_export(args: argparse.Namespace) -> int:
+    from trainhealth.events import EventLog
+    from trainhealth.exporters.gpu.telemetry import GpuTelemetry
+    from trainhealth.sinks.service import Sinks
+    from trainhealth.store import MetricStore
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    settings = Settings.resolve(**{setting: getattr(args, dest) for dest, setting in _EXPORT_SETTINGS.items()})
+    if settings.prometheus_port is None:
+        settings = settings.replace(prometheus_port=NODE_EXPORTER_PORT)
+    if settings.gpu_backend == "off":
+        raise UsageError("gpu_backend is off: trainhealth export has nothing to serve")
+    identity = Identity.node(settings=settings)
+    store = MetricStore(settings.max_series_per_metric)
+    stop = threading.Event()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda *_: stop.set())
+    sinks = Sinks.start(store, identity, settings)
+    telemetry = GpuTelemetry.start(store, EventLog(), settings, identity, role="node")
+    try:
+        where = sinks.metrics_url or "nowhere (TRAINHEALTH_PROMETHEUS=false; OTLP only)"
+        count = len(telemetry.sampler.gpus) if telemetry else 0
+        print(f"trainhealth export: {count} GPU(s) through {settings.gpu_backend}, metrics at {where}", flush=True)
+        stop.wait(args.duration)
+    finally:
+        if telemetry is not None:
+            telemetry.close()
+        sinks.close()
+    return 0
+
+
+def _cmd_trace_info(args: argparse.Namespace) -> int:
+    from trainhealth.traces.convert import load_any
+    from trainhealth.traces.summary import summarize
+
+    trace, notes = load_any(args.traces, args.input_format, args.topology)
+    summary = summarize(trace.records)
+    if args.json:
+        print(json.dumps({"files": list(trace.sources), **summary.to_dict(), "notes": notes}, indent=2, sort_keys=True))
+    else:
+        print(f"files    {len(trace.sources)}")
+        print(summary.render())
+        for note in notes:
+            print(f"note: {note}")
+    return 0
+
+
+def _cmd_trace_convert(args: argparse.Namespace) -> int:
+    from trainhealth.traces.convert import load_any, save
+
+    trace, notes = load_any(args.inputs, args.input_format, args.topology)
+    written = save(trace, args.output)
+    for note in notes:
+        print(f"note: {note}", file=sys.stderr)
+    print(f"wrote {len(trace.records)} records from {len(trace.sources)} file(s) to "
+          f"{', '.join(str(path) for path in written)}")
+    return 0
+
+
+def _cmd_detect(args: argparse.Namespace) -> int:
+    from trainhealth.detectors.offline import DEFAULT_OFFLINE, SeriesError, detect, load_series
+    from trainhealth.detectors.spec import parse_item
+
+    try:
+        specs = [parse_item(item, args.column) for item in args.detector or list(DEFAULT_OFFLINE)]
+        frame = load_series(args.file)
+        anomalies = detect(frame, args.column, specs, series_column=args.series_column, time_column=args.time_column)
+    except (SeriesError, ValueError) as exc:
+        raise UsageError(str(exc)) from None
+    rows = [anomaly.to_dict() for anomaly in anomalies]
+    if args.out:
+        out = Path(args.out)
+        if out.suffix.lower() == ".json":
+            out.write_text(json.dumps(rows, indent=2) + "\n", encoding="utf-8")
+        else:
+            import pandas as pd
+
+            pd.DataFrame(rows, columns=list(rows[0]) if rows else ["detector"]).to_csv(out, index=False)
+    if args.json:
+        print(json.dumps(rows, indent=2))
+    else:
+        for anomaly in anomalies:
+            end = "ongoing" if anomaly.end_step is None else f"to {anomaly.end_step}"
+            print(f"{anomaly.severity.value:<9}{anomaly.detector:<12}{anomaly.series or '-':<12}"
+                  f"step {anomaly.start_step} {end:<12} peak {anomaly.value:.6g} (expected "
+                  f"{'?' if anomaly.expected is None else f'{anomaly.expected:.6g}'}, score {anomaly.score:.3g})")
+        print(f"{len(anomalies)} anomal{'y' if len(anomalies) == 1 else 'ies'} in {args.file} [{args.column}]")
+    return 0
+
+
+def _cmd_bench_nab(args: argparse.Namespace) -> int:
+    from trainhealth.lab.bench.nab import NAB_DETECTORS, PROFILES, run_nab
+
+    data = args.data or os.environ.get("TRAINHEALTH_NAB_DATA")
+    if data is None:
+        for candidate in ("data/nab", "../shared/data/nab"):
+            if os.path.isdir(candidate):
+                data = candidate
+                break
+    if data is None or not os.path.isdir(data):
+        raise UsageError("NAB data not found: pass --data DIR (a NAB checkout: data/ and labels/combined_windows.json)")
+    try:
+        results = run_nab(data, args.out, args.detector or NAB_DETECTORS)
+    except (FileNotFoundError, ValueError) as exc:
+        raise UsageError(str(exc)) from None
+    names = list(PROFILES)
+    print(f"NAB scores (0 = null detector, 100 = perfect), results in {args.out}")
+    width = max(len(result.spec) for result in results) + 2
+    print(f"{'detector':<{width}}" + "".join(f"{name:>20}" for name in names) + f"{'standard, per point':>22}")
+    for result in results:
+        print(f"{result.spec:<{width}}" + "".join(f"{result.events[name]:>20.1f}" for name in names)
+              + f"{result.points['standard']:>22.1f}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="trainhealth", description="Observability for large-model training.")
+    parser.add_argument("--version", action="version", version=f"trainhealth {__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+
+    metrics = commands.add_parser("metrics", help="print the metric catalogue")
+    metrics_format = metrics.add_mutually_exclusive_group()
+    metrics_format.add_argument("--json", action="store_true", help="as JSON")
+    metrics_format.add_argument("--markdown", action="store_true", help="as docs/metrics.md")
+    metrics.set_defaults(handler=_cmd_metrics)
+
+    config = commands.add_parser("config", help="show the resolved settings and identity of this environment")
+    config_format = config.add_mutually_exclusive_group()
+    config_format.add_argument("--json", action="store_true", help="as JSON")
+    config_format.add_argument("--markdown", action="store_true", help="document every setting (docs/configuration.md)")
+    config.set_defaults(handler=_cmd_config)
+
+    export = commands.add_parser(
+        "export", help="serve this node's GPU metrics (NVML, XIDs, DCGM), like dcgm-exporter",
+        description="Serve the GPU metrics of this node until stopped. Options override TRAINHEALTH_* variables.",
+    )
+    export.add_argument("--backend", choices=("nvml", "simulated"), help="GPU backend (default nvml)")
+    export.add_argument("--gpus", help="all (default), or NVML indices like 0,2")
+    export.add_argument("--interval", type=float, metavar="SECONDS", help="seconds between sampling passes (default 5)")
+    export.add_argument("--addr", help="address to bind (default 0.0.0.0)")
+    export.add_argument("--port", type=int, help=f"port to serve on (default {NODE_EXPORTER_PORT}; 0 picks one)")
+    export.add_argument("--simulated-gpus", type=int, metavar="N", help="GPUs of the simulated backend (default 8)")
+    export.add_argument("--dcgm", action=argparse.BooleanOptionalAction, default=None,
+                        help="read DCGM profiling fields (default: when DCGM is present)")
+    export.add_argument("--dcgm-host", help="nv-hostengine address (default localhost)")
+    export.add_argument("--tls-certfile", help="serve HTTPS with this certificate")
+    export.add_argument("--tls-keyfile", help="private key of --tls-certfile")
+    export.add_argument("--tls-client-cafile", help="require client certificates signed by this CA")
+    export.add_argument("--basic-auth-username", help="require HTTP basic auth with this user")
+    export.add_argument("--basic-auth-password-file", help="file holding the basic-auth password")
+    export.add_argument("--duration", type=float, metavar="SECONDS", help="stop after this long (default: run until stopped)")
+    export.set_defaults(handler=_cmd_export)
+
+    detect_parser = commands.add_parser(
+        "detect", help="run detectors over a recorded series (CSV or Parquet) and list the anomalies",
+        description="Each --detector is name or name(key=value,...), with the detector's parameters and the "
+                    "decision step's threshold, cooldown, min_consecutive and protect (see docs/detectors.md).",
+    )
+    detect_parser.add_argument("file", help="a .csv, .csv.gz or .parquet file")
+    detect_parser.add_argument("--column", required=True, help="the column to watch")
+    detect_parser.add_argument("--detector", action="append", metavar="SPEC",
+                               help="a detector (repeatable; default zscore, iqr, level_shift, nonfinite)")
+    detect_parser.add_argument("--series-column", help="column naming the series (rank, GPU): watched side by side")
+    detect_parser.add_argument("--time-column", help="column with the time or step of each row")
+    detect_parser.add_argument("--out", help="also write the anomalies to this .csv or .json file")
+    detect_parser.add_argument("--json", action="store_true", help="print the anomalies as JSON")
+    detect_parser.set_defaults(handler=_cmd_detect)
+
+    bench = commands.add_parser("bench", help="evaluate the detectors on public benchmarks")
+    bench_commands = bench.add_subparsers(dest="bench_command", metavar="COMMAND", parser_class=_Parser, required=True)
+    nab = bench_commands.add_parser(
+        "nab", help="run the detectors over the Numenta Anomaly Benchmark and score them as NAB does",
+        description="Writes NAB's results layout (OUT/<detector>/<category>/<detector>_<file>.csv) and prints "
+                    "the normalised score per profile, from trainhealth's own implementation of NAB's scoring.",
+    )
+    nab.add_argument("--out", required=True, help="directory for the per-record results")
+    nab.add_argument("--data", help="NAB data directory (default $TRAINHEALTH_NAB_DATA, ./data/nab or ../shared/data/nab)")
+    nab.add_argument("--detector", action="append", metavar="SPEC", help="a detector (repeatable; default: a set of five)")
+    nab.set_defaults(handler=_cmd_bench_nab)
+
+    trace = commands.add_parser("trace", help="inspect and convert collective traces (trace format v1)")
+    trace_commands = trace.add_subparsers(dest="trace_command", metavar="COMMAND", parser_class=_Parser, required=True)
+    kinds = ("auto", "v1", "flight-recorder", "straggler-analysis")
+    info = trace_commands.add_parser("info", help="ranks, groups, steps, ops, time span and per-op durations")
+    info.add_argument("traces", nargs="+", metavar="TRACE", help="trace files or directories")
+    info.add_argument("--from", dest="input_format", choices=kinds, default="auto", help="input format (default: detect)")
+    info.add_argument("--topology", help="topology sidecar (default: topology.json in a trace directory)")
+    info.add_argument("--json", action="store_true", help="as JSON")
+    info.set_defaults(handler=_cmd_trace_info)
+    convert = trace_commands.add_parser(
+        "convert", help="convert traces (v1, Flight Recorder dumps, StragglerAnalysis parquet) to trace format v1",
+        description="Write the inputs as one trace: OUT with a trace extension (.parquet, .jsonl[.gz], .csv[.gz]) "
+                    "is one file; any other OUT is a directory receiving trace.parquet and topology.json.",
+    )
+    convert.add_argument("inputs", nargs="+", metavar="IN", help="input files or directories")
+    convert.add_argument("-o", "--output", required=True, metavar="OUT", help="output file or directory")
+    convert.add_argument("--from", dest="input_format", choices=kinds, default="auto", help="input format (default: detect)")
+    convert.add_argument("--topology", help="topology sidecar for v1 inputs")
+    convert.set_defaults(handler=_cmd_trace_convert)
+    add_localization_commands(commands, _Parser)
+    add_selftest_commands(commands, _Parser)
+    add_alerting_commands(commands, _Parser)
+    add_demo_commands(commands, _Parser)
+    add_stack_commands(commands, _Parser)
+    add_lab_commands(commands, _Parser)
+    add_probe_commands(commands, _Parser)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+        if args.command is None:
+            parser.print_help(sys.stderr)
+            return USAGE_ERROR
+        return int(args.handler(args))
+    except (UsageError, ConfigError, TraceError) as exc:
+        print(f"trainhealth: error: {exc}", file=sys.stderr)
+        return USAGE_ERROR
+    except BrokenPipeError:  # output piped into head or similar
+        sys.stderr.close()
+        return 0
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""GPU telemetry: the sampler; backends nvml, dcgm and simulated (labelled); the XID watcher."""

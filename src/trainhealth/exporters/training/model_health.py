@@ -1,0 +1,186 @@
+"""The Monitor's model-health side: model signals, cross-replica checks, loss-spike recovery, goodput.
+
+One object per Monitor, called at fixed points of its step:
+
+* on the training thread, :meth:`ModelHealth.device_values` hands the step's
+  signal tensors to the Monitor's deferred readout, and :meth:`after_step`
+  runs the cross-replica checks due (collectives; see :mod:`trainhealth.sdc.checks`);
+* on the export thread, :meth:`export` turns the read values into metrics and
+  events: attention max logit and entropy, output log Z, activation RMS, the
+  block where a non-finite value first appeared, goodput, and whether a loss
+  spike recovered (if not, the advice names the checkpoint to rewind to).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import threading
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from trainhealth import catalog
+from trainhealth.knowledge.advice import rewind_advice
+from trainhealth.config import Settings
+from trainhealth.events import Event, EventLog, Severity
+from trainhealth.exporters.training.goodput import Checkpoint, Goodput
+from trainhealth.exporters.training.loss_recovery import LossSpikeRecovery, SpikeOutcome
+from trainhealth.exporters.training.model_signals import ModelSignals, SignalValues
+from trainhealth.sdc.checks import ReplicaCheckResult, ReplicaChecks
+from trainhealth.store import MetricStore
+
+__all__ = ["ModelHealth", "transformer_blocks"]
+
+
+def transformer_blocks(torch: Any, model: Any) -> list[str]:
+    """Names of the model's repeated blocks: the children of its longest ModuleList (else its children)."""
+    longest: tuple[str, Any] | None = None
+    for name, module in model.named_modules():
+        if isinstance(module, torch.nn.ModuleList) and (longest is None or len(module) > len(longest[1])):
+            longest = (name, module)
+    if longest is not None and len(longest[1]) > 0:
+        return [f"{longest[0]}.{i}" if longest[0] else str(i) for i in range(len(longest[1]))]
+    return [name for name, _ in model.named_children()]
+
+
+class ModelHealth:
+    """Built by the Monitor when it has a model; every public method is safe to call on any step."""
+
+    def __init__(self, torch: Any, model: Any, settings: Settings, store: MetricStore, events: EventLog, *,
+                 start_time: float, sdc_group: Any = None, env: Mapping[str, str] | None = None) -> None:
+        self._torch = torch
+        self._store = store
+        self._events = events
+        self._stats_every = settings.stats_every
+        self.signals: ModelSignals | None = None
+        if settings.model_signals:
+            self.signals = ModelSignals(torch, model, transformer_blocks(torch, model),
+                                        sample_tokens=settings.signal_tokens)
+        self.checks: ReplicaChecks | None = None
+        if settings.sdc_group != "off" and (settings.sdc_interval or settings.grad_check_every):
+            self.checks = ReplicaChecks(torch, model, store, events, sdc_interval=settings.sdc_interval,
+                                        grad_check_every=settings.grad_check_every, group=sdc_group)
+        self.goodput = Goodput(start=start_time)
+        self.spikes = LossSpikeRecovery()
+        self._lock = threading.Lock()  # checkpoints arrive on the training thread, steps on the export thread
+        self._first_nonfinite: int | None = None
+        self._lost_published: dict[str, float] = {}
+        self._order: dict[int, list[str]] = {}
+        env = os.environ if env is None else env
+        restarts = settings.restarts
+        if restarts is None:
+            raw = env.get("TORCHELASTIC_RESTART_COUNT", "0")
+            restarts = int(raw) if raw.isdigit() else 0
+        store.set(catalog.TRAIN_RESTARTS, float(restarts))
+        self.begin(0)
+
+    # --- training thread ------------------------------------------------------------
+    def begin(self, index: int) -> None:
+        """Prepare the hooks for step ``index``: sample the signals on heavy-statistics steps."""
+        if self.signals is not None:
+            self.signals.sampling = index % self._stats_every == 0
+        if self.checks is not None:
+            self.checks.arm(index)
+
+    def device_values(self, index: int) -> list[tuple[str, Any, int]]:
+        """This step's signal tensors (name, tensor, length) for the readout; clears them."""
+        if self.signals is None:
+            return []
+        tensors, order = self.signals.take()
+        if order:
+            self._order[index] = order
+        return tensors
+
+    def after_step(self, index: int, step: int) -> list[ReplicaCheckResult]:
+        """Run the cross-replica checks due at ``index`` and prepare the next step."""
+        results = self.checks.after_step(index, step) if self.checks is not None else []
+        self.begin(index + 1)
+        return results
+
+    def checkpoint_saved(self, step: int, duration_s: float | None) -> Checkpoint:
+        now = time.time()
+        with self._lock:
+            checkpoint = self.goodput.checkpoint_saved(step, now, duration_s)
+        store = self._store
+        store.inc(catalog.CHECKPOINT_SAVES)
+        store.set(catalog.CHECKPOINT_LAST_STEP, float(step))
+        store.set(catalog.CHECKPOINT_LAST_TIMESTAMP, now)
+        if duration_s is not None:
+            store.set(catalog.CHECKPOINT_LAST_DURATION, float(duration_s))
+        return checkpoint
+
+    def close(self) -> None:
+        if self.signals is not None:
+            self.signals.close()
+        if self.checks is not None:
+            self.checks.close()
+
+    # --- export thread --------------------------------------------------------------
+    def signal_values(self, index: int, read: Mapping[str, Any]) -> SignalValues | None:
+        """The model signals among step ``index``'s read values (``read``: the readout's values by name)."""
+        if self.signals is None:
+            return None
+        return ModelSignals.interpret(dict(read), self._order.pop(index, []))
+
+    def export(self, step: int, wall_time: float, loss: float | None, signals: SignalValues | None,
+               loss_spike_began: bool) -> None:
+        """Publish one step's model-health values."""
+        with self._lock:
+            self.goodput.step(step, wall_time)
+            ratio, lost = self.goodput.ratio(wall_time), dict(self.goodput.lost)
+        self._store.set(catalog.TRAIN_GOODPUT, ratio)
+        for reason, seconds in lost.items():  # the counter follows Goodput's running totals
+            self._store.inc(catalog.TRAIN_LOST_TIME, max(0.0, seconds - self._lost_published.get(reason, 0.0)),
+                            (reason,))
+            self._lost_published[reason] = seconds
+        if loss is not None:
+            if loss_spike_began:
+                self.spikes.spike_began(step, loss)
+            outcome = self.spikes.observe(step, loss)
+            if outcome is not None:
+                self._publish_spike(outcome)
+        if signals is not None:
+            self._publish_signals(step, signals)
+
+    def _publish_signals(self, step: int, values: SignalValues) -> None:
+        store = self._store
+        for layer, value in values.attention_max_logit.items():
+            if math.isfinite(value):
+                store.set(catalog.MODEL_ATTENTION_MAX_LOGIT, value, (layer,))
+        for layer, value in values.attention_entropy.items():
+            if math.isfinite(value):
+                store.set(catalog.MODEL_ATTENTION_ENTROPY, value, (layer,))
+        for block, value in values.activation_rms.items():
+            if math.isfinite(value):
+                store.set(catalog.MODEL_ACTIVATION_RMS, value, (block,))
+        if values.log_z is not None and math.isfinite(values.log_z):
+            store.set(catalog.MODEL_OUTPUT_LOG_Z, values.log_z)
+        origin = values.nonfinite_origin
+        if origin is None:
+            return
+        store.inc(catalog.TRAIN_NONFINITE_ORIGIN, labels=(origin,))
+        if self._first_nonfinite is None:
+            self._first_nonfinite = step
+            store.set(catalog.TRAIN_NONFINITE_FIRST_STEP, float(step))
+            self._events.emit(Event("nonfinite_origin", Severity.CRITICAL,
+                                    f"first non-finite activation at step {step}, out of block {origin}",
+                                    {"block": origin, "step": step}))
+
+    def _publish_spike(self, outcome: SpikeOutcome) -> None:
+        store = self._store
+        store.set(catalog.TRAIN_LOSS_SPIKE_UNRECOVERED, 0.0 if outcome.recovered else 1.0)
+        store.set(catalog.TRAIN_LOSS_SPIKE_ONSET_STEP, float(outcome.onset_step))
+        if outcome.recovered:
+            return
+        with self._lock:
+            checkpoint = self.goodput.last_checkpoint_before(outcome.onset_step)
+        if checkpoint is not None:
+            store.set(catalog.TRAIN_LOSS_SPIKE_REWIND_STEP, float(checkpoint.step))
+        advice = rewind_advice(outcome.onset_step, None if checkpoint is None else checkpoint.step)
+        self._events.emit(Event(
+            "loss_spike_unrecovered", Severity.CRITICAL,
+            f"the loss spike that began at step {outcome.onset_step} has not recovered (loss {outcome.level:.4g}, "
+            f"{outcome.baseline:.4g} before it). {advice}",
+            {"onset_step": outcome.onset_step,
+             "checkpoint_step": -1 if checkpoint is None else checkpoint.step}))

@@ -1,0 +1,367 @@
+"""Fault injectors for real training runs, scheduled by step and rank, each injection logged as ground truth.
+
+Faults (``kind`` in a schedule entry):
+
+* ``bitflip`` — flip ``bit`` (an index or a field: ``sign``, ``exponent``,
+  ``exponent-high``, ``mantissa``, ``mantissa-high``, ``mantissa-low``) of
+  ``count`` elements of a ``parameter`` (this replica's weights, before the
+  step's forward), a ``gradient`` (this rank's gradient as backward computes it,
+  before the data-parallel all-reduce) or an ``activation`` (a module's output);
+  ``tensor`` names the parameter or module (a glob; the first match).
+* ``nan`` / ``inf`` — the same targets, values set to NaN or infinity.
+* ``delay`` — this rank sleeps ``seconds`` before the step's work (a straggler).
+* ``collective_delay`` — this rank's collectives take ``seconds`` longer, inside
+  the collective (a slow link: every member's operation is prolonged).
+* ``lr_scale`` — the learning rate is multiplied by ``factor`` (a loss spike).
+* ``batch`` — the inputs passed through :meth:`Injector.corrupt_batch` are
+  multiplied by ``factor`` (a corrupt batch).
+* ``gpu`` — a simulated hardware fault of the simulated GPU backend
+  (``fault``: xid, thermal_throttle, slow_clocks, gpu_lost, ...; ``gpu``, ``xid``).
+
+Each entry has ``step`` (first step), optional ``until`` (last step, default
+``step``) and ``ranks`` (default: every rank). A schedule is a list of entries:
+a YAML or JSON file (``TRAINHEALTH_FAULTS``) or dictionaries.
+
+>>> import torch
+>>> model = torch.nn.Linear(4, 4)
+>>> injector = Injector([{"kind": "bitflip", "target": "parameter", "tensor": "weight", "bit": 30,
+...                       "step": 2}], model=model, rank=0, seed=1)
+>>> injector.begin_step(1); len(injector.log)
+0
+>>> injector.begin_step(2); [(e["kind"], e["tensor"], e["bit"]) for e in injector.log]
+[('bitflip', 'weight', 30)]
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import logging
+import os
+import random
+import threading
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from trainhealth.events import Event, EventLog, Severity
+from trainhealth.lab.injectors.bits import flip_bits, float_layout, resolve_bit, set_values
+
+__all__ = ["FAULT_KINDS", "FaultSpec", "Injector", "load_schedule"]
+
+log = logging.getLogger(__name__)
+
+FAULT_KINDS = ("bitflip", "nan", "inf", "delay", "collective_delay", "lr_scale", "batch", "gpu")
+TARGETS = ("parameter", "gradient", "activation")
+_FIELDS = {"kind", "step", "until", "ranks", "target", "tensor", "bit", "count", "seconds", "factor", "fault", "gpu",
+           "xid"}
+
+
+class ScheduleError(ValueError):
+    """A schedule entry that cannot be run: names the entry and the field."""
+
+
+@dataclass(frozen=True)
+class FaultSpec:
+    """One schedule entry (see the module docstring)."""
+
+    kind: str
+    step: int
+    until: int
+    ranks: tuple[int, ...] | None = None
+    target: str = "parameter"
+    tensor: str = "*"
+    bit: int | str = "exponent-high"
+    count: int = 1
+    seconds: float = 0.0
+    factor: float = 1.0
+    fault: str = ""
+    gpu: int = 0
+    xid: int | None = None
+
+    @classmethod
+    def from_dict(cls, entry: Mapping[str, Any], position: int = 0) -> FaultSpec:
+        where = f"fault #{position + 1}"
+        if not isinstance(entry, Mapping):
+            raise ScheduleError(f"{where}: expected a mapping, got {entry!r}")
+        unknown = sorted(set(entry) - _FIELDS)
+        if unknown:
+            raise ScheduleError(f"{where}: unknown field(s) {', '.join(unknown)}")
+        kind = entry.get("kind")
+        if kind not in FAULT_KINDS:
+            raise ScheduleError(f"{where}: kind must be one of {', '.join(FAULT_KINDS)}, got {kind!r}")
+        try:
+            step = int(entry["step"])
+            until = int(entry.get("until", step))
+            ranks = entry.get("ranks")
+            spec = cls(
+                kind=kind, step=step, until=until,
+                ranks=None if ranks is None else tuple(int(r) for r in ([ranks] if isinstance(ranks, int) else ranks)),
+                target=str(entry.get("target", "parameter")), tensor=str(entry.get("tensor", "*")),
+                bit=entry.get("bit", "exponent-high"), count=int(entry.get("count", 1)),
+                seconds=float(entry.get("seconds", 0.0)), factor=float(entry.get("factor", 1.0)),
+                fault=str(entry.get("fault", "")), gpu=int(entry.get("gpu", 0)),
+                xid=None if entry.get("xid") is None else int(entry["xid"]),
+            )
+        except KeyError:
+            raise ScheduleError(f"{where}: step is required") from None
+        except (TypeError, ValueError) as exc:
+            raise ScheduleError(f"{where}: {exc}") from None
+        spec._check(where)
+        return spec
+
+    def _check(self, where: str) -> None:
+        if self.step < 0 or self.until < self.step:
+            raise ScheduleError(f"{where}: need 0 <= step <= until")
+        if self.kind in ("bitflip", "nan", "inf") and self.target not in TARGETS:
+            raise ScheduleError(f"{where}: target must be one of {', '.join(TARGETS)}, got {self.target!r}")
+        if self.count < 1:
+            raise ScheduleError(f"{where}: count must be at least 1")
+        if self.kind in ("delay", "collective_delay") and self.seconds <= 0:
+            raise ScheduleError(f"{where}: seconds must be positive")
+        if self.kind == "bitflip" and not isinstance(self.bit, (int, str)):
+            raise ScheduleError(f"{where}: bit must be an index or a field name")
+        if self.kind == "gpu" and not self.fault:
+            raise ScheduleError(f"{where}: a gpu fault needs fault (xid, thermal_throttle, ...)")
+
+    def active(self, step: int, rank: int) -> bool:
+        return self.step <= step <= self.until and (self.ranks is None or rank in self.ranks)
+
+
+def load_schedule(source: str | os.PathLike[str] | Sequence[Mapping[str, Any]] | None) -> list[FaultSpec]:
+    """A schedule from a YAML/JSON file or a list of dictionaries (``None``: ``TRAINHEALTH_FAULTS``, if set)."""
+    if source is None:
+        source = os.environ.get("TRAINHEALTH_FAULTS") or None
+        if source is None:
+            return []
+    if isinstance(source, (str, os.PathLike)):
+        import yaml
+
+        path = Path(source)
+        try:
+            entries = yaml.safe_load(path.read_text(encoding="utf-8"))
+        except OSError as exc:
+            raise ScheduleError(f"{path}: {exc.strerror or exc}") from None
+        except yaml.YAMLError as exc:
+            raise ScheduleError(f"{path}: not valid YAML: {exc}") from None
+        entries = entries.get("faults", []) if isinstance(entries, Mapping) else entries
+    else:
+        entries = source
+    if not isinstance(entries, list):
+        raise ScheduleError("a fault schedule is a list of entries (or a mapping with a 'faults' list)")
+    return [FaultSpec.from_dict(entry, position) for position, entry in enumerate(entries)]
+
+
+class Injector:
+    """Applies a schedule to one rank's training. Call :meth:`begin_step` at the start of every step.
+
+    ``model`` and ``optimizer`` are needed for tensor and learning-rate faults;
+    ``simulated_gpu`` (a :class:`~trainhealth.exporters.gpu.simulated.SimulatedNvml`)
+    for ``gpu`` faults. Every injection is appended to :attr:`log`, written as one
+    JSON line to ``ground_truth`` (a file) and, with ``events``, emitted as a
+    ``fault_injected`` event.
+    """
+
+    def __init__(self, schedule: str | os.PathLike[str] | Sequence[Mapping[str, Any]] | Sequence[FaultSpec] | None,
+                 *, model: Any = None, optimizer: Any = None, rank: int | None = None, seed: int = 0,
+                 ground_truth: str | os.PathLike[str] | None = None, events: EventLog | None = None,
+                 simulated_gpu: Any = None) -> None:
+        specs = list(schedule) if schedule is not None and all(isinstance(s, FaultSpec) for s in schedule) else None
+        self.schedule: list[FaultSpec] = specs if specs is not None else load_schedule(schedule)  # type: ignore[arg-type]
+        self.rank = _rank() if rank is None else rank
+        self.model = model
+        self.optimizer = optimizer
+        self.simulated_gpu = simulated_gpu
+        self.events = events
+        self.log: list[dict[str, Any]] = []
+        self._random = random.Random(seed * 1_000_003 + self.rank)
+        self._ground_truth = Path(ground_truth) if ground_truth else None
+        self._lock = threading.Lock()
+        self._step = -1
+        self._hooks: list[Any] = []
+        self._scaled_lr: list[tuple[dict[str, Any], float]] = []
+        self._collective_delay = 0.0
+        self._batch_factor = 1.0
+        needs_model = any(s.kind in ("bitflip", "nan", "inf") for s in self.schedule if self._mine(s))
+        if needs_model and model is None:
+            raise ScheduleError("tensor faults (bitflip, nan, inf) need the model: Injector(..., model=model)")
+        if any(s.kind == "lr_scale" for s in self.schedule if self._mine(s)) and optimizer is None:
+            raise ScheduleError("lr_scale faults need the optimizer: Injector(..., optimizer=optimizer)")
+        if any(s.kind == "collective_delay" for s in self.schedule if self._mine(s)):
+            self._install_collective_delay()
+
+    def _mine(self, spec: FaultSpec) -> bool:
+        return spec.ranks is None or self.rank in spec.ranks
+
+    # --- the training loop calls these -----------------------------------------------
+    def begin_step(self, step: int) -> None:
+        """Apply what the schedule has for ``step`` on this rank (and undo what ended)."""
+        self._step = step
+        self._restore_learning_rates()
+        for handle in self._hooks:
+            handle.remove()
+        self._hooks = []
+        self._collective_delay = 0.0
+        self._batch_factor = 1.0
+        for spec in self.schedule:
+            if spec.active(step, self.rank):
+                self._apply(spec, step)
+
+    def corrupt_batch(self, batch: Any) -> Any:
+        """The batch, multiplied by the active ``batch`` fault's factor (unchanged otherwise)."""
+        return batch * self._batch_factor if self._batch_factor != 1.0 else batch
+
+    def close(self) -> None:
+        """Undo anything still in effect."""
+        self._restore_learning_rates()
+        for handle in self._hooks:
+            handle.remove()
+        self._hooks = []
+        self._collective_delay = 0.0
+        if getattr(self, "_delay_installed", None) is not None:
+            self._delay_installed()
+            self._delay_installed = None
+
+    # --- applying -------------------------------------------------------------------
+    def _apply(self, spec: FaultSpec, step: int) -> None:
+        if spec.kind in ("bitflip", "nan", "inf"):
+            if spec.target == "parameter":
+                name, tensor = self._find(self.model.named_parameters(), spec)
+                self._corrupt(spec, name, tensor, step)
+            elif spec.target == "gradient":
+                name, parameter = self._find(self.model.named_parameters(), spec)
+                self._hooks.append(parameter.register_hook(self._gradient_hook(spec, name, step)))
+            else:
+                name, module = self._find(self.model.named_modules(), spec)
+                self._hooks.append(module.register_forward_hook(self._activation_hook(spec, name, step)))
+        elif spec.kind == "delay":
+            self._record(spec, step, seconds=spec.seconds)
+            time.sleep(spec.seconds)
+        elif spec.kind == "collective_delay":
+            self._collective_delay = spec.seconds
+            self._record(spec, step, seconds=spec.seconds)
+        elif spec.kind == "lr_scale":
+            for group in self.optimizer.param_groups:
+                self._scaled_lr.append((group, group["lr"]))
+                group["lr"] = group["lr"] * spec.factor
+            self._record(spec, step, factor=spec.factor)
+        elif spec.kind == "batch":
+            self._batch_factor = spec.factor
+            self._record(spec, step, factor=spec.factor)
+        elif spec.kind == "gpu":
+            self._simulated_gpu_fault(spec, step)
+
+    def _find(self, named: Iterable[tuple[str, Any]], spec: FaultSpec) -> tuple[str, Any]:
+        for name, item in named:
+            bare = name.removeprefix("module.")  # DDP and similar wrappers
+            if fnmatch.fnmatchcase(bare, spec.tensor) or fnmatch.fnmatchcase(name, spec.tensor):
+                if spec.target != "activation" and not getattr(item, "is_floating_point", lambda: False)():
+                    continue
+                return bare, item
+        raise ScheduleError(f"no {spec.target} matches tensor {spec.tensor!r}")
+
+    def _corrupt(self, spec: FaultSpec, name: str, tensor: Any, step: int) -> list[tuple[int, float, float]]:
+        count = min(spec.count, tensor.numel())
+        indices = self._random.sample(range(tensor.numel()), count)
+        if spec.kind == "bitflip":
+            bit = resolve_bit(spec.bit, float_layout(tensor.dtype), self._random.choice)
+            changed = flip_bits(tensor, indices, bit)
+            self._record(spec, step, tensor=name, bit=bit, changes=changed)
+        else:
+            changed = set_values(tensor, indices, float("nan") if spec.kind == "nan" else float("inf"))
+            self._record(spec, step, tensor=name, changes=changed)
+        return changed
+
+    def _gradient_hook(self, spec: FaultSpec, name: str, step: int) -> Any:
+        done = []
+
+        def corrupt(gradient: Any) -> Any:
+            if done:
+                return gradient
+            done.append(True)
+            gradient = gradient.clone()
+            self._corrupt(spec, name, gradient, step)
+            return gradient
+
+        return corrupt
+
+    def _activation_hook(self, spec: FaultSpec, name: str, step: int) -> Any:
+        done = []
+
+        def corrupt(module: Any, inputs: Any, output: Any) -> Any:
+            if done:
+                return output
+            tensor = output[0] if isinstance(output, (tuple, list)) else output
+            if getattr(tensor, "is_floating_point", lambda: False)():
+                done.append(True)
+                self._corrupt(spec, name, tensor.contiguous() if not tensor.is_contiguous() else tensor, step)
+            return output
+
+        return corrupt
+
+    def _restore_learning_rates(self) -> None:
+        for group, lr in reversed(self._scaled_lr):
+            group["lr"] = lr
+        self._scaled_lr = []
+
+    def _install_collective_delay(self) -> None:
+        """Sleep inside this rank's collectives while a ``collective_delay`` is active."""
+        import trainhealth.comm
+
+        logger = trainhealth.comm.installed()
+        if logger is None:
+            raise ScheduleError("collective_delay faults need trainhealth.comm installed first "
+                                "(trainhealth.comm.install() or Monitor(comm=True))")
+        logger.injected_delay = lambda: self._collective_delay
+
+        def uninstall() -> None:
+            logger.injected_delay = None
+
+        self._delay_installed = uninstall
+
+    def _simulated_gpu_fault(self, spec: FaultSpec, step: int) -> None:
+        from trainhealth.exporters.gpu.simulated import SimulatedFaultKind, SimulatedFault
+
+        if self.simulated_gpu is None:
+            raise ScheduleError("gpu faults need the simulated GPU backend (gpu_backend=simulated)")
+        try:
+            kind = SimulatedFaultKind(spec.fault)
+        except ValueError:
+            raise ScheduleError(f"unknown gpu fault {spec.fault!r}; one of "
+                                f"{', '.join(k.value for k in SimulatedFaultKind)}") from None
+        self.simulated_gpu.inject(SimulatedFault(kind, gpu=spec.gpu, xid=spec.xid))
+        self._record(spec, step, fault=spec.fault, gpu=spec.gpu, xid=spec.xid)
+
+    # --- ground truth ---------------------------------------------------------------
+    def _record(self, spec: FaultSpec, step: int, **details: Any) -> None:
+        entry = {"time": time.time(), "step": step, "rank": self.rank, "kind": spec.kind,
+                 **({"target": spec.target} if spec.kind in ("bitflip", "nan", "inf") else {}), **details}
+        with self._lock:
+            self.log.append(entry)
+            if self._ground_truth is not None:
+                try:
+                    self._ground_truth.parent.mkdir(parents=True, exist_ok=True)
+                    with self._ground_truth.open("a", encoding="utf-8") as handle:
+                        handle.write(json.dumps(entry, default=float) + "\n")
+                except OSError:
+                    log.warning("trainhealth: cannot write fault ground truth to %s", self._ground_truth, exc_info=True)
+        if self.events is not None:
+            what = ", ".join(f"{k}={v}" for k, v in details.items() if k != "changes")
+            self.events.emit(Event("fault_injected", Severity.INFO, f"injected {spec.kind} on rank {self.rank} at "
+                                   f"step {step}" + (f" ({what})" if what else ""),
+                                   {"kind": spec.kind, "rank": str(self.rank)}))
+
+
+def _rank() -> int:
+    try:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            return dist.get_rank()
+    except ImportError:
+        pass
+    return int(os.environ.get("RANK", "0"))
+
+

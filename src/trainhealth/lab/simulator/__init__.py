@@ -1,0 +1,1 @@
+"""The trace-driven cluster simulator: evidence, never imported by production modules."""

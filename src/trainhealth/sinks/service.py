@@ -1,0 +1,97 @@
+"""Start and stop both sinks — the /metrics endpoint and the OTLP push (metrics, and events
+as log records) — over one store."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import logging
+import os
+import platform
+from collections.abc import Mapping
+
+from prometheus_client import CollectorRegistry
+
+from trainhealth import catalog
+from trainhealth._version import __version__
+from trainhealth.config import ConfigError, Settings
+from trainhealth.events import EventLog
+from trainhealth.sinks.prometheus import BasicAuth, MetricsServer, StoreCollector, TLSFiles
+from trainhealth.identity import Identity
+from trainhealth.store import MetricStore
+
+__all__ = ["Sinks", "publish_build_info"]
+
+log = logging.getLogger(__name__)
+
+
+def _installed_version(distribution: str) -> str:
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return ""
+
+
+def publish_build_info(store: MetricStore) -> None:
+    """Set ``trainhealth_build_info`` without importing torch."""
+    store.set_info(catalog.BUILD_INFO, (__version__, platform.python_version(), _installed_version("torch")))
+
+
+class Sinks:
+    """The running sinks of one process. Build with :meth:`start`; stop with :meth:`close`."""
+
+    def __init__(self, server: MetricsServer | None, otel: OtelExporter | None) -> None:
+        self.server = server
+        self.otel = otel
+
+    @classmethod
+    def start(
+        cls,
+        store: MetricStore,
+        identity: Identity,
+        settings: Settings,
+        env: Mapping[str, str] | None = None,
+        events: EventLog | None = None,
+    ) -> Sinks:
+        """Start what ``settings`` enables; a port that cannot be bound raises :class:`ConfigError`."""
+        env = os.environ if env is None else env
+        publish_build_info(store)
+        server = None
+        if settings.prometheus:
+            registry = CollectorRegistry(auto_describe=False)
+            registry.register(StoreCollector(store, identity))
+            tls = None
+            if settings.tls_certfile and settings.tls_keyfile:
+                tls = TLSFiles(settings.tls_certfile, settings.tls_keyfile, settings.tls_client_cafile)
+            auth = None
+            password = settings.read_basic_auth_password()
+            if settings.basic_auth_username and password:
+                auth = BasicAuth(settings.basic_auth_username, password)
+            port = settings.metrics_port(identity.local_rank)
+            try:
+                server = MetricsServer(registry, addr=settings.prometheus_addr, port=port, tls=tls, basic_auth=auth,
+                                       version=lambda: store.version)
+            except OSError as exc:
+                raise ConfigError("prometheus_port", f"cannot serve on {settings.prometheus_addr}:{port}: {exc.strerror or exc}") from None
+            log.info("trainhealth: serving metrics at %s", server.url)
+        otel = None
+        if settings.otel_enabled(env):  # the OpenTelemetry SDK loads only when OTLP is on
+            from trainhealth.sinks.otel import OtelExporter
+
+            otel = OtelExporter(store, identity, events=events)
+        return cls(server, otel)
+
+    @property
+    def metrics_url(self) -> str | None:
+        return self.server.url if self.server is not None else None
+
+    def close(self) -> None:
+        """Push the last OTLP export and stop serving; never raises."""
+        if self.otel is not None:
+            self.otel.shutdown()
+            self.otel = None
+        if self.server is not None:
+            try:
+                self.server.close()
+            except Exception:
+                log.debug("trainhealth: closing the metrics server failed", exc_info=True)
+            self.server = None
