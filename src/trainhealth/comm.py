@@ -1,12 +1,24 @@
-"""``import trainhealth.comm``, the documented user API of the collective logger.
+"""``import trainhealth.comm``: the collective logger's user API (install, uninstall, instrument_ddp).
 
-The code lives in :mod:`trainhealth.exporters.collectives.install`; this name is that very
-module (not a copy), so ``trainhealth.comm.install()`` and everything a user patches on it
-keep working.
+The code lives in :mod:`trainhealth.exporters.collectives.install`; every other name is looked up
+there on first use, so this path stays the one documented to users.
 """
 
-import sys
+from __future__ import annotations
+
+from typing import Any
 
 from trainhealth.exporters.collectives import install as _install
+from trainhealth.exporters.collectives.install import (
+    CollectiveLogger,
+    install,
+    installed,
+    instrument_ddp,
+    uninstall,
+)
 
-sys.modules[__name__] = _install
+__all__ = ["CollectiveLogger", "install", "installed", "instrument_ddp", "uninstall"]
+
+
+def __getattr__(name: str) -> Any:
+    return getattr(_install, name)

@@ -22,6 +22,7 @@ import socket
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import cast
 
 from trainhealth.catalog import IDENTITY_LABELS
 from trainhealth.config import ConfigError, Settings
@@ -62,7 +63,8 @@ class Identity:
             job=settings.job or _first(env, "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID", skip=("none",)) or DEFAULT_JOB,
             host=settings.host or _first(env, "NODE_NAME", "SLURMD_NODENAME") or socket.gethostname(),
             rank=0 if rank is None else rank,
-            local_rank=_pick_int(settings.local_rank, env, "local_rank", ("LOCAL_RANK", "SLURM_LOCALID"), 0),
+            # an int default: never None
+            local_rank=cast(int, _pick_int(settings.local_rank, env, "local_rank", ("LOCAL_RANK", "SLURM_LOCALID"), 0)),
             world_size=1 if world_size is None else world_size,
             gpu_uuid=settings.gpu_uuid or "",
             pod=pod,

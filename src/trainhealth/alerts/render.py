@@ -25,8 +25,9 @@ GROUPS = ("hardware", "training", "telemetry")
 
 
 def _groups(runbook_base: str, max_for_s: float | None = None) -> list[dict[str, object]]:
-    alerting = [{"name": f"trainhealth-{group}", "rules": [rule.to_rule(runbook_base, max_for_s) for rule in ALERTS
-                                                           if rule.group == group]} for group in GROUPS]
+    alerting: list[dict[str, object]] = [
+        {"name": f"trainhealth-{group}", "rules": [rule.to_rule(runbook_base, max_for_s) for rule in ALERTS
+                                                   if rule.group == group]} for group in GROUPS]
     return alerting + [{"name": "trainhealth-per-job", "interval": "30s",
                         "rules": [rule.to_rule() for rule in RECORDING_RULES]}]
 

@@ -81,7 +81,7 @@ def _seconds(duration: str) -> float:
 
 def _xid_description(severity: Severity) -> str:
     """A template naming the XID's meaning and NVIDIA's action, chosen by the xid label."""
-    branches = []
+    branches: list[str] = []
     for info in known_xids():
         if info.severity is severity:
             keyword = "if" if not branches else "else if"

@@ -44,7 +44,7 @@ def _as_dict(spec: object) -> dict:
     return {key: value for key, value in asdict(spec).items() if value is not None}  # type: ignore[call-overload]
 
 
-def add_commands(commands: argparse._SubParsersAction, parser_class: type[argparse.ArgumentParser]) -> None:  # type: ignore[type-arg]
+def add_commands(commands: argparse._SubParsersAction, parser_class: type[argparse.ArgumentParser]) -> None:
     demo = commands.add_parser(
         "demo", help="run a small multi-rank training job on CPU that goes wrong on schedule, and watch it caught",
         description="Trains a small GPT-style model on 4 CPU ranks (torch, gloo) with the Monitor, the collective "

@@ -39,7 +39,7 @@ def _cmd_dashboards(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_commands(commands: argparse._SubParsersAction, parser_class: type[argparse.ArgumentParser]) -> None:  # type: ignore[type-arg]
+def add_commands(commands: argparse._SubParsersAction, parser_class: type[argparse.ArgumentParser]) -> None:
     from trainhealth.alerts.rules import RUNBOOK_BASE
 
     alerts = commands.add_parser(

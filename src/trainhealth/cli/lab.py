@@ -8,8 +8,12 @@ from __future__ import annotations
 import argparse
 import sys
 import tempfile
+from typing import TYPE_CHECKING
 
 from trainhealth.errors import UsageError
+
+if TYPE_CHECKING:
+    from trainhealth.lab.realrun.launcher import CaseOutcome
 
 __all__ = ["add_commands", "parse_seeds"]
 
@@ -42,7 +46,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         raise UsageError(f"--cases {args.cases!r} matches no case of suite {args.suite}")
     out = args.out or tempfile.mkdtemp(prefix="trainhealth-lab-")
 
-    def report(outcome) -> None:  # type: ignore[no-untyped-def]
+    def report(outcome: CaseOutcome) -> None:
         score = outcome.localize or {}
         print(f"{outcome.case:<48} {outcome.status:<7} {outcome.wall_s:5.1f}s  verdict {score.get('verdict', '-'):<13} "
               f"top {score.get('top') or '-':<16} live delay {outcome.live_detection_delay}"
@@ -78,7 +82,7 @@ def _cmd_score(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_commands(commands: argparse._SubParsersAction, parser_class: type) -> None:  # type: ignore[type-arg]
+def add_commands(commands: argparse._SubParsersAction, parser_class: type) -> None:
     lab = commands.add_parser("lab", help="the real-run fault lab: real gloo ranks with injected faults, scored")
     lab_commands = lab.add_subparsers(dest="lab_command", metavar="COMMAND", parser_class=parser_class, required=True)
     run = lab_commands.add_parser("run", help="run a suite of cases and print the score table")

@@ -13,8 +13,14 @@ import signal
 import sys
 import threading
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from trainhealth.errors import UsageError
+
+if TYPE_CHECKING:
+    from trainhealth.exporters.collectives.probe import ProbeResult
+    from trainhealth.lab.simulator.simulate import InjectedFault
+    from trainhealth.localize.localizer import Thresholds
 
 __all__ = ["add_commands"]
 
@@ -22,7 +28,7 @@ __all__ = ["add_commands"]
 ANALYZER_PORT = 9448
 
 
-def _thresholds(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+def _thresholds(args: argparse.Namespace) -> Thresholds:
     from trainhealth.localize.localizer import Thresholds
 
     given = {name: getattr(args, name) for name in ("gpu_z", "collectives_z", "link_z", "straggler_z", "path_z")
@@ -54,7 +60,7 @@ def _cmd_localize(args: argparse.Namespace) -> int:
     return 0
 
 
-def _probe(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+def _probe(args: argparse.Namespace) -> ProbeResult | None:
     """The link probe given with --probe, else probe.json in a trace directory, else None."""
     from trainhealth.localize.sources import PROBE_FILE, load_probe
 
@@ -76,7 +82,7 @@ def _probe(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     return None
 
 
-def _parse_fault(text: str):  # type: ignore[no-untyped-def]
+def _parse_fault(text: str) -> InjectedFault:
     """``kind:target:severity[:start[:end]]``, e.g. ``gpu:5:1.5`` or ``nic:9:2:4:8``."""
     from trainhealth.lab.simulator.simulate import ClusterFaultKind, InjectedFault
 
@@ -89,8 +95,8 @@ def _parse_fault(text: str):  # type: ignore[no-untyped-def]
     except ValueError:
         raise UsageError(f"--fault {text!r}: unknown kind {parts[0]!r}; expected one of {kinds}") from None
     try:
-        numbers = [int(parts[1]), float(parts[2])] + [int(p) for p in parts[3:]]
-        return InjectedFault(kind, numbers[0], numbers[1], *[int(n) for n in numbers[2:]])
+        target, severity, steps = int(parts[1]), float(parts[2]), [int(p) for p in parts[3:]]
+        return InjectedFault(kind, target, severity, *steps)
     except ValueError as exc:
         raise UsageError(f"--fault {text!r}: {exc}") from None
 
@@ -194,7 +200,7 @@ def _add_thresholds(parser: argparse.ArgumentParser) -> None:
                              "its path (default 6)")
 
 
-def add_commands(commands: argparse._SubParsersAction, parser_class: type[argparse.ArgumentParser]) -> None:  # type: ignore[type-arg]
+def add_commands(commands: argparse._SubParsersAction, parser_class: type[argparse.ArgumentParser]) -> None:
     """Register the three subcommands on the ``trainhealth`` parser."""
     kinds = ("auto", "v1", "flight-recorder", "straggler-analysis")
     localize = commands.add_parser(

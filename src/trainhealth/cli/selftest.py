@@ -9,8 +9,12 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from trainhealth.errors import UsageError
+
+if TYPE_CHECKING:
+    from trainhealth.sdc.selftest import SelftestResult
 
 __all__ = ["add_commands"]
 
@@ -41,7 +45,7 @@ def _cmd_selftest(args: argparse.Namespace) -> int:
     return 1 if any(not r.passed for r in results) else 0
 
 
-def _write_metrics(path: Path, results: list) -> None:  # type: ignore[type-arg]
+def _write_metrics(path: Path, results: list[SelftestResult]) -> None:
     """The results in Prometheus text format, for node_exporter's textfile collector (written atomically)."""
     from prometheus_client import CollectorRegistry, write_to_textfile
 
@@ -60,7 +64,7 @@ def _write_metrics(path: Path, results: list) -> None:  # type: ignore[type-arg]
         raise UsageError(f"cannot write {path}: {exc.strerror or exc}") from None
 
 
-def add_commands(commands: argparse._SubParsersAction, parser_class: type[argparse.ArgumentParser]) -> None:  # type: ignore[type-arg]
+def add_commands(commands: argparse._SubParsersAction, parser_class: type[argparse.ArgumentParser]) -> None:
     selftest = commands.add_parser(
         "selftest", help="run deterministic GEMM, reduction and elementwise checks against a golden reference",
         description="Checks each device against float64 references computed on the CPU, runs the GEMM twice "

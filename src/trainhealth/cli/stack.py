@@ -36,7 +36,7 @@ def _cmd_down(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_commands(commands: argparse._SubParsersAction, parser_class: type[argparse.ArgumentParser]) -> None:  # type: ignore[type-arg]
+def add_commands(commands: argparse._SubParsersAction, parser_class: type[argparse.ArgumentParser]) -> None:
     stack = commands.add_parser(
         "stack", help="run Prometheus, Alertmanager and the demo as local processes (no docker)",
         description="up starts the prometheus and alertmanager binaries found on PATH on 127.0.0.1 with "

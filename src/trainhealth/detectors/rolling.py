@@ -22,6 +22,8 @@ values — keep their state).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 __all__ = ["LARGE", "RollingMoments", "RollingQuantiles", "default_refresh", "fill_zero"]
@@ -36,7 +38,7 @@ def default_refresh(n_series: int, refresh: int | None) -> int:
     return refresh if refresh is not None else (1 if n_series < LARGE else 2)
 
 
-def fill_zero(values: np.ndarray, fallback) -> np.ndarray:  # type: ignore[no-untyped-def]
+def fill_zero(values: np.ndarray, fallback: Callable[[], np.ndarray]) -> np.ndarray:
     """``values`` with zeros (and NaN) replaced from ``fallback()``, computed only when one occurs."""
     bad = ~(values > 0)
     if not bad.any():

@@ -29,7 +29,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from trainhealth.localize.segments_scan import burst_factor, step_noise, strongest_shift, whole_level
+from trainhealth.localize.segments_scan import Shift, burst_factor, step_noise, strongest_shift, whole_level
 from trainhealth.localize.waits import Measured, without
 
 __all__ = ["StragglerSettings", "Straggler", "find_stragglers", "peer_counts"]
@@ -124,7 +124,7 @@ def _candidates(measured: Measured, sigma: float, chance: np.ndarray, skip: set[
     level = whole_level(relative, stretch_sigma, settings.allowance)
     spikes_of = _SlowSteps.find(measured, sigma, settings)
     out = []
-    for index in np.flatnonzero(np.isfinite(relative).any(axis=1)):
+    for index in np.flatnonzero(np.isfinite(relative).any(axis=1)).tolist():
         if int(measured.ranks[index]) in skip:
             continue
         # a change with its onset explains more than a level, unless only the level is strong enough
@@ -137,7 +137,7 @@ def _candidates(measured: Measured, sigma: float, chance: np.ndarray, skip: set[
     return out
 
 
-def _stretch(measured: Measured, index: int, shift, sigma: float, chance: float,  # type: ignore[no-untyped-def]
+def _stretch(measured: Measured, index: int, shift: Shift, sigma: float, chance: float,
              settings: StragglerSettings) -> Straggler | None:
     start, stop = int(shift.start[index]), int(shift.stop[index])
     effect, z = float(shift.effect[index]), float(shift.z[index])

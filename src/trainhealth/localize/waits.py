@@ -28,6 +28,7 @@ Per rank and step:
 from __future__ import annotations
 
 import warnings
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -62,7 +63,7 @@ class Measured:
     markers: bool  # step times come from step markers (else from the inferred iterations)
 
 
-def measure(records: pd.DataFrame, hosts: dict[int, str] | None = None) -> Measured:
+def measure(records: pd.DataFrame, hosts: Mapping[int, str] | None = None) -> Measured:
     """Measure compute and wait from ``records`` (trace format v1, canonical dtypes, real or inferred steps)."""
     rank_code, ranks = _codes(records["rank"].to_numpy(dtype=np.int64))
     step_code, steps = _codes(records["step"].to_numpy(dtype=np.int64))
@@ -76,7 +77,7 @@ def measure(records: pd.DataFrame, hosts: dict[int, str] | None = None) -> Measu
     if markers.any():
         step_time = _per_cell(cell[markers], duration[markers], n_ranks * n_steps, np.maximum)
     else:
-        first = np.full(n_ranks * n_steps, np.inf)
+        first: np.ndarray = np.full(n_ranks * n_steps, np.inf)
         np.minimum.at(first, cell, start)
         first = first.reshape(n_ranks, n_steps)
         step_time = np.full((n_ranks, n_steps), np.nan)

@@ -72,7 +72,7 @@ class ReplicaChecks:
 
     def after_step(self, index: int, step: int) -> list[ReplicaCheckResult]:
         """Run the checks due at step ``index`` (the Monitor's count) and publish them; arm the next step."""
-        results = []
+        results: list[ReplicaCheckResult] = []
         if not self.available(self._torch):
             self.arm(index + 1)
             return results

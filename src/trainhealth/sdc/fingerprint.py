@@ -36,7 +36,7 @@ def fingerprint(tensors: list[Any]) -> Any:
     import torch
 
     widths = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
-    sums = []
+    sums: list[torch.Tensor] = []
     for tensor in tensors:
         flat = tensor.detach().reshape(-1)
         if flat.dtype.is_floating_point or flat.dtype.is_complex:

@@ -30,7 +30,7 @@ import ssl
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 
 from prometheus_client import CollectorRegistry, make_wsgi_app
@@ -100,9 +100,11 @@ def _to_metric(family: Family, identity_values: list[str]) -> Metric:
         label_values = identity_values + list(values)
         if isinstance(value, HistogramValue):
             bounds = [floatToGoString(b) for b in spec.buckets] + ["+Inf"]
-            metric.add_metric(label_values, list(zip(bounds, value.cumulative())), value.sum)  # type: ignore[call-arg]
+            # a histogram's samples are HistogramValues, a gauge's or a counter's are floats
+            cast(HistogramMetricFamily, metric).add_metric(label_values, list(zip(bounds, value.cumulative())),
+                                                           value.sum)
         else:
-            metric.add_metric(label_values, value)  # type: ignore[call-arg]
+            cast("GaugeMetricFamily | CounterMetricFamily", metric).add_metric(label_values, value)
     return metric
 
 

@@ -8,6 +8,7 @@ import logging
 import os
 import platform
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry
 
@@ -18,6 +19,9 @@ from trainhealth.events import EventLog
 from trainhealth.sinks.prometheus import BasicAuth, MetricsServer, StoreCollector, TLSFiles
 from trainhealth.identity import Identity
 from trainhealth.store import MetricStore
+
+if TYPE_CHECKING:  # imported where used: the OTel SDK is slow to import
+    from trainhealth.sinks.otel import OtelExporter
 
 __all__ = ["Sinks", "publish_build_info"]
 

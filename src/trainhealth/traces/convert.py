@@ -59,7 +59,9 @@ def load_any(paths: Sequence[str | os.PathLike[str]], kind: str = "auto",
 
 def _merge(traces: list[Trace]) -> Trace:
     records = pd.concat([t.records for t in traces], ignore_index=True)
-    groups, hosts, parallelism = {}, {}, {}
+    groups: dict[str, tuple[int, ...]] = {}
+    hosts: dict[int, str] = {}
+    parallelism: dict[str, int] = {}
     for t in traces:
         if t.topology is not None:
             groups.update(t.topology.groups)

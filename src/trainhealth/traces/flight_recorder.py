@@ -155,7 +155,8 @@ def _row(entry: dict[str, Any], rank: int, op: str, path: str, position: int) ->
     created = entry.get("time_created_ns")
     started = entry.get("time_discovered_started_ns")
     completed = entry.get("time_discovered_completed_ns")
-    if created is None and started is None:
+    begun = started if started is not None else created
+    if begun is None:
         raise TraceError(path, "entry has no time", row=position + 1, column="time_created_ns")
     if entry.get("duration_ms") is not None:
         duration = float(entry["duration_ms"]) / 1e3
@@ -171,7 +172,7 @@ def _row(entry: dict[str, Any], rank: int, op: str, path: str, position: int) ->
             peer = second if first == rank else first
     return {
         "rank": rank, "step": 0, "op": op, "group": str(process_group[0]), "seq": seq,
-        "start": (started if started is not None else created) / 1e9, "duration": duration,
+        "start": begun / 1e9, "duration": duration,
         "bytes": _bytes(entry), "peer": peer, "state": str(entry.get("state", "")),
         "pg_desc": str(process_group[1]) if len(process_group) > 1 else "",
     }

@@ -16,7 +16,7 @@ trainhealth.traces.ops.TraceError: trace.jsonl: row 1, column 'duration': negati
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -118,12 +118,16 @@ def validate(frame: pd.DataFrame, path: str, lines: Sequence[int] | None = None)
     return out
 
 
+#: ``fail(problem, position, column)`` of :func:`validate`: the error to raise.
+_Fail = Callable[[str, int | None, str | None], TraceError]
+
+
 def _first_bad(mask: np.ndarray) -> int | None:
     hits = np.flatnonzero(mask)
     return int(hits[0]) if len(hits) else None
 
 
-def _integers(raw: pd.Series, column: Column, fail) -> pd.Series:  # type: ignore[no-untyped-def]
+def _integers(raw: pd.Series, column: Column, fail: _Fail) -> pd.Series:
     if pd.api.types.is_integer_dtype(raw.dtype):  # already integers (Parquet): only the checks that can fail
         missing = raw.isna().to_numpy()
         values = raw.to_numpy(dtype=np.int64, na_value=0)
@@ -157,7 +161,7 @@ def _integers(raw: pd.Series, column: Column, fail) -> pd.Series:  # type: ignor
                      index=raw.index).where(present.to_numpy(), pd.NA)
 
 
-def _floats(raw: pd.Series, column: Column, fail) -> pd.Series:  # type: ignore[no-untyped-def]
+def _floats(raw: pd.Series, column: Column, fail: _Fail) -> pd.Series:
     if pd.api.types.is_float_dtype(raw.dtype) and not pd.api.types.is_extension_array_dtype(raw.dtype):
         values = raw.to_numpy()
         position = _first_bad(~np.isfinite(values))
@@ -180,7 +184,7 @@ def _floats(raw: pd.Series, column: Column, fail) -> pd.Series:  # type: ignore[
     return pd.Series(values, index=raw.index)
 
 
-def _strings(raw: pd.Series, column: Column, fail) -> pd.Series:  # type: ignore[no-untyped-def]
+def _strings(raw: pd.Series, column: Column, fail: _Fail) -> pd.Series:
     # distinct values first: a trace has millions of rows but few op, group and host names
     codes, distinct = pd.factorize(raw, use_na_sentinel=True)
     distinct = np.asarray(distinct, dtype=object)
@@ -195,7 +199,7 @@ def _strings(raw: pd.Series, column: Column, fail) -> pd.Series:  # type: ignore
         position = _first_bad(~present)
         if position is not None:
             raise fail("missing value", position, column.name)
-    values = np.append(distinct, None)[np.where(present, codes, len(distinct))]
+    values = np.append(distinct, np.array([None], dtype=object))[np.where(present, codes, len(distinct))]
     return pd.Series(values, index=raw.index, dtype=object)
 
 

@@ -24,6 +24,7 @@ import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import pyarrow as pa
@@ -99,7 +100,8 @@ def _read_text(path: Path, compressed: bool) -> str:
 
 
 def _parse_jsonl(text: str, path: str) -> tuple[pd.DataFrame, list[int]]:
-    rows, lines = [], []
+    rows: list[dict[str, Any]] = []
+    lines: list[int] = []
     for number, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue

@@ -36,7 +36,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
@@ -374,7 +374,9 @@ class CollectiveLogger:
                 if peer is None and kwargs.get(group_peer_name) is not None:
                     import torch.distributed as dist
 
-                    peer = dist.get_global_rank(group_object or dist.group.WORLD, kwargs[group_peer_name])
+                    # torch types group.WORLD Optional (None before init_process_group)
+                    group_or_world = cast("dist.ProcessGroup", group_object or dist.group.WORLD)
+                    peer = dist.get_global_rank(group_or_world, kwargs[group_peer_name])
                 if is_recv and peer is None and not always_async:
                     return logger._recv_from_any(original, group_object, args, kwargs, tensor_index)
                 source, target = (peer, logger.rank) if is_recv else (logger.rank, peer)
@@ -445,7 +447,7 @@ class CollectiveLogger:
         world = process_group.size()
         clock = time.perf_counter
 
-        def hook(state, bucket):  # type: ignore[no-untyped-def]  # DDP rejects annotations other than its own
+        def hook(state, bucket):  # DDP rejects annotations other than its own
             tensor = bucket.buffer()
             t0 = clock()
             seq = self.begin("all_reduce", group, t0, True)
@@ -455,7 +457,7 @@ class CollectiveLogger:
             tensor.div_(world)
             future = all_reduce(tensor, group=process_group, async_op=True).get_future()
 
-            def reduced(done):  # type: ignore[no-untyped-def]
+            def reduced(done):
                 try:
                     self.end("all_reduce", group, seq, t0, clock() - t0, nbytes, None, True)
                 except Exception:
@@ -557,7 +559,7 @@ class CollectiveLogger:
                 self._export_inflight()
                 dropped = self.records_dropped
                 if dropped:
-                    previous = self.store.value(catalog.COMM_RECORDS_DROPPED) or 0.0
+                    previous = cast(float, self.store.value(catalog.COMM_RECORDS_DROPPED) or 0.0)  # a counter
                     if dropped > previous:
                         self.store.inc(catalog.COMM_RECORDS_DROPPED, dropped - previous)
 
@@ -618,7 +620,8 @@ class CollectiveLogger:
         for (group, _), (op, t0) in list(self._async.items()):
             waiting[(op, group)] = max(waiting.get((op, group), 0.0), now - t0)
         self._known_inflight |= set(waiting)
-        writes = [(catalog.COMM_INFLIGHT_DURATION, key, waiting.get(key, 0.0)) for key in sorted(self._known_inflight)]
+        writes: list[tuple[catalog.MetricSpec, tuple[str, ...], float]] = [
+            (catalog.COMM_INFLIGHT_DURATION, key, waiting.get(key, 0.0)) for key in sorted(self._known_inflight)]
         writes += [(catalog.COMM_STARTED_SEQ, (group,), float(seq)) for group, seq in list(self._seq.items())]
         writes += [(catalog.COMM_COMPLETED_SEQ, (group,), float(seq)) for group, seq in list(self._completed.items())]
         self.store.write(writes)  # type: ignore[union-attr]

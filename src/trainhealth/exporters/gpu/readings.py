@@ -121,7 +121,7 @@ def clocks_events(nvml: Any, handle: Any) -> list[Triple]:
 
 
 def ecc_errors(nvml: Any, handle: Any) -> list[Triple]:
-    out = []
+    out: list[Triple] = []
     for error_name, error_type in (("corrected", pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED),
                                    ("uncorrected", pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED)):
         for counter_name, counter_type in (("volatile", pynvml.NVML_VOLATILE_ECC),

@@ -357,7 +357,7 @@ class GpuSampler:
             self._emit("gpu.down", Severity.CRITICAL, summary, gpu, state=state)
 
     def _state_writes(self, gpu: _Gpu) -> list[tuple[MetricSpec, tuple[str, ...], float]]:
-        writes = [(catalog.GPU_UP, gpu.labels, 1.0 if gpu.state == "ok" else 0.0)]
+        writes: list[Triple] = [(catalog.GPU_UP, gpu.labels, 1.0 if gpu.state == "ok" else 0.0)]
         writes += [(catalog.GPU_STATE, gpu.labels + (state,), 1.0 if gpu.state == state else 0.0) for state in GPU_STATES]
         return writes
 

@@ -33,7 +33,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from enum import Enum
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, cast
 
 import pynvml
 
@@ -161,7 +161,7 @@ class SimulatedNvml:
             gpu = self._gpu(fault.gpu)
             kind = fault.kind
             if kind is SimulatedFaultKind.XID:
-                self._xid_side_effects(gpu, int(fault.xid))
+                self._xid_side_effects(gpu, int(cast(int, fault.xid)))
             elif kind is SimulatedFaultKind.ECC_UNCORRECTABLE:
                 self._count_ecc(gpu, pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, fault.count)
             elif kind is SimulatedFaultKind.ECC_CORRECTABLE:
@@ -188,7 +188,7 @@ class SimulatedNvml:
             elif kind is SimulatedFaultKind.NVLINK_DOWN:
                 gpu.nvlink_active[fault.link] = 0 if fault.active else 1
         if fault.kind is SimulatedFaultKind.XID:
-            self._deliver_xid(fault.gpu, int(fault.xid))
+            self._deliver_xid(fault.gpu, int(cast(int, fault.xid)))
 
     def _count_ecc(self, gpu: _GpuState, error_type: int, count: int) -> None:
         for counter_type in (pynvml.NVML_VOLATILE_ECC, pynvml.NVML_AGGREGATE_ECC):

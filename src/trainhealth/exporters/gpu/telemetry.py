@@ -94,9 +94,11 @@ class GpuTelemetry:
         if simulated:
             nvml: Any = SimulatedNvml(gpus=settings.simulated_gpus)
         else:
-            import pynvml as nvml
+            import pynvml
+
+            nvml = pynvml
         wants_dcgm = settings.dcgm if settings.dcgm is not None else role == "node"
-        profiler = None
+        profiler: SimulatedProfiler | DcgmProfiler | None = None
         if wants_dcgm:
             if simulated:
                 profiler = SimulatedProfiler(nvml)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
 
@@ -105,9 +106,9 @@ def evaluate(runs: Sequence[TrainingRun], detector: str, signal: str, kind: str,
         spec = parse_item(detector, signal)
         name = spec.detector.name
         watch = Watch(signal, spec.detector, decision=spec.decision())
-        opened = []
-        for step, value in enumerate(run.signals[signal]):
-            opened += [a.start_step for a in watch.update([value], step=step).opened]
+        opened: list[int] = []
+        for step, value in enumerate(run.signals[signal]):  # updates with a step: start_step is an int
+            opened += [cast(int, a.start_step) for a in watch.update([value], step=step).opened]
         targets = [e for e in run.events if e.signal == signal and e.kind == kind]
         others = [e for e in run.events if e.signal == signal and e.kind != kind]
         events += len(targets)

@@ -123,8 +123,9 @@ def _train(rank: int, config: DemoConfig, progress: Any, stop: Any, torch: Any, 
                    **_step_split(monitor), **_gpu_readings(monitor, rank)}
             history.append(row)
             _send(progress, {"rank": rank, **row})
-            if step % 20 == 0 and comm.installed() is not None:
-                comm.installed().write_trace()
+            logger = comm.installed() if step % 20 == 0 else None
+            if logger is not None:
+                logger.write_trace()
             if step % CHECKPOINT_EVERY == 0 and rank == 0:
                 began = time.perf_counter()
                 torch.save({"step": step, "model": model.state_dict()}, out / "checkpoint.pt")
@@ -157,10 +158,10 @@ def _gpu_readings(monitor: Any, rank: int) -> dict[str, float | None]:
         for labels, reading in store.series(spec):
             named = dict(zip(spec.labels, labels))
             if named.get("gpu") == str(rank) and all(named.get(k) == v for k, v in match.items()):
-                return float(reading)  # type: ignore[arg-type]
+                return float(reading)
         return None
 
-    xids = [float(v) for labels, v in store.series(catalog.GPU_XID_ERRORS)  # type: ignore[arg-type]
+    xids = [float(v) for labels, v in store.series(catalog.GPU_XID_ERRORS)
             if dict(zip(catalog.GPU_XID_ERRORS.labels, labels)).get("gpu") == str(rank)]
     return {"temperature": value(catalog.GPU_TEMPERATURE), "sm_clock": value(catalog.GPU_CLOCK, clock="sm"),
             "gpu_up": value(catalog.GPU_UP), "xids": sum(xids) if xids else 0.0}

@@ -41,10 +41,10 @@ import os
 import random
 import threading
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from trainhealth.events import Event, EventLog, Severity
 from trainhealth.lab.injectors.bits import flip_bits, float_layout, resolve_bit, set_values
@@ -164,12 +164,17 @@ class Injector:
     ``fault_injected`` event.
     """
 
+    _delay_installed: Callable[[], None] | None  # set by _install_collective_delay, cleared by close
+
     def __init__(self, schedule: str | os.PathLike[str] | Sequence[Mapping[str, Any]] | Sequence[FaultSpec] | None,
                  *, model: Any = None, optimizer: Any = None, rank: int | None = None, seed: int = 0,
                  ground_truth: str | os.PathLike[str] | None = None, events: EventLog | None = None,
                  simulated_gpu: Any = None) -> None:
-        specs = list(schedule) if schedule is not None and all(isinstance(s, FaultSpec) for s in schedule) else None
-        self.schedule: list[FaultSpec] = specs if specs is not None else load_schedule(schedule)  # type: ignore[arg-type]
+        if schedule is not None and not isinstance(schedule, (str, os.PathLike)) and all(
+                isinstance(s, FaultSpec) for s in schedule):
+            self.schedule: list[FaultSpec] = cast("list[FaultSpec]", list(schedule))
+        else:  # a file, dictionaries (FaultSpec.from_dict checks each) or None
+            self.schedule = load_schedule(cast("str | os.PathLike[str] | Sequence[Mapping[str, Any]] | None", schedule))
         self.rank = _rank() if rank is None else rank
         self.model = model
         self.optimizer = optimizer
@@ -220,8 +225,9 @@ class Injector:
             handle.remove()
         self._hooks = []
         self._collective_delay = 0.0
-        if getattr(self, "_delay_installed", None) is not None:
-            self._delay_installed()
+        undo_delay = getattr(self, "_delay_installed", None)
+        if undo_delay is not None:
+            undo_delay()
             self._delay_installed = None
 
     # --- applying -------------------------------------------------------------------
@@ -275,7 +281,7 @@ class Injector:
         return changed
 
     def _gradient_hook(self, spec: FaultSpec, name: str, step: int) -> Any:
-        done = []
+        done: list[bool] = []
 
         def corrupt(gradient: Any) -> Any:
             if done:
@@ -288,7 +294,7 @@ class Injector:
         return corrupt
 
     def _activation_hook(self, spec: FaultSpec, name: str, step: int) -> Any:
-        done = []
+        done: list[bool] = []
 
         def corrupt(module: Any, inputs: Any, output: Any) -> Any:
             if done:

@@ -38,7 +38,7 @@ import time
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -65,6 +65,12 @@ POLL_S = 0.4
 #: (their own process groups, not sessions): with the kernel's autogroup scheduling every session is one
 #: group of equal weight, and niceness would count only inside it.
 HOG_NICE = -3
+#: Popen arguments that make a started process lead a process group of its own, in the launcher's session
+#: (see HOG_NICE), so that :func:`_stop` can kill it with its children. ``process_group`` is Python 3.11's.
+if sys.version_info >= (3, 11):
+    _OWN_GROUP: dict[str, Any] = {"process_group": 0}
+else:
+    _OWN_GROUP: dict[str, Any] = {"preexec_fn": lambda: os.setpgid(0, 0)}
 #: Niceness of the live analyzer's thread: it reads the traces on idle CPU, not on the ranks' time.
 ANALYZER_NICE = 19
 #: A run whose slowest rank makes no progress this long is stopped and reported (before its first step: START_S).
@@ -121,7 +127,7 @@ class CaseOutcome:
 def link_lab_unavailable(delay: bool = False) -> str | None:
     """Why link cases cannot run here (``None``: they can)."""
     try:
-        from trainhealth.lab.netns import NetLab  # type: ignore[import-not-found]
+        from trainhealth.lab.netns import NetLab
     except ImportError as exc:
         return f"trainhealth.lab.netns is not importable: {exc}"
     reason = NetLab.available()
@@ -151,7 +157,7 @@ def _start_hogs(count: int, cpu: int | None) -> list[subprocess.Popen[bytes]]:
     hogs = []
     for _ in range(count):
         hog = subprocess.Popen([sys.executable, "-c", HOG_CODE], stdout=subprocess.DEVNULL,
-                               stderr=subprocess.DEVNULL, process_group=0)
+                               stderr=subprocess.DEVNULL, **_OWN_GROUP)
         if cpu is not None:
             os.sched_setaffinity(hog.pid, {cpu})
         try:  # above the rank's priority: a rank that mostly sleeps would otherwise win every wake-up
@@ -208,7 +214,7 @@ def run_case(spec: CaseSpec, out: str | os.PathLike[str], *, live: bool = True, 
     with ExitStack() as stack:
         netlab = None
         if spec.netns:
-            from trainhealth.lab.netns import NetLab  # type: ignore[import-not-found]
+            from trainhealth.lab.netns import NetLab
 
             # a prefix of our own: a lab entered with another run's prefix removes that run's namespaces
             netlab = stack.enter_context(NetLab(spec.ranks, prefix=f"rr{os.getpid()}"[:10]))
@@ -227,8 +233,8 @@ def run_case(spec: CaseSpec, out: str | os.PathLike[str], *, live: bool = True, 
         actual_onset: int | None = 0 if by_launcher and onset_done else None
         if kind in LINK_KINDS and onset_done:
             _slow(netlab, spec)
-        if kind is RealRunFaultKind.CPU_CONTENTION and onset_done:
-            hogs += _start_hogs(spec.fault.hogs, spec.pin[spec.fault.target] if spec.pin else None)
+        if kind is RealRunFaultKind.CPU_CONTENTION and onset_done:  # a fault, not a control: it has a target
+            hogs += _start_hogs(spec.fault.hogs, spec.pin[cast(int, spec.fault.target)] if spec.pin else None)
         env = dict(os.environ, MASTER_ADDR=master, MASTER_PORT=str(port), WORLD_SIZE=str(spec.ranks),
                    LOCAL_RANK="0", LOCAL_WORLD_SIZE="1", TRAINHEALTH_TRACE_DIR=str(run_dir),
                    TRAINHEALTH_JOB=spec.name, TRAINHEALTH_TRACE_WRITE_INTERVAL=TRACE_WRITE_INTERVAL_S,
@@ -237,12 +243,12 @@ def run_case(spec: CaseSpec, out: str | os.PathLike[str], *, live: bool = True, 
         worker = [sys.executable, "-m", "trainhealth.lab.realrun.worker", "--spec", str(run_dir / "spec.json")]
         namespaces = _namespaces(netlab, spec.ranks) if netlab is not None else {}
         if netlab is None or namespaces:  # one process imports torch once and forks the ranks
-            if namespaces:
+            if namespaces and netlab is not None:  # namespaces: only with a lab
                 env.update(TRAINHEALTH_LAB_NETNS=json.dumps(namespaces), GLOO_SOCKET_IFNAME=netlab.hosts[0].interface)
             with open(run_dir / "logs" / "launcher.log", "wb") as log_file:
                 processes.append(subprocess.Popen(worker + ["--ranks", ",".join(map(str, range(spec.ranks)))],
                                                   env=env, stdout=log_file, stderr=subprocess.STDOUT,
-                                                  process_group=0))
+                                                  **_OWN_GROUP))
         else:  # each rank started inside its own namespace
             for rank in range(spec.ranks):
                 rank_env = dict(env, RANK=str(rank), TRAINHEALTH_HOST=hosts[rank],
@@ -250,7 +256,7 @@ def run_case(spec: CaseSpec, out: str | os.PathLike[str], *, live: bool = True, 
                 argv = list(netlab.command(rank, worker + ["--rank", str(rank)]))
                 with open(run_dir / "logs" / f"rank-{rank}.log", "wb") as log_file:
                     processes.append(subprocess.Popen(argv, env=rank_env, stdout=log_file, stderr=subprocess.STDOUT,
-                                                      process_group=0))
+                                                      **_OWN_GROUP))
 
         polls: list[LivePoll] = []
         watcher = _LiveWatcher(run_dir, spec.ranks, poll_s, began) if live else None
@@ -276,7 +282,7 @@ def run_case(spec: CaseSpec, out: str | os.PathLike[str], *, live: bool = True, 
                 if kind in LINK_KINDS:
                     _slow(netlab, spec)
                 else:
-                    hogs += _start_hogs(spec.fault.hogs, spec.pin[spec.fault.target] if spec.pin else None)
+                    hogs += _start_hogs(spec.fault.hogs, spec.pin[cast(int, spec.fault.target)] if spec.pin else None)
                 onset_done = True
                 actual_onset = fastest + 1
                 if actual_onset != spec.fault.onset:
@@ -503,7 +509,7 @@ def _with_probe(localize: Any, records: Any, topology: Any, run_dir: Path, plan:
     if "unavailable" in json.loads(path.read_text()):
         return None
     try:
-        from trainhealth.exporters.collectives.probe import ProbeResult  # type: ignore[import-not-found]
+        from trainhealth.exporters.collectives.probe import ProbeResult
 
         result = localize(records, topology, probe=ProbeResult.load(path))
     except Exception as exc:

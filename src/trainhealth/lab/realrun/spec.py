@@ -272,6 +272,8 @@ def truth(spec: CaseSpec, hosts: dict[int, str] | None = None, *, onset: int | N
     if target is not None:
         target_host = (hosts or {}).get(target, host_name(target))
     kind = fault.kind
+    accepted: tuple[str, ...]
+    components: tuple[str, ...]
     if kind is RealRunFaultKind.CLEAN:
         verdict, accepted, components = "healthy", ("healthy",), ()
     elif kind in CONTROL_KINDS:

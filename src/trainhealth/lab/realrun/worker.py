@@ -123,16 +123,16 @@ class Clock:
 
 def _build(torch: Any, spec: CaseSpec, layers: int, clock: Clock) -> Any:
     """A stack of ``layers`` Linear+ReLU layers whose forward and backward each sleep like a kernel."""
-    nn = torch.nn
+    nn: Any = torch.nn
 
     class Kernel(torch.autograd.Function):
         @staticmethod
-        def forward(ctx: Any, x: Any) -> Any:  # type: ignore[override]
+        def forward(ctx: Any, x: Any) -> Any:
             clock.kernel(clock.forward_s / layers)
             return x.clone()
 
         @staticmethod
-        def backward(ctx: Any, grad: Any) -> Any:  # type: ignore[override]
+        def backward(ctx: Any, grad: Any) -> Any:
             clock.kernel(clock.backward_s / layers)
             return grad
 
@@ -157,7 +157,7 @@ class _Groups:
     members: dict[str, Any] = dataclasses.field(default_factory=dict)  # group object key -> (desc, ranks)
 
 
-def _new_groups(dist: Any, spec: CaseSpec, rank: int) -> tuple[_Groups, dict[str, list[int]]]:
+def _new_groups(dist: Any, spec: CaseSpec, rank: int) -> tuple[_Groups, dict[str, tuple[list[int], Any]]]:
     """Every rank creates every group in the same order (torch requires it); returns this rank's groups."""
     groups = _Groups()
     named: list[tuple[str, list[int], Any]] = []
@@ -189,7 +189,7 @@ def _new_groups(dist: Any, spec: CaseSpec, rank: int) -> tuple[_Groups, dict[str
             if rank in ranks:
                 groups.dp = pg
     mine = {desc: (ranks, pg) for desc, ranks, pg in named if rank in ranks}
-    return groups, mine  # type: ignore[return-value]
+    return groups, mine
 
 
 def _write_json(path: Path, data: Any) -> None:
@@ -410,7 +410,7 @@ def _train(torch: Any, dist: Any, spec: CaseSpec, rank: int, run_dir: Path) -> N
 def _probe(run_dir: Path, rank: int) -> None:
     """The pairwise link probe, when the package has it; its result (rank 0's) goes to ``probe.json``."""
     try:
-        from trainhealth.exporters.collectives.probe import probe_links  # type: ignore[import-not-found]
+        from trainhealth.exporters.collectives.probe import probe_links
     except ImportError as exc:
         if rank == 0:
             _write_json(run_dir / "probe.json", {"unavailable": f"trainhealth.exporters.collectives.probe: {exc}"})

@@ -15,6 +15,7 @@ data-parallel group into blocks of ``ep`` replicas.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import overload
 
 import numpy as np
 
@@ -59,8 +60,18 @@ class ClusterLayout:
         base = self.per_stage * pp
         return base + np.arange(self.per_stage).reshape(self.dp, self.cp, self.tp)
 
+    @overload
+    def host_of(self, rank: int) -> int: ...
+    @overload
+    def host_of(self, rank: np.ndarray) -> np.ndarray: ...
+
     def host_of(self, rank: int | np.ndarray) -> int | np.ndarray:
         return rank // self.gpus_per_host
+
+    @overload
+    def leaf_of(self, rank: int) -> int: ...
+    @overload
+    def leaf_of(self, rank: np.ndarray) -> np.ndarray: ...
 
     def leaf_of(self, rank: int | np.ndarray) -> int | np.ndarray:
         return rank // (self.gpus_per_host * self.hosts_per_leaf)

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from enum import Enum
 from pathlib import Path
@@ -376,7 +377,8 @@ class _GroupNames:
         return found
 
 
-def _group_view(values: np.ndarray, axis: str, layout: ClusterLayout):  # type: ignore[no-untyped-def]
+def _group_view(values: np.ndarray, axis: str,
+                layout: ClusterLayout) -> tuple[np.ndarray, Callable[[np.ndarray], np.ndarray]]:
     """``values`` (dp, cp, tp) rearranged with the group's members on the last axis, and the inverse."""
     dp, cp, tp = values.shape
     if axis == "tp":
