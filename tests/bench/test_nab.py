@@ -12,9 +12,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from tests.data import data_dir, needs
 from trainhealth.lab.bench.nab import NabFile, load_corpus, scaled_sigmoid, score_corpus
 
-NAB = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "nab"
+NAB = data_dir("nab")
 
 
 def corpus(length: int = 1000, windows=((400, 449),)) -> list[NabFile]:
@@ -66,6 +67,7 @@ def test_the_threshold_is_optimised():
     assert value == pytest.approx(100.0) and 0.6 < threshold <= 0.9
 
 
+@needs("nab")
 def test_bench_nab_on_real_nab_files(tmp_path):
     names = ["realKnownCause/machine_temperature_system_failure.csv", "artificialNoAnomaly/art_daily_small_noise.csv"]
     windows = json.loads((NAB / "labels" / "combined_windows.json").read_text())

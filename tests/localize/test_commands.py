@@ -9,8 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.data import data_dir, needs
+
 TRAINHEALTH = str(Path(sys.executable).parent / "trainhealth")
-DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "straggler-analysis"
+DATA = data_dir("straggler-analysis")
 
 
 def _run(*args: str) -> subprocess.CompletedProcess:
@@ -36,6 +38,7 @@ def test_simulate_then_localize(tmp_path):
     assert text.returncode == 0 and "1. nic:rank-19" in text.stdout and "(input is SIMULATED)" in text.stdout
 
 
+@needs("straggler-analysis")
 def test_localize_reads_the_importers_formats_and_windows():
     result = _run("localize", str(DATA / "trace-AR.parquet"), "--last", "10", "--json")
     assert result.returncode == 0, result.stderr

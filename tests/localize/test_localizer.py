@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import pytest
 
+from tests.data import data_dir, needs
 from trainhealth.lab.simulator.cluster import ClusterLayout
 from trainhealth.lab.simulator.simulate import (
     Control,
@@ -18,7 +18,7 @@ from trainhealth.localize.localizer import Thresholds, localize
 from trainhealth.traces.convert import load_any
 
 LAYOUT = ClusterLayout(dp=4, pp=4, tp=4, hosts_per_leaf=2)  # 64 GPUs on 8 hosts under 4 leaf switches
-DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "straggler-analysis"
+DATA = data_dir("straggler-analysis")
 COMPUTE = ["forward", "backward", "optimizer"]
 
 
@@ -98,6 +98,7 @@ def test_a_fault_below_the_noise_is_not_blamed_on_someone_else():
     assert all(s.component == "gpu:rank-9" for s in result.suspects[:1])
 
 
+@needs("straggler-analysis")
 def test_trace_ar_blames_the_artificially_slowed_worker():
     trace, _ = load_any([DATA / "trace-AR.parquet"])
     result = localize(trace.records, trace.topology)
@@ -108,6 +109,7 @@ def test_trace_ar_blames_the_artificially_slowed_worker():
     assert "computes 2.4" in top.evidence
 
 
+@needs("straggler-analysis")
 def test_trace_st_is_imbalance_with_no_gpu_blamed():
     trace, _ = load_any([DATA / "trace-ST.parquet"])
     result = localize(trace.records, trace.topology)

@@ -13,18 +13,20 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from tests.data import data_dir, needs
 from tests.distributed import init_rank, run_ranks
 from trainhealth.traces import TraceError, read_trace
 from trainhealth.traces.convert import load_any
 from trainhealth.traces.flight_recorder import import_flight_recorder
 from trainhealth.traces.straggler_analysis import import_straggler_analysis
 
-DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "straggler-analysis"
+DATA = data_dir("straggler-analysis")
 TRAINHEALTH = str(Path(sys.executable).parent / "trainhealth")
 
 
 @pytest.mark.parametrize("trial, ranks, parallelism", [("AR", 16, {"dp": 4, "pp": 4, "tp": 4}),
                                                        ("ST", 8, {"dp": 2, "pp": 4})])
+@needs("straggler-analysis")
 def test_straggler_analysis_traces_become_consistent_v1(trial, ranks, parallelism):
     trace = import_straggler_analysis(DATA / f"trace-{trial}.parquet")
     records = trace.records
@@ -45,6 +47,7 @@ def test_straggler_analysis_traces_become_consistent_v1(trial, ranks, parallelis
     assert first.all()
 
 
+@needs("straggler-analysis")
 def test_the_straggler_of_trace_ar_shows_in_the_imported_records():
     """In trace-AR, dp_rank 0 / stage 0 was slowed: its compute takes longer than its stage peers'."""
     records = import_straggler_analysis(DATA / "trace-AR.parquet").records
@@ -53,6 +56,7 @@ def test_the_straggler_of_trace_ar_shows_in_the_imported_records():
     assert by_replica.idxmax() == 0 and by_replica[0] > 1.2 * by_replica.drop(0).max()
 
 
+@needs("straggler-analysis")
 def test_cli_converts_and_describes(tmp_path):
     result = subprocess.run([TRAINHEALTH, "trace", "convert", str(DATA / "trace-ST.parquet"), "-o", str(tmp_path / "st")],
                             capture_output=True, text=True, timeout=120)
