@@ -100,8 +100,8 @@ def reduction(iterations: int = 300, world: int = 4, slow_rank: int = 2) -> tupl
         counts = [json.loads(Path(out, f"counts-{r}.json").read_text()) for r in range(world)]
         total = sum(c[0] for c in counts)
         kept = sum(c[1] for c in counts)
-        trace_bytes = sum(f.stat().st_size for f in Path(out).glob("rank-*.parquet"))
-        kept_bytes = sum(f.stat().st_size for f in Path(out, "abnormal").glob("rank-*.parquet"))
+        trace_bytes = sum(f.stat().st_size for f in Path(out).glob("rank-*.jsonl.gz"))
+        kept_bytes = sum(f.stat().st_size for f in Path(out, "abnormal").glob("rank-*.jsonl.gz"))
     return total, kept, trace_bytes, kept_bytes
 
 

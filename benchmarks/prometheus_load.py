@@ -44,7 +44,7 @@ def _serve(first_port: int, count: int, ready: multiprocessing.Queue, stop: mult
                                     prometheus_addr="127.0.0.1", prometheus_port=port, job="load-test",
                                     host=f"node-{port}", gpu_sample_interval=5.0)
         identity = Identity.node(settings=settings)
-        store = MetricStore(settings.max_series_per_metric)
+        store = MetricStore(settings.store.max_series_per_metric)
         sinks = Sinks.start(store, identity, settings)
         running.append((sinks, GpuTelemetry.start(store, EventLog(logger=None), settings, identity, role="node")))
     ready.put(count)

@@ -13,7 +13,9 @@ PUBLIC = {
     "trainhealth.exporters": ["BasicAuth", "LayerGroupStats", "MetricsServer", "Monitor", "OtelExporter", "Sinks",
                               "StepStats", "StoreCollector", "TLSFiles"],
     "trainhealth.catalog": ["CATALOG", "IDENTITY_LABELS", "MetricKind", "MetricSpec", "Unit", "by_prometheus_name"],
-    "trainhealth.config": ["ConfigError", "Settings", "setting_infos"],
+    "trainhealth.config": ["CommSettings", "ConfigError", "DetectorSettings", "GpuSettings", "IdentitySettings",
+                           "ModelSettings", "OtelSettings", "PrometheusSettings", "SettingInfo", "Settings",
+                           "StoreSettings", "TrainingSettings", "setting_infos"],
     "trainhealth.store": ["Family", "HistogramValue", "MetricStore"],
     # the paths users write (README, docs/integrations.md): pinned, whatever moves inside the package
     "trainhealth.comm": ["CollectiveLogger", "install", "installed", "instrument_ddp", "uninstall"],

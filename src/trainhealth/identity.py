@@ -53,20 +53,21 @@ class Identity:
         in_kubernetes = "KUBERNETES_SERVICE_HOST" in env
         pod = env.get("POD_NAME") or (env.get("HOSTNAME", "") if in_kubernetes else "")
         rank = configured_rank(env, settings)
-        world_size = _pick_int(settings.world_size, env, "world_size", ("WORLD_SIZE", "SLURM_NTASKS"), None)
+        overrides = settings.identity
+        world_size = _pick_int(overrides.world_size, env, "world_size", ("WORLD_SIZE", "SLURM_NTASKS"), None)
         if rank is None or world_size is None:
             distributed = _torch_distributed()
             if distributed is not None:
                 rank = distributed[0] if rank is None else rank
                 world_size = distributed[1] if world_size is None else world_size
         identity = cls(
-            job=settings.job or _first(env, "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID", skip=("none",)) or DEFAULT_JOB,
-            host=settings.host or _first(env, "NODE_NAME", "SLURMD_NODENAME") or socket.gethostname(),
+            job=overrides.job or _first(env, "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID", skip=("none",)) or DEFAULT_JOB,
+            host=overrides.host or _first(env, "NODE_NAME", "SLURMD_NODENAME") or socket.gethostname(),
             rank=0 if rank is None else rank,
             # an int default: never None
-            local_rank=cast(int, _pick_int(settings.local_rank, env, "local_rank", ("LOCAL_RANK", "SLURM_LOCALID"), 0)),
+            local_rank=cast(int, _pick_int(overrides.local_rank, env, "local_rank", ("LOCAL_RANK", "SLURM_LOCALID"), 0)),
             world_size=1 if world_size is None else world_size,
-            gpu_uuid=settings.gpu_uuid or "",
+            gpu_uuid=overrides.gpu_uuid or "",
             pod=pod,
             namespace=env.get("POD_NAMESPACE", ""),
         )
@@ -125,7 +126,7 @@ def configured_rank(env: Mapping[str, str] | None = None, settings: Settings | N
     """The rank the settings or the launcher's variables give (RANK, SLURM_PROCID); ``None`` when none does."""
     env = os.environ if env is None else env
     settings = settings if settings is not None else Settings.resolve(env=env)
-    return _pick_int(settings.rank, env, "rank", ("RANK", "SLURM_PROCID"), None)
+    return _pick_int(settings.identity.rank, env, "rank", ("RANK", "SLURM_PROCID"), None)
 
 
 def _torch_distributed() -> tuple[int, int] | None:

@@ -1,8 +1,10 @@
 """Every detector honours the API: warm-up, score before learning, vectors = per-series scalars,
-bounded state, protection through the mask, cloning and pickling."""
+bounded state, protection through the mask, cloning and pickling, parameters as dataclass fields."""
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 import pickle
 import tracemalloc
 
@@ -137,6 +139,51 @@ def test_clone_and_pickle(name):
     assert fresh.params() == detector.params() and fresh.n_series is None
 
 
+# The constructors' keywords and defaults, in order: the detector spec (``name(key=value)``) and any
+# caller passing them by position depend on them.
+SIGNATURES = {
+    "delta": {"delta": 1.5, "window": 50, "warmup": 10, "rate_window": 100},
+    "iqr": {"window": 100, "warmup": 20, "direction": "both", "min_iqr": 1e-12, "refresh": None},
+    "level_shift": {"window": 100, "warmup": 50, "k": 0.5, "clip": 4.0, "direction": "both", "adapt_after": None,
+                    "min_scale": 1e-12, "refresh": None},
+    "nonfinite": {},
+    "peer": {"direction": "both", "min_relative": 0.03, "min_peers": 3},
+    "robust_z": {"window": 100, "warmup": 20, "direction": "both", "min_scale": 1e-12, "refresh": None},
+    "spike": {"window": 1000, "sigmas": 7.0, "min_periods": None},
+    "stl": {"period": None, "window": None, "refit_every": 64, "direction": "both", "min_scale": 1e-12},
+    "zscore": {"window": 100, "warmup": 20, "direction": "both", "min_std": 1e-12},
+}
+
+
+def test_constructor_keywords_and_defaults():
+    assert set(SIGNATURES) == set(DETECTORS)
+    for name, cls in DETECTORS.items():
+        parameters = inspect.signature(cls).parameters.values()
+        assert [(p.name, p.default) for p in parameters] == list(SIGNATURES[name].items()), name
+
+
+@pytest.mark.parametrize("name", sorted(DETECTORS))
+def test_parameters_are_the_dataclass_fields_and_state_is_not(name):
+    detector = make(name)
+    assert dataclasses.is_dataclass(detector)
+    assert list(detector.params()) == [f.name for f in dataclasses.fields(detector) if f.init]
+    assert list(detector.params()) == list(SIGNATURES[name])
+    before = detector.params()
+    for row in series(2, detector.warmup + 5):
+        detector.update(row)
+    assert detector.params() == before
+    cls = type(detector)
+    assert eval(repr(detector), {cls.__name__: cls}).params() == before  # repr shows the constructor call
+    assert detector != detector.clone() and len({detector, detector.clone()}) == 2  # identity, as any stateful object
+
+
+def test_resolved_defaults_are_the_parameters():
+    assert DETECTORS["spike"](window=30).params()["min_periods"] == 30
+    assert DETECTORS["level_shift"](window=60, warmup=10).params()["adapt_after"] == 60
+    assert DETECTORS["stl"](period=12).params()["window"] == 96
+    assert DETECTORS["stl"]().warmup == 256
+
+
 def test_the_series_count_is_fixed_by_the_first_update():
     detector = make("zscore")
     detector.update([1.0, 2.0])
@@ -153,3 +200,9 @@ def test_invalid_parameters_fail_at_construction():
         DETECTORS["stl"](period=100, window=150)
     with pytest.raises(ValueError):
         DETECTORS["peer"](min_peers=2)
+    with pytest.raises(ValueError):
+        DETECTORS["spike"](window=10, min_periods=20)
+    with pytest.raises(ValueError):
+        DETECTORS["level_shift"](k=1.0, clip=1.0)
+    with pytest.raises(ValueError):
+        DETECTORS["iqr"](warmup=0)

@@ -28,7 +28,7 @@ def test_otlp_export_carries_the_same_values_as_the_scrape(receiver):
     env = {"RANK": "3", "WORLD_SIZE": "4", "TORCHELASTIC_RUN_ID": "run-9", "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint}
     steps = 5
     mon = Monitor(model, optimizer, env=env, prometheus_addr="127.0.0.1", prometheus_port=0)
-    assert mon.settings.otel_enabled(env)
+    assert mon.settings.otel.active(env)
     for step in range(steps):
         loss = lm_loss(model, step)
         loss.backward()

@@ -6,6 +6,7 @@ checked in CI against the committed copies, so the docs cannot drift.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 
 from trainhealth.catalog import CATALOG, IDENTITY_LABELS, MetricSpec
@@ -79,13 +80,21 @@ def render_configuration_markdown(infos: Sequence[SettingInfo] | None = None) ->
         "the variable, which wins over the default. An invalid value stops the program at start-up "
         "with a message naming the setting; `trainhealth config` shows the resolved values.",
         "",
-        "| setting | environment variable | type | default | description |",
-        "|---|---|---|---|---|",
+        "The settings are grouped by concern. A program reads a resolved value from its group on "
+        "`Settings` (`monitor.settings.gpu.backend` for `gpu_backend`): the attribute column.",
     ]
-    for info in infos:
-        lines.append(
-            f"| `{info.name}` | `{info.env}` | {info.type} | {_default(info)} | {_cell(info.help)} |"
-        )
+    for group, members in itertools.groupby(infos, key=lambda info: info.group):
+        lines += [
+            "",
+            f"## {group}",
+            "",
+            "| setting | environment variable | type | default | attribute | description |",
+            "|---|---|---|---|---|---|",
+        ]
+        lines += [
+            f"| `{info.name}` | `{info.env}` | {info.type} | {_default(info)} | `{info.attribute}` | {_cell(info.help)} |"
+            for info in members
+        ]
     lines += [
         "",
         "## Read from the environment, not set by trainhealth",

@@ -158,9 +158,9 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
                          "basic_auth_username": "basic_auth_username",
                          "basic_auth_password_file": "basic_auth_password_file", "job": "job"}
     settings = Settings.resolve(**{setting: getattr(args, dest) for dest, setting in analyzer_settings.items()})
-    if settings.prometheus_port is None:
+    if settings.prometheus.port is None:
         settings = settings.replace(prometheus_port=ANALYZER_PORT)
-    store = MetricStore(settings.max_series_per_metric)
+    store = MetricStore(settings.store.max_series_per_metric)
     analyzer = Analyzer(source, store, _thresholds(args))
     if args.once:
         try:

@@ -25,6 +25,7 @@ from trainhealth.config import ConfigError, Settings, setting_infos
 from trainhealth.cli.demo import add_commands as add_demo_commands
 from trainhealth.cli.docgen import render_configuration_markdown, render_metrics_markdown
 from trainhealth.cli.lab import add_commands as add_lab_commands
+from trainhealth._extras import missing_extra
 from trainhealth.errors import UsageError
 from trainhealth.identity import Identity
 from trainhealth.cli.localize import add_commands as add_localization_commands
@@ -62,11 +63,11 @@ def _cmd_config(args: argparse.Namespace) -> int:
     settings = Settings.resolve()
     from trainhealth.detectors.spec import parse_setting
 
-    parse_setting(settings.detectors)
+    parse_setting(settings.detectors.spec)
     identity = Identity.from_env(settings=settings)
     rows = []
     for info in setting_infos():
-        value = getattr(settings, info.name)
+        value = settings.value(info.name)
         if info.secret and value is not None:
             value = "<hidden>"
         source = "environment" if os.environ.get(info.env) else "default"
@@ -103,12 +104,12 @@ def _cmd_export(args: argparse.Namespace) -> int:
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     settings = Settings.resolve(**{setting: getattr(args, dest) for dest, setting in _EXPORT_SETTINGS.items()})
-    if settings.prometheus_port is None:
+    if settings.prometheus.port is None:
         settings = settings.replace(prometheus_port=NODE_EXPORTER_PORT)
-    if settings.gpu_backend == "off":
+    if settings.gpu.backend == "off":
         raise UsageError("gpu_backend is off: trainhealth export has nothing to serve")
     identity = Identity.node(settings=settings)
-    store = MetricStore(settings.max_series_per_metric)
+    store = MetricStore(settings.store.max_series_per_metric)
     stop = threading.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: stop.set())
@@ -117,7 +118,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
     try:
         where = sinks.metrics_url or "nowhere (TRAINHEALTH_PROMETHEUS=false; OTLP only)"
         count = len(telemetry.sampler.gpus) if telemetry else 0
-        print(f"trainhealth export: {count} GPU(s) through {settings.gpu_backend}, metrics at {where}", flush=True)
+        print(f"trainhealth export: {count} GPU(s) through {settings.gpu.backend}, metrics at {where}", flush=True)
         stop.wait(args.duration)
     finally:
         if telemetry is not None:
@@ -304,6 +305,19 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+#: The extra each command needs beyond the core install (see trainhealth._extras).
+COMMAND_EXTRAS = {
+    "detect": "analysis", "bench": "analysis", "trace": "analysis", "localize": "analysis", "sim": "analysis",
+    "analyze": "analysis", "alerts": "dashboards", "dashboards": "dashboards", "stack": "demo", "demo": "demo",
+    "lab": "demo",
+}
+
+
+def _command_of(argv: Sequence[str] | None) -> str:
+    words = [word for word in (sys.argv[1:] if argv is None else argv) if not word.startswith("-")]
+    return words[0] if words else ""
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     try:
@@ -314,6 +328,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args.handler(args))
     except (UsageError, ConfigError, TraceError) as exc:
         print(f"trainhealth: error: {exc}", file=sys.stderr)
+        return USAGE_ERROR
+    except ModuleNotFoundError as exc:  # an optional feature whose extra is not installed: one line, not a traceback
+        command = _command_of(argv)
+        problem = missing_extra(exc, f"trainhealth {command}", COMMAND_EXTRAS.get(command))
+        if problem is None:
+            raise
+        print(f"trainhealth: error: {problem}", file=sys.stderr)
         return USAGE_ERROR
     except BrokenPipeError:  # output piped into head or similar
         sys.stderr.close()

@@ -16,6 +16,7 @@ IQR units, a ratio); each detector names its default threshold.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from dataclasses import fields, is_dataclass
 from typing import Any, ClassVar, Literal
 
 import numpy as np
@@ -35,17 +36,27 @@ def directional(deviation: np.ndarray, direction: Direction) -> np.ndarray:
 
 
 class Detector(ABC):
-    """Base class: vectors in, scores out, bounded state."""
+    """Base class: vectors in, scores out, bounded state.
+
+    A concrete detector is a ``@dataclass(eq=False, repr=False)``: its constructor
+    arguments are its fields, checked in ``__post_init__``, which calls this one
+    first (to check ``warmup`` and start with no series); :meth:`params`, ``repr``
+    and :meth:`clone` follow from the fields. The streaming state is no field:
+    :meth:`_allocate` creates it once the number of series is known. ``eq=False``
+    keeps equality and hashing by identity, as for any stateful object.
+    """
 
     name: ClassVar[str]
     default_threshold: ClassVar[float]
     default_critical: ClassVar[float | None] = None
 
-    def __init__(self, warmup: int) -> None:
-        if warmup < 1:
+    warmup: int  # values learnt before a series gets a verdict (a field, or set in __post_init__)
+    n_series: int | None  # the number of series, fixed by the first update
+
+    def __post_init__(self) -> None:
+        if self.warmup < 1:
             raise ValueError("warmup must be >= 1")
-        self.warmup = warmup
-        self.n_series: int | None = None
+        self.n_series = None
 
     def _vector(self, values: Any) -> np.ndarray:
         array = np.asarray(values, dtype=np.float64).reshape(-1)
@@ -83,8 +94,10 @@ class Detector(ABC):
         return f"{type(self).__name__}({fields})"
 
     def params(self) -> dict[str, Any]:
-        """The constructor arguments, for repr and cloning."""
-        return {}
+        """The constructor arguments (the dataclass fields that ``__init__`` takes), for repr and cloning."""
+        if not is_dataclass(self):
+            return {}
+        return {field.name: getattr(self, field.name) for field in fields(self) if field.init}
 
     def clone(self) -> Detector:
         """A fresh detector with the same parameters and no state."""

@@ -15,6 +15,7 @@ irregular steps among the last ``rate_window`` of each series.
 from __future__ import annotations
 
 from collections import deque
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -25,21 +26,46 @@ from trainhealth.detectors.rolling import RollingMoments
 __all__ = ["DeltaIrregularity"]
 
 
+@dataclass(eq=False, repr=False)
 class DeltaIrregularity(Detector):
+    """Slow iterations (Holmes's δ-irregularity): a step time ``delta`` times the recent average or more.
+
+    The score is the ratio of a value to the mean of the last ``window`` learnt values
+    (default threshold ``delta`` = 1.5, critical 3); :attr:`irregularity_rate` is the
+    share of irregular values among the last ``rate_window`` updates of each series.
+
+    Parameters
+    ----------
+    delta
+        The ratio (> 1) from which a value is irregular, for :attr:`irregularity_rate`.
+    window
+        How many learnt values the average covers.
+    warmup
+        How many values a series learns before its first verdict (NaN until then); at most ``window``.
+    rate_window
+        How many recent updates :attr:`irregularity_rate` covers.
+
+    >>> detector = DeltaIrregularity(window=20, warmup=5)
+    >>> seconds = [1.0, 1.02, 0.98, 1.01, 0.99, 1.0, 1.6, 1.0]
+    >>> [i for i, x in enumerate(seconds) if detector.update([x])[0] > detector.default_threshold]
+    [6]
+    """
+
     name = "delta"
     default_threshold = 1.5
     default_critical = 3.0
 
-    def __init__(self, delta: float = 1.5, window: int = 50, warmup: int = 10, rate_window: int = 100) -> None:
-        super().__init__(warmup)
-        if delta <= 1.0:
-            raise ValueError("delta must be > 1")
-        if window < warmup or rate_window < 1:
-            raise ValueError("window must be >= warmup and rate_window >= 1")
-        self.delta, self.window, self.rate_window = delta, window, rate_window
+    delta: float = 1.5
+    window: int = 50
+    warmup: int = 10
+    rate_window: int = 100
 
-    def params(self) -> dict[str, Any]:
-        return {"delta": self.delta, "window": self.window, "warmup": self.warmup, "rate_window": self.rate_window}
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.delta <= 1.0:
+            raise ValueError("delta must be > 1")
+        if self.window < self.warmup or self.rate_window < 1:
+            raise ValueError("window must be >= warmup and rate_window >= 1")
 
     def _allocate(self, n_series: int) -> None:
         self._moments = RollingMoments(n_series, self.window)

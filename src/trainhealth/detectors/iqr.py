@@ -15,6 +15,7 @@ scaled to an IQR stands in for it.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -25,21 +26,46 @@ from trainhealth.detectors.rolling import RollingQuantiles, default_refresh, fil
 __all__ = ["IQR"]
 
 
+@dataclass(eq=False, repr=False)
 class IQR(Detector):
+    """Values outside Tukey's fences: how far beyond the quartiles of the last ``window`` learnt values.
+
+    The score is the distance below Q1 or above Q3 in interquartile ranges, 0 inside
+    the box (default threshold 3, Tukey's far-out fence; critical 6).
+
+    Parameters
+    ----------
+    window
+        How many learnt values the quartiles cover.
+    warmup
+        How many values a series learns before its first verdict (NaN until then); at most ``window``.
+    direction
+        ``"both"``, or ``"up"`` / ``"down"`` to score values beyond one fence only (the other scores 0).
+    min_iqr
+        Floor on the interquartile range, so a constant baseline does not divide by zero.
+    refresh
+        Re-sort the windows every ``refresh`` updates (``None``: 1, or 2 from 1,024 series on).
+
+    >>> detector = IQR(window=20, warmup=5)
+    >>> series = [1.0, 1.1, 0.9, 1.0, 1.2, 0.8, 1.0, 1.1, 5.0, 1.0]
+    >>> [i for i, x in enumerate(series) if detector.update([x])[0] > detector.default_threshold]
+    [8]
+    """
+
     name = "iqr"
     default_threshold = 3.0
     default_critical = 6.0
 
-    def __init__(self, window: int = 100, warmup: int = 20, direction: Direction = "both",
-                 min_iqr: float = 1e-12, refresh: int | None = None) -> None:
-        super().__init__(warmup)
-        self.refresh = refresh
-        if window < warmup:
-            raise ValueError("window must be >= warmup")
-        self.window, self.direction, self.min_iqr = window, direction, min_iqr
+    window: int = 100
+    warmup: int = 20
+    direction: Direction = "both"
+    min_iqr: float = 1e-12
+    refresh: int | None = None
 
-    def params(self) -> dict[str, Any]:
-        return {"window": self.window, "warmup": self.warmup, "direction": self.direction, "min_iqr": self.min_iqr, "refresh": self.refresh}
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.window < self.warmup:
+            raise ValueError("window must be >= warmup")
 
     def _allocate(self, n_series: int) -> None:
         self._window = RollingQuantiles(n_series, self.window, default_refresh(n_series, self.refresh))

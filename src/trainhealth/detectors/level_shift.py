@@ -24,6 +24,7 @@ True
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -34,23 +35,60 @@ from trainhealth.detectors.rolling import RollingQuantiles, default_refresh, fil
 __all__ = ["LevelShift"]
 
 
+@dataclass(eq=False, repr=False)
 class LevelShift(Detector):
+    """A lasting change of level: a two-sided CUSUM of values standardised by a median and MAD.
+
+    The score is the accumulated evidence, in robust sigmas beyond ``k`` per value
+    (default threshold h = 8, critical 30); one value adds at most ``clip - k``, so a
+    lone spike does not alarm and a lasting shift does.
+
+    Parameters
+    ----------
+    window
+        How many learnt values the reference median and MAD cover.
+    warmup
+        How many values a series learns before its first verdict (NaN until then); at most ``window``.
+    k
+        Allowance in robust sigmas: shifts smaller than ``k`` add no evidence.
+    clip
+        Standardised values are clipped to +-``clip`` (> ``k``), so one value adds at most ``clip - k``.
+    direction
+        ``"both"``, or ``"up"`` / ``"down"`` to score shifts one way only.
+    adapt_after
+        After this many protected values in a row the new level becomes the reference (``None``: ``window``).
+    min_scale
+        Floor on the scale, so a constant reference does not divide by zero.
+    refresh
+        Re-sort the windows every ``refresh`` updates (``None``: 1, or 2 from 1,024 series on).
+
+    >>> detector = LevelShift(window=10, warmup=10)
+    >>> noise = [1.0, 1.1, 0.9, 1.0, 1.2, 0.8, 1.0, 1.1, 0.9, 1.0]
+    >>> series = noise * 2 + [5.0] + noise + [2.0] * 4  # a spike at 20, a shift from 31
+    >>> [i for i, x in enumerate(series) if detector.update([x])[0] > detector.default_threshold]
+    [33, 34]
+    """
+
     name = "level_shift"
     default_threshold = 8.0
     default_critical = 30.0
 
-    def __init__(self, window: int = 100, warmup: int = 50, k: float = 0.5, clip: float = 4.0,
-                 direction: Direction = "both", adapt_after: int | None = None, min_scale: float = 1e-12, refresh: int | None = None) -> None:
-        super().__init__(warmup)
-        self.refresh = refresh
-        if window < warmup or k < 0 or clip <= k:
-            raise ValueError("need window >= warmup, k >= 0 and clip > k")
-        self.window, self.k, self.clip, self.direction, self.min_scale = window, k, clip, direction, min_scale
-        self.adapt_after = adapt_after if adapt_after is not None else window
+    window: int = 100
+    warmup: int = 50
+    k: float = 0.5
+    clip: float = 4.0
+    direction: Direction = "both"
+    adapt_after: int | None = None
+    min_scale: float = 1e-12
+    refresh: int | None = None
 
-    def params(self) -> dict[str, Any]:
-        return {"window": self.window, "warmup": self.warmup, "k": self.k, "clip": self.clip, "direction": self.direction,
-                "adapt_after": self.adapt_after, "min_scale": self.min_scale, "refresh": self.refresh}
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.window < self.warmup or self.k < 0 or self.clip <= self.k:
+            raise ValueError("need window >= warmup, k >= 0 and clip > k")
+        if self.adapt_after is None:
+            self.adapt_after = self.window
+        self._adapt_after = self.adapt_after  # never None from here
 
     def _allocate(self, n_series: int) -> None:
         self._reference = RollingQuantiles(n_series, self.window, default_refresh(n_series, self.refresh))
@@ -82,7 +120,7 @@ class LevelShift(Detector):
         self._up, self._down, _ = self._statistics(x)
         learning = np.ones(len(x), dtype=bool) if mask is None else mask.copy()
         self._protected_run = np.where(learning, 0, self._protected_run + 1)
-        adapting = self._protected_run > self.adapt_after
+        adapting = self._protected_run > self._adapt_after
         learning |= adapting
         self._up = np.where(adapting, 0.0, self._up)  # the new level is the normal one now
         self._down = np.where(adapting, 0.0, self._down)

@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -15,13 +16,25 @@ from trainhealth.detectors.base import Detector
 __all__ = ["NonFinite"]
 
 
+@dataclass(eq=False, repr=False)
 class NonFinite(Detector):
+    """NaN or infinity where a number should be; the score is 1 for those, 0 otherwise (threshold 0.5).
+
+    No parameters, no memory, no warm-up.
+
+    >>> detector = NonFinite()
+    >>> series = [2.1, 2.0, float("nan"), 1.9, float("inf")]
+    >>> [i for i, x in enumerate(series) if detector.update([x])[0] > detector.default_threshold]
+    [2, 4]
+    """
+
     name = "nonfinite"
     default_threshold = 0.5
     default_critical = 0.5
 
-    def __init__(self) -> None:
-        super().__init__(warmup=1)
+    def __post_init__(self) -> None:
+        self.warmup = 1
+        super().__post_init__()
 
     def _allocate(self, n_series: int) -> None:
         pass

@@ -16,6 +16,7 @@ SDC suspect. The detector has no memory; ask the decision step for
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -25,20 +26,43 @@ from trainhealth.detectors.base import Detector, Direction, directional
 __all__ = ["PeerOutlier"]
 
 
+@dataclass(eq=False, repr=False)
 class PeerOutlier(Detector):
+    """A series unlike its peers at the same step: a slow rank, a GPU that disagrees with its replicas.
+
+    The score is the distance from the median of the step's values in units of
+    ``max(1.4826 * MAD, min_relative * |median|)`` (default threshold 5, critical 10).
+    There is no memory and no warm-up: each update is judged alone.
+
+    Parameters
+    ----------
+    direction
+        ``"both"``, or ``"up"`` / ``"down"`` to score deviations one way only (the other way scores 0).
+    min_relative
+        Floor on the scale relative to the median, so healthy spread is not flagged.
+    min_peers
+        How many finite values (>= 3) a step needs for a verdict (NaN otherwise).
+
+    >>> detector = PeerOutlier()
+    >>> step_times = [1.00, 1.01, 0.99, 1.40, 1.00]  # one value per rank
+    >>> [rank for rank, s in enumerate(detector.update(step_times)) if s > detector.default_threshold]
+    [3]
+    """
+
     name = "peer"
     default_threshold = 5.0
     default_critical = 10.0
 
-    def __init__(self, direction: Direction = "both", min_relative: float = 0.03, min_peers: int = 3) -> None:
-        super().__init__(warmup=1)
-        if min_peers < 3:
-            raise ValueError("min_peers must be >= 3: an outlier needs a majority to differ from")
-        self.direction, self.min_relative, self.min_peers = direction, min_relative, min_peers
-        self._median = np.zeros(0)
+    direction: Direction = "both"
+    min_relative: float = 0.03
+    min_peers: int = 3
 
-    def params(self) -> dict[str, Any]:
-        return {"direction": self.direction, "min_relative": self.min_relative, "min_peers": self.min_peers}
+    def __post_init__(self) -> None:
+        self.warmup = 1
+        super().__post_init__()
+        if self.min_peers < 3:
+            raise ValueError("min_peers must be >= 3: an outlier needs a majority to differ from")
+        self._median = np.zeros(0)
 
     def _allocate(self, n_series: int) -> None:
         pass

@@ -14,6 +14,7 @@ infinitely surprising.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -24,21 +25,46 @@ from trainhealth.detectors.rolling import RollingQuantiles, default_refresh, fil
 __all__ = ["RobustZ"]
 
 
+@dataclass(eq=False, repr=False)
 class RobustZ(Detector):
+    """Values far from the recent median: ``|x - median| / (1.4826 * MAD)`` over the last ``window`` learnt values.
+
+    The score is in robust standard deviations (1.4826 * MAD is one sigma for Gaussian
+    noise; default threshold 5, critical 10), and outliers in the window barely move it.
+
+    Parameters
+    ----------
+    window
+        How many learnt values the median and MAD cover.
+    warmup
+        How many values a series learns before its first verdict (NaN until then); at most ``window``.
+    direction
+        ``"both"``, or ``"up"`` / ``"down"`` to score deviations one way only (the other way scores 0).
+    min_scale
+        Floor on the scale, so a constant baseline does not divide by zero.
+    refresh
+        Re-sort the windows every ``refresh`` updates (``None``: 1, or 2 from 1,024 series on).
+
+    >>> detector = RobustZ(window=20, warmup=5)
+    >>> series = [1.0, 1.1, 0.9, 1.0, 1.2, 0.8, 1.0, 1.1, 5.0, 1.0]
+    >>> [i for i, x in enumerate(series) if detector.update([x])[0] > detector.default_threshold]
+    [8]
+    """
+
     name = "robust_z"
     default_threshold = 5.0
     default_critical = 10.0
 
-    def __init__(self, window: int = 100, warmup: int = 20, direction: Direction = "both",
-                 min_scale: float = 1e-12, refresh: int | None = None) -> None:
-        super().__init__(warmup)
-        self.refresh = refresh
-        if window < warmup:
-            raise ValueError("window must be >= warmup")
-        self.window, self.direction, self.min_scale = window, direction, min_scale
+    window: int = 100
+    warmup: int = 20
+    direction: Direction = "both"
+    min_scale: float = 1e-12
+    refresh: int | None = None
 
-    def params(self) -> dict[str, Any]:
-        return {"window": self.window, "warmup": self.warmup, "direction": self.direction, "min_scale": self.min_scale, "refresh": self.refresh}
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.window < self.warmup:
+            raise ValueError("window must be >= warmup")
 
     def _allocate(self, n_series: int) -> None:
         self._window = RollingQuantiles(n_series, self.window, default_refresh(n_series, self.refresh))

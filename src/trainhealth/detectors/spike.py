@@ -17,6 +17,7 @@ not apply: ``learn`` ignores ``mask``.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -27,19 +28,45 @@ from trainhealth.detectors.rolling import RollingMoments
 __all__ = ["SpikeScore"]
 
 
+@dataclass(eq=False, repr=False)
 class SpikeScore(Detector):
+    """Loss spikes as OLMo 2 counts them: values ``sigmas`` standard deviations from the previous ``window``.
+
+    The score is ``|x - mean| / std`` (ddof 1) of the previous ``window`` values, spikes
+    included (default threshold 7, critical 14); :attr:`spike_score` is the fraction of
+    judged values that scored ``sigmas`` or more.
+
+    Parameters
+    ----------
+    window
+        How many previous values the mean and standard deviation cover.
+    sigmas
+        The score from which a value counts as a spike in :attr:`spike_score`.
+    min_periods
+        How many values a series needs before its first verdict (``None``: ``window``, as OLMo's); at most
+        ``window``.
+
+    >>> detector = SpikeScore(window=10)
+    >>> series = [1.0, 1.1, 0.9, 1.0, 1.2, 0.8, 1.0, 1.1, 0.9, 1.0, 5.0, 1.0]
+    >>> [i for i, x in enumerate(series) if detector.update([x])[0] > detector.default_threshold]
+    [10]
+    >>> detector.spikes.tolist(), detector.evaluated.tolist()
+    ([1], [2])
+    """
+
     name = "spike"
     default_threshold = 7.0
     default_critical = 14.0
 
-    def __init__(self, window: int = 1000, sigmas: float = 7.0, min_periods: int | None = None) -> None:
-        super().__init__(min_periods or window)
-        if self.warmup > window:
-            raise ValueError("min_periods must be <= window")
-        self.window, self.sigmas = window, sigmas
+    window: int = 1000
+    sigmas: float = 7.0
+    min_periods: int | None = None
 
-    def params(self) -> dict[str, Any]:
-        return {"window": self.window, "sigmas": self.sigmas, "min_periods": self.warmup}
+    def __post_init__(self) -> None:
+        self.warmup = self.min_periods = self.min_periods or self.window
+        super().__post_init__()
+        if self.warmup > self.window:
+            raise ValueError("min_periods must be <= window")
 
     def _allocate(self, n_series: int) -> None:
         self._moments = RollingMoments(n_series, self.window)

@@ -15,13 +15,15 @@ expected value, so a seasonal series keeps its phase.
 >>> values = 10 + np.sin(2 * np.pi * t / 24) + np.random.default_rng(0).normal(0, 0.05, 400)
 >>> detector = STLDetector(window=192, refit_every=48)
 >>> scores = [float(detector.update([v])[0]) for v in values]
->>> int(detector.period[0]), bool(np.nanmax(scores[200:]) < 6), float(detector.score([values[-24] + 2.0])[0]) > 10
+>>> int(detector.periods[0]), bool(np.nanmax(scores[200:]) < 6), float(detector.score([values[-24] + 2.0])[0]) > 10
 (24, True, True)
 """
 
 from __future__ import annotations
 
+import importlib.util
 import warnings
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -59,42 +61,75 @@ def estimate_periods(windows: np.ndarray, min_period: int = 2, min_correlation: 
     return periods
 
 
+@dataclass(eq=False, repr=False)
 class STLDetector(Detector):
+    """Values off a seasonal series' pattern: the residual from an STL fit's extrapolation.
+
+    The score is the residual (the value less the last fit's trend and seasonal part,
+    extrapolated) over 1.4826 * MAD of that fit's residuals (default threshold 5,
+    critical 10); no verdict before the first fit, on a full ``window``.
+
+    Parameters
+    ----------
+    period
+        The season in values (>= 2, at most half the window); ``None``: found by autocorrelation per series
+        (:attr:`periods`).
+    window
+        How many learnt values each fit covers (``None``: 8 periods, or 256 without a given period).
+    refit_every
+        How many values a series learns between fits.
+    direction
+        ``"both"``, or ``"up"`` / ``"down"`` to score residuals one way only (the other way scores 0).
+    min_scale
+        Floor on the residual scale, so a perfect fit does not divide by zero.
+
+    >>> import numpy as np
+    >>> t = np.arange(80)
+    >>> series = 10 + np.sin(2 * np.pi * t / 8) + np.random.default_rng(0).normal(0, 0.05, 80)
+    >>> series[70] += 1.0  # a spike
+    >>> detector = STLDetector(period=8, window=64, refit_every=16)
+    >>> [i for i, x in enumerate(series) if detector.update([x])[0] > detector.default_threshold]
+    [70]
+    """
+
     name = "stl"
     default_threshold = 5.0
     default_critical = 10.0
 
-    def __init__(self, period: int | None = None, window: int | None = None, refit_every: int = 64,
-                 direction: Direction = "both", min_scale: float = 1e-12) -> None:
-        window = window if window is not None else (8 * period if period else 256)
-        super().__init__(warmup=window)
-        if period is not None and (period < 2 or 2 * period > window):
-            raise ValueError("period must be >= 2 and at most half the window")
-        if refit_every < 1:
-            raise ValueError("refit_every must be >= 1")
-        self.given_period, self.window, self.refit_every = period, window, refit_every
-        self.direction, self.min_scale = direction, min_scale
+    period: int | None = None
+    window: int | None = None
+    refit_every: int = 64
+    direction: Direction = "both"
+    min_scale: float = 1e-12
 
-    def params(self) -> dict[str, Any]:
-        return {"period": self.given_period, "window": self.window, "refit_every": self.refit_every,
-                "direction": self.direction, "min_scale": self.min_scale}
+    def __post_init__(self) -> None:
+        if self.window is None:
+            self.window = 8 * self.period if self.period else 256
+        self.warmup = self._length = self.window  # _length: the window, never None from here
+        super().__post_init__()
+        if self.period is not None and (self.period < 2 or 2 * self.period > self._length):
+            raise ValueError("period must be >= 2 and at most half the window")
+        if self.refit_every < 1:
+            raise ValueError("refit_every must be >= 1")
+        if importlib.util.find_spec("statsmodels") is None:  # a training pod without the extra: say so now
+            raise ValueError("stl needs the 'analysis' extra (statsmodels): pip install 'trainhealth[analysis]'")
 
     def _allocate(self, n_series: int) -> None:
-        self._values = RollingMoments(n_series, self.window)
-        self.period = np.full(n_series, self.given_period or -1, dtype=np.int64)  # -1: not yet estimated
+        self._values = RollingMoments(n_series, self._length)
+        self.periods = np.full(n_series, self.period or -1, dtype=np.int64)  # per series; -1: not yet estimated
         self._level = np.full(n_series, np.nan)
         self._slope = np.zeros(n_series)
         self._scale = np.full(n_series, np.nan)
-        self._seasonal = np.zeros((n_series, max(1, self.window // 2)))
+        self._seasonal = np.zeros((n_series, max(1, self._length // 2)))
         self._since_fit = np.zeros(n_series, dtype=np.int64)
         self._fitted = np.zeros(n_series, dtype=bool)
         self.fits = 0
 
     def expected(self) -> np.ndarray:
         ahead = self._since_fit + 1
-        period = np.maximum(self.period, 1)
-        phase = np.where(self.period > 0, (ahead - 1) % period, 0)
-        seasonal = np.where(self.period > 0, self._seasonal[np.arange(len(phase)), phase], 0.0)
+        period = np.maximum(self.periods, 1)
+        phase = np.where(self.periods > 0, (ahead - 1) % period, 0)
+        seasonal = np.where(self.periods > 0, self._seasonal[np.arange(len(phase)), phase], 0.0)
         return np.where(self._fitted, self._level + self._slope * ahead + seasonal, np.nan)
 
     def score(self, values: Any) -> np.ndarray:
@@ -109,18 +144,18 @@ class STLDetector(Detector):
             x = np.where(mask | ~self._fitted, x, self.expected())
         self._values.update(x)
         self._since_fit += np.isfinite(x)
-        due = (self._values.count >= self.window) & (~self._fitted | (self._since_fit >= self.refit_every))
+        due = (self._values.count >= self._length) & (~self._fitted | (self._since_fit >= self.refit_every))
         if due.any():
             self._refit(np.flatnonzero(due))
 
     def _refit(self, rows: np.ndarray) -> None:
         windows = self._values.values()[rows]
-        unknown = self.period[rows] < 0
+        unknown = self.periods[rows] < 0
         if unknown.any():
-            self.period[rows[unknown]] = estimate_periods(windows[unknown])
+            self.periods[rows[unknown]] = estimate_periods(windows[unknown])
         for position, row in enumerate(rows):
             series = windows[position]
-            period = int(self.period[row])
+            period = int(self.periods[row])
             if period >= 2:
                 from statsmodels.tsa.seasonal import STL  # imported when first needed: it is slow to import
 

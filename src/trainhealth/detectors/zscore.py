@@ -15,6 +15,7 @@ True
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -25,20 +26,42 @@ from trainhealth.detectors.rolling import RollingMoments
 __all__ = ["ZScore"]
 
 
+@dataclass(eq=False, repr=False)
 class ZScore(Detector):
+    """Values far from the recent mean: ``|x - mean| / std`` of the last ``window`` learnt values.
+
+    The score is in standard deviations (default threshold 4, critical 8).
+
+    Parameters
+    ----------
+    window
+        How many learnt values the mean and standard deviation cover.
+    warmup
+        How many values a series learns before its first verdict (NaN until then); at most ``window``.
+    direction
+        ``"both"``, or ``"up"`` / ``"down"`` to score deviations one way only (the other way scores 0).
+    min_std
+        Floor on the standard deviation, so a constant baseline does not divide by zero.
+
+    >>> detector = ZScore(window=20, warmup=5)
+    >>> series = [1.0, 1.1, 0.9, 1.0, 1.2, 0.8, 1.0, 1.1, 5.0, 1.0]
+    >>> [i for i, x in enumerate(series) if detector.update([x])[0] > detector.default_threshold]
+    [8]
+    """
+
     name = "zscore"
     default_threshold = 4.0
     default_critical = 8.0
 
-    def __init__(self, window: int = 100, warmup: int = 20, direction: Direction = "both",
-                 min_std: float = 1e-12) -> None:
-        super().__init__(warmup)
-        if window < warmup:
-            raise ValueError("window must be >= warmup")
-        self.window, self.direction, self.min_std = window, direction, min_std
+    window: int = 100
+    warmup: int = 20
+    direction: Direction = "both"
+    min_std: float = 1e-12
 
-    def params(self) -> dict[str, Any]:
-        return {"window": self.window, "warmup": self.warmup, "direction": self.direction, "min_std": self.min_std}
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.window < self.warmup:
+            raise ValueError("window must be >= warmup")
 
     def _allocate(self, n_series: int) -> None:
         self._moments = RollingMoments(n_series, self.window)

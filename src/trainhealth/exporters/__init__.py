@@ -1,14 +1,14 @@
 """What collects telemetry, one wing per source: ``training`` (what the loop reports), ``gpu`` (NVML, DCGM,
 the simulated backend, XIDs), ``collectives`` (the collective logger); the Monitor (``exporters.monitor``)
-ties the three to the sinks.
+ties the three to the sinks, with its per-step path in ``exporters.steps``, the collective-trace markers in
+``exporters.markers`` and its assembly helpers in ``exporters.wiring``.
 
 Names load on first use (PEP 562), so importing one exporter does not import the others.
 """
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from trainhealth._extras import lazy_attributes
 
 __all__ = [
     "BasicAuth",
@@ -22,12 +22,9 @@ __all__ = [
     "TLSFiles",
 ]
 
-_HOME = {"LayerGroupStats": "exporters.monitor", "Monitor": "exporters.monitor", "StepStats": "exporters.monitor",
+_HOME = {"LayerGroupStats": "exporters.steps", "Monitor": "exporters.monitor", "StepStats": "exporters.steps",
          "OtelExporter": "sinks.otel", "BasicAuth": "sinks.prometheus", "MetricsServer": "sinks.prometheus",
          "StoreCollector": "sinks.prometheus", "TLSFiles": "sinks.prometheus", "Sinks": "sinks.service"}
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _HOME:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(f"trainhealth.{_HOME[name]}"), name)
+__getattr__ = lazy_attributes(__name__, {name: f"trainhealth.{home}" for name, home in _HOME.items()})

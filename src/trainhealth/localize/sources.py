@@ -3,7 +3,7 @@
 Both return trace format v1 records, so one localizer serves both.
 
 * :class:`TraceDirectory` reads the trace files ranks drop into a directory
-  (``rank-<N>.parquet`` from ``trainhealth.comm``, or any v1 trace) and keeps the
+  (``rank-<N>.<n>.jsonl.gz`` from ``trainhealth.comm``, or any v1 trace) and keeps the
   last ``window`` steps. A file that cannot be read (a rank still writing with
   another tool, a corrupt file) is skipped and reported, not fatal.
 * :class:`PrometheusSource` asks Prometheus for the per-rank aggregates every

@@ -60,25 +60,26 @@ class Sinks:
         env = os.environ if env is None else env
         publish_build_info(store)
         server = None
-        if settings.prometheus:
+        endpoint = settings.prometheus
+        if endpoint.enabled:
             registry = CollectorRegistry(auto_describe=False)
             registry.register(StoreCollector(store, identity))
             tls = None
-            if settings.tls_certfile and settings.tls_keyfile:
-                tls = TLSFiles(settings.tls_certfile, settings.tls_keyfile, settings.tls_client_cafile)
+            if endpoint.tls_certfile and endpoint.tls_keyfile:
+                tls = TLSFiles(endpoint.tls_certfile, endpoint.tls_keyfile, endpoint.tls_client_cafile)
             auth = None
-            password = settings.read_basic_auth_password()
-            if settings.basic_auth_username and password:
-                auth = BasicAuth(settings.basic_auth_username, password)
-            port = settings.metrics_port(identity.local_rank)
+            password = endpoint.read_basic_auth_password()
+            if endpoint.basic_auth_username and password:
+                auth = BasicAuth(endpoint.basic_auth_username, password)
+            port = endpoint.metrics_port(identity.local_rank)
             try:
-                server = MetricsServer(registry, addr=settings.prometheus_addr, port=port, tls=tls, basic_auth=auth,
+                server = MetricsServer(registry, addr=endpoint.addr, port=port, tls=tls, basic_auth=auth,
                                        version=lambda: store.version)
             except OSError as exc:
-                raise ConfigError("prometheus_port", f"cannot serve on {settings.prometheus_addr}:{port}: {exc.strerror or exc}") from None
+                raise ConfigError("prometheus_port", f"cannot serve on {endpoint.addr}:{port}: {exc.strerror or exc}") from None
             log.info("trainhealth: serving metrics at %s", server.url)
         otel = None
-        if settings.otel_enabled(env):  # the OpenTelemetry SDK loads only when OTLP is on
+        if settings.otel.active(env):  # the OpenTelemetry SDK loads only when OTLP is on
             from trainhealth.sinks.otel import OtelExporter
 
             otel = OtelExporter(store, identity, events=events)

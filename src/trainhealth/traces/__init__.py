@@ -6,8 +6,7 @@ The names load on first use (PEP 562): the collective logger in a training pod i
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from trainhealth._extras import lazy_attributes
 
 __all__ = [
     "COMMUNICATION_OPS",
@@ -26,8 +25,4 @@ _HOME = {"COMMUNICATION_OPS": "ops", "COMPUTATION_OPS": "ops", "OPS": "ops", "Tr
          "validate": "format", "Trace": "io", "read_trace": "io", "read_trace_file": "io", "write_trace": "io",
          "Topology": "topology"}
 
-
-def __getattr__(name: str) -> Any:
-    if name not in _HOME:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(f"{__name__}.{_HOME[name]}"), name)
+__getattr__ = lazy_attributes(__name__, {name: f"{__name__}.{home}" for name, home in _HOME.items()}, "analysis")

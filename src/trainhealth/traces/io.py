@@ -18,6 +18,7 @@ from __future__ import annotations
 import gzip
 import io
 import json
+import logging
 import os
 import secrets
 import zlib
@@ -34,6 +35,8 @@ from trainhealth.traces.format import COLUMNS, TraceError, validate
 from trainhealth.traces.topology import TOPOLOGY_FILE, Topology
 
 __all__ = ["TRACE_SUFFIXES", "Trace", "is_trace_file", "read_trace", "read_trace_file", "write_trace"]
+
+log = logging.getLogger(__name__)
 
 TRACE_SUFFIXES = (".parquet", ".jsonl", ".jsonl.gz", ".csv", ".csv.gz")
 
@@ -94,9 +97,33 @@ def _short(exc: BaseException) -> str:
 
 def _read_text(path: Path, compressed: bool) -> str:
     if compressed:
-        with gzip.open(path, "rt", encoding="utf-8") as handle:
-            return handle.read()
+        return _gunzip_whole_members(path.read_bytes(), path).decode("utf-8")
     return path.read_text(encoding="utf-8")
+
+
+def _gunzip_whole_members(data: bytes, path: Path) -> bytes:
+    """The gzip members of ``data``, decompressed; a cut last member after whole ones is dropped with a
+    warning: it is the append a writer was making when it stopped (a crash) or is still making (a live
+    trace). A file with no whole member raises ``EOFError``."""
+    pieces: list[bytes] = []
+    while data:
+        member = zlib.decompressobj(wbits=31)
+        try:
+            piece = member.decompress(data)
+        except zlib.error:
+            if not pieces:
+                raise
+            log.warning("%s: ignored %d bytes after the last whole gzip member (corrupt)", path, len(data))
+            break
+        if not member.eof:
+            if not pieces:
+                raise EOFError("compressed file ended before the end-of-stream marker was reached")
+            log.warning("%s: ignored the last gzip member, cut off mid-write (a writer stopped or is writing)",
+                        path)
+            break
+        pieces.append(piece)
+        data = member.unused_data
+    return b"".join(pieces)
 
 
 def _parse_jsonl(text: str, path: str) -> tuple[pd.DataFrame, list[int]]:

@@ -102,8 +102,8 @@ def _live_trace(directory: Path, world: int, timeout_s: float = 90.0):
     """The trace in ``directory`` once every rank's file holds all its step markers."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if all((directory / f"rank-{r}.parquet").exists() for r in range(world)):
-            records = read_trace([directory]).records  # never a half-written file: no TraceError here
+        if all(any(directory.glob(f"rank-{r}.*.jsonl.gz")) for r in range(world)):
+            records = read_trace([directory]).records  # an append in progress is left out: no TraceError here
             markers = records[records["op"] == "step"]
             if len(markers) == world * STEPS:
                 return records
@@ -156,20 +156,49 @@ def test_the_straggler_waits_least_and_computes_most(tmp_path):
     assert metrics[1]["trainhealth_train_last_step_compute_seconds"] > 0.05
 
 
-def test_a_link_at_the_temporary_path_is_not_followed(tmp_path):
+def test_a_link_at_the_segment_name_is_not_followed(tmp_path):
     logger = CollectiveLogger(rank=0, trace_dir=tmp_path)
     for step in range(3):
         logger.add_marker("step", step, 10.0 + step, 1.0)
     victim = tmp_path / "victim.txt"
     victim.write_text("keep me")
-    planted = tmp_path / "rank-0.parquet.partial"
+    planted = tmp_path / "rank-0.0000.jsonl.gz"
     planted.symlink_to(victim)
     path = logger.write_trace()
     assert victim.read_text() == "keep me"
     assert planted.is_symlink() and os.readlink(planted) == str(victim)
+    assert path == tmp_path / "rank-0.0001.jsonl.gz"
     records = read_trace([path]).records
     assert list(records["op"]) == ["step"] * 3 and list(records["step"]) == [0, 1, 2]
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["rank-0.parquet", "rank-0.parquet.partial", "victim.txt"]
+
+
+def test_each_write_appends_only_the_new_records(tmp_path):
+    logger = CollectiveLogger(rank=2, host="node-a", gpu=1, trace_dir=tmp_path)
+    logger.end("all_reduce", "dp0", 0, 5.0, 0.25, 64, None, False)
+    logger.add_marker("step", 0, 4.0, 1.5)
+    first = logger.write_trace()
+    logger.step = 1
+    logger.end("send", "pp:2->3", 0, 6.0, 0.5, 32, 3, True)
+    logger.add_marker("step", 1, 5.5, 1.5)
+    assert logger.write_trace() == first
+    assert logger.write_trace() == first  # nothing new: nothing appended
+    records = read_trace([tmp_path]).records
+    assert list(records["step"]) == [0, 0, 1, 1] and list(records["op"]) == ["all_reduce", "step", "send", "step"]
+    assert list(records["rank"]) == [2] * 4 and set(records["host"]) == {"node-a"} and set(records["gpu"]) == {1}
+    assert list(records["async"]) == [False, False, True, False]
+    assert records["peer"].tolist()[2] == 3 and pd.isna(records["group"][1])
+    assert records["start"][0] == pytest.approx(logger.records()["start"][0])  # the wall clock, as records()
+    assert logger.records_dropped == 0
+
+
+def test_records_that_never_reach_the_trace_are_counted(tmp_path):
+    logger = CollectiveLogger(rank=0, ring_size=4, trace_dir=tmp_path)
+    for step in range(10):
+        logger.add_marker("step", step, float(step), 1.0)
+        logger.flush()  # the flush thread keeps up, the writes do not: 10 records, room for 4
+    logger.write_trace()
+    assert logger.records_dropped == 6
+    assert list(read_trace([tmp_path]).records["step"]) == [6, 7, 8, 9]
 
 
 def test_markers_are_trace_rows_with_empty_group_and_seq():

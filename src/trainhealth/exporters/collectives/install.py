@@ -8,10 +8,11 @@ Usage, in each rank after ``init_process_group``::
     ...                                               # train
     trainhealth.comm.uninstall()                      # restores torch.distributed, writes the trace
 
-With ``TRAINHEALTH_TRACE_DIR`` set (or ``trace_dir`` given) each rank writes
-``<trace_dir>/rank-<rank>.parquet`` in trace format v1 on :func:`uninstall` and
-at process exit, and rewrites it every ``TRAINHEALTH_TRACE_WRITE_INTERVAL``
-seconds while it runs (replacing the file whole), so an analyzer can read it live. Metrics reach Prometheus when a :class:`~trainhealth.Monitor`
+With ``TRAINHEALTH_TRACE_DIR`` set (or ``trace_dir`` given) each rank appends its
+records to ``<trace_dir>/rank-<rank>.<n>.jsonl.gz`` (trace format v1, JSON lines in
+gzip members) every ``TRAINHEALTH_TRACE_WRITE_INTERVAL`` seconds while it runs, on
+:func:`uninstall` and at process exit, so an analyzer can read it live and a crash
+loses at most the records since the last append. Metrics reach Prometheus when a :class:`~trainhealth.Monitor`
 runs in the process (``Monitor(..., comm=True)`` installs the logger itself).
 Code that imported a collective by name before :func:`install`
 (``from torch.distributed import all_reduce``) keeps the unwrapped function.
@@ -71,17 +72,17 @@ def install(trace_dir: str | os.PathLike[str] | None = None, *, store: MetricSto
                 _installed.store = store
             if detectors is not None and _installed.detectors is None:
                 _installed.detectors = detectors
-            if settings.trace_dir and _installed.trace_dir is None:
-                _installed.trace_dir = Path(settings.trace_dir)
+            if settings.comm.trace_dir and _installed.trace_dir is None:
+                _installed.trace_dir = Path(settings.comm.trace_dir)
             return _installed
         from trainhealth.identity import Identity, configured_rank
 
         identity = Identity.from_env(settings=settings)
         logger = CollectiveLogger(  # rank: the launcher's, else torch.distributed's once it is initialised
             rank=configured_rank(settings=settings), host=identity.host, gpu=identity.local_rank,
-            ring_size=settings.comm_ring_size, store=store, trace_dir=settings.trace_dir,
-            flush_interval_s=settings.comm_flush_interval, detectors=detectors,
-            trace_write_interval_s=settings.trace_write_interval,
+            ring_size=settings.comm.ring_size, store=store, trace_dir=settings.comm.trace_dir,
+            flush_interval_s=settings.comm.flush_interval, detectors=detectors,
+            trace_write_interval_s=settings.comm.trace_write_interval,
         )
         for name in COMMUNICATION_FUNCTIONS:
             original = getattr(c10d, name)

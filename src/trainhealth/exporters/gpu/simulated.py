@@ -4,9 +4,10 @@ For the demo and for tests on machines without GPUs. :class:`SimulatedNvml`
 has the same function names, arguments, return types and exceptions as
 ``pynvml`` (it returns pynvml's own ctypes structures and raises its
 ``NVMLError`` subclasses), so the sampler runs the same code on both. Faults
-are scripted with :meth:`SimulatedNvml.inject`. It is only ever used when chosen
-explicitly (``gpu_backend="simulated"``), and everything it produces carries
-``backend="simulated"``; its UUIDs and model names say so too.
+are scripted with :meth:`SimulatedNvml.inject`; what each does to the GPU is in
+:mod:`~trainhealth.exporters.gpu.simulated_device`. It is only ever used when
+chosen explicitly (``gpu_backend="simulated"``), and everything it produces
+carries ``backend="simulated"``; its UUIDs and model names say so too.
 
 >>> import pynvml
 >>> sim = SimulatedNvml(gpus=2)
@@ -31,11 +32,12 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from enum import Enum
 from types import SimpleNamespace
 from typing import Any, cast
 
 import pynvml
+
+from trainhealth.exporters.gpu.simulated_device import SimulatedFault, SimulatedFaultKind, SimulatedGpuState
 
 __all__ = ["DEFAULT_UNSUPPORTED", "SimulatedFaultKind", "SimulatedFault", "SimulatedGpuHandle", "SimulatedNvml", "SimulatedProfiler"]
 
@@ -49,74 +51,11 @@ DEFAULT_UNSUPPORTED = frozenset({
 _MIB = 1 << 20
 
 
-class SimulatedFaultKind(str, Enum):
-    XID = "xid"
-    ECC_UNCORRECTABLE = "ecc_uncorrectable"
-    ECC_CORRECTABLE = "ecc_correctable"
-    ROW_REMAP_FAILURE = "row_remap_failure"
-    THERMAL_THROTTLE = "thermal_throttle"
-    POWER_THROTTLE = "power_throttle"
-    SLOW_CLOCKS = "slow_clocks"
-    GPU_LOST = "gpu_lost"
-    RESET_REQUIRED = "reset_required"
-    RECOVER = "recover"
-    PCIE_REPLAYS = "pcie_replays"
-    NVLINK_CRC = "nvlink_crc"
-    NVLINK_DOWN = "nvlink_down"
-
-
-@dataclass(frozen=True)
-class SimulatedFault:
-    """One scripted fault on simulated GPU ``gpu``.
-
-    ``xid`` for XID faults; ``count`` for counted errors; ``link`` for NVLink
-    faults; ``active=False`` ends a throttle or slow-clock condition;
-    ``factor`` is the clock fraction left by ``SLOW_CLOCKS``.
-    """
-
-    kind: SimulatedFaultKind
-    gpu: int
-    xid: int | None = None
-    count: int = 1
-    link: int = 0
-    active: bool = True
-    factor: float = 0.5
-
-    def __post_init__(self) -> None:
-        if self.kind is SimulatedFaultKind.XID and self.xid is None:
-            raise ValueError("an XID fault needs xid")
-        if self.count < 1:
-            raise ValueError("count must be >= 1")
-        if not 0 < self.factor <= 1:
-            raise ValueError("factor must be in (0, 1]")
-
-
 @dataclass(frozen=True)
 class SimulatedGpuHandle:
     """Stands where pynvml returns a ``c_nvmlDevice_t``."""
 
     index: int
-
-
-class _GpuState:
-    """The mutable state of one simulated GPU."""
-
-    def __init__(self, index: int, nvlinks: int, now: float) -> None:
-        self.index = index
-        self.lost: int | None = None  # NVML error code while the GPU does not answer
-        self.thermal = False
-        self.power_capped = False
-        self.clock_factor = 1.0
-        self.ecc = {(e, c): 0 for e in (0, 1) for c in (0, 1)}  # (error type, counter type) -> count
-        self.remapped = [0, 0]  # correctable, uncorrectable
-        self.remap_pending = 0
-        self.remap_failure = 0
-        self.pcie_replays = 0
-        self.nvlink_active = [1] * nvlinks
-        self.nvlink_errors = {(link, kind): 0 for link in range(nvlinks) for kind in range(4)}
-        self.recovery_action = 0
-        self.energy_mj = 0
-        self.energy_at = now
 
 
 def _nvml_error(code: int) -> pynvml.NVMLError:
@@ -148,7 +87,7 @@ class SimulatedNvml:
         self._clock = clock
         self._random = random.Random(seed)
         self._lock = threading.Lock()
-        self._gpus = [_GpuState(i, nvlinks, clock()) for i in range(gpus)]
+        self._gpus = [SimulatedGpuState(i, nvlinks, clock()) for i in range(gpus)]
         self._unsupported = frozenset(unsupported)
         self._event_sets: list[tuple[queue.SimpleQueue, dict[int, int]]] = []
         self._initialized = 0
@@ -158,76 +97,9 @@ class SimulatedNvml:
     def inject(self, fault: SimulatedFault) -> None:
         """Apply ``fault`` now; XIDs are also delivered to registered event sets."""
         with self._lock:
-            gpu = self._gpu(fault.gpu)
-            kind = fault.kind
-            if kind is SimulatedFaultKind.XID:
-                self._xid_side_effects(gpu, int(cast(int, fault.xid)))
-            elif kind is SimulatedFaultKind.ECC_UNCORRECTABLE:
-                self._count_ecc(gpu, pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, fault.count)
-            elif kind is SimulatedFaultKind.ECC_CORRECTABLE:
-                self._count_ecc(gpu, pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED, fault.count)
-            elif kind is SimulatedFaultKind.ROW_REMAP_FAILURE:
-                gpu.remap_failure = 1
-            elif kind is SimulatedFaultKind.THERMAL_THROTTLE:
-                gpu.thermal = fault.active
-            elif kind is SimulatedFaultKind.POWER_THROTTLE:
-                gpu.power_capped = fault.active
-            elif kind is SimulatedFaultKind.SLOW_CLOCKS:
-                gpu.clock_factor = fault.factor if fault.active else 1.0
-            elif kind is SimulatedFaultKind.GPU_LOST:
-                gpu.lost = pynvml.NVML_ERROR_GPU_IS_LOST
-            elif kind is SimulatedFaultKind.RESET_REQUIRED:
-                gpu.lost = pynvml.NVML_ERROR_RESET_REQUIRED
-            elif kind is SimulatedFaultKind.RECOVER:
-                self._reset(gpu)
-            elif kind is SimulatedFaultKind.PCIE_REPLAYS:
-                gpu.pcie_replays += fault.count
-            elif kind is SimulatedFaultKind.NVLINK_CRC:
-                gpu.nvlink_errors[(fault.link, pynvml.NVML_NVLINK_ERROR_DL_CRC_FLIT)] += fault.count
-                gpu.nvlink_errors[(fault.link, pynvml.NVML_NVLINK_ERROR_DL_REPLAY)] += fault.count
-            elif kind is SimulatedFaultKind.NVLINK_DOWN:
-                gpu.nvlink_active[fault.link] = 0 if fault.active else 1
+            self._gpu(fault.gpu).apply(fault)
         if fault.kind is SimulatedFaultKind.XID:
             self._deliver_xid(fault.gpu, int(cast(int, fault.xid)))
-
-    def _count_ecc(self, gpu: _GpuState, error_type: int, count: int) -> None:
-        for counter_type in (pynvml.NVML_VOLATILE_ECC, pynvml.NVML_AGGREGATE_ECC):
-            gpu.ecc[(error_type, counter_type)] += count
-
-    def _xid_side_effects(self, gpu: _GpuState, xid: int) -> None:
-        """What the hardware behind each XID also shows in the counters."""
-        uncorrected = pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED
-        if xid == 48:
-            self._count_ecc(gpu, uncorrected, 1)
-            gpu.remapped[1] += 1
-            gpu.remap_pending = 1
-        elif xid == 63:
-            gpu.remapped[0] += 1
-            gpu.remap_pending = 1
-        elif xid == 64:
-            gpu.remap_failure = 1
-        elif xid == 74:
-            gpu.nvlink_errors[(0, pynvml.NVML_NVLINK_ERROR_DL_REPLAY)] += 1
-        elif xid == 79:
-            gpu.lost = pynvml.NVML_ERROR_GPU_IS_LOST
-        elif xid == 92:
-            self._count_ecc(gpu, pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED, 100)
-        elif xid == 94:
-            self._count_ecc(gpu, uncorrected, 1)
-        elif xid == 95:
-            self._count_ecc(gpu, uncorrected, 1)
-            gpu.lost = pynvml.NVML_ERROR_RESET_REQUIRED
-            gpu.recovery_action = 1
-        elif xid == 154:
-            gpu.recovery_action = gpu.recovery_action or 1
-
-    def _reset(self, gpu: _GpuState) -> None:
-        """A GPU reset: it answers again, volatile counters and pending remaps clear."""
-        gpu.lost = None
-        gpu.remap_pending = 0
-        gpu.recovery_action = 0
-        for error_type in (0, 1):
-            gpu.ecc[(error_type, pynvml.NVML_VOLATILE_ECC)] = 0
 
     def _deliver_xid(self, index: int, xid: int) -> None:
         with self._lock:
@@ -240,7 +112,7 @@ class SimulatedNvml:
             ))
 
     # --- helpers --------------------------------------------------------------------
-    def _gpu(self, index: int) -> _GpuState:
+    def _gpu(self, index: int) -> SimulatedGpuState:
         if not 0 <= index < len(self._gpus):
             raise ValueError(f"no simulated GPU {index}; there are {len(self._gpus)}")
         return self._gpus[index]
@@ -251,7 +123,7 @@ class SimulatedNvml:
         if not self._initialized:
             raise _nvml_error(pynvml.NVML_ERROR_UNINITIALIZED)
 
-    def _device(self, name: str, handle: Any) -> _GpuState:
+    def _device(self, name: str, handle: Any) -> SimulatedGpuState:
         """Count the call and raise what NVML would for this device: unsupported, GPU lost."""
         self._enter(name)
         if not isinstance(handle, SimulatedGpuHandle):
@@ -266,10 +138,10 @@ class SimulatedNvml:
     def _noise(self, scale: float) -> float:
         return self._random.uniform(-scale, scale)
 
-    def _utilization(self, gpu: _GpuState) -> float:
+    def _utilization(self, gpu: SimulatedGpuState) -> float:
         return min(1.0, 0.95 * (0.6 if gpu.thermal else 1.0) + self._noise(0.03))
 
-    def _power_mw(self, gpu: _GpuState) -> int:
+    def _power_mw(self, gpu: SimulatedGpuState) -> int:
         if gpu.power_capped:
             return 700_000 - int(abs(self._noise(2_000)))
         return int(380_000 + 260_000 * self._utilization(gpu) * gpu.clock_factor + self._noise(10_000))
@@ -376,7 +248,7 @@ class SimulatedNvml:
             gpu.energy_at = now
             return gpu.energy_mj
 
-    def _clock_mhz(self, gpu: _GpuState, clock: int, maximum: bool) -> int:
+    def _clock_mhz(self, gpu: SimulatedGpuState, clock: int, maximum: bool) -> int:
         if clock == pynvml.NVML_CLOCK_MEM:
             return 2619
         if clock not in (pynvml.NVML_CLOCK_SM, pynvml.NVML_CLOCK_GRAPHICS):

@@ -14,7 +14,7 @@ import os
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from trainhealth.config import Settings
+from trainhealth.config import GpuSettings, Settings
 from trainhealth.events import EventLog
 from trainhealth.exporters.gpu.dcgm import DcgmProfiler, DcgmUnavailable
 from trainhealth.exporters.gpu.sampler import GpuSampler, GpuSelection
@@ -52,9 +52,9 @@ def own_gpu_selection(identity: Identity, env: Mapping[str, str], device_count: 
     return GpuSelection(indices=(index,))
 
 
-def _selection(settings: Settings, identity: Identity, env: Mapping[str, str], role: Role,
+def _selection(gpu: GpuSettings, identity: Identity, env: Mapping[str, str], role: Role,
                simulated_count: int | None) -> GpuSelection:
-    spec = settings.gpus.strip() or ("own" if role == "rank" else "all")
+    spec = gpu.gpus.strip() or ("own" if role == "rank" else "all")
     if spec == "all":
         return GpuSelection.all()
     if spec == "own":
@@ -88,23 +88,24 @@ class GpuTelemetry:
     ) -> GpuTelemetry | None:
         """Start sampling as ``settings`` says; ``None`` when ``gpu_backend`` is off."""
         env = os.environ if env is None else env
-        if settings.gpu_backend == "off":
+        gpu = settings.gpu
+        if gpu.backend == "off":
             return None
-        simulated = settings.gpu_backend == "simulated"
+        simulated = gpu.backend == "simulated"
         if simulated:
-            nvml: Any = SimulatedNvml(gpus=settings.simulated_gpus)
+            nvml: Any = SimulatedNvml(gpus=gpu.simulated_gpus)
         else:
             import pynvml
 
             nvml = pynvml
-        wants_dcgm = settings.dcgm if settings.dcgm is not None else role == "node"
+        wants_dcgm = gpu.dcgm if gpu.dcgm is not None else role == "node"
         profiler: SimulatedProfiler | DcgmProfiler | None = None
         if wants_dcgm:
             if simulated:
                 profiler = SimulatedProfiler(nvml)
             else:
                 try:
-                    profiler = DcgmProfiler(settings.dcgm_host, settings.dcgm_bindings, settings.gpu_sample_interval)
+                    profiler = DcgmProfiler(gpu.dcgm_host, gpu.dcgm_bindings, gpu.sample_interval)
                 except DcgmUnavailable as exc:
                     log.warning("trainhealth: %s", exc)
                 except Exception as exc:  # DCGM's bindings raise their own error types
@@ -113,8 +114,8 @@ class GpuTelemetry:
         telemetry.sampler = GpuSampler(
             store, nvml,
             backend="simulated" if simulated else "nvml",
-            selection=_selection(settings, identity, env, role, settings.simulated_gpus if simulated else None),
-            interval_s=settings.gpu_sample_interval,
+            selection=_selection(gpu, identity, env, role, gpu.simulated_gpus if simulated else None),
+            interval_s=gpu.sample_interval,
             events=events,
             profiler=profiler,
             retry_init=role == "node",

@@ -52,15 +52,16 @@ class ModelHealth:
         self._torch = torch
         self._store = store
         self._events = events
-        self._stats_every = settings.stats_every
+        self._stats_every = settings.training.stats_every
         self.signals: ModelSignals | None = None
-        if settings.model_signals:
+        health = settings.model
+        if health.signals:
             self.signals = ModelSignals(torch, model, transformer_blocks(torch, model),
-                                        sample_tokens=settings.signal_tokens)
+                                        sample_tokens=health.signal_tokens)
         self.checks: ReplicaChecks | None = None
-        if settings.sdc_group != "off" and (settings.sdc_interval or settings.grad_check_every):
-            self.checks = ReplicaChecks(torch, model, store, events, sdc_interval=settings.sdc_interval,
-                                        grad_check_every=settings.grad_check_every, group=sdc_group)
+        if health.sdc_group != "off" and (health.sdc_interval or health.grad_check_every):
+            self.checks = ReplicaChecks(torch, model, store, events, sdc_interval=health.sdc_interval,
+                                        grad_check_every=health.grad_check_every, group=sdc_group)
         self.goodput = Goodput(start=start_time)
         self.spikes = LossSpikeRecovery()
         self._lock = threading.Lock()  # checkpoints arrive on the training thread, steps on the export thread
@@ -68,7 +69,7 @@ class ModelHealth:
         self._lost_published: dict[str, float] = {}
         self._order: dict[int, list[str]] = {}
         env = os.environ if env is None else env
-        restarts = settings.restarts
+        restarts = health.restarts
         if restarts is None:
             raw = env.get("TORCHELASTIC_RESTART_COUNT", "0")
             restarts = int(raw) if raw.isdigit() else 0

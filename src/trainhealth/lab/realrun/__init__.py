@@ -8,18 +8,14 @@ load on first use, so the ``trainhealth`` command does not import pandas to list
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from trainhealth._extras import lazy_attributes
 
 __all__ = ["CaseOutcome", "CaseSpec", "Fault", "LivePoll", "Parallelism", "Pattern", "RealRunFaultKind", "Truth",
            "run_case", "suite_cases"]
 
-_HOMES = {"CaseOutcome": "launcher", "LivePoll": "launcher", "run_case": "launcher", "suite_cases": "cases",
+_HOMES = {"CaseOutcome": "outcome", "LivePoll": "live", "run_case": "launcher", "suite_cases": "cases",
           "CaseSpec": "spec", "Fault": "spec", "RealRunFaultKind": "spec", "Parallelism": "spec", "Pattern": "spec",
           "Truth": "spec"}
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _HOMES:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(f"{__name__}.{_HOMES[name]}"), name)
+__getattr__ = lazy_attributes(__name__, {name: f"{__name__}.{home}" for name, home in _HOMES.items()}, "demo")

@@ -9,11 +9,8 @@ arrival plus its transfer time (the ByteDance what-if model), so a member that
 waits shows it in its duration. Noise: lognormal jitter, a fixed per-GPU speed
 spread (up to 14%: PRISM's healthy fleet), rare GC pauses and a slow drift.
 
-Injected faults, with ground truth: a slow GPU (compute x severity), a slow NIC
-or link of one rank (its inter-host transfers x severity), every NIC of one host,
-a slow leaf switch (every inter-host transfer of its hosts x severity) — transient or persistent,
-severity 1.02 to 3. Negative controls: fault-free, a longer last pipeline stage,
-and varying sequence lengths. Everything it writes is marked simulated: the
+The faults it injects and the controls are those of a :class:`Scenario`
+(:mod:`trainhealth.lab.simulator.scenario`). Everything it writes is marked simulated: the
 ``simulated`` column, ``"simulated": true`` in the topology and ground truth,
 and host names ``sim-node-*``.
 
@@ -30,9 +27,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
-from enum import Enum
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -40,170 +35,17 @@ import numpy as np
 import pandas as pd
 
 from trainhealth.lab.simulator.cluster import ClusterLayout
+from trainhealth.lab.simulator.recorder import GroupNames, Recorder, group_view
+from trainhealth.lab.simulator.scenario import (
+    ClusterFaultKind,
+    Control,
+    InjectedFault,
+    Scenario,
+    Timing,
+)
+from trainhealth.lab.simulator.scenario import with_fault as with_fault  # re-exported from its old home
 
 __all__ = ["Control", "ClusterFaultKind", "InjectedFault", "Scenario", "SimulatedTrace", "Timing", "simulate"]
-
-
-class ClusterFaultKind(str, Enum):
-    GPU = "gpu"  # the GPU computes slowly (throttling, a degraded HBM stack)
-    NIC = "nic"  # one rank's NIC or link: its inter-host transfers are slow
-    HOST = "host"  # every NIC of one host (a host-level network problem)
-    SWITCH = "switch"  # a leaf switch: every inter-host transfer of the hosts under it
-
-
-class Control(str, Enum):
-    NONE = "none"
-    STAGE_IMBALANCE = "stage_imbalance"
-    SEQLEN_IMBALANCE = "seqlen_imbalance"
-
-
-@dataclass(frozen=True)
-class InjectedFault:
-    """``target`` is a rank (gpu, nic), a host index (host) or a leaf switch (switch);
-    active in steps ``[start_step, end_step)``."""
-
-    kind: ClusterFaultKind
-    target: int
-    severity: float
-    start_step: int = 0
-    end_step: int | None = None
-
-    def __post_init__(self) -> None:
-        if not 1.0 < self.severity <= 10.0:
-            raise ValueError("severity must be in (1, 10]")
-
-    def active(self, step: int) -> bool:
-        return self.start_step <= step and (self.end_step is None or step < self.end_step)
-
-
-@dataclass(frozen=True)
-class Timing:
-    """Seconds per operation of a healthy, average GPU (transfers include their latency)."""
-
-    forward: float = 0.020
-    backward_factor: float = 2.0
-    optimizer: float = 0.005
-    tp_all_reduce: float = 0.0010
-    cp_all_gather: float = 0.0015
-    ep_all_to_all: float = 0.0040
-    p2p_intra: float = 0.0005
-    p2p_inter: float = 0.0020
-    dp_all_reduce: float = 0.030
-    jitter: float = 0.02  # lognormal sigma of compute
-    comm_jitter: float = 0.05
-    gpu_spread: float = 0.14  # fixed speed factor per GPU: 1 + U(0, spread)
-    gc_rate: float = 0.0005  # per compute op
-    gc_pause: tuple[float, float] = (0.03, 0.12)
-    drift: float = 0.02  # slowdown of every GPU over the whole run
-    stage_imbalance: float = 1.5
-    seqlen_sigma: float = 0.25
-
-
-@dataclass(frozen=True)
-class Scenario:
-    layout: ClusterLayout
-    steps: int = 20
-    microbatches: int = 4
-    seed: int = 0
-    faults: tuple[InjectedFault, ...] = ()
-    control: Control = Control.NONE
-    timing: Timing = field(default_factory=Timing)
-
-    def __post_init__(self) -> None:
-        if self.steps < 1 or self.microbatches < 1:
-            raise ValueError("steps and microbatches must be >= 1")
-        for fault in self.faults:
-            limit = {ClusterFaultKind.SWITCH: int(self.layout.leaf_of(self.layout.world - 1)) + 1,
-                     ClusterFaultKind.HOST: int(self.layout.host_of(self.layout.world - 1)) + 1}.get(fault.kind, self.layout.world)
-            if not 0 <= fault.target < limit:
-                raise ValueError(f"{fault.kind.value} fault target {fault.target} is outside the cluster")
-
-    def ground_truth(self) -> dict[str, Any]:
-        """What a localizer should find, for evaluation."""
-        layout = self.layout
-        faults = []
-        for fault in self.faults:
-            if fault.kind is ClusterFaultKind.SWITCH:
-                per_leaf = layout.gpus_per_host * layout.hosts_per_leaf
-                ranks = [r for r in range(fault.target * per_leaf, (fault.target + 1) * per_leaf) if r < layout.world]
-                component = f"switch:leaf-{fault.target}"
-            elif fault.kind is ClusterFaultKind.HOST:
-                per_host = layout.gpus_per_host
-                ranks = [r for r in range(fault.target * per_host, (fault.target + 1) * per_host) if r < layout.world]
-                component = f"host:{layout.host_name(fault.target)}"
-            else:
-                ranks = [fault.target]
-                component = f"{fault.kind.value}:rank-{fault.target}"
-            faults.append({**asdict(fault), "kind": fault.kind.value, "ranks": ranks, "component": component,
-                           "host": layout.host_name(int(layout.host_of(ranks[0])))})
-        if faults:
-            verdict = "compute" if self.faults[0].kind is ClusterFaultKind.GPU else "communication"  # the first is the one to find
-        else:
-            verdict = "imbalance" if self.control is not Control.NONE else "healthy"
-        return {"simulated": True, "verdict": verdict, "control": self.control.value, "faults": faults,
-                "layout": asdict(layout), "steps": self.steps, "microbatches": self.microbatches, "seed": self.seed}
-
-
-_OPS = ("forward", "backward", "optimizer", "all_reduce", "all_gather", "all_to_all", "send", "recv")
-_OP = {name: code for code, name in enumerate(_OPS)}
-
-
-class _Recorder:
-    """Collects records as numpy chunks; groups are interned to integer codes."""
-
-    def __init__(self) -> None:
-        self.chunks: list[tuple[np.ndarray, ...]] = []
-        self.groups: list[str] = []
-        self._group_codes: dict[str, int] = {}
-        self._seq: dict[int, int] = {}
-
-    def group(self, name: str) -> int:
-        code = self._group_codes.get(name)
-        if code is None:
-            code = self._group_codes[name] = len(self.groups)
-            self.groups.append(name)
-        return code
-
-    def next_seq(self, codes: np.ndarray) -> np.ndarray:
-        """One new instance for each group code (numbered per group)."""
-        out = np.empty(len(codes), dtype=np.int64)
-        for position, code in enumerate(codes.tolist()):
-            out[position] = self._seq[code] = self._seq.get(code, -1) + 1
-        return out
-
-    def add(self, ranks: np.ndarray, step: int, op: str, start: np.ndarray, duration: np.ndarray,
-            group: np.ndarray | None = None, seq: np.ndarray | None = None, nbytes: int = 0,
-            peer: np.ndarray | None = None) -> None:
-        n = ranks.size
-        self.chunks.append((
-            ranks.reshape(-1).astype(np.int32), np.full(n, step, dtype=np.int32), np.full(n, _OP[op], dtype=np.int8),
-            (group.reshape(-1) if group is not None else np.full(n, -1)).astype(np.int32),
-            (seq.reshape(-1) if seq is not None else np.full(n, -1)).astype(np.int64),
-            np.broadcast_to(start, ranks.shape).reshape(-1).astype(np.float64),
-            np.broadcast_to(duration, ranks.shape).reshape(-1).astype(np.float64),
-            np.full(n, nbytes, dtype=np.int64),
-            (peer.reshape(-1) if peer is not None else np.full(n, -1)).astype(np.int32),
-        ))
-
-    def frame(self, layout: ClusterLayout) -> pd.DataFrame:
-        columns = [np.concatenate(parts) for parts in zip(*self.chunks)]
-        rank, step, op, group, seq, start, duration, nbytes, peer = columns
-        hosts = [layout.host_name(h) for h in range(int(layout.host_of(layout.world - 1)) + 1)]
-        frame = pd.DataFrame({
-            "rank": rank.astype(np.int64), "step": step.astype(np.int64),
-            "op": pd.Categorical.from_codes(op, categories=list(_OPS)),
-            "group": pd.Categorical.from_codes(group, categories=self.groups),
-            "seq": pd.array(np.where(seq >= 0, seq, 0), dtype="Int64"),
-            "start": start, "duration": duration,
-            "bytes": pd.array(nbytes, dtype="Int64"),
-            "host": pd.Categorical.from_codes((rank // layout.gpus_per_host).astype(np.int64), categories=hosts),
-            "gpu": (rank % layout.gpus_per_host).astype(np.int64),
-            "peer": pd.array(peer, dtype="Int64"),
-        })
-        frame.loc[seq < 0, "seq"] = pd.NA
-        frame.loc[peer < 0, "peer"] = pd.NA
-        frame["simulated"] = True
-        return frame.sort_values(["rank", "start"], kind="stable").reset_index(drop=True)
 
 
 @dataclass(frozen=True)
@@ -248,9 +90,9 @@ def simulate(scenario: Scenario) -> SimulatedTrace:
     base = np.full(stages, timing.forward)
     if scenario.control is Control.STAGE_IMBALANCE:
         base[-1] *= timing.stage_imbalance
-    recorder = _Recorder()
+    recorder = Recorder()
     free = [np.zeros(ranks.shape) for ranks in ranks_of]
-    names = _GroupNames(layout, recorder)
+    names = GroupNames(layout, recorder)
 
     def compute(step: int, s: int, kind: str, start: np.ndarray, seqlen: np.ndarray, slow: np.ndarray) -> np.ndarray:
         ranks = ranks_of[s]
@@ -265,9 +107,9 @@ def simulate(scenario: Scenario) -> SimulatedTrace:
     def collective(step: int, s: int, op: str, axis: str, arrival: np.ndarray, seconds: float, path: np.ndarray,
                    nbytes: int) -> np.ndarray:
         ranks = ranks_of[s]
-        grouped, ungroup = _group_view(arrival, axis, layout)
-        factor, _ = _group_view(path[ranks], axis, layout)
-        member_hosts, _ = _group_view(hosts[ranks], axis, layout)
+        grouped, ungroup = group_view(arrival, axis, layout)
+        factor, _ = group_view(path[ranks], axis, layout)
+        member_hosts, _ = group_view(hosts[ranks], axis, layout)
         inter = member_hosts.max(axis=-1) > member_hosts.min(axis=-1)  # NICs and switches only carry these
         slowdown = np.where(inter, factor.max(axis=-1), 1.0)
         latest = grouped.max(axis=-1)
@@ -347,53 +189,7 @@ def simulate(scenario: Scenario) -> SimulatedTrace:
     return SimulatedTrace(records, topology, scenario.ground_truth())
 
 
-class _GroupNames:
-    """Group ids per axis and stage as a (dp, cp, tp) array of interned codes."""
-
-    def __init__(self, layout: ClusterLayout, recorder: _Recorder) -> None:
-        self._layout, self._recorder = layout, recorder
-        self._cache: dict[tuple[str, int], np.ndarray] = {}
-
-    def codes(self, axis: str, stage: int, other: int | None = None) -> np.ndarray:
-        key = (axis, stage if other is None else stage * 100_000 + other)
-        found = self._cache.get(key)
-        if found is not None:
-            return found
-        layout = self._layout
-        d, c, t = np.meshgrid(np.arange(layout.dp), np.arange(layout.cp), np.arange(layout.tp), indexing="ij")
-        if axis == "tp":
-            names = [f"tp-d{a}-c{b}-s{stage}" for a, b, _ in zip(d.ravel(), c.ravel(), t.ravel())]
-        elif axis == "cp":
-            names = [f"cp-d{a}-t{x}-s{stage}" for a, _, x in zip(d.ravel(), c.ravel(), t.ravel())]
-        elif axis == "ep":
-            names = [f"ep-b{a // layout.ep}-c{b}-t{x}-s{stage}" for a, b, x in zip(d.ravel(), c.ravel(), t.ravel())]
-        elif axis == "dp":
-            names = [f"dp-c{b}-t{x}-s{stage}" for _, b, x in zip(d.ravel(), c.ravel(), t.ravel())]
-        else:  # pipeline link between stage and other
-            low, high = min(stage, other), max(stage, other)  # type: ignore[type-var]
-            names = [f"pp-d{a}-c{b}-t{x}-s{low}-{high}" for a, b, x in zip(d.ravel(), c.ravel(), t.ravel())]
-        found = np.array([self._recorder.group(name) for name in names]).reshape(d.shape)
-        self._cache[key] = found
-        return found
-
-
-def _group_view(values: np.ndarray, axis: str,
-                layout: ClusterLayout) -> tuple[np.ndarray, Callable[[np.ndarray], np.ndarray]]:
-    """``values`` (dp, cp, tp) rearranged with the group's members on the last axis, and the inverse."""
-    dp, cp, tp = values.shape
-    if axis == "tp":
-        return values, lambda grouped: grouped
-    if axis == "cp":
-        moved = values.transpose(0, 2, 1)
-        return moved, lambda grouped: grouped.transpose(0, 2, 1)
-    if axis == "dp":
-        moved = values.transpose(1, 2, 0)
-        return moved, lambda grouped: grouped.transpose(2, 0, 1)
-    blocks = values.reshape(dp // layout.ep, layout.ep, cp, tp).transpose(0, 2, 3, 1)  # ep
-    return blocks, lambda grouped: grouped.transpose(0, 3, 1, 2).reshape(dp, cp, tp)
-
-
-def _transfer(recorder: _Recorder, names: _GroupNames, layout: ClusterLayout, step: int, source: int, target: int,
+def _transfer(recorder: Recorder, names: GroupNames, layout: ClusterLayout, step: int, source: int, target: int,
               ready: np.ndarray, posted: np.ndarray, ranks_of: list[np.ndarray], hosts: np.ndarray,
               path: np.ndarray, timing: Timing, rng: np.random.Generator) -> np.ndarray:
     """Send from stage ``source`` to ``target``: it ends when both sides are there plus the transfer."""
@@ -406,7 +202,3 @@ def _transfer(recorder: _Recorder, names: _GroupNames, layout: ClusterLayout, st
     recorder.add(senders, step, "send", ready, end - ready, group=codes, seq=seq, nbytes=1 << 22, peer=receivers)
     recorder.add(receivers, step, "recv", posted, end - posted, group=codes, seq=seq, nbytes=1 << 22, peer=senders)
     return end
-
-
-def with_fault(scenario: Scenario, fault: InjectedFault) -> Scenario:
-    return replace(scenario, faults=scenario.faults + (fault,))

@@ -1,0 +1,177 @@
+"""How a setting is declared, parsed from its environment variable and checked.
+
+A settings group is a frozen dataclass deriving :class:`SettingGroup` whose fields are
+declared with :func:`setting`: the field is what a program reads
+(``settings.gpu.backend``), the setting name is what a user writes (the ``gpu_backend=``
+keyword argument, ``TRAINHEALTH_GPU_BACKEND``). Every error names the setting.
+
+>>> from dataclasses import dataclass
+>>> @dataclass(frozen=True)
+... class Example(SettingGroup):
+...     TITLE = "Example"
+...     every: int = setting("example_every", 10, parse_int, "Steps between examples.")
+...     def validate(self) -> None:
+...         self.check_range("every", 1)
+>>> Example.resolve({"TRAINHEALTH_EXAMPLE_EVERY": "5"}, {}).every
+5
+>>> Example.resolve({}, {"example_every": 0})
+Traceback (most recent call last):
+...
+trainhealth.config.fields.ConfigError: example_every (TRAINHEALTH_EXAMPLE_EVERY): must be >= 1, got 0
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import field
+from typing import Any, ClassVar, TypeVar
+
+__all__ = [
+    "ENV_PREFIX",
+    "ConfigError",
+    "SettingGroup",
+    "env_name",
+    "parse_bool",
+    "parse_float",
+    "parse_int",
+    "parse_str",
+    "setting",
+    "type_name",
+]
+
+ENV_PREFIX = "TRAINHEALTH_"
+
+
+class ConfigError(ValueError):
+    """A setting has an invalid value. The message starts with the setting's name."""
+
+    def __init__(self, setting: str, problem: str) -> None:
+        self.setting = setting
+        super().__init__(f"{setting} ({env_name(setting)}): {problem}")
+
+
+def env_name(setting: str) -> str:
+    """The environment variable of ``setting``: ``TRAINHEALTH_`` + its name in capitals."""
+    return ENV_PREFIX + setting.upper()
+
+
+def parse_bool(text: str) -> bool:
+    lowered = text.strip().lower()
+    if lowered in {"1", "true", "yes", "on"}:
+        return True
+    if lowered in {"0", "false", "no", "off"}:
+        return False
+    raise ValueError(f"expected true or false, got {text!r}")
+
+
+def parse_int(text: str) -> int:
+    try:
+        return int(text.strip())
+    except ValueError:
+        raise ValueError(f"expected an integer, got {text!r}") from None
+
+
+def parse_float(text: str) -> float:
+    try:
+        return float(text.strip())
+    except ValueError:
+        raise ValueError(f"expected a number, got {text!r}") from None
+
+
+def parse_str(text: str) -> str:
+    return text
+
+
+_TYPES: dict[Callable[[str], Any], tuple[str, type, str]] = {  # parser -> (type name, Python type, "expected ...")
+    parse_bool: ("bool", bool, "true or false"),
+    parse_int: ("int", int, "an integer"),
+    parse_float: ("float", float, "a number"),
+    parse_str: ("str", str, "a string"),
+}
+
+
+def setting(name: str, default: Any, parse: Callable[[str], Any], help: str, *, secret: bool = False) -> Any:
+    """Declare a field of a :class:`SettingGroup`: the setting ``name``, its default, parser and help."""
+    return field(default=default, repr=not secret,
+                 metadata={"setting": name, "parse": parse, "help": help, "secret": secret})
+
+
+def type_name(spec: dataclasses.Field) -> str:
+    """``bool``, ``int``, ``float`` or ``str``: the type of a field declared with :func:`setting`."""
+    return _TYPES[spec.metadata["parse"]][0]
+
+
+_Group = TypeVar("_Group", bound="SettingGroup")
+
+
+class SettingGroup:
+    """Base of the settings groups (frozen dataclasses); each checks its own fields when built.
+
+    A subclass sets ``TITLE`` (its heading in docs/configuration.md) and overrides
+    :meth:`validate` for ranges and consistency; the types are checked here.
+    """
+
+    TITLE: ClassVar[str]
+
+    def __post_init__(self) -> None:
+        for spec in dataclasses.fields(self):  # type: ignore[arg-type]  # every subclass is a dataclass
+            self._check_type(spec)
+        self.validate()
+
+    def validate(self) -> None:
+        """Raise :class:`ConfigError` naming the setting when a value is out of range or inconsistent."""
+
+    @classmethod
+    def declared(cls) -> Iterator[tuple[str, dataclasses.Field]]:
+        """(setting name, field) of every setting in the group, in declaration order."""
+        for spec in dataclasses.fields(cls):  # type: ignore[arg-type]
+            yield spec.metadata["setting"], spec
+
+    @classmethod
+    def resolve(cls: type[_Group], env: Mapping[str, str], explicit: Mapping[str, Any]) -> _Group:
+        """The group from ``explicit`` values by setting name (``None`` means unset), then ``env``, then defaults."""
+        values: dict[str, Any] = {}
+        for name, spec in cls.declared():
+            if explicit.get(name) is not None:
+                values[spec.name] = explicit[name]
+                continue
+            raw = env.get(env_name(name))
+            if raw is None or raw == "":
+                continue
+            try:
+                values[spec.name] = spec.metadata["parse"](raw)
+            except ValueError as exc:
+                raise ConfigError(name, str(exc)) from None
+        return cls(**values)
+
+    def error(self, attribute: str, problem: str) -> ConfigError:
+        """A :class:`ConfigError` naming the setting behind ``attribute``."""
+        for name, spec in self.declared():
+            if spec.name == attribute:
+                return ConfigError(name, problem)
+        raise AttributeError(f"{type(self).__name__} has no setting {attribute!r}")
+
+    def check_range(self, attribute: str, low: int, high: int | None = None) -> None:
+        value = getattr(self, attribute)
+        if value is None:
+            return
+        if value < low or (high is not None and value > high):
+            bound = f"{low}..{high}" if high is not None else f">= {low}"
+            raise self.error(attribute, f"must be {bound}, got {value}")
+
+    def check_positive(self, attribute: str) -> None:
+        value = getattr(self, attribute)
+        if value is not None and not value > 0:
+            raise self.error(attribute, f"must be a positive number, got {value!r}")
+
+    def _check_type(self, spec: dataclasses.Field) -> None:
+        value = getattr(self, spec.name)
+        if value is None:
+            return
+        kind, expected, wording = _TYPES[spec.metadata["parse"]]
+        if kind == "float" and isinstance(value, int) and not isinstance(value, bool):
+            object.__setattr__(self, spec.name, float(value))
+            return
+        if not isinstance(value, expected) or (kind == "int" and isinstance(value, bool)):
+            raise ConfigError(spec.metadata["setting"], f"expected {wording}, got {value!r}")

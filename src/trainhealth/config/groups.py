@@ -1,0 +1,251 @@
+"""The settings, one frozen dataclass per concern; :class:`~trainhealth.config.Settings` composes them.
+
+A field is named for what it is within its group (``GpuSettings.backend``); the setting
+name users write (``gpu_backend``) is declared beside it. Each group checks its own fields.
+
+>>> GpuSettings.resolve({"TRAINHEALTH_GPU_BACKEND": "simulated"}, {"simulated_gpus": 2})
+GpuSettings(backend='simulated', gpus='', sample_interval=5.0, simulated_gpus=2, dcgm=None, dcgm_host='localhost', dcgm_bindings=None)
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from trainhealth.config.fields import ConfigError, SettingGroup, parse_bool, parse_float, parse_int, parse_str, setting
+
+__all__ = [
+    "DEFAULT_DETECTORS",
+    "DEFAULT_PROMETHEUS_PORT_BASE",
+    "GPU_BACKENDS",
+    "MIN_TRACE_WRITE_INTERVAL",
+    "CommSettings",
+    "DetectorSettings",
+    "GpuSettings",
+    "IdentitySettings",
+    "ModelSettings",
+    "OtelSettings",
+    "PrometheusSettings",
+    "StoreSettings",
+    "TrainingSettings",
+]
+
+#: The default ``detectors`` setting (syntax in trainhealth.detectors.spec).
+DEFAULT_DETECTORS = (
+    "loss=zscore(direction=up),spike,nonfinite;"
+    "grad_norm=zscore(direction=up),spike,nonfinite;"
+    "step_time=delta,level_shift(direction=up);"
+    "throughput=level_shift(direction=down);"
+    "comm_duration=level_shift(direction=up)"
+)
+DEFAULT_PROMETHEUS_PORT_BASE = 9450
+#: The shortest ``trace_write_interval`` (seconds) other than 0: appending to a trace more often only burns the flush thread.
+MIN_TRACE_WRITE_INTERVAL = 0.05
+GPU_BACKENDS = ("nvml", "simulated", "off")
+
+
+@dataclass(frozen=True)
+class IdentitySettings(SettingGroup):
+    """Overrides of the job's identity (see trainhealth.identity for what is read when unset)."""
+
+    TITLE = "Identity"
+
+    job: str | None = setting("job", None, parse_str, "Training job name; default TORCHELASTIC_RUN_ID, SLURM_JOB_ID or 'trainhealth'.")
+    host: str | None = setting("host", None, parse_str, "Host label; default NODE_NAME (Kubernetes downward API) or the host name.")
+    rank: int | None = setting("rank", None, parse_int, "Global rank; default RANK or SLURM_PROCID, else torch.distributed's rank once it is initialised, else 0.")
+    local_rank: int | None = setting("local_rank", None, parse_int, "Rank on this host; default LOCAL_RANK or SLURM_LOCALID, else 0.")
+    world_size: int | None = setting("world_size", None, parse_int, "Number of ranks; default WORLD_SIZE or SLURM_NTASKS, else torch.distributed's world size once it is initialised, else 1.")
+    gpu_uuid: str | None = setting("gpu_uuid", None, parse_str, "UUID of this rank's GPU (GPU-...); default read from CUDA when the model is on a GPU.")
+
+    def validate(self) -> None:
+        self.check_range("rank", 0)
+        self.check_range("local_rank", 0)
+        self.check_range("world_size", 1)
+        if self.rank is not None and self.world_size is not None and self.rank >= self.world_size:
+            raise self.error("rank", f"{self.rank} is not below world_size {self.world_size}")
+
+
+@dataclass(frozen=True)
+class PrometheusSettings(SettingGroup):
+    """The /metrics endpoint: address, port, TLS and basic auth."""
+
+    TITLE = "Prometheus endpoint"
+
+    enabled: bool = setting("prometheus", True, parse_bool, "Serve /metrics over HTTP.")
+    addr: str = setting("prometheus_addr", "0.0.0.0", parse_str, "Address the /metrics server binds to.")
+    port: int | None = setting("prometheus_port", None, parse_int, f"Port of the /metrics server; default {DEFAULT_PROMETHEUS_PORT_BASE} + local_rank; 0 picks a free port.")
+    tls_certfile: str | None = setting("tls_certfile", None, parse_str, "PEM certificate: serve /metrics over HTTPS.")
+    tls_keyfile: str | None = setting("tls_keyfile", None, parse_str, "PEM private key of tls_certfile.")
+    tls_client_cafile: str | None = setting("tls_client_cafile", None, parse_str, "CA bundle: require client certificates signed by it (mTLS).")
+    basic_auth_username: str | None = setting("basic_auth_username", None, parse_str, "Require HTTP basic auth with this user name.")
+    basic_auth_password: str | None = setting("basic_auth_password", None, parse_str, "Password for basic auth.", secret=True)
+    basic_auth_password_file: str | None = setting("basic_auth_password_file", None, parse_str, "File holding the basic-auth password (instead of basic_auth_password).")
+
+    def validate(self) -> None:
+        self.check_range("port", 0, 65535)
+        if (self.tls_certfile is None) != (self.tls_keyfile is None):
+            missing = "tls_keyfile" if self.tls_keyfile is None else "tls_certfile"
+            raise self.error(missing, "tls_certfile and tls_keyfile are set together")
+        if self.tls_client_cafile is not None and self.tls_certfile is None:
+            raise self.error("tls_client_cafile", "client certificates need TLS: set tls_certfile and tls_keyfile")
+        for attribute in ("tls_certfile", "tls_keyfile", "tls_client_cafile", "basic_auth_password_file"):
+            path = getattr(self, attribute)
+            if path is not None and not os.path.isfile(path):
+                raise self.error(attribute, f"no such file: {path}")
+        if self.basic_auth_password is not None and self.basic_auth_password_file is not None:
+            raise self.error("basic_auth_password_file", "set basic_auth_password or basic_auth_password_file, not both")
+        has_password = self.basic_auth_password is not None or self.basic_auth_password_file is not None
+        if (self.basic_auth_username is None) == has_password:
+            missing = "basic_auth_password" if self.basic_auth_username is not None else "basic_auth_username"
+            raise self.error(missing, "basic auth needs both a user name and a password")
+        if self.basic_auth_password == "":
+            raise self.error("basic_auth_password", "must not be empty")
+
+    def metrics_port(self, local_rank: int) -> int:
+        """The /metrics port of the process with ``local_rank``: 9450 + local rank unless set."""
+        if self.port is not None:
+            return self.port
+        return DEFAULT_PROMETHEUS_PORT_BASE + local_rank
+
+    def read_basic_auth_password(self) -> str | None:
+        """The basic-auth password, read from its file when configured that way."""
+        if self.basic_auth_password_file is None:
+            return self.basic_auth_password
+        with open(self.basic_auth_password_file, encoding="utf-8") as handle:
+            password = handle.read().rstrip("\r\n")
+        if not password:
+            raise ConfigError("basic_auth_password_file", f"{self.basic_auth_password_file} is empty")
+        return password
+
+
+@dataclass(frozen=True)
+class OtelSettings(SettingGroup):
+    """The OTLP push; its endpoint, interval and resource come from the standard OTEL_* variables."""
+
+    TITLE = "OpenTelemetry"
+
+    enabled: bool | None = setting("otel", None, parse_bool, "Push metrics over OTLP/HTTP; default on when OTEL_EXPORTER_OTLP_ENDPOINT or OTEL_EXPORTER_OTLP_METRICS_ENDPOINT is set. Endpoint, interval, resource and service name come from the standard OTEL_* variables.")
+
+    def active(self, env: Mapping[str, str] | None = None) -> bool:
+        """Whether to push: the ``otel`` setting, else whether ``env`` names an OTLP endpoint."""
+        if self.enabled is not None:
+            return self.enabled
+        env = os.environ if env is None else env
+        return bool(env.get("OTEL_EXPORTER_OTLP_ENDPOINT") or env.get("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT"))
+
+
+@dataclass(frozen=True)
+class TrainingSettings(SettingGroup):
+    """What the Monitor computes from the training loop."""
+
+    TITLE = "Training-loop statistics"
+
+    stats_every: int = setting("stats_every", 20, parse_int, "Steps between the heavier statistics: per-layer norms, update ratio, update cosine.")
+    max_layer_groups: int = setting("max_layer_groups", 64, parse_int, "Most layer groups reported; numbered blocks are merged into ranges beyond it.")
+    flops_per_token: float | None = setting("flops_per_token", None, parse_float, "Training FLOPs per token (forward and backward, e.g. 6 x parameters); enables MFU.")
+    peak_flops: float | None = setting("peak_flops", None, parse_float, "Peak FLOP/s of this rank's device for the training dtype; enables MFU.")
+
+    def validate(self) -> None:
+        self.check_range("stats_every", 1)
+        self.check_range("max_layer_groups", 1)
+        self.check_positive("flops_per_token")
+        self.check_positive("peak_flops")
+
+
+@dataclass(frozen=True)
+class StoreSettings(SettingGroup):
+    """The in-process metric store every exporter writes to."""
+
+    TITLE = "Metric store"
+
+    max_series_per_metric: int = setting("max_series_per_metric", 1000, parse_int, "Most label sets kept per metric; more are dropped and counted as errors.")
+
+    def validate(self) -> None:
+        self.check_range("max_series_per_metric", 1)
+
+
+@dataclass(frozen=True)
+class CommSettings(SettingGroup):
+    """The collective logger (``trainhealth.comm``) and its per-rank trace."""
+
+    TITLE = "Collective operations"
+
+    enabled: bool = setting("comm", False, parse_bool, "Record torch.distributed collectives in the Monitor (trainhealth.comm.install).")
+    trace_dir: str | None = setting("trace_dir", None, parse_str, "Directory for per-rank collective traces (rank-<rank>.<n>.jsonl.gz, trace format v1), appended to while the job runs, at uninstall and at exit.")
+    trace_write_interval: float = setting("trace_write_interval", 30.0, parse_float, "Seconds between appends to the trace in trace_dir while the job runs (sooner when half of comm_ring_size records wait; what a crash can lose); 0 writes only at uninstall and exit.")
+    ring_size: int = setting("comm_ring_size", 65536, parse_int, "Collective records kept in memory per rank, and most records waiting for the next trace append; records that never reach the trace are counted.")
+    flush_interval: float = setting("comm_flush_interval", 1.0, parse_float, "Seconds between updates of the collective metrics, the in-flight view and the abnormal filter.")
+
+    def validate(self) -> None:
+        self.check_range("ring_size", 1)
+        self.check_positive("flush_interval")
+        interval = self.trace_write_interval
+        if not math.isfinite(interval):
+            raise self.error("trace_write_interval", f"must be a finite number of seconds, got {interval!r}")
+        if interval != 0 and not interval > MIN_TRACE_WRITE_INTERVAL:
+            raise self.error("trace_write_interval", f"must be 0 (write only at exit) or more than "
+                                                     f"{MIN_TRACE_WRITE_INTERVAL} s, got {interval!r}")
+
+
+@dataclass(frozen=True)
+class DetectorSettings(SettingGroup):
+    """The streaming detectors per signal; the grammar is parsed by trainhealth.detectors.spec."""
+
+    TITLE = "Detectors"
+
+    spec: str = setting("detectors", DEFAULT_DETECTORS, parse_str, "Detectors per signal (loss, grad_norm, step_time, throughput, comm_duration): signal=detector[(key=value,...)],...;... or off. See docs/detectors.md.")
+
+
+@dataclass(frozen=True)
+class ModelSettings(SettingGroup):
+    """Model health: silent data corruption checks, instability signals, restarts."""
+
+    TITLE = "Model health"
+
+    sdc_interval: int = setting("sdc_interval", 100, parse_int, "Steps between cross-replica parameter fingerprints (needs torch.distributed); 0 turns them off.")
+    grad_check_every: int = setting("grad_check_every", 10, parse_int, "Steps between comparisons of the ranks' local gradient norms before the all-reduce (needs torch.distributed); 0 turns them off.")
+    sdc_group: str = setting("sdc_group", "world", parse_str, "Ranks that hold identical replicas, for the fingerprints: world (pure data parallelism) or off; other layouts pass sdc_group= a process group to Monitor.")
+    signals: bool = setting("model_signals", True, parse_bool, "Hook the model for attention max logit and entropy, output log Z, block activation RMS and the origin of non-finite activations.")
+    signal_tokens: int = setting("signal_tokens", 64, parse_int, "Tokens of the first sequence that the attention signals are recomputed on.")
+    restarts: int | None = setting("restarts", None, parse_int, "Times this job was restarted; default TORCHELASTIC_RESTART_COUNT, else 0.")
+
+    def validate(self) -> None:
+        self.check_range("sdc_interval", 0)
+        self.check_range("grad_check_every", 0)
+        self.check_range("signal_tokens", 1)
+        self.check_range("restarts", 0)
+        if self.sdc_group not in ("world", "off"):
+            raise self.error("sdc_group", f"must be world or off, got {self.sdc_group!r}")
+
+
+@dataclass(frozen=True)
+class GpuSettings(SettingGroup):
+    """GPU hardware telemetry: backend, which GPUs, sampling, DCGM."""
+
+    TITLE = "GPU telemetry"
+
+    backend: str = setting("gpu_backend", "nvml", parse_str, "Where GPU metrics come from: nvml, simulated (explicitly chosen, every series labelled backend=\"simulated\") or off.")
+    gpus: str = setting("gpus", "", parse_str, "GPUs to sample: own (the rank's GPU), all, or NVML indices like 0,2; default own in a training process, all in trainhealth export.")
+    sample_interval: float = setting("gpu_sample_interval", 5.0, parse_float, "Seconds between GPU sampling passes; a scrape never calls NVML.")
+    simulated_gpus: int = setting("simulated_gpus", 8, parse_int, "Number of GPUs the simulated backend has.")
+    dcgm: bool | None = setting("dcgm", None, parse_bool, "Read DCGM profiling fields (SM, tensor, DRAM activity); default on in trainhealth export, off in a training process.")
+    dcgm_host: str = setting("dcgm_host", "localhost", parse_str, "Address of nv-hostengine for the DCGM profiling fields.")
+    dcgm_bindings: str | None = setting("dcgm_bindings", None, parse_str, "Directory holding DCGM's Python bindings (pydcgm); default the datacenter-gpu-manager install paths.")
+
+    def validate(self) -> None:
+        self.check_range("simulated_gpus", 1)
+        self.check_positive("sample_interval")
+        if self.backend not in GPU_BACKENDS:
+            raise self.error("backend", f"must be one of {', '.join(GPU_BACKENDS)}, got {self.backend!r}")
+        if not _valid_gpus(self.gpus):
+            raise self.error("gpus", f"must be own, all or comma-separated GPU indices, got {self.gpus!r}")
+
+
+def _valid_gpus(text: str) -> bool:
+    text = text.strip()
+    if text in ("", "own", "all"):
+        return True
+    parts = [part.strip() for part in text.split(",")]
+    return all(part.isdigit() for part in parts)

@@ -1,0 +1,148 @@
+"""The training-path half of the collective logger: sequence numbers, in-flight state, records.
+
+Records are tuples ``(step, op, group, seq, start, duration, bytes, peer, is_async)``,
+the first eight the trace columns (:data:`RECORD_FIELDS`), ``start`` on the
+``time.perf_counter`` clock. A group id is the same string on every member
+(``<desc>:<name>`` of the process group, and ``<pg>:<src>-><dst>`` for
+point-to-point), and ``seq`` numbers the group's operations, so one collective
+has the same (group, seq) on all its members. Everything here is a few
+dictionary and deque operations: it runs inside each collective
+(:mod:`~trainhealth.exporters.collectives.wrappers`); aggregation and writing
+happen on the flush thread of :class:`~trainhealth.exporters.collectives.logger.CollectiveLogger`.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from trainhealth.exporters.collectives.poller import CompletionPoller
+
+__all__ = ["RECORD_FIELDS", "CollectiveRecorder"]
+
+RECORD_FIELDS = ("step", "op", "group", "seq", "start", "duration", "bytes", "peer")
+
+
+class CollectiveRecorder:
+    """Records the collectives of one rank into a ring of ``ring_size`` and a queue for the flush thread."""
+
+    def __init__(self, *, rank: int | None = None, host: str = "", gpu: int | None = None,
+                 ring_size: int = 65536) -> None:
+        if ring_size < 1:
+            raise ValueError("ring_size must be >= 1")
+        self.step = 0
+        #: Fault injection (trainhealth.lab.injectors): seconds to sleep inside each collective, as a slow link would
+        self.injected_delay: Callable[[], float] | None = None
+        self._rank = rank
+        self.host = host
+        self.gpu = gpu
+        self._ring: deque[tuple] = deque(maxlen=ring_size)
+        self._pending: deque[tuple] = deque(maxlen=ring_size)  # records the flush thread has not seen
+        self._recorded = 0
+        self._seq: dict[str, int] = {}
+        self._completed: dict[str, int] = {}
+        self._current: tuple[str, str, int, float] | None = None  # the synchronous collective in progress
+        self._async: dict[tuple[str, int], tuple[str, float]] = {}  # async collectives not yet complete
+        self._group_ids: dict[int, str] = {}
+        self._p2p_ids: dict[tuple[str, int, int], str] = {}
+        self._device_timed: set[str] = set()  # groups recorded by the NCCL completion hook
+        self._clock_offset = time.time() - time.perf_counter()
+        self._poller = CompletionPoller()
+        self._inside = threading.local()  # set while a wrapped call runs, so nested ones pass through
+
+    @property
+    def rank(self) -> int:
+        """This process's global rank: as given, else torch.distributed's once it is initialised."""
+        if self._rank is None:
+            import torch.distributed as dist
+
+            if not (dist.is_available() and dist.is_initialized()):
+                return 0
+            self._rank = dist.get_rank()
+        return self._rank
+
+    # --- group ids --------------------------------------------------------------------
+    def group_id(self, group: Any) -> str:
+        """The id of a process group (``None`` = the default group): ``<desc>:<name>``, equal on every member."""
+        key = id(group)
+        found = self._group_ids.get(key)
+        if found is not None:
+            return found
+        if group is None:
+            import torch.distributed as dist
+
+            group = dist.distributed_c10d._get_default_group()
+        name = str(getattr(group, "group_name", "") or "")
+        desc = str(getattr(group, "group_desc", "") or "")
+        found = f"{desc}:{name}" if desc and desc != "undefined" and desc != name else (name or "default")
+        self._group_ids[key] = found
+        from trainhealth.exporters.collectives.nccl import time_on_device
+
+        if time_on_device(self, group, found):
+            self._device_timed.add(found)
+        return found
+
+    def p2p_group_id(self, group: Any, source: int, target: int) -> str:
+        base = self.group_id(group)
+        key = (base, source, target)
+        found = self._p2p_ids.get(key)
+        if found is None:
+            found = self._p2p_ids[key] = f"{base}:{source}->{target}"
+        return found
+
+    # --- the training path ----------------------------------------------------------
+    def begin(self, op: str, group: str, t0: float, is_async: bool) -> int:
+        """Enter a collective: its sequence number in ``group``; marks it in flight."""
+        seq = self._seq[group] = self._seq.get(group, -1) + 1
+        if is_async:
+            self._async[(group, seq)] = (op, t0)
+        else:
+            self._current = (op, group, seq, t0)
+        return seq
+
+    def end(self, op: str, group: str, seq: int, t0: float, duration: float, nbytes: int, peer: int | None,
+            is_async: bool) -> None:
+        """Leave a collective and record it (unless the NCCL completion hook records this group)."""
+        if is_async:
+            self._async.pop((group, seq), None)
+        else:
+            self._current = None
+        self._completed[group] = seq
+        if group not in self._device_timed:
+            record = (self.step, op, group, seq, t0, duration, nbytes, peer, is_async)
+            self._ring.append(record)
+            self._pending.append(record)
+            self._recorded += 1
+
+    def abandon(self, group: str, seq: int, is_async: bool) -> None:
+        """A collective raised (a timeout, an aborted communicator): no longer in flight, not recorded."""
+        if is_async:
+            self._async.pop((group, seq), None)
+        else:
+            self._current = None
+
+    def add_device_record(self, op: str, group: str, seq: int, start_monotonic: float, duration: float) -> None:
+        """A record from the NCCL completion hook (start on the monotonic clock, duration from CUDA events)."""
+        self._completed[group] = max(seq, self._completed.get(group, -1))
+        # the host does not wait for a device-timed collective as it runs: it counts as asynchronous
+        record = (self.step, op, group, seq, start_monotonic, duration, 0, None, True)
+        self._ring.append(record)
+        self._pending.append(record)
+        self._recorded += 1
+
+    def device_timed(self, group: str) -> None:
+        self._device_timed.add(group)
+
+    def add_marker(self, op: str, step: int, t0: float, duration: float) -> None:
+        """Record a host-timed row that is no collective: a ``step`` marker, a ``forward`` or an ``optimizer``.
+
+        ``t0`` is on the clock of the collective records (``time.perf_counter``); group, seq,
+        bytes and peer stay empty. Two deque appends: cheap enough for the training path.
+        """
+        record = (step, op, None, None, t0, duration, None, None, False)
+        self._ring.append(record)
+        self._pending.append(record)
+        self._recorded += 1

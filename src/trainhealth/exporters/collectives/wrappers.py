@@ -1,0 +1,278 @@
+"""The wrappers that record each collective: torch.distributed's functions and DDP's bucket hook.
+
+Three capture paths, because none alone sees everything:
+
+* wrappers around the explicit ``torch.distributed`` collectives (and ``isend`` /
+  ``irecv``, through which ``batch_isend_irecv`` runs), timed to completion —
+  async work handles through their future;
+* a DDP communication hook (:func:`instrument_ddp`), because DDP's bucket
+  all-reduces bypass ``torch.distributed.all_reduce``;
+* on NCCL, the process group's completion hook, timed with CUDA events on the
+  watchdog thread (:mod:`~trainhealth.exporters.collectives.nccl`), so the
+  training thread never synchronises.
+
+The training-path cost is a few dictionary and clock operations (see benchmarks/comm_overhead.py).
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, cast
+
+from trainhealth.exporters.collectives.recorder import CollectiveRecorder
+
+__all__ = ["COMMUNICATION_FUNCTIONS", "instrument_ddp", "wrap"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class _Call:
+    """How to read one torch.distributed function's arguments."""
+
+    op: str
+    inputs: str | None  # parameter holding the tensor (or list of tensors) sent
+    peer: str | None = None  # dst / src for point-to-point
+    always_async: bool = False
+
+
+#: The wrapped torch.distributed functions and how their arguments are read.
+COMMUNICATION_FUNCTIONS: dict[str, _Call] = {
+    "all_reduce": _Call("all_reduce", "tensor"),
+    "all_gather": _Call("all_gather", "tensor"),
+    "all_gather_into_tensor": _Call("all_gather", "input_tensor"),
+    "reduce_scatter": _Call("reduce_scatter", "input_list"),
+    "reduce_scatter_tensor": _Call("reduce_scatter", "input"),
+    "all_to_all": _Call("all_to_all", "input_tensor_list"),
+    "all_to_all_single": _Call("all_to_all", "input"),
+    "broadcast": _Call("broadcast", "tensor"),
+    "reduce": _Call("reduce", "tensor"),
+    "barrier": _Call("barrier", None),
+    "send": _Call("send", "tensor", peer="dst"),
+    "recv": _Call("recv", "tensor", peer="src"),
+    "isend": _Call("send", "tensor", peer="dst", always_async=True),
+    "irecv": _Call("recv", "tensor", peer="src", always_async=True),
+}
+
+
+def _nbytes(value: Any) -> int:
+    if value is None:
+        return 0
+    if isinstance(value, (list, tuple)):
+        return sum(t.nbytes for t in value)
+    return int(value.nbytes)
+
+
+def wrap(logger: CollectiveRecorder, name: str, original: Callable[..., Any]) -> Callable[..., Any]:
+    """A wrapper of ``torch.distributed.<name>`` that records each call into ``logger``."""
+    call = COMMUNICATION_FUNCTIONS[name]
+    position = {parameter: index for index, parameter in enumerate(inspect.signature(original).parameters)}
+    wrapper = _wrap_p2p(logger, call, original, position) if call.peer else _wrap_collective(logger, call, original, position)
+    wrapper.__wrapped__ = original  # type: ignore[attr-defined]
+    wrapper.__name__ = getattr(original, "__name__", name)
+    wrapper.__doc__ = getattr(original, "__doc__", None)
+    return wrapper
+
+
+def _wrap_collective(logger: CollectiveRecorder, call: _Call, original: Callable[..., Any],
+                     position: dict[str, int]) -> Callable[..., Any]:
+    # The hot path: everything below runs per collective, so it is written out inline
+    # against local references (see benchmarks/comm_overhead.py for its cost).
+    op, inputs = call.op, call.inputs
+    input_index = position.get(inputs, 1 << 30) if inputs else 1 << 30
+    input_is_list = inputs in ("input_list", "input_tensor_list")
+    group_index = position["group"]
+    async_index = position.get("async_op", 1 << 30)
+    clock = time.perf_counter
+    group_ids, seqs, completed, pending_async = logger._group_ids, logger._seq, logger._completed, logger._async
+    device_timed, ring_append, pending_append = logger._device_timed, logger._ring.append, logger._pending.append
+
+    def recording(*args: Any, **kwargs: Any) -> Any:
+        try:
+            count = len(args)
+            group_object = args[group_index] if count > group_index else kwargs.get("group")
+            is_async = args[async_index] if count > async_index else kwargs.get("async_op", False)
+            group = group_ids.get(id(group_object)) or logger.group_id(group_object)
+            seq = seqs[group] = seqs.get(group, -1) + 1
+            t0 = clock()
+            if is_async:
+                pending_async[(group, seq)] = (op, t0)
+            else:
+                logger._current = (op, group, seq, t0)
+            if logger.injected_delay is not None:
+                _sleep(logger.injected_delay())
+        except Exception:  # never let bookkeeping break a collective
+            return original(*args, **kwargs)
+        try:
+            work = original(*args, **kwargs)
+        except BaseException:
+            logger.abandon(group, seq, bool(is_async))
+            raise
+        end = clock()
+        try:
+            value = args[input_index] if count > input_index else kwargs.get(inputs) if inputs else None
+            nbytes = 0 if value is None else sum(t.nbytes for t in value) if input_is_list else value.nbytes
+            if is_async:
+                if work is not None:
+                    _end_when_done(logger, work, op, group, seq, t0, nbytes, None)
+                else:  # inside an NCCL coalescing block: the completion hook records it
+                    pending_async.pop((group, seq), None)
+                return work
+            logger._current = None
+            completed[group] = seq
+            if group not in device_timed:
+                record = (logger.step, op, group, seq, t0, end - t0, nbytes, None, False)
+                ring_append(record)
+                pending_append(record)
+                logger._recorded += 1
+        except Exception:
+            logger.abandon(group, seq, bool(is_async))
+        return work
+
+    return recording
+
+
+def _wrap_p2p(logger: CollectiveRecorder, call: _Call, original: Callable[..., Any],
+              position: dict[str, int]) -> Callable[..., Any]:
+    op, peer_name, always_async, is_recv = call.op, call.peer or "", call.always_async, call.peer == "src"
+    tensor_index, group_index = position.get("tensor", 0), position["group"]
+    peer_index = position.get(peer_name, 1 << 30)
+    group_peer_name = f"group_{peer_name}"
+    clock, inside = time.perf_counter, logger._inside
+
+    def argument(args: tuple, kwargs: dict, index: int, name: str) -> Any:
+        return args[index] if index < len(args) else kwargs.get(name)
+
+    def recording(*args: Any, **kwargs: Any) -> Any:
+        # send and recv run isend and irecv: those inner calls are the outer one, not records of their own
+        if always_async and inside.__dict__.get("active"):
+            return original(*args, **kwargs)
+        try:
+            group_object = argument(args, kwargs, group_index, "group")
+            peer = argument(args, kwargs, peer_index, peer_name)
+            if peer is None and kwargs.get(group_peer_name) is not None:
+                import torch.distributed as dist
+
+                # torch types group.WORLD Optional (None before init_process_group)
+                group_or_world = cast("dist.ProcessGroup", group_object or dist.group.WORLD)
+                peer = dist.get_global_rank(group_or_world, kwargs[group_peer_name])
+            if is_recv and peer is None and not always_async:
+                return _recv_from_any(logger, original, group_object, args, kwargs, tensor_index)
+            source, target = (peer, logger.rank) if is_recv else (logger.rank, peer)
+            group = logger.p2p_group_id(group_object, -1 if source is None else source, target)
+            t0 = clock()
+            seq = logger.begin(op, group, t0, always_async)
+            if logger.injected_delay is not None:
+                _sleep(logger.injected_delay())
+        except Exception:
+            return original(*args, **kwargs)
+        if not always_async:
+            inside.active = True
+        try:
+            work = original(*args, **kwargs)
+        except BaseException:
+            logger.abandon(group, seq, always_async)
+            raise
+        finally:
+            if not always_async:
+                inside.active = False
+        try:
+            nbytes = _nbytes(argument(args, kwargs, tensor_index, "tensor"))
+            if always_async and work is not None:
+                _end_when_done(logger, work, op, group, seq, t0, nbytes, peer)
+            elif always_async:
+                logger.abandon(group, seq, True)
+            else:
+                logger.end(op, group, seq, t0, clock() - t0, nbytes, peer, False)
+        except Exception:
+            logger.abandon(group, seq, always_async)
+        return work
+
+    return recording
+
+
+def _recv_from_any(logger: CollectiveRecorder, original: Callable[..., Any], group_object: Any, args: tuple,
+                   kwargs: dict, tensor_index: int) -> Any:
+    """A blocking ``recv`` from any source: its group is known only once the sender is."""
+    clock = time.perf_counter
+    t0 = clock()
+    waiting = logger.p2p_group_id(group_object, -1, logger.rank)
+    logger._current = ("recv", waiting, logger._seq.get(waiting, -1) + 1, t0)
+    logger._inside.active = True
+    try:
+        source = original(*args, **kwargs)
+    finally:
+        logger._current = None
+        logger._inside.active = False
+    try:
+        group = logger.p2p_group_id(group_object, int(source), logger.rank)
+        seq = logger.begin("recv", group, t0, False)
+        tensor = args[tensor_index] if tensor_index < len(args) else kwargs.get("tensor")
+        logger.end("recv", group, seq, t0, clock() - t0, _nbytes(tensor), int(source), False)
+    except Exception:
+        log.debug("trainhealth: recording a recv failed", exc_info=True)
+    return source
+
+
+def instrument_ddp(logger: CollectiveRecorder, model: Any) -> Any:
+    """Record a DDP model's bucket all-reduces with a communication hook; returns the model.
+
+    The hook averages each bucket with an async all-reduce, as DDP's default
+    does, timing it from the bucket being ready to the reduction completing.
+    """
+    import torch.distributed as dist
+
+    process_group = model.process_group
+    group = logger.group_id(process_group)
+    all_reduce = getattr(dist.distributed_c10d.all_reduce, "__wrapped__", dist.distributed_c10d.all_reduce)
+    world = process_group.size()
+    clock = time.perf_counter
+
+    def hook(state, bucket):  # DDP rejects annotations other than its own
+        tensor = bucket.buffer()
+        t0 = clock()
+        seq = logger.begin("all_reduce", group, t0, True)
+        if logger.injected_delay is not None:
+            _sleep(logger.injected_delay())
+        nbytes = tensor.nbytes
+        tensor.div_(world)
+        future = all_reduce(tensor, group=process_group, async_op=True).get_future()
+
+        def reduced(done):
+            try:
+                logger.end("all_reduce", group, seq, t0, clock() - t0, nbytes, None, True)
+            except Exception:
+                log.debug("trainhealth: recording a DDP bucket failed", exc_info=True)
+            return done.value()[0]
+
+        return future.then(reduced)
+
+    model.register_comm_hook(None, hook)
+    return model
+
+
+def _end_when_done(logger: CollectiveRecorder, work: Any, op: str, group: str, seq: int, t0: float, nbytes: int,
+                   peer: int | None) -> None:
+    clock = time.perf_counter
+
+    def done(_: Any) -> None:
+        try:
+            logger.end(op, group, seq, t0, clock() - t0, nbytes, peer, True)
+        except Exception:
+            log.debug("trainhealth: recording an async collective failed", exc_info=True)
+
+    try:
+        future = work.get_future()
+    except RuntimeError:  # gloo's send and receive works have no future
+        logger._poller.watch(work, lambda: done(None))
+        return
+    future.add_done_callback(done)
+
+
+def _sleep(seconds: float) -> None:
+    if seconds > 0:
+        time.sleep(seconds)

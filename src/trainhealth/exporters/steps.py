@@ -1,0 +1,360 @@
+"""The Monitor's per-step path: from ``optimizer.step()`` and :meth:`~trainhealth.Monitor.step` to the metrics.
+
+The optimizer hooks take the gradient norms (and, every ``stats_every`` steps, the
+per-layer norms and the update); :meth:`StepRecorder.record` queues the step's device
+values for a non-blocking read (:mod:`trainhealth.exporters.training.readout`); once read,
+the step becomes a :class:`StepStats` and is exported, and the detectors run, on the
+export thread (:mod:`trainhealth.exporters.training.worker`). Nothing here raises into
+the training loop: errors are counted in ``trainhealth_exporter_errors_total``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from trainhealth import catalog
+from trainhealth.config import TrainingSettings
+from trainhealth.detectors.runner import SignalDetectors
+from trainhealth.exporters.markers import StepMarkers
+from trainhealth.exporters.training.model_health import ModelHealth
+from trainhealth.exporters.training.model_signals import SignalValues
+from trainhealth.exporters.training.param_stats import ParameterStats, UpdateStats
+from trainhealth.exporters.training.readout import DeferredReadout
+from trainhealth.exporters.training.worker import OrderedWorker
+from trainhealth.store import MetricStore
+
+__all__ = ["LayerGroupStats", "StepRecorder", "StepStats"]
+
+
+@dataclass(frozen=True)
+class LayerGroupStats:
+    """Statistics of one layer group on a heavy-statistics step."""
+
+    name: str
+    grad_norm: float | None
+    param_norm: float | None
+    update_ratio: float | None
+
+
+@dataclass(frozen=True)
+class StepStats:
+    """What the Monitor recorded for one step, once its device values were read."""
+
+    step: int
+    loss: float | None
+    grad_norm: float | None
+    duration_s: float | None
+    tokens: int | None
+    tokens_per_second: float | None
+    mfu: float | None
+    learning_rates: tuple[float, ...]
+    param_norm: float | None = None
+    update_ratio: float | None = None
+    update_cosine: float | None = None
+    layers: tuple[LayerGroupStats, ...] = ()
+    #: Model signals: every step's non-finite origin, the sampled values every ``stats_every`` steps.
+    signals: SignalValues | None = None
+
+
+@dataclass
+class _PendingStep:
+    """Host-side facts of a step, waiting for its device values; ``fields`` lays out the read vector."""
+
+    step: int
+    index: int
+    wall_time: float
+    duration_s: float | None
+    tokens: int | None
+    values: dict[str, float | None]
+    learning_rates: list[float | None]
+    fields: list[tuple[str, int]]
+
+
+@dataclass
+class _HookResults:
+    """Device tensors produced by the optimizer hooks for the step in progress."""
+
+    grad_norm: Any = None
+    group_grad_norms: Any = None
+    update: UpdateStats | None = None
+
+
+class StepRecorder:
+    """Records the steps of one Monitor; built by it with the parts it assembled."""
+
+    def __init__(self, torch: Any, store: MetricStore, training: TrainingSettings, stats: ParameterStats,
+                 group_labels: tuple[str, ...], optimizer: Any, detectors: SignalDetectors,
+                 health: ModelHealth | None, markers: StepMarkers | None) -> None:
+        self._torch = torch
+        self._store = store
+        self._training = training
+        self.stats = stats
+        self._group_labels = group_labels
+        self._optimizer = optimizer
+        self._detectors = detectors
+        self._health = health
+        self._markers = markers
+        self._readout = DeferredReadout(torch)
+        self._worker = OrderedWorker(store)  # metric writes and detectors run off the training thread
+        self._hook_results = _HookResults()
+        self._optimizer_steps = 0
+        self._reported_steps = 0
+        self._caller_supplies_grad_norm = False
+        self._last_step_time: float | None = None
+        #: The most recent step whose device values have been read.
+        self.latest: StepStats | None = None
+
+    def is_heavy(self, index: int) -> bool:
+        """Whether step ``index`` (counted from 0) takes the per-layer statistics."""
+        return index % self._training.stats_every == 0
+
+    # --- optimizer hooks ------------------------------------------------------------
+    def before_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        try:
+            index = self._optimizer_steps
+            results = _HookResults()
+            if self.is_heavy(index):
+                results.grad_norm, results.group_grad_norms = self.stats.grad_norms_by_group()
+            elif not self._caller_supplies_grad_norm:
+                results.grad_norm = self.stats.grad_norm()
+            if self.is_heavy(index) or self.is_heavy(index + 1):
+                self.stats.snapshot_before_update()
+            self._hook_results = results
+        except Exception as exc:
+            self.stats.release()
+            self._store.record_error("optimizer_hook", exc)
+
+    def after_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        try:
+            index = self._optimizer_steps
+            self._optimizer_steps += 1
+            heavy = self.is_heavy(index)
+            update = self.stats.measure_update(keep_for_next=self.is_heavy(index + 1), measure=heavy)
+            if heavy:
+                self._hook_results.update = update
+        except Exception as exc:
+            self.stats.release()
+            self._store.record_error("optimizer_hook", exc)
+
+    # --- the training thread --------------------------------------------------------
+    def record(self, loss: Any, tokens: int | None, grad_norm: Any, step: int | None) -> None:
+        """Queue one step and publish the steps whose device values are ready. Never raises."""
+        try:
+            self._record(loss, tokens, grad_norm, step)
+        except Exception as exc:
+            self._hook_results = _HookResults()
+            self._store.record_error("monitor", exc)
+        try:
+            for pending, vector in self._readout.ready():
+                self._publish(pending, vector)
+        except Exception as exc:
+            self._store.record_error("monitor", exc)
+
+    def drain(self) -> None:
+        """Wait for every queued step's device values and hand the steps to the export thread."""
+        try:
+            for pending, values in self._readout.drain():
+                self._publish(pending, values)
+        except Exception as exc:
+            self._store.record_error("monitor", exc)
+
+    def flush(self, timeout_s: float) -> bool:
+        """Drain, then wait for the export thread; False on timeout."""
+        self.drain()
+        return self._worker.flush(timeout_s)
+
+    def close(self) -> None:
+        """Drain and stop the export thread."""
+        self.drain()
+        self._worker.close()
+
+    def _record(self, loss: Any, tokens: int | None, grad_norm: Any, step: int | None) -> None:
+        if tokens is not None and (isinstance(tokens, bool) or not isinstance(tokens, (int, float)) or tokens < 0):
+            raise ValueError(f"tokens must be a non-negative number, got {tokens!r}")
+        now = time.perf_counter()
+        previous = self._last_step_time
+        duration = None if previous is None else now - previous
+        self._last_step_time = now
+        index = self._reported_steps
+        self._reported_steps += 1
+        step_index = index if step is None else int(step)
+        if self._markers is not None:
+            self._markers.step(step_index, now)
+        results, self._hook_results = self._hook_results, _HookResults()
+        if self._optimizer is None and self.stats.params:
+            results = self._gradient_results_without_optimizer(index)
+        if grad_norm is not None:
+            self._caller_supplies_grad_norm = True
+            results.grad_norm = grad_norm
+
+        tensors: list[Any] = []
+        fields: list[tuple[str, int]] = []
+        values: dict[str, float | None] = {}
+
+        def add(name: str, value: Any, length: int = 1) -> None:
+            if value is None:
+                return
+            if isinstance(value, self._torch.Tensor):
+                if value.numel() != length:
+                    raise ValueError(f"{name}: expected {length} value(s), got a tensor of shape {tuple(value.shape)}")
+                tensors.append(value)
+                fields.append((name, length))
+            else:
+                values[name] = float(value)
+
+        add("loss", loss)
+        add("grad_norm", results.grad_norm)
+        if self._health is not None:
+            for name, tensor, length in self._health.device_values(index):
+                add(name, tensor, length)
+        n_groups = len(self._group_labels)
+        add("group_grad_norms", results.group_grad_norms, n_groups)
+        if results.update is not None:
+            add("group_update_norms", results.update.update_norms, n_groups)
+            add("group_param_norms", results.update.param_norms, n_groups)
+            add("update_norm", results.update.total_update)
+            add("param_norm", results.update.total_param)
+            add("update_cosine", results.update.cosine)
+        elif self._optimizer is None and self.stats.params and self.is_heavy(index):
+            total, by_group = self.stats.param_norms_by_group()
+            add("param_norm", total)
+            add("group_param_norms", by_group, n_groups)
+
+        learning_rates: list[float | None] = []
+        if self._optimizer is not None:
+            for position, group in enumerate(self._optimizer.param_groups):
+                lr = group.get("lr")
+                if isinstance(lr, self._torch.Tensor):
+                    add(f"lr{position}", lr)
+                    learning_rates.append(None)
+                else:
+                    learning_rates.append(None if lr is None else float(lr))
+        pending = _PendingStep(
+            step=step_index,
+            index=index,
+            wall_time=time.time(),
+            duration_s=duration,
+            tokens=None if tokens is None else int(tokens),
+            values=values,
+            learning_rates=learning_rates,
+            fields=fields,
+        )
+        self._readout.submit(tensors, pending)
+        if self._health is not None:
+            self._health.after_step(index, step_index)  # the cross-replica checks: collectives, same step everywhere
+
+    def _gradient_results_without_optimizer(self, index: int) -> _HookResults:
+        results = _HookResults()
+        if self.is_heavy(index):
+            results.grad_norm, results.group_grad_norms = self.stats.grad_norms_by_group()
+        elif not self._caller_supplies_grad_norm:
+            results.grad_norm = self.stats.grad_norm()
+        return results
+
+    def _publish(self, pending: _PendingStep, vector: list[float]) -> None:
+        read: dict[str, Any] = dict(pending.values)
+        offset = 0
+        for name, length in pending.fields:
+            chunk = vector[offset: offset + length]
+            read[name] = chunk[0] if length == 1 else chunk
+            offset += length
+        learning_rates = tuple(
+            read[f"lr{i}"] if lr is None else lr for i, lr in enumerate(pending.learning_rates)
+        )
+        stats = self._step_stats(pending, read, learning_rates)
+        if self._health is not None:
+            stats = dataclasses.replace(stats, signals=self._health.signal_values(pending.index, read))
+        self.latest = stats
+        self._worker.submit(self._export, stats, pending.wall_time)
+
+    def _step_stats(self, pending: _PendingStep, read: dict[str, Any], learning_rates: tuple[float, ...]) -> StepStats:
+        duration = pending.duration_s
+        throughput = None
+        if pending.tokens is not None and duration is not None and duration > 0:
+            throughput = pending.tokens / duration
+        mfu = None
+        training = self._training
+        if throughput is not None and training.flops_per_token and training.peak_flops:
+            mfu = throughput * training.flops_per_token / training.peak_flops
+        update_ratio = _ratio(read.get("update_norm"), read.get("param_norm")) if "update_norm" in read else None
+        layers: tuple[LayerGroupStats, ...] = ()
+        if any(key in read for key in ("group_grad_norms", "group_param_norms")):
+            grads = read.get("group_grad_norms")
+            params = read.get("group_param_norms")
+            updates = read.get("group_update_norms")
+            layers = tuple(
+                LayerGroupStats(
+                    name=label,
+                    grad_norm=None if grads is None else grads[i],
+                    param_norm=None if params is None else params[i],
+                    update_ratio=None if updates is None or params is None else _ratio(updates[i], params[i]),
+                )
+                for i, label in enumerate(self._group_labels)
+            )
+        return StepStats(
+            step=pending.step,
+            loss=read.get("loss"),
+            grad_norm=read.get("grad_norm"),
+            duration_s=duration,
+            tokens=pending.tokens,
+            tokens_per_second=throughput,
+            mfu=mfu,
+            learning_rates=learning_rates,
+            param_norm=read.get("param_norm"),
+            update_ratio=update_ratio,
+            update_cosine=read.get("update_cosine"),
+            layers=layers,
+        )
+
+    # --- the export thread ----------------------------------------------------------
+    def _export(self, stats: StepStats, wall_time: float) -> None:
+        store = self._store
+        store.inc(catalog.TRAIN_STEPS)
+        store.set(catalog.TRAIN_STEP, stats.step)
+        store.set(catalog.TRAIN_LAST_STEP_TIMESTAMP, time.time())
+        for signal, value in (("loss", stats.loss), ("grad_norm", stats.grad_norm)):
+            if value is not None and not math.isfinite(value):
+                store.inc(catalog.TRAIN_NONFINITE_STEPS, labels=(signal,))
+        _set_if(store, catalog.TRAIN_LOSS, stats.loss)
+        _set_if(store, catalog.TRAIN_GRAD_NORM, stats.grad_norm)
+        if stats.duration_s is not None:
+            store.observe(catalog.TRAIN_STEP_DURATION, stats.duration_s)
+            store.set(catalog.TRAIN_LAST_STEP_DURATION, stats.duration_s)
+        if stats.tokens is not None:
+            store.inc(catalog.TRAIN_TOKENS, stats.tokens)
+        _set_if(store, catalog.TRAIN_THROUGHPUT, stats.tokens_per_second)
+        _set_if(store, catalog.TRAIN_MFU, stats.mfu)
+        for position, lr in enumerate(stats.learning_rates):
+            _set_if(store, catalog.TRAIN_LEARNING_RATE, lr, (str(position),))
+        _set_if(store, catalog.TRAIN_PARAM_NORM, stats.param_norm)
+        _set_if(store, catalog.TRAIN_UPDATE_RATIO, stats.update_ratio)
+        _set_if(store, catalog.TRAIN_UPDATE_COSINE, stats.update_cosine)
+        for layer in stats.layers:
+            labels = (layer.name,)
+            _set_if(store, catalog.TRAIN_LAYER_GRAD_NORM, layer.grad_norm, labels)
+            _set_if(store, catalog.TRAIN_LAYER_PARAM_NORM, layer.param_norm, labels)
+            _set_if(store, catalog.TRAIN_LAYER_UPDATE_RATIO, layer.update_ratio, labels)
+        loss_spike_began = False
+        for signal, value in (("loss", stats.loss), ("grad_norm", stats.grad_norm),
+                              ("step_time", stats.duration_s), ("throughput", stats.tokens_per_second)):
+            if value is not None:
+                opened = self._detectors.observe(signal, value, step=stats.step)
+                if signal == "loss":
+                    loss_spike_began = any(anomaly.detector != "nonfinite" for anomaly in opened)
+        if self._health is not None:
+            self._health.export(stats.step, wall_time, stats.loss, stats.signals, loss_spike_began)
+
+
+def _set_if(store: MetricStore, spec: catalog.MetricSpec, value: float | None, labels: tuple[str, ...] = ()) -> None:
+    if value is not None:
+        store.set(spec, value, labels)
+
+
+def _ratio(numerator: float | None, denominator: float | None) -> float | None:
+    if numerator is None or denominator is None or denominator == 0:
+        return None
+    return numerator / denominator
