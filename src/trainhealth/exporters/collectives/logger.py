@@ -243,10 +243,11 @@ class CollectiveLogger(CollectiveRecorder):
         with self._flush_lock:
             batch = self._take(self._pending)
             self._seen += len(batch)
-            overflow = len(self._unwritten) + len(batch) - cast(int, self._unwritten.maxlen)
-            if overflow > 0:
-                self._unwritten_lost += overflow
-            self._unwritten.extend(batch)
+            if self.trace_dir is not None:  # held for the next append
+                overflow = len(self._unwritten) + len(batch) - cast(int, self._unwritten.maxlen)
+                if overflow > 0:
+                    self._unwritten_lost += overflow
+                self._unwritten.extend(batch)
             collectives = [record for record in batch if record[1] in _COMMUNICATION]
             markers = [record for record in batch if record[1] == "step"]
             self._flushed_total += len(collectives)
@@ -259,7 +260,7 @@ class CollectiveLogger(CollectiveRecorder):
                 self._marked = True
                 self._account_steps(markers)
             if self.store is not None:
-                self._export_inflight()
+                self._export_inflight(self.store)
                 dropped = self.records_dropped
                 if dropped:
                     previous = cast(float, self.store.value(catalog.COMM_RECORDS_DROPPED) or 0.0)  # a counter
@@ -279,7 +280,8 @@ class CollectiveLogger(CollectiveRecorder):
                 hits = self._abnormal.flag((op, group, size_class), durations[members])
                 flagged += [records[members[i]] for i in hits]
             self.abnormal_records.extend(flagged)
-            self._unwritten_abnormal.extend(flagged)
+            if self.trace_dir is not None:
+                self._unwritten_abnormal.extend(flagged)
             self._abnormal_total += len(flagged)
             if self.detectors is not None:
                 self.detectors.observe("comm_duration", float(np.median(durations)), series=f"{op}/{group}",
@@ -314,7 +316,7 @@ class CollectiveLogger(CollectiveRecorder):
             self.store.inc(catalog.TRAIN_STEP_COMPUTE, compute_total)
             self.store.write([(catalog.TRAIN_LAST_STEP_WAIT, (), wait), (catalog.TRAIN_LAST_STEP_COMPUTE, (), compute)])
 
-    def _export_inflight(self) -> None:
+    def _export_inflight(self, store: MetricStore) -> None:
         now = time.perf_counter()
         waiting: dict[tuple[str, str], float] = {}
         current = self._current
@@ -328,7 +330,7 @@ class CollectiveLogger(CollectiveRecorder):
             (catalog.COMM_INFLIGHT_DURATION, key, waiting.get(key, 0.0)) for key in sorted(self._known_inflight)]
         writes += [(catalog.COMM_STARTED_SEQ, (group,), float(seq)) for group, seq in list(self._seq.items())]
         writes += [(catalog.COMM_COMPLETED_SEQ, (group,), float(seq)) for group, seq in list(self._completed.items())]
-        self.store.write(writes)  # type: ignore[union-attr]
+        store.write(writes)
 
     @property
     def abnormal_fraction(self) -> float:

@@ -101,7 +101,7 @@ def make_case(kind: RealRunFaultKind, pattern: Pattern, layout: Parallelism, ran
     onset = int(rng.integers(steps // 4, steps // 2 + 1)) if mid_run else 0
     target = int(rng.integers(0, ranks))
     severity = float(np.exp(rng.uniform(np.log(1.1), np.log(3.0))))
-    fields: dict[str, object] = {}
+    fields: dict[str, int] = {}  # the pattern's length or period
     if pattern is Pattern.TRANSIENT:
         fields["length"] = int(rng.integers(3, 9))
     if pattern is Pattern.INTERMITTENT:
@@ -113,19 +113,19 @@ def make_case(kind: RealRunFaultKind, pattern: Pattern, layout: Parallelism, ran
         severity = float(rng.uniform(1.3, 2.5))
         extra_s = (severity - 1.0) * BASE_STEP_S.get(ranks, 0.12)
         rate = float(np.clip(_bits_per_step(layout, ranks) / extra_s / 1e6, 10.0, 2000.0))
-        fault = Fault(kind, pattern, target, onset, severity, rate_mbit=round(rate, 1), **fields)  # type: ignore[arg-type]
+        fault = Fault(kind, pattern, target, onset, severity, rate_mbit=round(rate, 1), **fields)
     elif kind is RealRunFaultKind.LINK_DELAY:
         severity = float(rng.uniform(1.3, 2.5))
         delay = (severity - 1.0) * BASE_STEP_S.get(ranks, 0.12) * 1000 / 8  # ~8 round trips per step
-        fault = Fault(kind, pattern, target, onset, severity, delay_ms=round(delay, 1), **fields)  # type: ignore[arg-type]
+        fault = Fault(kind, pattern, target, onset, severity, delay_ms=round(delay, 1), **fields)
     elif kind is RealRunFaultKind.CPU_CONTENTION:
-        fault = Fault(kind, pattern, target, onset, 1.0, hogs=2, **fields)  # type: ignore[arg-type]
+        fault = Fault(kind, pattern, target, onset, 1.0, hogs=2, **fields)
     elif kind is RealRunFaultKind.DATALOADER:
         severity = float(rng.uniform(1.3, 2.5))
         fault = Fault(kind, pattern, target, onset, severity, stall_s=round((severity - 1.0) * COMPUTE_S * 1.5, 4),
-                      **fields)  # type: ignore[arg-type]
+                      **fields)
     else:
-        fault = Fault(kind, pattern, target, onset, round(severity, 3), **fields)  # type: ignore[arg-type]
+        fault = Fault(kind, pattern, target, onset, round(severity, 3), **fields)
     name = f"s{seed}-{layout.value}-{kind.value}" + ("" if kind in CONTROL_KINDS else f"-{pattern.value}") + (
         "-start" if kind not in CONTROL_KINDS and not mid_run else "") + ("" if markers else "-nomarkers") + f"-r{ranks}"
     cpu_share = CONTENTION_CPU_SHARE if kind is RealRunFaultKind.CPU_CONTENTION else 0.0
