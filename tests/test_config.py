@@ -2,11 +2,26 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
+import math
 
 import pytest
+from hypothesis import given, settings as hypothesis_settings, strategies as st
 
-from trainhealth.config import ConfigError, GpuSettings, Settings, TrainingSettings, setting_infos
+from trainhealth.config import (
+    MAX_INTERVAL,
+    MAX_WORLD_SIZE,
+    MIN_INTERVAL,
+    ConfigError,
+    GpuSettings,
+    Range,
+    Settings,
+    TrainingSettings,
+    setting_infos,
+)
+from trainhealth.config.fields import bounds_of
+from trainhealth.config.settings import _GROUPS
 
 
 def test_explicit_beats_environment_beats_default():
@@ -99,7 +114,7 @@ def test_every_setting_is_documented():
 
 
 def test_trace_write_interval():
-    assert Settings.resolve(env={}).comm.trace_write_interval == 30.0
+    assert Settings.resolve(env={}).comm.trace_write_interval == 1.0  # what a SIGKILL can lose
     assert Settings.resolve(env={"TRAINHEALTH_TRACE_WRITE_INTERVAL": "0"}).comm.trace_write_interval == 0.0  # at exit
     assert Settings.resolve(env={"TRAINHEALTH_TRACE_WRITE_INTERVAL": "2.5"}).comm.trace_write_interval == 2.5
 
@@ -137,7 +152,7 @@ def test_a_group_validates_itself_and_names_the_setting():
     assert GpuSettings(backend="simulated", sample_interval=2).sample_interval == 2.0
     with pytest.raises(ConfigError) as error:
         GpuSettings(sample_interval=0.0)
-    assert str(error.value) == "gpu_sample_interval (TRAINHEALTH_GPU_SAMPLE_INTERVAL): must be a positive number, got 0.0"
+    assert str(error.value) == "gpu_sample_interval (TRAINHEALTH_GPU_SAMPLE_INTERVAL): must be 0.01..86400 seconds, got 0.0"
     with pytest.raises(ConfigError) as error:
         TrainingSettings.resolve({"TRAINHEALTH_STATS_EVERY": "often"}, {})
     assert error.value.setting == "stats_every"
@@ -152,3 +167,103 @@ def test_settings_are_documented_group_by_group():
     assert groups[0] == "Identity" and len(set(groups)) == len(Settings.__dataclass_fields__)
     assert [group for group, _ in itertools.groupby(groups)] == list(dict.fromkeys(groups))  # one run per group
     assert {info.name: info.attribute for info in infos}["gpu_backend"] == "gpu.backend"
+
+
+def _ranged():
+    """(setting name, Range, type) of every numeric setting."""
+    return [(name, bounds_of(spec), spec.metadata["parse"].__name__.removeprefix("parse_"))
+            for group in _GROUPS.values() for name, spec in group.declared() if bounds_of(spec) is not None]
+
+
+def test_every_numeric_setting_has_a_documented_range():
+    infos = {info.name: info for info in setting_infos()}
+    numeric = {info.name for info in infos.values() if info.type in ("int", "float")}
+    assert numeric == {name for name, _, _ in _ranged()}
+    for name, bounds, _ in _ranged():
+        assert infos[name].range == str(bounds)
+        assert infos[name].help.endswith(f" Range: {bounds}.")
+        assert math.isfinite(bounds.high)
+
+
+INTERVALS = ["gpu_sample_interval", "comm_flush_interval"]
+
+
+@pytest.mark.parametrize("name", INTERVALS + ["trace_write_interval"])
+@pytest.mark.parametrize("raw", ["inf", "1e-300", "nan", "-1", "1e9", "-inf", "86401"])
+def test_intervals_refuse_what_kills_or_busy_loops_a_thread(name, raw):
+    with pytest.raises(ConfigError) as error:
+        Settings.resolve(env={"TRAINHEALTH_" + name.upper(): raw})
+    assert error.value.setting == name
+    assert str(error.value).startswith(f"{name} (TRAINHEALTH_{name.upper()}): must be ")
+    with pytest.raises(ConfigError):
+        Settings.resolve(env={}, **{name: float(raw)})
+
+
+@pytest.mark.parametrize("name", INTERVALS)
+def test_intervals_accept_their_bounds(name):
+    for value in (MIN_INTERVAL, 0.5, MAX_INTERVAL):
+        assert Settings.resolve(env={}, **{name: value}).value(name) == value
+
+
+@pytest.mark.parametrize("name, bounds, kind", _ranged(), ids=[name for name, _, _ in _ranged()])
+def test_each_range_is_enforced_at_its_edges(name, bounds, kind):
+    context = {"world_size": MAX_WORLD_SIZE} if name == "rank" else {}  # a rank is below world_size too
+
+    def build(value):
+        return Settings.resolve(env={}, **context, **{name: value})
+
+    inside = [bounds.high] + ([] if bounds.above_low else [bounds.low])
+    outside = [bounds.high * 2 + 1, bounds.low - 1] + ([bounds.low] if bounds.above_low else [])
+    if kind == "int":
+        inside, outside = [int(v) for v in inside], [int(v) for v in outside] + [10**30]
+    else:
+        outside += [float("inf"), float("-inf"), float("nan")]
+    for value in inside:
+        assert build(value).value(name) == value
+    for value in outside:
+        if bounds.off is not None and value == bounds.off:
+            continue
+        with pytest.raises(ConfigError) as error:
+            build(value)
+        assert error.value.setting == name
+
+
+@hypothesis_settings(max_examples=200, deadline=None)
+@given(value=st.floats(allow_nan=True, allow_infinity=True))
+def test_any_float_is_either_in_range_or_refused_naming_the_setting(value):
+    try:
+        settings = Settings.resolve(env={}, gpu_sample_interval=value)
+    except ConfigError as error:
+        assert error.setting == "gpu_sample_interval"
+        assert not (MIN_INTERVAL <= value <= MAX_INTERVAL)
+    else:
+        assert MIN_INTERVAL <= settings.gpu.sample_interval <= MAX_INTERVAL
+
+
+def test_a_range_reads_as_its_help_says():
+    assert str(Range(1, 1000)) == "1..1000"
+    assert str(Range(0.01, 86400, unit="seconds")) == "0.01..86400 seconds"
+    assert str(Range(0, 1e18, above_low=True)) == "more than 0 up to 1e+18"
+    assert 0 in Range(0.05, 1, off=0, above_low=True) and 0.05 not in Range(0.05, 1, off=0, above_low=True)
+    assert True not in Range(0, 1) and "1" not in Range(0, 10)  # type: ignore[operator]
+    with pytest.raises(ValueError):
+        Range(1, float("inf"))
+    with pytest.raises(ValueError):
+        Range(2, 1)
+
+
+def test_sizes_and_counts_have_upper_bounds():
+    for name, value in (("comm_ring_size", 1 << 21), ("max_series_per_metric", 10**6), ("max_layer_groups", 10**5),
+                        ("signal_tokens", 10**5), ("simulated_gpus", 10**4), ("world_size", 10**30),
+                        ("stats_every", 10**30), ("sdc_interval", 10**7), ("peak_flops", float("inf"))):
+        with pytest.raises(ConfigError) as error:
+            Settings.resolve(env={}, **{name: value})
+        assert error.value.setting == name
+
+
+def test_every_group_default_is_within_its_range():
+    settings = Settings.resolve(env={})
+    for name, bounds, _ in _ranged():
+        value = settings.value(name)
+        assert value is None or value in bounds, name
+    assert dataclasses.replace(settings.gpu, sample_interval=1.0).sample_interval == 1.0

@@ -83,6 +83,7 @@ def test_dashboards_are_deterministic_with_stable_ids():
 
 
 def _generated(tmp_path: Path) -> dict[Path, str]:
+    (tmp_path / "k8s").mkdir()  # an output file's directory must exist, as for any command writing a file
     subprocess.run([TRAINHEALTH, "dashboards", "--out", str(tmp_path / "dash"), "--configmap",
                     str(tmp_path / "k8s" / "grafana-dashboards.yaml")], check=True, capture_output=True)
     subprocess.run([TRAINHEALTH, "alerts", "--out", str(tmp_path / "rules"), "--operator-out", str(tmp_path / "k8s"),

@@ -55,8 +55,8 @@ def test_localize_reads_the_importers_formats_and_windows():
     (["sim", "--bogus", "-o", "{tmp}/s"], "unrecognized arguments: --bogus"),
     (["localize", "{tmp}/missing.parquet"], "no such file or directory"),
     (["localize", "{tmp}/bad.jsonl"], "bad.jsonl"),
-    (["localize", "{tmp}/ok.jsonl", "--last", "0"], "--last must be at least 1"),
-    (["localize", "{tmp}/ok.jsonl", "--gpu-z", "-1"], "gpu_z must be positive"),
+    (["localize", "{tmp}/ok.jsonl", "--last", "0"], "argument --last: expected a whole number of steps from 1"),
+    (["localize", "{tmp}/ok.jsonl", "--gpu-z", "-1"], "argument --gpu-z: expected a number above 0"),
     (["localize", "{tmp}/ok.jsonl", "--topology", "{tmp}/bad-topology.json"], "not valid JSON"),
 ])
 def test_bad_input_is_one_line_and_exit_status_2(tmp_path, args, message):

@@ -53,7 +53,7 @@ def test_a_gemm_that_is_not_repeatable_fails():
 
 
 @pytest.mark.parametrize("args, message", [
-    (("--device", "cuda:7"), "unknown device 'cuda:7'"), (("--size", "4"), "--size must be at least 16"),
+    (("--device", "cuda:7"), "unknown device 'cuda:7'"), (("--size", "4"), "--size: expected an integer from 16 to 8192"),
     (("--frobnicate",), "unrecognized arguments"),
 ])
 def test_bad_input_is_one_line_and_status_2(args, message):

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import socket
+import threading
+import time
+
 import pytest
 import torch
 from tests.helpers import BATCH, SEQ, TinyGPT, lm_loss, scrape
@@ -73,3 +77,72 @@ def test_failed_exports_are_counted(monkeypatch):
     mon.step(loss=1.0)
     mon.close()
     assert mon.store.value(catalog.EXPORTER_ERRORS, ("otel",)) >= 1
+
+
+def _closed_port() -> int:
+    """A port on 127.0.0.1 where nothing listens (connections are refused at once)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+class _SilentServer:
+    """Accepts connections on 127.0.0.1 and never answers (holds them open)."""
+
+    def __init__(self) -> None:
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.held: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                self.held.append(self.listener.accept()[0])
+            except OSError:
+                return
+
+    def close(self) -> None:
+        self.listener.close()
+        for connection in self.held:
+            connection.close()
+
+
+@pytest.mark.parametrize("endpoint", ["refused", "silent"])
+def test_close_returns_in_bounded_time_whatever_the_otlp_endpoint_does(monkeypatch, endpoint):
+    silent = _SilentServer() if endpoint == "silent" else None
+    port = silent.port if silent is not None else _closed_port()
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", f"http://127.0.0.1:{port}")
+    monkeypatch.setenv("OTEL_METRIC_EXPORT_INTERVAL", "600000")  # only the push at close
+    try:
+        model = torch.nn.Linear(2, 1)
+        mon = Monitor(model, torch.optim.SGD(model.parameters(), lr=0.1), env={}, otel=True, prometheus=False,
+                      gpu_backend="off")
+        for _ in range(3):
+            model(torch.ones(1, 2)).sum().backward()
+            mon.step(loss=1.0)
+        began = time.monotonic()
+        mon.close()
+        took = time.monotonic() - began
+        print(f"Monitor.close() with an OTLP endpoint that is {endpoint}: {took:.2f} s")
+        assert took < 5  # otel_close_timeout is 1.5 s; generous for a loaded machine
+        assert mon.store.value(catalog.EXPORTER_ERRORS, ("otel",)) >= 1  # the lost push is counted
+        assert mon.store.value(catalog.TRAIN_STEPS) == 3  # and everything else was recorded
+    finally:
+        if silent is not None:
+            silent.close()
+
+
+def test_the_close_timeout_is_a_setting(monkeypatch):
+    silent = _SilentServer()
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", f"http://127.0.0.1:{silent.port}")
+    try:
+        mon = Monitor(torch.nn.Linear(2, 1), env={}, otel=True, prometheus=False, gpu_backend="off",
+                      otel_close_timeout=0.2)
+        mon.step(loss=1.0)
+        began = time.monotonic()
+        mon.close()
+        assert time.monotonic() - began < 3
+        assert mon.store.value(catalog.EXPORTER_ERRORS, ("otel",)) >= 1
+    finally:
+        silent.close()

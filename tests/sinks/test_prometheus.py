@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import base64
 import http.client
+import socket
 import ssl
+import time
 import urllib.error
 
 import pytest
@@ -128,6 +130,94 @@ def test_basic_auth_without_tls_still_refuses_bad_credentials():
         assert scrape(sinks.metrics_url, headers=_basic("u", "p")).status == 200
     finally:
         sinks.close()
+
+
+def _tls_settings(pki, **files) -> dict[str, str]:
+    return {"tls_certfile": pki["server.pem"], "tls_keyfile": pki["server.key"], **files}
+
+
+@pytest.fixture(scope="module")
+def bad_files(tmp_path_factory, pki):
+    """Files that exist but cannot serve TLS: text, a certificate without its key, an encrypted key."""
+    from cryptography.hazmat.primitives import serialization
+
+    root = tmp_path_factory.mktemp("bad")
+    (root / "text.pem").write_text("not a PEM file\n")
+    (root / "empty.pem").write_text("")
+    stranger = trustme.CA().issue_cert("127.0.0.1")
+    stranger.private_key_pem.write_to_path(str(root / "stranger.key"))  # a key that is not the certificate's
+    key = serialization.load_pem_private_key(open(pki["server.key"], "rb").read(), password=None)
+    (root / "encrypted.key").write_bytes(key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+        serialization.BestAvailableEncryption(b"passphrase")))
+    return {name: str(root / name) for name in ("text.pem", "empty.pem", "stranger.key", "encrypted.key")}
+
+
+@pytest.mark.parametrize("files, setting, problem", [
+    ({"tls_certfile": "text.pem"}, "tls_certfile", "holds no usable PEM certificate"),
+    ({"tls_certfile": "empty.pem"}, "tls_certfile", "holds no usable PEM certificate"),
+    ({"tls_certfile": "server.key"}, "tls_certfile", "holds no usable PEM certificate"),
+    ({"tls_keyfile": "text.pem"}, "tls_keyfile", "is not a usable private key"),
+    ({"tls_keyfile": "stranger.key"}, "tls_keyfile", "is not a usable private key"),
+    ({"tls_keyfile": "encrypted.key"}, "tls_keyfile", "the key is encrypted"),
+    ({"tls_client_cafile": "text.pem"}, "tls_client_cafile", "holds no usable PEM CA certificate"),
+])
+def test_a_tls_file_that_cannot_be_used_names_its_setting(pki, bad_files, files, setting, problem):
+    paths = {name: bad_files.get(value) or pki[value] for name, value in files.items()}
+    with pytest.raises(ConfigError) as error:
+        _start(**_tls_settings(pki, **paths))  # an encrypted key fails at once: no passphrase prompt
+    assert error.value.setting == setting
+    assert str(error.value).startswith(f"{setting} (TRAINHEALTH_{setting.upper()}): ")
+    assert problem in str(error.value)
+
+
+def test_an_unreadable_tls_file_names_its_setting(pki, tmp_path):
+    directory_as_key = tmp_path / "key-dir"
+    directory_as_key.mkdir()
+    settings = Settings.resolve(env={}, prometheus_addr="127.0.0.1", prometheus_port=0, otel=False,
+                                **_tls_settings(pki))
+    # a file removed (or made unreadable) between reading the settings and starting the server
+    moved = tmp_path / "server.key"
+    moved.write_bytes(open(pki["server.key"], "rb").read())
+    settings = settings.replace(tls_keyfile=str(moved))
+    moved.unlink()
+    with pytest.raises(ConfigError, match=r"^tls_keyfile \(TRAINHEALTH_TLS_KEYFILE\): cannot read .*server.key"):
+        Sinks.start(MetricStore(), IDENTITY, settings)
+
+
+@pytest.mark.parametrize("addr, shown", [("0.0.0.0", "0.0.0.0"), ("127.0.0.1", "127.0.0.1"), ("localhost", "127.0.0.1")])
+def test_the_url_says_the_address_bound(addr, shown):
+    sinks = Sinks.start(MetricStore(), IDENTITY, Settings.resolve(env={}, prometheus_addr=addr, prometheus_port=0,
+                                                                   otel=False))
+    try:
+        assert sinks.metrics_url == f"http://{shown}:{sinks.server.port}/metrics"
+        assert sinks.server.host == shown
+        assert scrape(sinks.metrics_url).status == 200
+    finally:
+        sinks.close()
+
+
+def test_an_ipv6_url_is_bracketed():
+    if not socket.has_ipv6:
+        pytest.skip("no IPv6 here")
+    try:
+        sinks = Sinks.start(MetricStore(), IDENTITY, Settings.resolve(env={}, prometheus_addr="::1", prometheus_port=0,
+                                                                       otel=False))
+    except ConfigError:
+        pytest.skip("::1 cannot be bound here")
+    try:
+        assert sinks.metrics_url == f"http://[::1]:{sinks.server.port}/metrics"
+        assert scrape(sinks.metrics_url).status == 200
+    finally:
+        sinks.close()
+
+
+@pytest.mark.parametrize("addr", ["192.0.2.1", "no-such-host.invalid", "300.1.1.1"])
+def test_an_address_that_cannot_be_bound_names_prometheus_addr(addr):
+    with pytest.raises(ConfigError) as error:
+        Sinks.start(MetricStore(), IDENTITY, Settings.resolve(env={}, prometheus_addr=addr, prometheus_port=0, otel=False))
+    assert error.value.setting == "prometheus_addr"
+    assert f"cannot serve on {addr}:0" in str(error.value)
 
 
 def test_a_port_in_use_is_a_configuration_error():

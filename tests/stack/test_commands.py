@@ -51,7 +51,8 @@ def test_down_stops_what_up_started_and_nothing_else(tmp_path):
         assert [s.name for s in started] == ["prometheus", "alertmanager"]
         state = json.loads((tmp_path / "stack.json").read_text())
         # a recorded pid whose start time does not match is someone else's process: left alone
-        state.append({"name": "stranger", "pid": bystander.pid, "start_time": "1", "command": [], "log": ""})
+        state.append({"name": "stranger", "pid": bystander.pid, "start_time": "1", "command": [], "log": "-",
+                      "token": "0" * 32})
         (tmp_path / "stack.json").write_text(json.dumps(state))
         assert sorted(stack_down(tmp_path)) == ["alertmanager", "prometheus"]
         time.sleep(0.5)
@@ -75,8 +76,8 @@ def test_a_missing_binary_is_one_clear_line(tmp_path):
 def test_demo_bad_input_is_one_line_and_status_2(tmp_path):
     bad = tmp_path / "faults.yaml"
     bad.write_text("- {kind: meteor, step: 3}\n")
-    for args, message in ((("--ranks", "1"), "--ranks must be between 2 and 16"),
-                          (("--duration", "5"), "--duration must be at least 20 seconds"),
+    for args, message in ((("--ranks", "1"), "argument --ranks: expected an integer from 2 to 16"),
+                          (("--duration", "5"), "argument --duration: expected a number of seconds from 20 to 86400"),
                           (("--faults", str(bad)), "kind must be one of"),
                           (("--faults", str(tmp_path / "none.yaml")), "none.yaml")):
         done = _run("demo", *args, "--out", str(tmp_path / "out"))

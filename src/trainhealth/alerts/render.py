@@ -14,6 +14,7 @@ from pathlib import Path
 
 import yaml
 
+from trainhealth._files import write_text
 from trainhealth.knowledge.advice import ADVICE, known_xid_advice
 from trainhealth.alerts.recording import RECORDING_RULES
 from trainhealth.alerts.rules import ALERTS, RUNBOOK_BASE, AlertRule
@@ -109,14 +110,14 @@ def write_alerts(out: Path, runbooks: Path | None = None, runbook_base: str = RU
     for directory, name, text in ((out, "trainhealth.rules.yml", rule_file_yaml(runbook_base)),
                                   (operator_out, "prometheusrule.yaml", prometheus_rule_yaml(runbook_base))):
         directory.mkdir(parents=True, exist_ok=True)
-        (directory / name).write_text(text, encoding="utf-8")
+        write_text(directory / name, text)
         written.append(directory / name)
     if runbooks is not None:
         runbooks.mkdir(parents=True, exist_ok=True)
-        (runbooks / "README.md").write_text(runbook_index(), encoding="utf-8")
+        write_text(runbooks / "README.md", runbook_index())
         written.append(runbooks / "README.md")
         for rule in ALERTS:
             path = runbooks / f"{rule.name}.md"
-            path.write_text(runbook_markdown(rule), encoding="utf-8")
+            write_text(path, runbook_markdown(rule))
             written.append(path)
     return written

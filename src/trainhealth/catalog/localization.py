@@ -63,3 +63,16 @@ ANALYSIS_LAST_RUN_TIMESTAMP = MetricSpec(
     "Unix time the last localization finished; an old value means the analyzer is stuck or has no input",
     availability="From trainhealth analyze.",
 )
+ANALYSIS_STALE = MetricSpec(
+    "analysis.stale", _G, Unit.DIMENSIONLESS,
+    "1 while the last run of the analyzer failed (its source gave no usable answer) and the verdict and suspects "
+    "served are those of an earlier run, 0 after a run that succeeded; how old they are is "
+    "time() - trainhealth_analysis_last_run_timestamp_seconds",
+    availability="From trainhealth analyze, after its first run.",
+)
+ANALYSIS_CONSECUTIVE_FAILURES = MetricSpec(
+    "analysis.consecutive_failures", _G, Unit.DIMENSIONLESS,
+    "Runs of the analyzer that failed in a row since its last good one (each is also counted in "
+    "trainhealth_exporter_errors_total{source=\"analyze\"}); 0 after a run that succeeded",
+    availability="From trainhealth analyze, after its first run.",
+)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from trainhealth._files import check_output_file, check_output_files
 from trainhealth.errors import UsageError
 
 __all__ = ["add_commands"]
@@ -14,11 +15,20 @@ def _cmd_alerts(args: argparse.Namespace) -> int:
     from trainhealth.alerts.render import write_alerts
     from trainhealth.alerts.rules import ALERTS
 
-    if not args.runbook_base.startswith(("http://", "https://")):
+    if not args.runbook_base.startswith(("http://", "https://")) or any(c.isspace() for c in args.runbook_base):
         raise UsageError(f"--runbook-base must be an http(s) URL, got {args.runbook_base!r}")
+    out = Path(args.out)
+    operator_out = Path(args.operator_out) if args.operator_out else None
+    runbooks = Path(args.runbooks) if args.runbooks else None
+    targets = [("--out", out, ["trainhealth.rules.yml"] + ([] if operator_out else ["prometheusrule.yaml"]))]
+    if operator_out is not None:
+        targets.append(("--operator-out", operator_out, ["prometheusrule.yaml"]))
+    if runbooks is not None:
+        targets.append(("--runbooks", runbooks, ["README.md"] + [f"{rule.name}.md" for rule in ALERTS]))
+    for option, directory, names in targets:  # everything checked before anything is written
+        check_output_files(directory, names, option)
     try:
-        written = write_alerts(Path(args.out), Path(args.runbooks) if args.runbooks else None, args.runbook_base,
-                               Path(args.operator_out) if args.operator_out else None)
+        written = write_alerts(out, runbooks, args.runbook_base, operator_out)
     except OSError as exc:
         raise UsageError(f"cannot write {exc.filename}: {exc.strerror}") from None
     print(f"{len(ALERTS)} alert rules: {written[0]}, {written[1]}"
@@ -27,10 +37,14 @@ def _cmd_alerts(args: argparse.Namespace) -> int:
 
 
 def _cmd_dashboards(args: argparse.Namespace) -> int:
-    from trainhealth.dashboards.render import write_configmap, write_dashboards
+    from trainhealth.dashboards.render import DASHBOARDS, write_configmap, write_dashboards
 
+    out = Path(args.out)
+    check_output_files(out, [f"{uid}.json" for uid in DASHBOARDS], "--out")
+    if args.configmap:
+        check_output_file(Path(args.configmap), "--configmap")
     try:
-        written = write_dashboards(Path(args.out))
+        written = write_dashboards(out)
         if args.configmap:
             written.append(write_configmap(Path(args.configmap)))
     except OSError as exc:

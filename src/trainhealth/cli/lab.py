@@ -8,8 +8,10 @@ from __future__ import annotations
 import argparse
 import sys
 import tempfile
+from pathlib import Path
 from typing import TYPE_CHECKING
 
+from trainhealth._files import output_directory
 from trainhealth.errors import UsageError
 
 if TYPE_CHECKING:
@@ -18,20 +20,31 @@ if TYPE_CHECKING:
 __all__ = ["add_commands", "parse_seeds"]
 
 
+#: The largest seed and the most seeds one run takes.
+MAX_SEED = 2**31 - 1
+MAX_SEEDS = 1000
+
+
 def parse_seeds(text: str) -> tuple[int, ...]:
-    """``0,1,2`` or ``0-2`` -> (0, 1, 2)."""
+    """``0,1,2`` or ``0-2`` -> (0, 1, 2); seeds from 0 to 2**31-1, at most 1000 of them.
+
+    >>> parse_seeds("0-2,7")
+    (0, 1, 2, 7)
+    """
+    problem = f"--seeds {text!r}: expected seeds from 0 to {MAX_SEED} like 0,1,2 or 0-2, at most {MAX_SEEDS}"
     seeds: list[int] = []
-    try:
-        for part in text.split(","):
-            if "-" in part.strip()[1:]:
-                first, last = part.split("-", 1)
-                seeds.extend(range(int(first), int(last) + 1))
-            else:
-                seeds.append(int(part))
-    except ValueError:
-        raise UsageError(f"--seeds {text!r}: expected numbers like 0,1,2 or 0-2") from None
-    if not seeds or any(s < 0 for s in seeds):
-        raise UsageError(f"--seeds {text!r}: expected non-negative seeds")
+    for part in text.split(","):
+        first, dash, last = part.strip().partition("-")
+        try:
+            low = int(first)
+            high = int(last) if dash else low
+        except ValueError:
+            raise UsageError(problem) from None
+        if not 0 <= low <= high <= MAX_SEED or len(seeds) + high - low + 1 > MAX_SEEDS:
+            raise UsageError(problem)
+        seeds.extend(range(low, high + 1))
+    if len(set(seeds)) < len(seeds):
+        raise UsageError(f"--seeds {text!r}: a seed is named twice")
     return tuple(seeds)
 
 
@@ -44,7 +57,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
     cases = suite_cases(args.suite, seeds, kinds)
     if not cases:
         raise UsageError(f"--cases {args.cases!r} matches no case of suite {args.suite}")
-    out = args.out or tempfile.mkdtemp(prefix="trainhealth-lab-")
+    if args.out:
+        out = str(output_directory(Path(args.out), "--out", empty=True))  # each case's directory is made new
+    else:
+        out = tempfile.mkdtemp(prefix="trainhealth-lab-")
 
     def report(outcome: CaseOutcome) -> None:
         score = outcome.localize or {}
@@ -62,9 +78,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _cmd_score(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
-    from trainhealth.lab.realrun.suite import RESULTS_FILE, rescore, summary, table
+    from trainhealth.lab.realrun.suite import RESULTS_FILE, ResultsError, rescore, summary, table
 
     path = Path(args.results)
     if path.is_dir():
@@ -73,8 +87,8 @@ def _cmd_score(args: argparse.Namespace) -> int:
         raise UsageError(f"{args.results}: no {RESULTS_FILE} of a lab run there")
     try:
         rows = rescore(path)
-    except (OSError, ValueError, KeyError) as exc:
-        raise UsageError(f"{path}: not a lab results file ({exc})") from None
+    except ResultsError as exc:
+        raise UsageError(str(exc)) from None
     print(table(rows))
     print()
     print(summary(rows))

@@ -9,12 +9,16 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import signal
 import sys
 import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
+from urllib.parse import urlparse
 
+from trainhealth._files import check_output_directory
+from trainhealth.cli.numbers import PORT_OR_ZERO, Bounded
 from trainhealth.errors import UsageError
 
 if TYPE_CHECKING:
@@ -26,6 +30,26 @@ __all__ = ["add_commands"]
 
 #: Default port of ``trainhealth analyze``: below the node exporter (9449) and the ranks (9450+).
 ANALYZER_PORT = 9448
+#: Prometheus answers a range query with at most this many points per series.
+MAX_POINTS = 11000
+
+_INTERVAL = Bounded(float, 0, 86400, unit="seconds", low_open=True)
+_WINDOW = Bounded(float, 0, 7 * 86400, unit="seconds", low_open=True)
+_STEP = Bounded(float, 0, 86400, unit="seconds", low_open=True)
+_LAST = Bounded(int, 1, 1_000_000, unit="steps")
+_DURATION = Bounded(float, 0, 7 * 86400, unit="seconds", low_open=True)
+_TIMEOUT = Bounded(float, 0, 600, unit="seconds", low_open=True)
+#: localize's and analyze's z thresholds
+_Z = Bounded(float, 0, 1000, low_open=True)
+#: ``trainhealth sim``: GPUs, and GPU micro-batches in all (world x steps x micro-batches), at most
+_MAX_WORLD = 65536
+_MAX_WORK = 65536 * 20 * 16
+_SIZE = Bounded(int, 1, _MAX_WORLD)
+_STEPS = Bounded(int, 1, 100_000, unit="steps")
+_MICROBATCHES = Bounded(int, 1, 1024)
+_SEED = Bounded(int, 0, 2**63 - 1)
+_GPUS_PER_HOST = Bounded(int, 1, 1024)
+_HOSTS_PER_LEAF = Bounded(int, 1, 65536)
 
 
 def _thresholds(args: argparse.Namespace) -> Thresholds:
@@ -43,14 +67,13 @@ def _cmd_localize(args: argparse.Namespace) -> int:
     from trainhealth.localize.localizer import localize
     from trainhealth.traces.convert import load_any
 
+    thresholds = _thresholds(args)
     trace, notes = load_any(args.traces, args.input_format, args.topology)
     records = trace.records
     if args.last is not None:
-        if args.last < 1:
-            raise UsageError("--last must be at least 1")
         steps = sorted(records["step"].unique())[-args.last:]
         records = records[records["step"].isin(steps)].reset_index(drop=True)
-    result = localize(records, trace.topology, _thresholds(args), _probe(args))
+    result = localize(records, trace.topology, thresholds, _probe(args))
     if args.json:
         print(json.dumps(result.to_dict(), indent=2, sort_keys=True))
     else:
@@ -67,14 +90,21 @@ def _probe(args: argparse.Namespace) -> ProbeResult | None:
     if args.probe is not None:
         path = Path(args.probe)
         if not path.is_file():
-            raise UsageError(f"--probe {args.probe}: no such file")
-        probe, problem = load_probe(path)
+            raise UsageError(f"--probe {args.probe}: no such file" if not path.exists() else
+                             f"--probe {args.probe}: not a regular file")
+        try:
+            probe, problem = load_probe(path)
+        except RecursionError:
+            raise UsageError(f"--probe {args.probe}: not a link probe result (JSON nested too deeply)") from None
         if problem:
             raise UsageError(f"--probe {problem.removeprefix('ignored ')}")
         return probe
     for trace in args.traces:
         if Path(trace).is_dir():
-            probe, problem = load_probe(Path(trace) / PROBE_FILE)
+            try:
+                probe, problem = load_probe(Path(trace) / PROBE_FILE)
+            except RecursionError:
+                probe, problem = None, f"ignored {Path(trace) / PROBE_FILE}: JSON nested too deeply"
             if problem:
                 print(f"note: {problem}", file=sys.stderr)
             if probe is not None:
@@ -89,13 +119,21 @@ def _parse_fault(text: str) -> InjectedFault:
     parts = text.split(":")
     kinds = ", ".join(kind.value for kind in ClusterFaultKind)
     if not 3 <= len(parts) <= 5:
-        raise UsageError(f"--fault {text!r}: expected kind:target:severity[:start[:end]] with kind one of {kinds}")
+        raise UsageError(f"--fault {text[:60]!r}: expected kind:target:severity[:start[:end]] with kind one of {kinds}")
     try:
         kind = ClusterFaultKind(parts[0])
     except ValueError:
         raise UsageError(f"--fault {text!r}: unknown kind {parts[0]!r}; expected one of {kinds}") from None
     try:
         target, severity, steps = int(parts[1]), float(parts[2]), [int(p) for p in parts[3:]]
+        if not math.isfinite(severity):
+            raise ValueError("severity must be in (1, 10]")
+        if target < 0 or target > _MAX_WORLD:
+            raise ValueError(f"target {target} is outside the cluster")
+        if any(not 0 <= step <= _STEPS.high for step in steps):
+            raise ValueError(f"start and end must be steps from 0 to {_STEPS.high:g}")
+        if len(steps) == 2 and steps[1] <= steps[0]:
+            raise ValueError(f"the fault ends (step {steps[1]}) before it starts (step {steps[0]})")
         return InjectedFault(kind, target, severity, *steps)
     except ValueError as exc:
         raise UsageError(f"--fault {text!r}: {exc}") from None
@@ -105,18 +143,28 @@ def _cmd_sim(args: argparse.Namespace) -> int:
     from trainhealth.lab.simulator.cluster import ClusterLayout
     from trainhealth.lab.simulator.simulate import Control, Scenario, simulate
 
+    output = Path(args.output)
+    check_output_directory(output, "-o")
     faults = tuple(_parse_fault(text) for text in args.fault or ())
+    world = args.dp * args.pp * args.tp * args.cp
+    if world > _MAX_WORLD:
+        raise UsageError(f"sim: {world} GPUs (--dp x --pp x --tp x --cp): the simulator goes up to {_MAX_WORLD}")
+    if world * args.steps * args.microbatches > _MAX_WORK:
+        raise UsageError(f"sim: {world} GPUs x {args.steps} --steps x {args.microbatches} --microbatches is more "
+                         f"than the simulator runs ({_MAX_WORK} GPU micro-batches; fewer steps or GPUs)")
+    for fault in faults:
+        if fault.start_step >= args.steps:
+            raise UsageError(f"--fault {fault.kind.value}:{fault.target}: starts at step {fault.start_step}, after "
+                             f"the last of {args.steps} --steps")
     try:
         layout = ClusterLayout(dp=args.dp, pp=args.pp, tp=args.tp, cp=args.cp, ep=args.ep,
                         gpus_per_host=args.gpus_per_host, hosts_per_leaf=args.hosts_per_leaf)
         scenario = Scenario(layout, steps=args.steps, microbatches=args.microbatches, seed=args.seed, faults=faults,
                             control=Control(args.control))
     except ValueError as exc:
-        raise UsageError(str(exc)) from None
-    if layout.world > 65536:
-        raise UsageError(f"{layout.world} GPUs: the simulator goes up to 65536")
+        raise UsageError(f"--fault: {exc}" if "fault" in str(exc) else f"sim: {exc}") from None
     trace = simulate(scenario)
-    written = trace.write(args.output)
+    written = trace.write(output)
     print(f"SIMULATED trace: {layout.world} GPUs ({', '.join(f'{k}={v}' for k, v in layout.parallelism().items())}), "
           f"{args.steps} steps, {len(trace.records)} records, verdict to find: {trace.ground_truth['verdict']}")
     for path in written:
@@ -126,7 +174,6 @@ def _cmd_sim(args: argparse.Namespace) -> int:
 
 def _cmd_analyze(args: argparse.Namespace) -> int:
     from trainhealth.config import Settings
-    from trainhealth.sinks.service import Sinks
     from trainhealth.identity import Identity
     from trainhealth.localize.analyzer import Analyzer
     from trainhealth.localize.sources import (
@@ -135,23 +182,25 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
         SourceError,
         TraceDirectory,
     )
+    from trainhealth.sinks.service import Sinks
     from trainhealth.store import MetricStore
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    if args.interval <= 0:
-        raise UsageError("--interval must be positive")
     source: PrometheusSource | TraceDirectory
     if args.prometheus:
-        if args.step <= 0 or args.window < 2 * args.step:
-            raise UsageError("--step must be positive and --window at least two steps")
-        client = PrometheusClient(args.prometheus, ca_file=args.prometheus_ca_file,
+        url = urlparse(args.prometheus)
+        if url.scheme not in ("http", "https") or not url.netloc:
+            raise UsageError(f"--prometheus {args.prometheus!r}: expected an http or https URL such as "
+                             "http://127.0.0.1:9090")
+        if args.window < 2 * args.step or args.window / args.step > MAX_POINTS - 1:
+            raise UsageError(f"--window must be from 2 to {MAX_POINTS - 1} --step intervals (Prometheus answers "
+                             f"at most {MAX_POINTS} points per series), got {args.window:g}s in {args.step:g}s steps")
+        client = PrometheusClient(args.prometheus, timeout=args.prometheus_timeout, ca_file=args.prometheus_ca_file,
                                   bearer_token_file=args.prometheus_bearer_token_file,
                                   basic_auth_username=args.prometheus_basic_auth_username,
                                   basic_auth_password_file=args.prometheus_basic_auth_password_file)
         source = PrometheusSource(client, job=args.job, window=args.window, step=args.step)
     else:
-        if args.last < 1:
-            raise UsageError("--last must be at least 1")
         source = TraceDirectory(Path(args.traces), args.last)
     analyzer_settings = {"addr": "prometheus_addr", "port": "prometheus_port", "tls_certfile": "tls_certfile",
                          "tls_keyfile": "tls_keyfile", "tls_client_cafile": "tls_client_cafile",
@@ -186,16 +235,17 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
 
 
 def _add_thresholds(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--gpu-z", type=float, default=None, metavar="Z",
-                        help="z-score of compute evidence that blames a GPU (default: the benchmarked threshold)")
-    parser.add_argument("--collectives-z", type=float, default=None, metavar="Z",
+    parser.add_argument("--gpu-z", type=_Z, default=None, metavar="Z",
+                        help=f"z-score of compute evidence that blames a GPU, {_Z.range_text} (default: the "
+                             "benchmarked threshold)")
+    parser.add_argument("--collectives-z", type=_Z, default=None, metavar="Z",
                         help="the same when compute is derived from collectives alone (no compute records)")
-    parser.add_argument("--link-z", type=float, default=None, metavar="Z",
+    parser.add_argument("--link-z", type=_Z, default=None, metavar="Z",
                         help="z-score that blames a NIC, host or switch (default: the benchmarked threshold)")
-    parser.add_argument("--straggler-z", type=float, default=None, metavar="Z",
+    parser.add_argument("--straggler-z", type=_Z, default=None, metavar="Z",
                         help="traces with step markers: z-value of a rank's busy time over its peers', against the "
                              "run's own noise, that blames its GPU (default 6, chosen on the real-run lab)")
-    parser.add_argument("--path-z", type=float, default=None, metavar="Z",
+    parser.add_argument("--path-z", type=_Z, default=None, metavar="Z",
                         help="traces with step markers: z-value of a communicator's slower transfers that blames "
                              "its path (default 6)")
 
@@ -212,7 +262,8 @@ def add_commands(commands: argparse._SubParsersAction, parser_class: type[argpar
     localize.add_argument("traces", nargs="+", metavar="TRACE", help="trace files or directories")
     localize.add_argument("--topology", help="topology sidecar (default: topology.json in a trace directory)")
     localize.add_argument("--from", dest="input_format", choices=kinds, default="auto", help="input format (default: detect)")
-    localize.add_argument("--last", type=int, metavar="STEPS", help="only the last STEPS steps (default: all)")
+    localize.add_argument("--last", type=_LAST, metavar="STEPS",
+                          help=f"only the last STEPS steps, {_LAST.range_text} (default: all)")
     localize.add_argument("--json", action="store_true", help="the localization result as JSON")
     localize.add_argument("--probe", metavar="FILE",
                           help="a link probe result (trainhealth probe --out) that names the slow link where "
@@ -227,15 +278,19 @@ def add_commands(commands: argparse._SubParsersAction, parser_class: type[argpar
                     "with kind gpu, nic (a rank's NIC), host (every NIC of a host) or switch (a leaf switch).",
     )
     for name, default in (("dp", 4), ("pp", 2), ("tp", 8), ("cp", 1), ("ep", 1)):
-        sim.add_argument(f"--{name}", type=int, default=default, help=f"{name} size (default {default})")
-    sim.add_argument("--steps", type=int, default=20, help="training steps (default 20)")
-    sim.add_argument("--microbatches", type=int, default=4, help="micro-batches per step (default 4)")
-    sim.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+        sim.add_argument(f"--{name}", type=_SIZE, default=default,
+                         help=f"{name} size, {_SIZE.range_text} (default {default})")
+    sim.add_argument("--steps", type=_STEPS, default=20, help=f"training steps, {_STEPS.range_text} (default 20)")
+    sim.add_argument("--microbatches", type=_MICROBATCHES, default=4,
+                     help=f"micro-batches per step, {_MICROBATCHES.range_text} (default 4)")
+    sim.add_argument("--seed", type=_SEED, default=0, help=f"random seed, {_SEED.range_text} (default 0)")
     sim.add_argument("--fault", action="append", metavar="SPEC", help="inject a fault (repeatable)")
     sim.add_argument("--control", default="none", choices=("none", "stage_imbalance", "seqlen_imbalance"),
                      help="a negative control: uneven work and no fault (default none)")
-    sim.add_argument("--gpus-per-host", type=int, default=8, help="GPUs per host (default 8)")
-    sim.add_argument("--hosts-per-leaf", type=int, default=16, help="hosts per leaf switch (default 16)")
+    sim.add_argument("--gpus-per-host", type=_GPUS_PER_HOST, default=8,
+                     help=f"GPUs per host, {_GPUS_PER_HOST.range_text} (default 8)")
+    sim.add_argument("--hosts-per-leaf", type=_HOSTS_PER_LEAF, default=16,
+                     help=f"hosts per leaf switch, {_HOSTS_PER_LEAF.range_text} (default 16)")
     sim.add_argument("-o", "--output", required=True, metavar="DIR", help="directory to write")
     sim.set_defaults(handler=_cmd_sim)
 
@@ -243,27 +298,38 @@ def add_commands(commands: argparse._SubParsersAction, parser_class: type[argpar
         "analyze", help="localize periodically from Prometheus or trace files and serve the suspects as metrics",
         description="Every --interval seconds read a window (per-rank collective and step metrics from "
                     "Prometheus's HTTP API, or the trace files ranks write into a directory), localize it and "
-                    "serve trainhealth_suspect_score and trainhealth_analysis_verdict. Stateless: restart it any time.",
+                    "serve trainhealth_suspect_score and trainhealth_analysis_verdict. A failed run (a bad answer, no "
+                    "input yet) is logged in one line and counted; the last verdict stays served, marked "
+                    "trainhealth_analysis_stale. Stateless: restart it any time.",
     )
     source = analyze.add_mutually_exclusive_group(required=True)
     source.add_argument("--prometheus", metavar="URL", help="Prometheus base URL, e.g. http://127.0.0.1:9090")
     source.add_argument("--traces", metavar="DIR", help="directory the ranks write trace files into")
-    analyze.add_argument("--job", help="only this job (the job label; default: every job Prometheus has)")
-    analyze.add_argument("--window", type=float, default=600.0, metavar="SECONDS",
-                         help="Prometheus: seconds of history per run (default 600)")
-    analyze.add_argument("--step", type=float, default=30.0, metavar="SECONDS",
-                         help="Prometheus: seconds per interval, at least two scrape intervals (default 30)")
-    analyze.add_argument("--last", type=int, default=20, metavar="STEPS", help="traces: steps per run (default 20)")
-    analyze.add_argument("--interval", type=float, default=30.0, metavar="SECONDS", help="seconds between runs (default 30)")
+    analyze.add_argument("--job", help="only this job (the job label, matched exactly; default: every job "
+                                       "Prometheus has)")
+    analyze.add_argument("--window", type=_WINDOW, default=600.0, metavar="SECONDS",
+                         help=f"Prometheus: seconds of history per run, {_WINDOW.range_text} (default 600)")
+    analyze.add_argument("--step", type=_STEP, default=30.0, metavar="SECONDS",
+                         help=f"Prometheus: seconds per interval, at least two scrape intervals, {_STEP.range_text} "
+                              "(default 30)")
+    analyze.add_argument("--last", type=_LAST, default=20, metavar="STEPS",
+                         help=f"traces: steps per run, {_LAST.range_text} (default 20)")
+    analyze.add_argument("--interval", type=_INTERVAL, default=30.0, metavar="SECONDS",
+                         help=f"seconds between runs, {_INTERVAL.range_text}; after a failed run twice as long "
+                              "(default 30)")
     analyze.add_argument("--once", action="store_true", help="run once, print the result and exit (serves nothing)")
     analyze.add_argument("--json", action="store_true", help="with --once: print the result as JSON")
-    analyze.add_argument("--duration", type=float, metavar="SECONDS", help="stop after this long (default: until stopped)")
+    analyze.add_argument("--duration", type=_DURATION, metavar="SECONDS",
+                         help=f"stop after this long, {_DURATION.range_text} (default: until stopped)")
+    analyze.add_argument("--prometheus-timeout", type=_TIMEOUT, default=10.0, metavar="SECONDS",
+                         help=f"the longest Prometheus may take to answer a query, {_TIMEOUT.range_text} "
+                              "(default 10); a slower answer is a failed run")
     analyze.add_argument("--prometheus-ca-file", help="CA bundle to verify an https Prometheus")
     analyze.add_argument("--prometheus-bearer-token-file", help="file holding a bearer token for Prometheus")
     analyze.add_argument("--prometheus-basic-auth-username", help="basic-auth user for Prometheus")
     analyze.add_argument("--prometheus-basic-auth-password-file", help="file holding that user's password")
     analyze.add_argument("--addr", help="address to serve on (default 0.0.0.0)")
-    analyze.add_argument("--port", type=int, help=f"port to serve on (default {ANALYZER_PORT}; 0 picks one)")
+    analyze.add_argument("--port", type=PORT_OR_ZERO, help=f"port to serve on (default {ANALYZER_PORT}; 0 picks one)")
     analyze.add_argument("--tls-certfile", help="serve HTTPS with this certificate")
     analyze.add_argument("--tls-keyfile", help="private key of --tls-certfile")
     analyze.add_argument("--tls-client-cafile", help="require client certificates signed by this CA")

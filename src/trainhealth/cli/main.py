@@ -25,7 +25,9 @@ from trainhealth.config import ConfigError, Settings, setting_infos
 from trainhealth.cli.demo import add_commands as add_demo_commands
 from trainhealth.cli.docgen import render_configuration_markdown, render_metrics_markdown
 from trainhealth.cli.lab import add_commands as add_lab_commands
+from trainhealth.cli.numbers import PORT_OR_ZERO, Bounded
 from trainhealth._extras import missing_extra
+from trainhealth._files import check_output_directory, check_output_file, write_text
 from trainhealth.errors import UsageError
 from trainhealth.identity import Identity
 from trainhealth.cli.localize import add_commands as add_localization_commands
@@ -94,6 +96,10 @@ _EXPORT_SETTINGS = {
     "tls_certfile": "tls_certfile", "tls_keyfile": "tls_keyfile", "tls_client_cafile": "tls_client_cafile",
     "basic_auth_username": "basic_auth_username", "basic_auth_password_file": "basic_auth_password_file",
 }
+#: The ranges of ``trainhealth export``'s numbers (the settings' own ranges: gpu_sample_interval, simulated_gpus).
+EXPORT_INTERVAL = Bounded(float, 0.01, 86400, unit="seconds")
+EXPORT_SIMULATED_GPUS = Bounded(int, 1, 256)
+EXPORT_DURATION = Bounded(float, 0, 365 * 86400, unit="seconds")
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
@@ -103,18 +109,25 @@ def _cmd_export(args: argparse.Namespace) -> int:
     from trainhealth.store import MetricStore
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    settings = Settings.resolve(**{setting: getattr(args, dest) for dest, setting in _EXPORT_SETTINGS.items()})
-    if settings.prometheus.port is None:
-        settings = settings.replace(prometheus_port=NODE_EXPORTER_PORT)
-    if settings.gpu.backend == "off":
-        raise UsageError("gpu_backend is off: trainhealth export has nothing to serve")
-    identity = Identity.node(settings=settings)
-    store = MetricStore(settings.store.max_series_per_metric)
+    try:
+        settings = Settings.resolve(**{setting: getattr(args, dest) for dest, setting in _EXPORT_SETTINGS.items()})
+        if settings.prometheus.port is None:
+            settings = settings.replace(prometheus_port=NODE_EXPORTER_PORT)
+        if settings.gpu.backend == "off":
+            raise UsageError("gpu_backend is off: trainhealth export has nothing to serve")
+        identity = Identity.node(settings=settings)
+        store = MetricStore(settings.store.max_series_per_metric)
+        sinks = Sinks.start(store, identity, settings)
+    except ConfigError as exc:
+        raise _export_error(args, exc) from None
     stop = threading.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: stop.set())
-    sinks = Sinks.start(store, identity, settings)
-    telemetry = GpuTelemetry.start(store, EventLog(), settings, identity, role="node")
+    try:
+        telemetry = GpuTelemetry.start(store, EventLog(), settings, identity, role="node")
+    except BaseException:
+        sinks.close()
+        raise
     try:
         where = sinks.metrics_url or "nowhere (TRAINHEALTH_PROMETHEUS=false; OTLP only)"
         count = len(telemetry.sampler.gpus) if telemetry else 0
@@ -125,6 +138,14 @@ def _cmd_export(args: argparse.Namespace) -> int:
             telemetry.close()
         sinks.close()
     return 0
+
+
+def _export_error(args: argparse.Namespace, exc: ConfigError) -> UsageError:
+    """The setting's error, led by the option the user typed when the setting came from one."""
+    options = {setting: "--" + dest.replace("_", "-") for dest, setting in _EXPORT_SETTINGS.items()
+               if getattr(args, dest) is not None}
+    option = options.get(exc.setting)
+    return UsageError(f"{option}: {exc}" if option else str(exc))
 
 
 def _cmd_trace_info(args: argparse.Namespace) -> int:
@@ -144,10 +165,20 @@ def _cmd_trace_info(args: argparse.Namespace) -> int:
 
 
 def _cmd_trace_convert(args: argparse.Namespace) -> int:
-    from trainhealth.traces.convert import load_any, save
+    from trainhealth.traces.convert import load_any, outputs_of, save
+    from trainhealth.traces.io import is_trace_file
 
+    output = Path(args.output)
+    if is_trace_file(output):
+        check_output_file(output, "-o")
+    else:
+        check_output_directory(output, "-o")
     trace, notes = load_any(args.inputs, args.input_format, args.topology)
-    written = save(trace, args.output)
+    inputs = [*trace.sources, *([args.topology] if args.topology else [])]
+    for target in outputs_of(output):
+        if any(_same_file(target, Path(source)) for source in inputs):
+            raise UsageError(f"-o {args.output}: would overwrite the input {target}")
+    written = save(trace, output)
     for note in notes:
         print(f"note: {note}", file=sys.stderr)
     print(f"wrote {len(trace.records)} records from {len(trace.sources)} file(s) to "
@@ -155,25 +186,39 @@ def _cmd_trace_convert(args: argparse.Namespace) -> int:
     return 0
 
 
+def _same_file(first: Path, second: Path) -> bool:
+    try:
+        return os.path.samefile(first, second)
+    except OSError:  # one of them does not exist (yet)
+        return False
+
+
 def _cmd_detect(args: argparse.Namespace) -> int:
     from trainhealth.detectors.offline import DEFAULT_OFFLINE, SeriesError, detect, load_series
     from trainhealth.detectors.spec import parse_item
 
+    out = Path(args.out) if args.out else None
+    if out is not None:
+        check_output_file(out, "--out")
+        if _same_file(out, Path(args.file)):
+            raise UsageError(f"--out {args.out}: is the input file; name a new file")
     try:
         specs = [parse_item(item, args.column) for item in args.detector or list(DEFAULT_OFFLINE)]
+    except ValueError as exc:
+        raise UsageError(f"--detector: {exc}") from None
+    try:
         frame = load_series(args.file)
         anomalies = detect(frame, args.column, specs, series_column=args.series_column, time_column=args.time_column)
     except (SeriesError, ValueError) as exc:
         raise UsageError(str(exc)) from None
     rows = [anomaly.to_dict() for anomaly in anomalies]
-    if args.out:
-        out = Path(args.out)
+    if out is not None:
         if out.suffix.lower() == ".json":
-            out.write_text(json.dumps(rows, indent=2) + "\n", encoding="utf-8")
+            write_text(out, json.dumps(rows, indent=2) + "\n")
         else:
             import pandas as pd
 
-            pd.DataFrame(rows, columns=list(rows[0]) if rows else ["detector"]).to_csv(out, index=False)
+            write_text(out, pd.DataFrame(rows, columns=list(rows[0]) if rows else ["detector"]).to_csv(index=False))
     if args.json:
         print(json.dumps(rows, indent=2))
     else:
@@ -187,6 +232,7 @@ def _cmd_detect(args: argparse.Namespace) -> int:
 
 
 def _cmd_bench_nab(args: argparse.Namespace) -> int:
+    from trainhealth.detectors.spec import parse_item
     from trainhealth.lab.bench.nab import NAB_DETECTORS, PROFILES, run_nab
 
     data = args.data or os.environ.get("TRAINHEALTH_NAB_DATA")
@@ -196,11 +242,20 @@ def _cmd_bench_nab(args: argparse.Namespace) -> int:
                 data = candidate
                 break
     if data is None or not os.path.isdir(data):
-        raise UsageError("NAB data not found: pass --data DIR (a NAB checkout: data/ and labels/combined_windows.json)")
+        raise UsageError(f"NAB data not found{f' at {data}' if data else ''}: pass --data DIR (a NAB checkout: data/ "
+                         "and labels/combined_windows.json)")
+    check_output_directory(Path(args.out), "--out")
+    detectors = args.detector or list(NAB_DETECTORS)
     try:
-        results = run_nab(data, args.out, args.detector or NAB_DETECTORS)
+        for item in detectors:
+            parse_item(item, "value")
+    except ValueError as exc:
+        raise UsageError(f"--detector: {exc}") from None
+    _check_nab_data(Path(data))
+    try:
+        results = run_nab(data, args.out, detectors)
     except (FileNotFoundError, ValueError) as exc:
-        raise UsageError(str(exc)) from None
+        raise UsageError(f"NAB data {data}: {exc}") from None
     names = list(PROFILES)
     print(f"NAB scores (0 = null detector, 100 = perfect), results in {args.out}")
     width = max(len(result.spec) for result in results) + 2
@@ -209,6 +264,44 @@ def _cmd_bench_nab(args: argparse.Namespace) -> int:
         print(f"{result.spec:<{width}}" + "".join(f"{result.events[name]:>20.1f}" for name in names)
               + f"{result.points['standard']:>22.1f}")
     return 0
+
+
+def _check_nab_data(root: Path) -> None:
+    """What ``run_nab`` reads, read first: the labels (file -> windows of two timestamps) and each labelled
+    file's timestamp and value columns, so that bad data is refused before anything is written."""
+    import pandas as pd
+
+    def bad(problem: str) -> UsageError:
+        return UsageError(f"NAB data {root}: {problem}")
+
+    labels = root / "labels" / "combined_windows.json"
+    if not labels.is_file():
+        raise bad(f"{labels} is missing (a NAB checkout has data/ and labels/combined_windows.json)")
+    try:
+        windows = json.loads(labels.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        raise bad(f"{labels}: not valid JSON ({type(exc).__name__})") from None
+    if not isinstance(windows, dict) or not windows:
+        raise bad(f"{labels}: expected an object mapping data files to their anomaly windows")
+    data = (root / "data").resolve()
+    for name, spans in windows.items():
+        csv = (data / name).resolve()
+        if not isinstance(spans, list) or not all(isinstance(span, list) and len(span) == 2
+                                                 and all(isinstance(t, str) for t in span) for span in spans):
+            raise bad(f"{labels}: {name[:80]!r} must map to a list of [start, end] timestamps")
+        if len(name.split("/")) != 2 or not csv.is_relative_to(data) or not csv.is_file():
+            raise bad(f"{labels}: {name[:80]!r} is not a file category/name.csv under {data}")
+        try:
+            frame = pd.read_csv(csv)
+            pd.to_datetime(pd.Series([t for span in spans for t in span], dtype=object))
+            pd.to_datetime(frame["timestamp"])
+            values = pd.to_numeric(frame["value"])
+        except KeyError as exc:
+            raise bad(f"{csv}: no column {exc}") from None
+        except (ValueError, TypeError, OverflowError, UnicodeDecodeError, pd.errors.ParserError) as exc:
+            raise bad(f"{csv}: {str(exc).splitlines()[0][:120] if str(exc) else type(exc).__name__}") from None
+        if values.empty:
+            raise bad(f"{csv}: no rows")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -234,10 +327,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     export.add_argument("--backend", choices=("nvml", "simulated"), help="GPU backend (default nvml)")
     export.add_argument("--gpus", help="all (default), or NVML indices like 0,2")
-    export.add_argument("--interval", type=float, metavar="SECONDS", help="seconds between sampling passes (default 5)")
+    export.add_argument("--interval", type=EXPORT_INTERVAL, metavar="SECONDS",
+                        help=f"seconds between sampling passes, {EXPORT_INTERVAL.range_text} (default 5)")
     export.add_argument("--addr", help="address to bind (default 0.0.0.0)")
-    export.add_argument("--port", type=int, help=f"port to serve on (default {NODE_EXPORTER_PORT}; 0 picks one)")
-    export.add_argument("--simulated-gpus", type=int, metavar="N", help="GPUs of the simulated backend (default 8)")
+    export.add_argument("--port", type=PORT_OR_ZERO, help=f"port to serve on (default {NODE_EXPORTER_PORT}; 0 picks one)")
+    export.add_argument("--simulated-gpus", type=EXPORT_SIMULATED_GPUS, metavar="N",
+                        help=f"GPUs of the simulated backend, {EXPORT_SIMULATED_GPUS.range_text} (default 8)")
     export.add_argument("--dcgm", action=argparse.BooleanOptionalAction, default=None,
                         help="read DCGM profiling fields (default: when DCGM is present)")
     export.add_argument("--dcgm-host", help="nv-hostengine address (default localhost)")
@@ -246,7 +341,8 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--tls-client-cafile", help="require client certificates signed by this CA")
     export.add_argument("--basic-auth-username", help="require HTTP basic auth with this user")
     export.add_argument("--basic-auth-password-file", help="file holding the basic-auth password")
-    export.add_argument("--duration", type=float, metavar="SECONDS", help="stop after this long (default: run until stopped)")
+    export.add_argument("--duration", type=EXPORT_DURATION, metavar="SECONDS",
+                        help=f"stop after this long, {EXPORT_DURATION.range_text} (default: run until stopped)")
     export.set_defaults(handler=_cmd_export)
 
     detect_parser = commands.add_parser(

@@ -15,6 +15,8 @@ import os
 from datetime import timedelta
 from pathlib import Path
 
+from trainhealth._files import check_output_file
+from trainhealth.cli.numbers import Bounded
 from trainhealth.errors import UsageError
 
 __all__ = ["add_commands"]
@@ -22,25 +24,29 @@ __all__ = ["add_commands"]
 _ENVIRONMENT = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
 
+#: The largest message a probe sends: 1 GiB.
+MAX_SIZE = 1 << 30
+_REPEATS = Bounded(int, 1, 10_000)
+_TIMEOUT = Bounded(float, 0, 86400, unit="seconds", low_open=True)
+
+
 def _sizes(text: str) -> tuple[int, ...]:
     try:
         sizes = tuple(int(part) for part in text.split(","))
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected byte counts like 4096,1048576, got {text!r}") from None
-    if len(set(sizes)) < 2 or min(sizes) < 1:
-        raise argparse.ArgumentTypeError(f"expected two or more distinct positive byte counts, got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected byte counts like 4096,1048576, got {text[:60]!r}") from None
+    if len(set(sizes)) < 2 or min(sizes) < 1 or max(sizes) > MAX_SIZE:
+        raise argparse.ArgumentTypeError(f"expected two or more distinct byte counts from 1 to {MAX_SIZE}, "
+                                         f"got {text[:60]!r}")
     return sizes
 
 
 def _cmd_probe(args: argparse.Namespace) -> int:
+    out = Path(args.out)
+    check_output_file(out, "--out")
     missing = [name for name in _ENVIRONMENT if not os.environ.get(name)]
     if missing:
         raise UsageError(f"trainhealth probe runs once per rank (torchrun sets them): {', '.join(missing)} not set")
-    if args.repeats < 1 or not args.timeout > 0:
-        raise UsageError("--repeats must be at least 1 and --timeout positive")
-    out = Path(args.out)
-    if not out.parent.is_dir():
-        raise UsageError(f"--out {args.out}: directory {out.parent} does not exist")
 
     import torch.distributed as dist
 
@@ -68,7 +74,9 @@ def add_commands(commands: argparse._SubParsersAction, parser_class: type[argpar
     probe.add_argument("--sizes", type=_sizes, default=(4096, 1 << 20), metavar="BYTES,BYTES",
                        help="message sizes: the smallest measures latency, the largest bandwidth "
                             "(default 4096,1048576)")
-    probe.add_argument("--repeats", type=int, default=5, help="exchanges per size and pair (default 5)")
-    probe.add_argument("--timeout", type=float, default=60.0, metavar="SECONDS",
-                       help="longest wait for a peer before its link is reported failed (default 60)")
+    probe.add_argument("--repeats", type=_REPEATS, default=5,
+                       help=f"exchanges per size and pair, {_REPEATS.range_text} (default 5)")
+    probe.add_argument("--timeout", type=_TIMEOUT, default=60.0, metavar="SECONDS",
+                       help=f"longest wait for a peer before its link is reported failed, {_TIMEOUT.range_text} "
+                            "(default 60)")
     probe.set_defaults(handler=_cmd_probe)

@@ -11,6 +11,8 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from trainhealth._files import check_output_file
+from trainhealth.cli.numbers import Bounded
 from trainhealth.errors import UsageError
 
 if TYPE_CHECKING:
@@ -18,17 +20,22 @@ if TYPE_CHECKING:
 
 __all__ = ["add_commands"]
 
+#: The GEMM is size x size in float64 on the CPU as well: 8192 takes half a GiB per matrix and a minute.
+_SIZE = Bounded(int, 16, 8192)
+#: torch.Generator.manual_seed takes up to 2**64 - 1.
+_SEED = Bounded(int, 0, 2**64 - 1)
+
 
 def _cmd_selftest(args: argparse.Namespace) -> int:
     from trainhealth.sdc.selftest import available_devices, run_selftest
 
+    if args.metrics_file:
+        check_output_file(Path(args.metrics_file), "--metrics-file")
     known = available_devices()
     devices = known if args.device in (None, ["all"]) else args.device
     unknown = [d for d in devices if d not in known]
     if unknown:
-        raise UsageError(f"unknown device {unknown[0]!r}; this machine has {', '.join(known)}")
-    if args.size < 16:
-        raise UsageError("--size must be at least 16")
+        raise UsageError(f"--device: unknown device {unknown[0][:60]!r}; this machine has {', '.join(known)}")
     results = run_selftest(devices, size=args.size, seed=args.seed)
     if args.metrics_file:
         _write_metrics(Path(args.metrics_file), results)
@@ -73,8 +80,9 @@ def add_commands(commands: argparse._SubParsersAction, parser_class: type[argpar
     )
     selftest.add_argument("--device", action="append", metavar="DEVICE",
                           help="cpu, cuda:N or all (repeatable; default all)")
-    selftest.add_argument("--size", type=int, default=1024, help="matrix size of the GEMM (default 1024)")
-    selftest.add_argument("--seed", type=int, default=0, help="seed of the inputs (default 0)")
+    selftest.add_argument("--size", type=_SIZE, default=1024,
+                          help=f"matrix size of the GEMM, {_SIZE.range_text} (default 1024)")
+    selftest.add_argument("--seed", type=_SEED, default=0, help=f"seed of the inputs, {_SEED.range_text} (default 0)")
     selftest.add_argument("--json", action="store_true", help="print the results as JSON")
     selftest.add_argument("--metrics-file", metavar="PATH",
                           help="also write the results for node_exporter's textfile collector")

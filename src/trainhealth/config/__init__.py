@@ -2,8 +2,8 @@
 
 Every setting has one environment variable, ``TRAINHEALTH_`` + its name in
 capitals; docs/configuration.md is generated from the declarations
-(:mod:`trainhealth.config.groups`). A bad value raises :class:`ConfigError` at
-construction, naming the setting. :class:`Settings` holds one group per concern:
+(:mod:`trainhealth.config.groups`). A bad value, or a number outside the setting's
+documented range, raises :class:`ConfigError` at construction, naming the setting. :class:`Settings` holds one group per concern:
 ``settings.training.stats_every``, ``settings.gpu.backend`` (the ``gpu_backend`` setting).
 
 >>> s = Settings.resolve(env={"TRAINHEALTH_STATS_EVERY": "5"}, prometheus=False)
@@ -17,11 +17,14 @@ trainhealth.config.fields.ConfigError: prometheus_port (TRAINHEALTH_PROMETHEUS_P
 
 from __future__ import annotations
 
-from trainhealth.config.fields import ENV_PREFIX, ConfigError, env_name
+from trainhealth.config.fields import ENV_PREFIX, ConfigError, Range, env_name
 from trainhealth.config.groups import (
     DEFAULT_DETECTORS,
     DEFAULT_PROMETHEUS_PORT_BASE,
     GPU_BACKENDS,
+    MAX_INTERVAL,
+    MAX_WORLD_SIZE,
+    MIN_INTERVAL,
     MIN_TRACE_WRITE_INTERVAL,
     CommSettings,
     DetectorSettings,
@@ -40,6 +43,9 @@ __all__ = [
     "DEFAULT_PROMETHEUS_PORT_BASE",
     "ENV_PREFIX",
     "GPU_BACKENDS",
+    "MAX_INTERVAL",
+    "MAX_WORLD_SIZE",
+    "MIN_INTERVAL",
     "MIN_TRACE_WRITE_INTERVAL",
     "CommSettings",
     "ConfigError",
@@ -49,6 +55,7 @@ __all__ = [
     "ModelSettings",
     "OtelSettings",
     "PrometheusSettings",
+    "Range",
     "SettingInfo",
     "Settings",
     "StoreSettings",

@@ -3,34 +3,43 @@
 A settings group is a frozen dataclass deriving :class:`SettingGroup` whose fields are
 declared with :func:`setting`: the field is what a program reads
 (``settings.gpu.backend``), the setting name is what a user writes (the ``gpu_backend=``
-keyword argument, ``TRAINHEALTH_GPU_BACKEND``). Every error names the setting.
+keyword argument, ``TRAINHEALTH_GPU_BACKEND``). Every error names the setting. A numeric
+setting declares its :class:`Range`; a value outside it (``nan`` and ``inf`` included)
+fails when the group is built, and the range is part of the setting's help.
 
 >>> from dataclasses import dataclass
 >>> @dataclass(frozen=True)
 ... class Example(SettingGroup):
 ...     TITLE = "Example"
-...     every: int = setting("example_every", 10, parse_int, "Steps between examples.")
-...     def validate(self) -> None:
-...         self.check_range("every", 1)
+...     every: int = setting("example_every", 10, parse_int, "Steps between examples.", bounds=Range(1, 1000))
+...     pause: float = setting("example_pause", 1.0, parse_float, "Seconds between pauses.",
+...                            bounds=Range(0.01, 86400, unit="seconds"))
 >>> Example.resolve({"TRAINHEALTH_EXAMPLE_EVERY": "5"}, {}).every
 5
 >>> Example.resolve({}, {"example_every": 0})
 Traceback (most recent call last):
 ...
-trainhealth.config.fields.ConfigError: example_every (TRAINHEALTH_EXAMPLE_EVERY): must be >= 1, got 0
+trainhealth.config.fields.ConfigError: example_every (TRAINHEALTH_EXAMPLE_EVERY): must be 1..1000, got 0
+>>> Example.resolve({"TRAINHEALTH_EXAMPLE_PAUSE": "inf"}, {})
+Traceback (most recent call last):
+...
+trainhealth.config.fields.ConfigError: example_pause (TRAINHEALTH_EXAMPLE_PAUSE): must be 0.01..86400 seconds, got inf
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import field
+from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar
 
 __all__ = [
     "ENV_PREFIX",
     "ConfigError",
+    "Range",
     "SettingGroup",
+    "bounds_of",
     "env_name",
     "parse_bool",
     "parse_float",
@@ -91,10 +100,66 @@ _TYPES: dict[Callable[[str], Any], tuple[str, type, str]] = {  # parser -> (type
 }
 
 
-def setting(name: str, default: Any, parse: Callable[[str], Any], help: str, *, secret: bool = False) -> Any:
-    """Declare a field of a :class:`SettingGroup`: the setting ``name``, its default, parser and help."""
+@dataclass(frozen=True)
+class Range:
+    """The values a numeric setting accepts: ``low..high``, both included unless ``above_low``.
+
+    ``off``, when set, is one more accepted value outside the range (``0`` turns the feature
+    off). ``nan`` is never in a range; ``inf`` only when ``high`` is.
+
+    >>> interval = Range(0.05, 86400, unit="seconds", off=0, above_low=True)
+    >>> [value in interval for value in (0, 0.05, 2.5, 86400, float("inf"), float("nan"))]
+    [True, False, True, True, False, False]
+    >>> str(interval)
+    '0, or more than 0.05 up to 86400 seconds'
+    """
+
+    low: float
+    high: float
+    #: Unit words shown after the range ("seconds").
+    unit: str = ""
+    off: float | None = None
+    above_low: bool = False
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.low) and math.isfinite(self.high) and self.low <= self.high):
+            raise ValueError(f"a setting's range needs finite low <= high, got {self.low}..{self.high}")
+
+    def __contains__(self, value: object) -> bool:
+        if not isinstance(value, (int, float)) or isinstance(value, bool):
+            return False
+        if self.off is not None and value == self.off:
+            return True
+        above = value > self.low if self.above_low else value >= self.low
+        return above and value <= self.high
+
+    def __str__(self) -> str:
+        low, high = _number(self.low), _number(self.high)
+        text = f"more than {low} up to {high}" if self.above_low else f"{low}..{high}"
+        if self.unit:
+            text += f" {self.unit}"
+        if self.off is not None:
+            text = f"{_number(self.off)}, or {text}"
+        return text
+
+
+def _number(value: float) -> str:
+    """``86400`` for 86400.0, ``0.05``, ``1e+18``: the shortest way to write a bound."""
+    if float(value).is_integer() and abs(value) < 1e15:
+        return str(int(value))
+    return format(value, "g")
+
+
+def setting(name: str, default: Any, parse: Callable[[str], Any], help: str, *, secret: bool = False,
+            bounds: Range | None = None) -> Any:
+    """Declare a field of a :class:`SettingGroup`: the setting ``name``, its default, parser, help and range."""
     return field(default=default, repr=not secret,
-                 metadata={"setting": name, "parse": parse, "help": help, "secret": secret})
+                 metadata={"setting": name, "parse": parse, "help": help, "secret": secret, "bounds": bounds})
+
+
+def bounds_of(spec: dataclasses.Field) -> Range | None:
+    """The :class:`Range` of a field declared with :func:`setting`, or ``None`` for a non-numeric one."""
+    return spec.metadata.get("bounds")
 
 
 def type_name(spec: dataclasses.Field) -> str:
@@ -109,7 +174,8 @@ class SettingGroup:
     """Base of the settings groups (frozen dataclasses); each checks its own fields when built.
 
     A subclass sets ``TITLE`` (its heading in docs/configuration.md) and overrides
-    :meth:`validate` for ranges and consistency; the types are checked here.
+    :meth:`validate` for consistency between settings; the types and the declared ranges
+    are checked here.
     """
 
     TITLE: ClassVar[str]
@@ -117,6 +183,7 @@ class SettingGroup:
     def __post_init__(self) -> None:
         for spec in dataclasses.fields(self):  # type: ignore[arg-type]  # every subclass is a dataclass
             self._check_type(spec)
+            self._check_bounds(spec)
         self.validate()
 
     def validate(self) -> None:
@@ -152,19 +219,6 @@ class SettingGroup:
                 return ConfigError(name, problem)
         raise AttributeError(f"{type(self).__name__} has no setting {attribute!r}")
 
-    def check_range(self, attribute: str, low: int, high: int | None = None) -> None:
-        value = getattr(self, attribute)
-        if value is None:
-            return
-        if value < low or (high is not None and value > high):
-            bound = f"{low}..{high}" if high is not None else f">= {low}"
-            raise self.error(attribute, f"must be {bound}, got {value}")
-
-    def check_positive(self, attribute: str) -> None:
-        value = getattr(self, attribute)
-        if value is not None and not value > 0:
-            raise self.error(attribute, f"must be a positive number, got {value!r}")
-
     def _check_type(self, spec: dataclasses.Field) -> None:
         value = getattr(self, spec.name)
         if value is None:
@@ -175,3 +229,9 @@ class SettingGroup:
             return
         if not isinstance(value, expected) or (kind == "int" and isinstance(value, bool)):
             raise ConfigError(spec.metadata["setting"], f"expected {wording}, got {value!r}")
+
+    def _check_bounds(self, spec: dataclasses.Field) -> None:
+        value = getattr(self, spec.name)
+        bounds = bounds_of(spec)
+        if value is not None and bounds is not None and value not in bounds:
+            raise ConfigError(spec.metadata["setting"], f"must be {bounds}, got {value!r}")

@@ -1,7 +1,10 @@
 """The settings, one frozen dataclass per concern; :class:`~trainhealth.config.Settings` composes them.
 
 A field is named for what it is within its group (``GpuSettings.backend``); the setting
-name users write (``gpu_backend``) is declared beside it. Each group checks its own fields.
+name users write (``gpu_backend``) is declared beside it, and so is the range of a numeric
+setting: intervals lie between :data:`MIN_INTERVAL` (or a larger minimum of their own) and
+:data:`MAX_INTERVAL`, sizes and counts have upper bounds that keep memory bounded. Each group
+checks its own fields.
 
 >>> GpuSettings.resolve({"TRAINHEALTH_GPU_BACKEND": "simulated"}, {"simulated_gpus": 2})
 GpuSettings(backend='simulated', gpus='', sample_interval=5.0, simulated_gpus=2, dcgm=None, dcgm_host='localhost', dcgm_bindings=None)
@@ -9,17 +12,28 @@ GpuSettings(backend='simulated', gpus='', sample_interval=5.0, simulated_gpus=2,
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from trainhealth.config.fields import ConfigError, SettingGroup, parse_bool, parse_float, parse_int, parse_str, setting
+from trainhealth.config.fields import (
+    ConfigError,
+    Range,
+    SettingGroup,
+    parse_bool,
+    parse_float,
+    parse_int,
+    parse_str,
+    setting,
+)
 
 __all__ = [
     "DEFAULT_DETECTORS",
     "DEFAULT_PROMETHEUS_PORT_BASE",
     "GPU_BACKENDS",
+    "MAX_INTERVAL",
+    "MAX_WORLD_SIZE",
+    "MIN_INTERVAL",
     "MIN_TRACE_WRITE_INTERVAL",
     "CommSettings",
     "DetectorSettings",
@@ -43,6 +57,16 @@ DEFAULT_DETECTORS = (
 DEFAULT_PROMETHEUS_PORT_BASE = 9450
 #: The shortest ``trace_write_interval`` (seconds) other than 0: appending to a trace more often only burns the flush thread.
 MIN_TRACE_WRITE_INTERVAL = 0.05
+#: The shortest interval (seconds) of a background thread: shorter ones busy-loop and slow training down.
+MIN_INTERVAL = 0.01
+#: The longest interval (seconds), one day: longer ones (``inf`` above all) stop a thread from ever running again.
+MAX_INTERVAL = 86400.0
+#: The most ranks a job may have (2**20); ranks run from 0 to one less.
+MAX_WORLD_SIZE = 1 << 20
+#: A count of steps between two checks: at most a million (0 turns the check off where that is allowed).
+_STEPS = 1_000_000
+#: FLOPs, per token or per second: positive and at most 1e18.
+_FLOPS = Range(0, 1e18, above_low=True)
 GPU_BACKENDS = ("nvml", "simulated", "off")
 
 
@@ -54,15 +78,15 @@ class IdentitySettings(SettingGroup):
 
     job: str | None = setting("job", None, parse_str, "Training job name; default TORCHELASTIC_RUN_ID, SLURM_JOB_ID or 'trainhealth'.")
     host: str | None = setting("host", None, parse_str, "Host label; default NODE_NAME (Kubernetes downward API) or the host name.")
-    rank: int | None = setting("rank", None, parse_int, "Global rank; default RANK or SLURM_PROCID, else torch.distributed's rank once it is initialised, else 0.")
-    local_rank: int | None = setting("local_rank", None, parse_int, "Rank on this host; default LOCAL_RANK or SLURM_LOCALID, else 0.")
-    world_size: int | None = setting("world_size", None, parse_int, "Number of ranks; default WORLD_SIZE or SLURM_NTASKS, else torch.distributed's world size once it is initialised, else 1.")
+    rank: int | None = setting("rank", None, parse_int, "Global rank; default RANK or SLURM_PROCID, else torch.distributed's rank once it is initialised, else 0.",
+                               bounds=Range(0, MAX_WORLD_SIZE - 1))
+    local_rank: int | None = setting("local_rank", None, parse_int, "Rank on this host; default LOCAL_RANK or SLURM_LOCALID, else 0.",
+                                     bounds=Range(0, 4095))
+    world_size: int | None = setting("world_size", None, parse_int, "Number of ranks; default WORLD_SIZE or SLURM_NTASKS, else torch.distributed's world size once it is initialised, else 1.",
+                                     bounds=Range(1, MAX_WORLD_SIZE))
     gpu_uuid: str | None = setting("gpu_uuid", None, parse_str, "UUID of this rank's GPU (GPU-...); default read from CUDA when the model is on a GPU.")
 
     def validate(self) -> None:
-        self.check_range("rank", 0)
-        self.check_range("local_rank", 0)
-        self.check_range("world_size", 1)
         if self.rank is not None and self.world_size is not None and self.rank >= self.world_size:
             raise self.error("rank", f"{self.rank} is not below world_size {self.world_size}")
 
@@ -75,7 +99,8 @@ class PrometheusSettings(SettingGroup):
 
     enabled: bool = setting("prometheus", True, parse_bool, "Serve /metrics over HTTP.")
     addr: str = setting("prometheus_addr", "0.0.0.0", parse_str, "Address the /metrics server binds to.")
-    port: int | None = setting("prometheus_port", None, parse_int, f"Port of the /metrics server; default {DEFAULT_PROMETHEUS_PORT_BASE} + local_rank; 0 picks a free port.")
+    port: int | None = setting("prometheus_port", None, parse_int, f"Port of the /metrics server; default {DEFAULT_PROMETHEUS_PORT_BASE} + local_rank; 0 picks a free port.",
+                                  bounds=Range(0, 65535))
     tls_certfile: str | None = setting("tls_certfile", None, parse_str, "PEM certificate: serve /metrics over HTTPS.")
     tls_keyfile: str | None = setting("tls_keyfile", None, parse_str, "PEM private key of tls_certfile.")
     tls_client_cafile: str | None = setting("tls_client_cafile", None, parse_str, "CA bundle: require client certificates signed by it (mTLS).")
@@ -84,7 +109,6 @@ class PrometheusSettings(SettingGroup):
     basic_auth_password_file: str | None = setting("basic_auth_password_file", None, parse_str, "File holding the basic-auth password (instead of basic_auth_password).")
 
     def validate(self) -> None:
-        self.check_range("port", 0, 65535)
         if (self.tls_certfile is None) != (self.tls_keyfile is None):
             missing = "tls_keyfile" if self.tls_keyfile is None else "tls_certfile"
             raise self.error(missing, "tls_certfile and tls_keyfile are set together")
@@ -127,6 +151,8 @@ class OtelSettings(SettingGroup):
     TITLE = "OpenTelemetry"
 
     enabled: bool | None = setting("otel", None, parse_bool, "Push metrics over OTLP/HTTP; default on when OTEL_EXPORTER_OTLP_ENDPOINT or OTEL_EXPORTER_OTLP_METRICS_ENDPOINT is set. Endpoint, interval, resource and service name come from the standard OTEL_* variables.")
+    close_timeout: float = setting("otel_close_timeout", 1.5, parse_float, "Seconds that closing (Monitor.close(), the end of trainhealth export) waits for the last OTLP push of metrics and events; an endpoint that does not answer in time loses that push, counted in trainhealth_exporter_errors_total{source=\"otel\"}.",
+                                   bounds=Range(0.1, 600, unit="seconds"))
 
     def active(self, env: Mapping[str, str] | None = None) -> bool:
         """Whether to push: the ``otel`` setting, else whether ``env`` names an OTLP endpoint."""
@@ -142,16 +168,14 @@ class TrainingSettings(SettingGroup):
 
     TITLE = "Training-loop statistics"
 
-    stats_every: int = setting("stats_every", 20, parse_int, "Steps between the heavier statistics: per-layer norms, update ratio, update cosine.")
-    max_layer_groups: int = setting("max_layer_groups", 64, parse_int, "Most layer groups reported; numbered blocks are merged into ranges beyond it.")
-    flops_per_token: float | None = setting("flops_per_token", None, parse_float, "Training FLOPs per token (forward and backward, e.g. 6 x parameters); enables MFU.")
-    peak_flops: float | None = setting("peak_flops", None, parse_float, "Peak FLOP/s of this rank's device for the training dtype; enables MFU.")
-
-    def validate(self) -> None:
-        self.check_range("stats_every", 1)
-        self.check_range("max_layer_groups", 1)
-        self.check_positive("flops_per_token")
-        self.check_positive("peak_flops")
+    stats_every: int = setting("stats_every", 20, parse_int, "Steps between the heavier statistics: per-layer norms, update ratio, update cosine.",
+                               bounds=Range(1, _STEPS))
+    max_layer_groups: int = setting("max_layer_groups", 64, parse_int, "Most layer groups reported; numbered blocks are merged into ranges beyond it.",
+                                    bounds=Range(1, 1024))
+    flops_per_token: float | None = setting("flops_per_token", None, parse_float, "Training FLOPs per token (forward and backward, e.g. 6 x parameters); enables MFU.",
+                                            bounds=_FLOPS)
+    peak_flops: float | None = setting("peak_flops", None, parse_float, "Peak FLOP/s of this rank's device for the training dtype; enables MFU.",
+                                       bounds=_FLOPS)
 
 
 @dataclass(frozen=True)
@@ -160,10 +184,8 @@ class StoreSettings(SettingGroup):
 
     TITLE = "Metric store"
 
-    max_series_per_metric: int = setting("max_series_per_metric", 1000, parse_int, "Most label sets kept per metric; more are dropped and counted as errors.")
-
-    def validate(self) -> None:
-        self.check_range("max_series_per_metric", 1)
+    max_series_per_metric: int = setting("max_series_per_metric", 1000, parse_int, "Most label sets kept per metric; more are dropped and counted as errors.",
+                                         bounds=Range(1, 100_000))
 
 
 @dataclass(frozen=True)
@@ -174,19 +196,13 @@ class CommSettings(SettingGroup):
 
     enabled: bool = setting("comm", False, parse_bool, "Record torch.distributed collectives in the Monitor (trainhealth.comm.install).")
     trace_dir: str | None = setting("trace_dir", None, parse_str, "Directory for per-rank collective traces (rank-<rank>.<n>.jsonl.gz, trace format v1), appended to while the job runs, at uninstall and at exit.")
-    trace_write_interval: float = setting("trace_write_interval", 30.0, parse_float, "Seconds between appends to the trace in trace_dir while the job runs (sooner when half of comm_ring_size records wait; what a crash can lose); 0 writes only at uninstall and exit.")
-    ring_size: int = setting("comm_ring_size", 65536, parse_int, "Collective records kept in memory per rank, and most records waiting for the next trace append; records that never reach the trace are counted.")
-    flush_interval: float = setting("comm_flush_interval", 1.0, parse_float, "Seconds between updates of the collective metrics, the in-flight view and the abnormal filter.")
-
-    def validate(self) -> None:
-        self.check_range("ring_size", 1)
-        self.check_positive("flush_interval")
-        interval = self.trace_write_interval
-        if not math.isfinite(interval):
-            raise self.error("trace_write_interval", f"must be a finite number of seconds, got {interval!r}")
-        if interval != 0 and not interval > MIN_TRACE_WRITE_INTERVAL:
-            raise self.error("trace_write_interval", f"must be 0 (write only at exit) or more than "
-                                                     f"{MIN_TRACE_WRITE_INTERVAL} s, got {interval!r}")
+    trace_write_interval: float = setting("trace_write_interval", 1.0, parse_float, "Seconds between appends to the trace in trace_dir while the job runs (sooner when half of comm_ring_size records wait): what a SIGKILL can lose; SIGTERM, SIGINT and exit append the rest. 0 writes only at uninstall, exit and those signals.",
+                                          bounds=Range(MIN_TRACE_WRITE_INTERVAL, MAX_INTERVAL, unit="seconds", off=0,
+                                                       above_low=True))
+    ring_size: int = setting("comm_ring_size", 65536, parse_int, "Collective records kept in memory per rank, and most records waiting for the next trace append; records that never reach the trace are counted.",
+                             bounds=Range(1, 1 << 20))
+    flush_interval: float = setting("comm_flush_interval", 1.0, parse_float, "Seconds between updates of the collective metrics, the in-flight view and the abnormal filter.",
+                                    bounds=Range(MIN_INTERVAL, MAX_INTERVAL, unit="seconds"))
 
 
 @dataclass(frozen=True)
@@ -204,18 +220,18 @@ class ModelSettings(SettingGroup):
 
     TITLE = "Model health"
 
-    sdc_interval: int = setting("sdc_interval", 100, parse_int, "Steps between cross-replica parameter fingerprints (needs torch.distributed); 0 turns them off.")
-    grad_check_every: int = setting("grad_check_every", 10, parse_int, "Steps between comparisons of the ranks' local gradient norms before the all-reduce (needs torch.distributed); 0 turns them off.")
+    sdc_interval: int = setting("sdc_interval", 100, parse_int, "Steps between cross-replica parameter fingerprints (needs torch.distributed); 0 turns them off.",
+                                bounds=Range(0, _STEPS))
+    grad_check_every: int = setting("grad_check_every", 10, parse_int, "Steps between comparisons of the ranks' local gradient norms before the all-reduce (needs torch.distributed); 0 turns them off.",
+                                    bounds=Range(0, _STEPS))
     sdc_group: str = setting("sdc_group", "world", parse_str, "Ranks that hold identical replicas, for the fingerprints: world (pure data parallelism) or off; other layouts pass sdc_group= a process group to Monitor.")
     signals: bool = setting("model_signals", True, parse_bool, "Hook the model for attention max logit and entropy, output log Z, block activation RMS and the origin of non-finite activations.")
-    signal_tokens: int = setting("signal_tokens", 64, parse_int, "Tokens of the first sequence that the attention signals are recomputed on.")
-    restarts: int | None = setting("restarts", None, parse_int, "Times this job was restarted; default TORCHELASTIC_RESTART_COUNT, else 0.")
+    signal_tokens: int = setting("signal_tokens", 64, parse_int, "Tokens of the first sequence that the attention signals are recomputed on (their logits take tokens squared per head).",
+                                 bounds=Range(1, 1024))
+    restarts: int | None = setting("restarts", None, parse_int, "Times this job was restarted; default TORCHELASTIC_RESTART_COUNT, else 0.",
+                                   bounds=Range(0, _STEPS))
 
     def validate(self) -> None:
-        self.check_range("sdc_interval", 0)
-        self.check_range("grad_check_every", 0)
-        self.check_range("signal_tokens", 1)
-        self.check_range("restarts", 0)
         if self.sdc_group not in ("world", "off"):
             raise self.error("sdc_group", f"must be world or off, got {self.sdc_group!r}")
 
@@ -228,15 +244,15 @@ class GpuSettings(SettingGroup):
 
     backend: str = setting("gpu_backend", "nvml", parse_str, "Where GPU metrics come from: nvml, simulated (explicitly chosen, every series labelled backend=\"simulated\") or off.")
     gpus: str = setting("gpus", "", parse_str, "GPUs to sample: own (the rank's GPU), all, or NVML indices like 0,2; default own in a training process, all in trainhealth export.")
-    sample_interval: float = setting("gpu_sample_interval", 5.0, parse_float, "Seconds between GPU sampling passes; a scrape never calls NVML.")
-    simulated_gpus: int = setting("simulated_gpus", 8, parse_int, "Number of GPUs the simulated backend has.")
+    sample_interval: float = setting("gpu_sample_interval", 5.0, parse_float, "Seconds between GPU sampling passes; a scrape never calls NVML.",
+                                     bounds=Range(MIN_INTERVAL, MAX_INTERVAL, unit="seconds"))
+    simulated_gpus: int = setting("simulated_gpus", 8, parse_int, "Number of GPUs the simulated backend has.",
+                                  bounds=Range(1, 256))
     dcgm: bool | None = setting("dcgm", None, parse_bool, "Read DCGM profiling fields (SM, tensor, DRAM activity); default on in trainhealth export, off in a training process.")
     dcgm_host: str = setting("dcgm_host", "localhost", parse_str, "Address of nv-hostengine for the DCGM profiling fields.")
     dcgm_bindings: str | None = setting("dcgm_bindings", None, parse_str, "Directory holding DCGM's Python bindings (pydcgm); default the datacenter-gpu-manager install paths.")
 
     def validate(self) -> None:
-        self.check_range("simulated_gpus", 1)
-        self.check_positive("sample_interval")
         if self.backend not in GPU_BACKENDS:
             raise self.error("backend", f"must be one of {', '.join(GPU_BACKENDS)}, got {self.backend!r}")
         if not _valid_gpus(self.gpus):

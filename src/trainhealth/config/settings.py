@@ -17,7 +17,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from trainhealth.config.fields import ConfigError, SettingGroup, env_name, type_name
+from trainhealth.config.fields import ConfigError, SettingGroup, bounds_of, env_name, type_name
 from trainhealth.config.groups import (
     CommSettings,
     DetectorSettings,
@@ -114,27 +114,40 @@ class SettingInfo:
     env: str
     type: str
     default: Any
+    #: What it does, ending with its range for a numeric setting ("Range: 1..1000000.").
     help: str
     secret: bool
     #: The heading of its group ("GPU telemetry").
     group: str
     #: Where a program reads it on :class:`Settings` ("gpu.backend").
     attribute: str
+    #: The values it accepts ("0.01..86400 seconds"), or ``None`` for a setting without a range.
+    range: str | None = None
 
 
 def setting_infos() -> tuple[SettingInfo, ...]:
-    """Every setting, group by group, in declaration order."""
-    return tuple(
-        SettingInfo(
-            name=name,
-            env=env_name(name),
-            type=type_name(spec),
-            default=spec.default,
-            help=spec.metadata["help"],
-            secret=spec.metadata["secret"],
-            group=group.TITLE,
-            attribute=f"{attribute}.{spec.name}",
-        )
-        for attribute, group in _GROUPS.items()
-        for name, spec in group.declared()
-    )
+    """Every setting, group by group, in declaration order.
+
+    >>> info = {info.name: info for info in setting_infos()}["gpu_sample_interval"]
+    >>> info.range, info.help.endswith("Range: 0.01..86400 seconds.")
+    ('0.01..86400 seconds', True)
+    """
+    infos = []
+    for attribute, group in _GROUPS.items():
+        for name, spec in group.declared():
+            bounds = bounds_of(spec)
+            help = spec.metadata["help"]
+            if bounds is not None:
+                help = f"{help} Range: {bounds}."
+            infos.append(SettingInfo(
+                name=name,
+                env=env_name(name),
+                type=type_name(spec),
+                default=spec.default,
+                help=help,
+                secret=spec.metadata["secret"],
+                group=group.TITLE,
+                attribute=f"{attribute}.{spec.name}",
+                range=None if bounds is None else str(bounds),
+            ))
+    return tuple(infos)

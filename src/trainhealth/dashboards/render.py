@@ -15,6 +15,7 @@ from pathlib import Path
 from grafanalib import core as g
 from grafanalib._gen import DashboardEncoder
 
+from trainhealth._files import write_text
 from trainhealth.dashboards.communication import communication_dashboard
 from trainhealth.dashboards.gpu import gpu_dashboard
 from trainhealth.dashboards.incidents import incidents_dashboard
@@ -48,7 +49,7 @@ def write_dashboards(out: Path) -> list[Path]:
     written = []
     for uid, build in DASHBOARDS.items():
         path = out / f"{uid}.json"
-        path.write_text(dashboard_json(build()), encoding="utf-8")
+        write_text(path, dashboard_json(build()))
         written.append(path)
     return written
 
@@ -69,5 +70,5 @@ def configmap_yaml(namespace: str = "monitoring") -> str:
 
 def write_configmap(path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(configmap_yaml(), encoding="utf-8")
+    write_text(path, configmap_yaml())
     return path

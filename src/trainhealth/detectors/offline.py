@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import os
+import stat
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -28,21 +29,32 @@ class SeriesError(ValueError):
 
 
 def load_series(path: str | os.PathLike[str]) -> pd.DataFrame:
-    """A CSV (optionally .gz) or Parquet file as a data frame; ``SeriesError`` when unreadable."""
+    """A CSV (optionally .gz) or Parquet file as a data frame; ``SeriesError`` naming the file when it is not
+    a readable regular file of that type, has no rows, or names a column twice."""
     path = Path(path)
-    if not path.is_file():
-        raise SeriesError(f"{path}: no such file")
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as exc:
+        raise SeriesError(f"{path}: {'no such file' if isinstance(exc, FileNotFoundError) else exc.strerror}") \
+            from None
+    if not stat.S_ISREG(mode):
+        raise SeriesError(f"{path}: not a regular file")
     try:
         if path.suffix.lower() == ".parquet":
             frame = pd.read_parquet(path)
         elif path.name.lower().endswith((".csv", ".csv.gz")):
             frame = pd.read_csv(path)
+            header = pd.read_csv(path, nrows=1, header=None, dtype=str).iloc[0].tolist()
+            repeated = sorted({str(name) for name in header if header.count(name) > 1})
+            if repeated:
+                raise SeriesError(f"{path}: the header names column {', '.join(map(repr, repeated))} twice")
         else:
             raise SeriesError(f"{path}: unknown file type; expected .csv, .csv.gz or .parquet")
     except SeriesError:
         raise
     except Exception as exc:
-        raise SeriesError(f"{path}: not readable: {str(exc).splitlines()[0]}") from None
+        raise SeriesError(f"{path}: not readable: {str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__}") \
+            from None
     if frame.empty:
         raise SeriesError(f"{path}: no rows")
     return frame
@@ -58,11 +70,14 @@ def detect(frame: pd.DataFrame, column: str, specs: Sequence[WatchSpec], *, seri
     for name in filter(None, (column, series_column, time_column)):
         if name not in frame.columns:
             raise SeriesError(f"no column {name!r}; columns: {', '.join(map(str, frame.columns))}")
-    values = pd.to_numeric(frame[column], errors="coerce")
-    bad = values.isna() & frame[column].notna() & ~frame[column].astype(str).str.lower().isin(["nan", "inf", "-inf"])
+    raw = frame[column]
+    values = pd.to_numeric(raw.map(_number) if raw.dtype == object else raw, errors="coerce")
+    bad = values.isna() & raw.notna() & ~raw.astype(str).str.lower().isin(["nan", "inf", "-inf"])
+    if pd.api.types.is_bool_dtype(raw.dtype) or pd.api.types.is_datetime64_any_dtype(raw.dtype):
+        bad = raw.notna()
     if bad.any():
         row = int(np.flatnonzero(bad.to_numpy())[0])
-        raise SeriesError(f"column {column!r}, row {row + 1}: not a number: {frame[column].iloc[row]!r}")
+        raise SeriesError(f"column {column!r}, row {row + 1}: not a number: {str(raw.iloc[row])[:60]!r}")
     data = frame.assign(_value=values)
     if series_column is None:
         data = data.assign(_series="")
@@ -81,6 +96,13 @@ def detect(frame: pd.DataFrame, column: str, specs: Sequence[WatchSpec], *, seri
             anomalies += update.closed
         anomalies += watch.active
     return sorted(anomalies, key=lambda a: (a.start_time, a.detector, a.series))
+
+
+def _number(value: object) -> object:
+    """A number, or text a number can be read from; anything else (lists, booleans) as NaN."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (str, int, float, np.number)):
+        return np.nan
+    return value
 
 
 def _seconds(index: pd.Index) -> list[float]:

@@ -7,7 +7,11 @@ update-to-parameter ratio and the cosine similarity of consecutive updates.
 Device values are read without stalling the loop (see
 :mod:`trainhealth.exporters.training.readout`), and the metric writes and detectors run
 on a background thread (:meth:`Monitor.flush` waits for them). Errors are counted in
-``trainhealth_exporter_errors_total`` and never reach the training loop.
+``trainhealth_exporter_errors_total`` and never reach the training loop; a signal that
+cannot be computed (a learning rate of ``None``, an optimizer it cannot hook, a missing
+gradient) is left out and counted, and the step's other signals are still recorded.
+:meth:`Monitor.close` returns within about ``otel_close_timeout`` (1.5 s) plus the time to
+read the last steps, whatever the OTLP endpoint does.
 
 The per-step path is :mod:`trainhealth.exporters.steps`, the collective-trace markers
 :mod:`trainhealth.exporters.markers`, the assembly helpers :mod:`trainhealth.exporters.wiring`;
@@ -45,7 +49,7 @@ from trainhealth.exporters.gpu.telemetry import GpuTelemetry
 from trainhealth.exporters.markers import StepMarkers
 from trainhealth.exporters.steps import LayerGroupStats, StepRecorder, StepStats
 from trainhealth.exporters.training.model_health import ModelHealth
-from trainhealth.exporters.wiring import base_optimizer, close_at_exit, cuda_uuid, parameter_stats
+from trainhealth.exporters.wiring import base_optimizer, close_at_exit, cuda_uuid, hookable_optimizer, parameter_stats
 from trainhealth.identity import Identity
 from trainhealth.sinks.service import Sinks
 from trainhealth.store import MetricStore
@@ -115,7 +119,8 @@ class Monitor:
         self.store = MetricStore(settings.store.max_series_per_metric)
         self.store.set_info(catalog.RANK_INFO, tuple(identity.info_labels.values()))
 
-        optimizer = base_optimizer(optimizer)
+        lr_source = base_optimizer(optimizer)
+        optimizer = hookable_optimizer(lr_source, self.store)  # None for one the Monitor cannot hook
         self._model = model
         stats, group_labels = parameter_stats(torch, model, optimizer, settings.training.max_layer_groups)
         self._closed = False
@@ -145,7 +150,7 @@ class Monitor:
             self.comm = comm_module.install(store=self.store, settings=settings, detectors=self.detectors)
         markers = StepMarkers(self.comm, self.store) if self.comm is not None else None
         self._recorder = StepRecorder(torch, self.store, settings.training, stats, group_labels, optimizer,
-                                      self.detectors, self.health, markers)
+                                      self.detectors, self.health, markers, lr_source=lr_source)
         self._hook(model, optimizer, markers)
         self._atexit = close_at_exit(self)
 
@@ -225,7 +230,10 @@ class Monitor:
             return []
 
     def close(self) -> None:
-        """Read the last device values, remove the hooks, export a last time and stop serving."""
+        """Read the last device values, remove the hooks, export a last time and stop serving.
+
+        The last OTLP push waits at most ``otel_close_timeout`` (1.5 s), whatever the endpoint does.
+        """
         if self._closed:
             return
         self._closed = True

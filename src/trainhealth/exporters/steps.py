@@ -5,7 +5,10 @@ per-layer norms and the update); :meth:`StepRecorder.record` queues the step's d
 values for a non-blocking read (:mod:`trainhealth.exporters.training.readout`); once read,
 the step becomes a :class:`StepStats` and is exported, and the detectors run, on the
 export thread (:mod:`trainhealth.exporters.training.worker`). Nothing here raises into
-the training loop: errors are counted in ``trainhealth_exporter_errors_total``.
+the training loop, and a signal that cannot be computed (a learning rate of ``None``, an
+optimizer without torch's ``param_groups``, a gradient norm that fails, a bad ``loss``) is
+left out of its step and counted in ``trainhealth_exporter_errors_total{source}``; the
+step and its other signals are still recorded.
 """
 
 from __future__ import annotations
@@ -13,8 +16,9 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from trainhealth import catalog
 from trainhealth.config import TrainingSettings
@@ -23,11 +27,13 @@ from trainhealth.exporters.markers import StepMarkers
 from trainhealth.exporters.training.model_health import ModelHealth
 from trainhealth.exporters.training.model_signals import SignalValues
 from trainhealth.exporters.training.param_stats import ParameterStats, UpdateStats
-from trainhealth.exporters.training.readout import DeferredReadout
+from trainhealth.exporters.training.readout import ON_DEVICE, DeferredReadout, StepValues, learning_rates
 from trainhealth.exporters.training.worker import OrderedWorker
 from trainhealth.store import MetricStore
 
 __all__ = ["LayerGroupStats", "StepRecorder", "StepStats"]
+
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True)
@@ -51,7 +57,8 @@ class StepStats:
     tokens: int | None
     tokens_per_second: float | None
     mfu: float | None
-    learning_rates: tuple[float, ...]
+    #: By parameter group; ``None`` for a group whose learning rate could not be read.
+    learning_rates: tuple[float | None, ...]
     param_norm: float | None = None
     update_ratio: float | None = None
     update_cosine: float | None = None
@@ -69,8 +76,8 @@ class _PendingStep:
     wall_time: float
     duration_s: float | None
     tokens: int | None
-    values: dict[str, float | None]
-    learning_rates: list[float | None]
+    values: dict[str, float]
+    learning_rates: list[float | object | None]
     fields: list[tuple[str, int]]
 
 
@@ -84,17 +91,23 @@ class _HookResults:
 
 
 class StepRecorder:
-    """Records the steps of one Monitor; built by it with the parts it assembled."""
+    """Records the steps of one Monitor; built by it with the parts it assembled.
+
+    ``optimizer`` is the optimizer whose step hooks take the gradient statistics (``None``:
+    they are taken in :meth:`record` from ``stats``' parameters); ``lr_source`` the object whose
+    ``param_groups`` give the learning rates (default ``optimizer``).
+    """
 
     def __init__(self, torch: Any, store: MetricStore, training: TrainingSettings, stats: ParameterStats,
                  group_labels: tuple[str, ...], optimizer: Any, detectors: SignalDetectors,
-                 health: ModelHealth | None, markers: StepMarkers | None) -> None:
+                 health: ModelHealth | None, markers: StepMarkers | None, *, lr_source: Any = None) -> None:
         self._torch = torch
         self._store = store
         self._training = training
         self.stats = stats
         self._group_labels = group_labels
         self._optimizer = optimizer
+        self._lr_source = optimizer if lr_source is None else lr_source
         self._detectors = detectors
         self._health = health
         self._markers = markers
@@ -116,11 +129,7 @@ class StepRecorder:
     def before_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         try:
             index = self._optimizer_steps
-            results = _HookResults()
-            if self.is_heavy(index):
-                results.grad_norm, results.group_grad_norms = self.stats.grad_norms_by_group()
-            elif not self._caller_supplies_grad_norm:
-                results.grad_norm = self.stats.grad_norm()
+            results = self._gradient_results(index)
             if self.is_heavy(index) or self.is_heavy(index + 1):
                 self.stats.snapshot_before_update()
             self._hook_results = results
@@ -173,85 +182,90 @@ class StepRecorder:
         self._worker.close()
 
     def _record(self, loss: Any, tokens: int | None, grad_norm: Any, step: int | None) -> None:
-        if tokens is not None and (isinstance(tokens, bool) or not isinstance(tokens, (int, float)) or tokens < 0):
-            raise ValueError(f"tokens must be a non-negative number, got {tokens!r}")
+        """Queue step ``step``; a signal that cannot be computed is counted and left out, the others go on."""
         now = time.perf_counter()
         previous = self._last_step_time
         duration = None if previous is None else now - previous
         self._last_step_time = now
         index = self._reported_steps
         self._reported_steps += 1
-        step_index = index if step is None else int(step)
-        if self._markers is not None:
-            self._markers.step(step_index, now)
+        step_index = index if step is None else self._guard("monitor", lambda: int(step), index)
+        if tokens is not None and (isinstance(tokens, bool) or not isinstance(tokens, (int, float))
+                                   or not 0 <= tokens < float("inf")):
+            self._store.record_error("monitor", ValueError(f"tokens must be a non-negative number, got {tokens!r}"))
+            tokens = None
+        markers, health = self._markers, self._health
+        if markers is not None:
+            self._guard("monitor", lambda: markers.step(step_index, now))
         results, self._hook_results = self._hook_results, _HookResults()
         if self._optimizer is None and self.stats.params:
-            results = self._gradient_results_without_optimizer(index)
+            results = self._guard("grad_norm", lambda: self._gradient_results(index), _HookResults())
+
+        reading = StepValues(self._torch, self._store)
+        reading.add("loss", loss, source="monitor")
         if grad_norm is not None:
             self._caller_supplies_grad_norm = True
-            results.grad_norm = grad_norm
-
-        tensors: list[Any] = []
-        fields: list[tuple[str, int]] = []
-        values: dict[str, float | None] = {}
-
-        def add(name: str, value: Any, length: int = 1) -> None:
-            if value is None:
-                return
-            if isinstance(value, self._torch.Tensor):
-                if value.numel() != length:
-                    raise ValueError(f"{name}: expected {length} value(s), got a tensor of shape {tuple(value.shape)}")
-                tensors.append(value)
-                fields.append((name, length))
-            else:
-                values[name] = float(value)
-
-        add("loss", loss)
-        add("grad_norm", results.grad_norm)
-        if self._health is not None:
-            for name, tensor, length in self._health.device_values(index):
-                add(name, tensor, length)
+            reading.add("grad_norm", grad_norm, source="monitor")
+        else:
+            reading.add("grad_norm", results.grad_norm)
+        if health is not None:
+            for name, tensor, length in self._guard("monitor", lambda: health.device_values(index), []):
+                reading.add(name, tensor, length, source="monitor")
         n_groups = len(self._group_labels)
-        add("group_grad_norms", results.group_grad_norms, n_groups)
+        reading.add("group_grad_norms", results.group_grad_norms, n_groups)
         if results.update is not None:
-            add("group_update_norms", results.update.update_norms, n_groups)
-            add("group_param_norms", results.update.param_norms, n_groups)
-            add("update_norm", results.update.total_update)
-            add("param_norm", results.update.total_param)
-            add("update_cosine", results.update.cosine)
+            reading.add("group_update_norms", results.update.update_norms, n_groups)
+            reading.add("group_param_norms", results.update.param_norms, n_groups)
+            reading.add("update_norm", results.update.total_update)
+            reading.add("param_norm", results.update.total_param)
+            reading.add("update_cosine", results.update.cosine)
         elif self._optimizer is None and self.stats.params and self.is_heavy(index):
-            total, by_group = self.stats.param_norms_by_group()
-            add("param_norm", total)
-            add("group_param_norms", by_group, n_groups)
-
-        learning_rates: list[float | None] = []
-        if self._optimizer is not None:
-            for position, group in enumerate(self._optimizer.param_groups):
-                lr = group.get("lr")
-                if isinstance(lr, self._torch.Tensor):
-                    add(f"lr{position}", lr)
-                    learning_rates.append(None)
-                else:
-                    learning_rates.append(None if lr is None else float(lr))
+            total, by_group = self._guard("param_norm", self.stats.param_norms_by_group, (None, None))
+            reading.add("param_norm", total)
+            reading.add("group_param_norms", by_group, n_groups)
+        rates = learning_rates(self._lr_source, reading) if self._lr_source is not None else []
         pending = _PendingStep(
             step=step_index,
             index=index,
             wall_time=time.time(),
             duration_s=duration,
             tokens=None if tokens is None else int(tokens),
-            values=values,
-            learning_rates=learning_rates,
-            fields=fields,
+            values=reading.values,
+            learning_rates=rates,
+            fields=reading.fields,
         )
-        self._readout.submit(tensors, pending)
-        if self._health is not None:
-            self._health.after_step(index, step_index)  # the cross-replica checks: collectives, same step everywhere
+        try:
+            self._readout.submit(reading.tensors, pending)
+        except Exception as exc:  # a tensor the readout cannot copy: keep the step and its host values
+            self._store.record_error("monitor", exc)
+            pending.fields = []
+            pending.learning_rates = [None if lr is ON_DEVICE else lr for lr in rates]
+            self._readout.submit([], pending)
+        if health is not None:
+            self._guard("monitor", lambda: health.after_step(index, step_index))
 
-    def _gradient_results_without_optimizer(self, index: int) -> _HookResults:
+    def _guard(self, source: str, compute: Callable[[], _T], fallback: Any = None) -> Any:
+        """``compute()``, or ``fallback`` with the error counted under ``source``."""
+        try:
+            return compute()
+        except Exception as exc:
+            self._store.record_error(source, exc)
+            return fallback
+
+    def _gradient_results(self, index: int) -> _HookResults:
+        """Step ``index``'s gradient norms (device tensors); none, counted, when no parameter has a gradient."""
         results = _HookResults()
-        if self.is_heavy(index):
+        heavy = self.is_heavy(index)
+        if not heavy and self._caller_supplies_grad_norm:
+            return results
+        if self.stats.params and not self.stats.has_gradients():  # a zero norm would read as vanishing gradients
+            self._store.record_error("grad_norm", LookupError(
+                "no watched parameter has a gradient (optimizer or Monitor step before backward, or after "
+                "zero_grad): this step's gradient norms are left out"))
+            return results
+        if heavy:
             results.grad_norm, results.group_grad_norms = self.stats.grad_norms_by_group()
-        elif not self._caller_supplies_grad_norm:
+        else:
             results.grad_norm = self.stats.grad_norm()
         return results
 
@@ -263,15 +277,18 @@ class StepRecorder:
             read[name] = chunk[0] if length == 1 else chunk
             offset += length
         learning_rates = tuple(
-            read[f"lr{i}"] if lr is None else lr for i, lr in enumerate(pending.learning_rates)
+            read.get(f"lr{i}") if lr is ON_DEVICE else lr for i, lr in enumerate(pending.learning_rates)
         )
-        stats = self._step_stats(pending, read, learning_rates)
-        if self._health is not None:
-            stats = dataclasses.replace(stats, signals=self._health.signal_values(pending.index, read))
+        stats = self._step_stats(pending, read, learning_rates)  # type: ignore[arg-type]  # no ON_DEVICE left
+        health = self._health
+        if health is not None:
+            signals = self._guard("monitor", lambda: health.signal_values(pending.index, read))
+            stats = dataclasses.replace(stats, signals=signals)
         self.latest = stats
         self._worker.submit(self._export, stats, pending.wall_time)
 
-    def _step_stats(self, pending: _PendingStep, read: dict[str, Any], learning_rates: tuple[float, ...]) -> StepStats:
+    def _step_stats(self, pending: _PendingStep, read: dict[str, Any],
+                    learning_rates: tuple[float | None, ...]) -> StepStats:
         duration = pending.duration_s
         throughput = None
         if pending.tokens is not None and duration is not None and duration > 0:
@@ -341,12 +358,19 @@ class StepRecorder:
         loss_spike_began = False
         for signal, value in (("loss", stats.loss), ("grad_norm", stats.grad_norm),
                               ("step_time", stats.duration_s), ("throughput", stats.tokens_per_second)):
-            if value is not None:
+            if value is None:
+                continue
+            try:
                 opened = self._detectors.observe(signal, value, step=stats.step)
-                if signal == "loss":
-                    loss_spike_began = any(anomaly.detector != "nonfinite" for anomaly in opened)
-        if self._health is not None:
-            self._health.export(stats.step, wall_time, stats.loss, stats.signals, loss_spike_began)
+            except Exception as exc:  # a failing detector leaves the metrics and the other signals
+                self._store.record_error("detectors", exc)
+                continue
+            if signal == "loss":
+                loss_spike_began = any(anomaly.detector != "nonfinite" for anomaly in opened)
+        health = self._health
+        if health is not None:
+            self._guard("monitor", lambda: health.export(stats.step, wall_time, stats.loss, stats.signals,
+                                                         loss_spike_began))
 
 
 def _set_if(store: MetricStore, spec: catalog.MetricSpec, value: float | None, labels: tuple[str, ...] = ()) -> None:

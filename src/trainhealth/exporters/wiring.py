@@ -1,5 +1,5 @@
-"""What the Monitor needs to assemble itself: the optimizer under wrappers, the parameters to watch,
-the GPU's UUID, and closing at interpreter exit."""
+"""What the Monitor needs to assemble itself: the optimizer under wrappers (and whether it can be
+hooked), the parameters to watch, the GPU's UUID, and closing at interpreter exit."""
 
 from __future__ import annotations
 
@@ -8,10 +8,12 @@ import logging
 import weakref
 from typing import Any, Protocol
 
+
 from trainhealth.exporters.training.layer_groups import group_parameters
 from trainhealth.exporters.training.param_stats import ParameterStats
+from trainhealth.store import MetricStore
 
-__all__ = ["base_optimizer", "close_at_exit", "cuda_uuid", "parameter_stats"]
+__all__ = ["base_optimizer", "close_at_exit", "cuda_uuid", "hookable_optimizer", "parameter_stats"]
 
 log = logging.getLogger(__name__)
 
@@ -21,6 +23,37 @@ def base_optimizer(optimizer: Any) -> Any:
     while optimizer is not None and not hasattr(optimizer, "_optimizer_step_pre_hooks") and hasattr(
             optimizer, "optimizer"):
         optimizer = optimizer.optimizer
+    return optimizer
+
+
+def hookable_optimizer(optimizer: Any, store: MetricStore) -> Any:
+    """``optimizer`` when the Monitor can hook it as a ``torch.optim.Optimizer``, else ``None``.
+
+    It needs ``param_groups`` (each with ``params``) and the step hooks. Any other optimizer
+    is counted once in ``trainhealth_exporter_errors_total{source="optimizer"}``; the Monitor
+    then takes the gradient statistics from the model's parameters in ``Monitor.step``.
+
+    >>> from trainhealth import catalog
+    >>> class Custom:
+    ...     def step(self): ...
+    >>> store = MetricStore()
+    >>> hookable_optimizer(Custom(), store) is None, store.value(catalog.EXPORTER_ERRORS, ("optimizer",))
+    (True, 1.0)
+    """
+    if optimizer is None:
+        return None
+    try:
+        for group in optimizer.param_groups:
+            list(group["params"])
+        missing = [name for name in ("register_step_pre_hook", "register_step_post_hook")
+                   if not callable(getattr(optimizer, name, None))]
+        if missing:
+            raise TypeError(f"no {' or '.join(missing)}")
+    except Exception as exc:
+        store.record_error("optimizer", TypeError(f"cannot hook {type(optimizer).__name__} as a torch optimizer "
+                                                  f"({type(exc).__name__}: {exc}); its statistics come from the "
+                                                  f"model's parameters"))
+        return None
     return optimizer
 
 

@@ -9,6 +9,15 @@ and when and how long the last run was. It keeps no state between runs beyond
 what it publishes, so it can be killed and restarted at any time: the next run
 rebuilds everything from the source.
 
+A run that fails — an unreadable source, a bad answer from Prometheus, anything
+the localizer cannot use — never stops the service: it is logged in one line,
+counted in ``trainhealth_exporter_errors_total{source="analyze"}``, and the last
+verdict stays served, marked ``trainhealth_analysis_stale`` 1, with
+``trainhealth_analysis_consecutive_failures`` runs failed since the last good one.
+After a failure the next run waits twice the interval (start to start), so a
+struggling Prometheus is asked half as often, and a fresh verdict comes at most
+two intervals after it answers well again.
+
 >>> from trainhealth.lab.simulator.cluster import ClusterLayout
 >>> from trainhealth.lab.simulator.simulate import ClusterFaultKind, InjectedFault, Scenario, simulate
 >>> from trainhealth.localize.sources import Window
@@ -22,6 +31,14 @@ rebuilds everything from the source.
 >>> result = Analyzer(Fixed(), store).run_once()
 >>> [(labels, round(value, 2)) for labels, value in store.series(catalog.SUSPECT_SCORE)][:1]
 [(('5', 'sim-node-0000', '5', 'gpu', 'gpu:rank-5'), 1.0)]
+>>> class Gone:
+...     def describe(self): return "a source that went away"
+...     def read(self): raise SourceError("no such directory")
+>>> analyzer = Analyzer(Gone(), store)
+>>> analyzer.run_once() is None, store.value(catalog.ANALYSIS_STALE), analyzer.delay(30.0)
+(True, 1.0, 60.0)
+>>> store.value(catalog.ANALYSIS_VERDICT, ("compute",))  # the last verdict, still served
+1.0
 """
 
 from __future__ import annotations
@@ -40,7 +57,10 @@ from trainhealth.localize.sources import SourceError, Window
 from trainhealth.store import MetricStore
 from trainhealth.traces.format import TraceError
 
-__all__ = ["Analyzer", "Source"]
+__all__ = ["MAX_BACKOFF", "Analyzer", "Source"]
+
+#: the longest wait between runs after failures, in intervals: a fresh verdict within two intervals of recovery
+MAX_BACKOFF = 2.0
 
 log = logging.getLogger(__name__)
 
@@ -58,35 +78,65 @@ class Analyzer:
         self.source = source
         self.store = store
         self.thresholds = thresholds or Thresholds()
+        self.failures = 0  # runs failed in a row
         self._published: set[tuple[str, ...]] = set()
         self._ranks: set[tuple[str, ...]] = set()
 
     def run_once(self, strict: bool = False) -> LocalizationResult | None:
-        """One run: read, localize, publish. A failed read is logged and counted (the last result stays),
-        or with ``strict`` raised."""
+        """One run: read, localize, publish. A failure is logged in one line and counted, and the last result
+        stays served, marked stale; with ``strict`` it is raised instead."""
         began = time.perf_counter()
         try:
             window = self.source.read()
+            for note in window.notes:
+                log.warning("trainhealth analyze: %s", _one_line(note))
             result = localize(window.records, window.topology, self.thresholds, window.probe)
+            self.publish(result, _gpus(window.records), time.perf_counter() - began)
         except (SourceError, TraceError) as exc:
             if strict:
                 raise
-            log.warning("trainhealth analyze: %s", exc)
-            self.store.record_error("analyze")
+            self._failed(str(exc))
             return None
-        for note in window.notes:
-            log.warning("trainhealth analyze: %s", note)
-        self.publish(result, _gpus(window.records), time.perf_counter() - began)
+        except Exception as exc:  # whatever the input did to the localizer, the service stays up
+            if strict:
+                raise
+            self._failed(f"{type(exc).__name__}: {exc}", exc)
+            return None
+        self.failures = 0
+        self.store.set(catalog.ANALYSIS_STALE, 0.0)
+        self.store.set(catalog.ANALYSIS_CONSECUTIVE_FAILURES, 0.0)
         return result
 
+    def delay(self, interval: float) -> float:
+        """Seconds from the start of one run to the start of the next: ``interval``, doubled per failed run
+        in a row up to ``MAX_BACKOFF`` intervals."""
+        return interval * min(2.0 ** min(self.failures, 16), MAX_BACKOFF)
+
     def run(self, interval: float, stop: threading.Event) -> None:
-        """Run every ``interval`` seconds until ``stop`` is set."""
+        """Run every ``interval`` seconds (longer after failures: :meth:`delay`) until ``stop`` is set."""
         while not stop.is_set():
+            began = time.monotonic()
             result = self.run_once()
             if result is not None:
                 top = result.suspects[0].component if result.suspects else "-"
                 log.info("trainhealth analyze: %s, top suspect %s", result.verdict, top)
-            stop.wait(interval)
+            stop.wait(max(0.0, began + self.delay(interval) - time.monotonic()))
+
+    def _failed(self, message: str, exc: BaseException | None = None) -> None:
+        """Log one line, count the error, mark what is served as stale. Every failure is logged: runs are an
+        interval or two apart, so the log stays small (``MetricStore.record_error`` would add a second line)."""
+        self.failures += 1
+        log.warning("trainhealth analyze: %s (%d failed run%s in a row; %s)", _one_line(message), self.failures,
+                    "" if self.failures == 1 else "s",
+                    "serving the last verdict, stale" if self._served() else "no verdict yet")
+        if exc is not None:
+            log.debug("trainhealth analyze: the failed run's traceback", exc_info=exc)
+        self.store.inc(catalog.EXPORTER_ERRORS, 1.0, ("analyze",))
+        self.store.set(catalog.ANALYSIS_STALE, 1.0)
+        self.store.set(catalog.ANALYSIS_CONSECUTIVE_FAILURES, float(self.failures))
+
+    def _served(self) -> bool:
+        return self.store.value(catalog.ANALYSIS_LAST_RUN_TIMESTAMP) is not None
 
     def publish(self, result: LocalizationResult, gpus: dict[int, int], seconds: float) -> None:
         for verdict in VERDICTS:
@@ -116,6 +166,12 @@ class Analyzer:
         self.store.set(catalog.ANALYSIS_RANKS, float(result.details.get("window", {}).get("ranks", 0)))
         self.store.set(catalog.ANALYSIS_DURATION, seconds)
         self.store.set(catalog.ANALYSIS_LAST_RUN_TIMESTAMP, time.time())
+
+
+def _one_line(text: str, limit: int = 500) -> str:
+    """A message on one log line (paths and upstream text may hold newlines), at most ``limit`` characters."""
+    text = text.replace("\r", "\\r").replace("\n", "\\n")
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _labels(suspect: Suspect, gpus: dict[int, int]) -> tuple[str, ...]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import warnings
 from dataclasses import dataclass
 
@@ -38,8 +39,8 @@ class Thresholds:
 
     def __post_init__(self) -> None:
         for name in ("gpu_z", "collectives_z", "link_z", "irregular", "straggler_z", "path_z"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"{name} must be positive")
+            if not 0 < getattr(self, name) < math.inf:
+                raise ValueError(f"{name} must be positive and finite")
         if not 0 < self.decay <= 1:
             raise ValueError("decay must be in (0, 1]")
 

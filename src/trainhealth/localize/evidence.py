@@ -166,8 +166,8 @@ def _codes(values: np.ndarray | pd.Series) -> tuple[np.ndarray, np.ndarray]:
 def _strings(column: pd.Series) -> np.ndarray:
     """A string column as a numpy array of ``str`` (cheap for categoricals: only the categories are converted)."""
     categorical = pd.Categorical(column)
-    names = np.asarray(categorical.categories.astype(str), dtype=object)
-    return np.where(categorical.codes >= 0, names[np.maximum(categorical.codes, 0)], "")
+    names = np.append(np.asarray(categorical.categories.astype(str), dtype=object), "")  # "" for missing values
+    return names[np.where(categorical.codes >= 0, categorical.codes, len(names) - 1)]
 
 
 def rank_hosts(records: pd.DataFrame, hosts: Mapping[int, str] | None) -> dict[int, str]:

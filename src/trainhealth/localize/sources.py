@@ -14,11 +14,15 @@ Both return trace format v1 records, so one localizer serves both.
   in collectives, ``trainhealth_train_step_compute_seconds_total``), or, from
   ranks of older versions, the mean step time less the collective time per step.
   In this mode a trace "step" is one query interval.
+
+Neither raises anything but :class:`SourceError` (one line) for input it cannot use:
+the analyzer counts that, keeps serving its last verdict and tries again.
 """
 
 from __future__ import annotations
 
 import base64
+import http.client
 import json
 import logging
 import math
@@ -35,6 +39,7 @@ import numpy as np
 import pandas as pd
 
 from trainhealth import catalog
+from trainhealth.knowledge.promql import string_literal
 from trainhealth.traces.format import TraceError, validate
 from trainhealth.traces.io import is_trace_file, read_trace_file
 from trainhealth.traces.topology import TOPOLOGY_FILE, Topology
@@ -42,7 +47,14 @@ from trainhealth.traces.topology import TOPOLOGY_FILE, Topology
 #: the link probe's result, read from a trace directory beside the traces (``trainhealth probe --out``)
 PROBE_FILE = "probe.json"
 
-__all__ = ["PROBE_FILE", "PrometheusClient", "PrometheusSource", "SourceError", "TraceDirectory", "Window", "load_probe"]
+#: the longest a collective or a step's compute may plausibly take (a day); longer durations are left out
+MAX_SECONDS = 86400.0
+_IMPLAUSIBLE = object()  # a sample that cannot be a timing of the window
+
+__all__ = [
+    "MAX_SECONDS", "PROBE_FILE", "PrometheusClient", "PrometheusSource", "Series", "SourceError", "TraceDirectory",
+    "Window", "load_probe",
+]
 
 log = logging.getLogger(__name__)
 
@@ -75,11 +87,17 @@ class TraceDirectory:
         if not self.directory.is_dir():
             raise SourceError(f"{self.directory}: no such directory")
         frames, notes = [], []
-        for path in sorted(p for p in self.directory.iterdir() if p.is_file() and is_trace_file(p)):
+        try:
+            paths = sorted(p for p in self.directory.iterdir() if p.is_file() and is_trace_file(p))
+        except OSError as exc:
+            raise SourceError(f"{self.directory}: cannot list it: {exc.strerror or exc}") from None
+        for path in paths:
             try:
                 frames.append(read_trace_file(path))
             except TraceError as exc:
                 notes.append(f"skipped {exc}")
+            except OSError as exc:  # unreadable, or gone between listing and reading
+                notes.append(f"skipped {path}: {exc.strerror or exc}")
         if not frames:
             raise SourceError(f"{self.directory}: no readable trace files yet")
         records = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
@@ -91,6 +109,8 @@ class TraceDirectory:
                 topology = Topology.load(self.directory / TOPOLOGY_FILE)
             except TraceError as exc:
                 notes.append(f"ignored {exc}")
+            except OSError as exc:
+                notes.append(f"ignored {self.directory / TOPOLOGY_FILE}: {exc.strerror or exc}")
         probe, problem = load_probe(self.directory / PROBE_FILE)
         if problem:
             notes.append(problem)
@@ -110,8 +130,23 @@ def load_probe(path: Path) -> tuple[Any, str | None]:
 
 
 @dataclass(frozen=True)
+class Series:
+    """One series of a Prometheus answer: its labels and its (unix time, value) samples, values as parsed
+    (``NaN`` and infinities kept: a rate over an interval without events is ``NaN``)."""
+
+    labels: dict[str, str]
+    samples: tuple[tuple[float, float], ...]
+
+
+@dataclass(frozen=True)
 class PrometheusClient:
-    """A minimal client of Prometheus's HTTP API (``/api/v1/query`` and ``/api/v1/query_range``)."""
+    """A minimal client of Prometheus's HTTP API (``/api/v1/query`` and ``/api/v1/query_range``).
+
+    Every way an answer can be bad — no connection, no answer within ``timeout`` seconds (the whole answer,
+    not each read), an HTTP error, more than ``max_bytes``, bytes that are not JSON, JSON that is not an
+    answer of the kind asked for, ``"status": "error"`` — raises :class:`SourceError` with one line that
+    says which; nothing else escapes.
+    """
 
     url: str
     timeout: float = 10.0
@@ -119,35 +154,58 @@ class PrometheusClient:
     bearer_token_file: str | None = None
     basic_auth_username: str | None = None
     basic_auth_password_file: str | None = field(default=None, repr=False)
+    max_bytes: int = 256 * 2**20
 
-    def query(self, promql: str) -> list[dict[str, Any]]:
-        return self._get("/api/v1/query", {"query": promql})
+    def query(self, promql: str) -> list[Series]:
+        """An instant query whose answer is a vector (one sample per series)."""
+        return _series(self._get("/api/v1/query", {"query": promql}), "vector", f"Prometheus at {self.url}")
 
-    def query_range(self, promql: str, start: float, end: float, step: float) -> list[dict[str, Any]]:
-        return self._get("/api/v1/query_range", {"query": promql, "start": f"{start:.3f}", "end": f"{end:.3f}",
+    def query_range(self, promql: str, start: float, end: float, step: float) -> list[Series]:
+        """A range query (a matrix: the samples every ``step`` seconds from ``start`` to ``end``)."""
+        body = self._get("/api/v1/query_range", {"query": promql, "start": f"{start:.3f}", "end": f"{end:.3f}",
                                                  "step": f"{step:g}"})
+        return _series(body, "matrix", f"Prometheus at {self.url}")
 
-    def _get(self, path: str, params: dict[str, str]) -> list[dict[str, Any]]:
-        request = urllib.request.Request(f"{self.url.rstrip('/')}{path}?{urllib.parse.urlencode(params)}")
-        for name, value in self._headers().items():
-            request.add_header(name, value)
-        context = ssl.create_default_context(cafile=self.ca_file) if self.url.startswith("https") else None
+    def _get(self, path: str, params: dict[str, str]) -> object:
+        where = f"Prometheus at {self.url}"
         try:
+            request = urllib.request.Request(f"{self.url.rstrip('/')}{path}?{urllib.parse.urlencode(params)}")
+            for name, value in self._headers().items():
+                request.add_header(name, value)
+            context = ssl.create_default_context(cafile=self.ca_file) if self.url.startswith("https") else None
+            deadline = time.monotonic() + self.timeout
             with urllib.request.urlopen(request, timeout=self.timeout, context=context) as response:
-                body = json.loads(response.read())
+                raw = self._read(response, deadline)
         except urllib.error.HTTPError as exc:
-            detail = ""
-            try:
-                detail = json.loads(exc.read()).get("error", "")
-            except (ValueError, OSError):
-                pass
-            raise SourceError(f"Prometheus at {self.url} answered {exc.code}: {detail or exc.reason}") from None
-        except (urllib.error.URLError, OSError, ValueError) as exc:
-            reason = getattr(exc, "reason", exc)
-            raise SourceError(f"cannot query Prometheus at {self.url}: {reason}") from None
-        if body.get("status") != "success":
-            raise SourceError(f"Prometheus at {self.url}: {body.get('error', 'query failed')}")
-        return list(body["data"]["result"])
+            raise SourceError(f"{where} answered {exc.code}: {_error_detail(exc) or exc.reason}") from None
+        except TimeoutError:
+            raise SourceError(f"{where} did not answer within {self.timeout:g}s") from None
+        except urllib.error.URLError as exc:
+            if isinstance(exc.reason, TimeoutError):
+                raise SourceError(f"{where} did not answer within {self.timeout:g}s") from None
+            raise SourceError(f"cannot query {where}: {_one_line(exc.reason)}") from None
+        except (OSError, http.client.HTTPException, ValueError) as exc:  # reset, torn or garbled HTTP, a bad URL
+            raise SourceError(f"cannot query {where}: {type(exc).__name__}: {_one_line(exc)}") from None
+        try:
+            return json.loads(raw)
+        except (ValueError, RecursionError) as exc:  # garbage, truncated, not UTF-8, nested too deep
+            raise SourceError(f"{where} answered something that is not JSON ({len(raw)} bytes: "
+                              f"{_one_line(exc)})") from None
+
+    def _read(self, response: http.client.HTTPResponse, deadline: float) -> bytes:
+        """The body, within the deadline (a server that trickles bytes times out too) and ``max_bytes``."""
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            if time.monotonic() > deadline:
+                raise TimeoutError
+            chunk = response.read1(65536)
+            if not chunk:
+                return b"".join(chunks)
+            size += len(chunk)
+            if size > self.max_bytes:
+                raise SourceError(f"Prometheus at {self.url} answered more than {self.max_bytes} bytes")
+            chunks.append(chunk)
 
     def _headers(self) -> dict[str, str]:
         if self.bearer_token_file:
@@ -156,6 +214,92 @@ class PrometheusClient:
             pair = f"{self.basic_auth_username}:{_read_secret(self.basic_auth_password_file)}".encode()
             return {"Authorization": "Basic " + base64.b64encode(pair).decode()}
         return {}
+
+
+def _error_detail(exc: urllib.error.HTTPError) -> str:
+    """Prometheus's ``error`` text from an error answer, when the body is one (first 4 KiB)."""
+    try:
+        body = json.loads(exc.read(4096))
+    except (ValueError, RecursionError, OSError, http.client.HTTPException):
+        return ""
+    error = body.get("error") if isinstance(body, dict) else None
+    return _one_line(error) if isinstance(error, str) else ""
+
+
+def _series(body: object, kind: str, where: str = "Prometheus") -> list[Series]:
+    """The series of an answer of ``kind`` (``vector`` or ``matrix``) from ``where``; any other shape is a
+    SourceError.
+
+    >>> _series({"status": "success", "data": {"resultType": "vector", "result": [
+    ...     {"metric": {"rank": "0"}, "value": [1700000000.5, "0.25"]}]}}, "vector")
+    [Series(labels={'rank': '0'}, samples=((1700000000.5, 0.25),))]
+    >>> _series({"status": "success", "data": {"result": {"rank": "0"}}}, "matrix")
+    Traceback (most recent call last):
+    trainhealth.localize.sources.SourceError: Prometheus answered JSON of an unexpected shape: data.resultType is None, not 'matrix'
+    """
+
+    def _shape(problem: str) -> SourceError:
+        return SourceError(f"{where} answered JSON of an unexpected shape: {problem}")
+
+    def _sample(pair: object, at: str) -> tuple[float, float]:
+        """``[unix time, "value"]`` as two floats; the value may be NaN or infinite ("NaN", "+Inf")."""
+        if not isinstance(pair, list) or len(pair) != 2:
+            raise _shape(f"{at} is not a [time, value] pair")
+        t, value = pair
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t):
+            raise _shape(f"{at} has no finite time")
+        if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+            raise _shape(f"{at} has no value")
+        try:
+            return float(t), float(value)
+        except (ValueError, OverflowError):
+            raise _shape(f"{at} has a value that is not a number") from None
+
+    if not isinstance(body, dict):
+        raise _shape(f"the answer is a {type(body).__name__}, not an object")
+    status = body.get("status")
+    if status == "error":
+        raise SourceError(f"{where} refused the query: {_one_line(body.get('errorType', 'error'))}: "
+                          f"{_one_line(body.get('error', ''))}")
+    if status != "success":
+        raise _shape(f"status is {_one_line(status)}, not success")
+    data = body.get("data")
+    if not isinstance(data, dict):
+        raise _shape("data is not an object")
+    if data.get("resultType") != kind:
+        raise _shape(f"data.resultType is {_one_line(data.get('resultType'))}, not {kind!r}")
+    result = data.get("result")
+    if not isinstance(result, list):
+        raise _shape("data.result is not a list")
+    out = []
+    for index, item in enumerate(result):
+        at = f"data.result[{index}]"
+        if not isinstance(item, dict):
+            raise _shape(f"{at} is not an object")
+        labels = item.get("metric")
+        if not isinstance(labels, dict) or not all(isinstance(k, str) and isinstance(v, str)
+                                                   for k, v in labels.items()):
+            raise _shape(f"{at}.metric is not an object of label names and values")
+        samples: tuple[tuple[float, float], ...]
+        if kind == "vector":
+            samples = (_sample(item.get("value"), f"{at}.value"),)
+        else:
+            values = item.get("values")
+            if not isinstance(values, list):
+                raise _shape(f"{at}.values is not a list")
+            samples = tuple(_sample(pair, f"{at}.values[{i}]") for i, pair in enumerate(values))
+        out.append(Series(labels, samples))
+    return out
+
+
+def _one_line(value: object, limit: int = 200) -> str:
+    """``value`` as text on one line, at most ``limit`` characters (upstream text goes into one log line).
+
+    >>> _one_line("bad\\nquery " + "x" * 300)[:20], len(_one_line("x" * 300))
+    ('bad query xxxxxxxxxx', 200)
+    """
+    text = " ".join(str(value).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _read_secret(path: str) -> str:
@@ -167,7 +311,12 @@ def _read_secret(path: str) -> str:
 
 @dataclass(frozen=True)
 class PrometheusSource:
-    """Per-rank collective and step aggregates over the last ``window`` seconds, in ``step``-second intervals."""
+    """Per-rank collective and step aggregates over the last ``window`` seconds, in ``step``-second intervals.
+
+    ``job`` is matched as a PromQL string literal (:func:`~trainhealth.knowledge.promql.string_literal`), so any
+    job name selects exactly that job. Samples that cannot be timings of this window (an infinite or implausibly
+    long duration, a time outside the window, a rank label that is not a rank) are left out and noted.
+    """
 
     client: PrometheusClient
     job: str | None = None
@@ -175,7 +324,7 @@ class PrometheusSource:
     step: float = 30.0
 
     def describe(self) -> str:
-        return f"Prometheus at {self.client.url}" + (f" (job {self.job})" if self.job else "")
+        return f"Prometheus at {self.client.url}" + (f" (job {_one_line(repr(self.job))})" if self.job else "")
 
     def read(self) -> Window:
         end = time.time()
@@ -200,23 +349,32 @@ class PrometheusSource:
             comm_per_step = self.client.query_range(
                 f"sum by ({by_rank}) (rate({self._select(comm_sum)}{interval})) / "
                 f"sum by ({by_rank}) (rate({self._select(step_count)}{interval}))", start, end, self.step)
-        gpus = {(row["metric"].get("job"), row["metric"].get("rank")): row["metric"].get("local_rank")
-                for row in self.client.query(self._select(catalog.RANK_INFO.prometheus_name))}
-        rows = [self._row(series["metric"], t, value, start, gpus)
-                for series in collectives for t, value in series["values"]]
+        gpus = {(series.labels.get("job"), series.labels.get("rank")): series.labels.get("local_rank")
+                for series in self.client.query(self._select(catalog.RANK_INFO.prometheus_name))}
+        rows = [self._row(series.labels, t, value, start, end, gpus)
+                for series in collectives for t, value in series.samples]
         if compute:
-            rows += [self._row({**series["metric"], "op": "compute"}, t, value, start, gpus)
-                     for series in compute for t, value in series["values"]]
+            rows += [self._row({**series.labels, "op": "compute"}, t, value, start, end, gpus)
+                     for series in compute for t, value in series.samples]
         else:
-            rows += self._compute_rows(step_mean, comm_per_step, start, gpus)
-        frame = pd.DataFrame([row for row in rows if row is not None])
+            rows += self._compute_rows(step_mean, comm_per_step, start, end, gpus)
+        dropped = sum(1 for row in rows if row is _IMPLAUSIBLE)
+        notes: tuple[str, ...] = ()
+        if dropped:
+            notes = ((f"left out {dropped} samples that cannot be timings of this window: a duration infinite or "
+                      f"over {MAX_SECONDS:g} s, a time outside it or a rank label that is not a rank"),)
+        frame = pd.DataFrame([row for row in rows if isinstance(row, dict)])
         if frame.empty:
-            raise SourceError(f"no collectives completed in {self.describe()} over the last {self.window:g}s")
+            raise SourceError(f"no collectives completed in {self.describe()} over the last {self.window:g}s"
+                              + (f"; {notes[0]}" if notes else ""))
         frame["seq"] = frame["step"].where(frame["op"] != "compute")
         frame.loc[frame["op"] == "compute", "group"] = None
-        return Window(validate(frame, self.describe()), None)
+        try:
+            return Window(validate(frame, self.describe()), None, notes)
+        except TraceError as exc:
+            raise SourceError(str(exc)) from None
 
-    def _measured_compute(self, interval: str, start: float, end: float, by_rank: str) -> list[dict[str, Any]]:
+    def _measured_compute(self, interval: str, start: float, end: float, by_rank: str) -> list[Series]:
         """Per rank, seconds per step computing (step time less the time blocked in collectives), as the
         ranks measure it themselves (trainhealth_train_step_compute_seconds_total); empty when not exported."""
         compute_total = catalog.TRAIN_STEP_COMPUTE.prometheus_name
@@ -226,33 +384,36 @@ class PrometheusSource:
             f"sum by ({by_rank}) (rate({self._select(steps_total)}{interval}))", start, end, self.step)
 
     def _select(self, metric: str) -> str:
-        return f'{metric}{{job="{self.job}"}}' if self.job else metric
+        return f"{metric}{{job={string_literal(self.job)}}}" if self.job else metric
 
-    def _row(self, labels: dict[str, str], t: float, value: str, start: float,
-             gpus: dict[tuple[Any, Any], Any]) -> dict[str, Any] | None:
-        duration = float(value)
-        if not math.isfinite(duration) or duration < 0 or not labels.get("rank", "").isdigit():
+    def _row(self, labels: dict[str, str], t: float, value: float, start: float, end: float,
+             gpus: dict[tuple[Any, Any], Any]) -> dict[str, Any] | object | None:
+        """One record; None for NaN (an interval without operations) and a negative difference (compute
+        derived from two rates), ``_IMPLAUSIBLE`` for what cannot be a timing of the window."""
+        if math.isnan(value) or -MAX_SECONDS <= value < 0:
             return None
-        row = {"rank": int(labels["rank"]), "step": round((float(t) - start) / self.step),
-               "op": labels.get("op", ""), "group": labels.get("group", ""), "start": float(t), "duration": duration,
-               "host": labels.get("host") or None}
-        gpu = gpus.get((labels.get("job"), labels.get("rank")))
-        if gpu is not None and str(gpu).isdigit():
+        rank = labels.get("rank", "")
+        if (not 0 <= value <= MAX_SECONDS or not start - self.step <= t <= end + self.step
+                or not (rank.isascii() and rank.isdigit() and len(rank) <= 9)):
+            return _IMPLAUSIBLE
+        row = {"rank": int(rank), "step": round((t - start) / self.step), "op": labels.get("op", ""),
+               "group": labels.get("group", ""), "start": t, "duration": value, "host": labels.get("host") or None}
+        gpu = gpus.get((labels.get("job"), rank))
+        if gpu is not None and gpu.isascii() and gpu.isdigit() and len(gpu) <= 9:
             row["gpu"] = int(gpu)
         return row
 
-    def _compute_rows(self, step_mean: list[dict[str, Any]], comm_per_step: list[dict[str, Any]], start: float,
-                      gpus: dict[tuple[Any, Any], Any]) -> list[dict[str, Any] | None]:
+    def _compute_rows(self, step_mean: list[Series], comm_per_step: list[Series], start: float, end: float,
+                      gpus: dict[tuple[Any, Any], Any]) -> list[dict[str, Any] | object | None]:
         """Per rank and interval: the mean step time minus the collective time per step."""
-        communication = {(s["metric"].get("job"), s["metric"].get("rank"), float(t)): float(v)
-                         for s in comm_per_step for t, v in s["values"]}
+        communication = {(s.labels.get("job"), s.labels.get("rank"), t): v
+                         for s in comm_per_step for t, v in s.samples}
         out = []
         for series in step_mean:
-            labels = series["metric"]
-            for t, value in series["values"]:
-                spent = communication.get((labels.get("job"), labels.get("rank"), float(t)))
+            labels = series.labels
+            for t, value in series.samples:
+                spent = communication.get((labels.get("job"), labels.get("rank"), t))
                 if spent is None:
                     continue
-                out.append(self._row({**labels, "op": "compute"}, t, str(float(value) - spent), start, gpus))
+                out.append(self._row({**labels, "op": "compute"}, t, value - spent, start, end, gpus))
         return out
-

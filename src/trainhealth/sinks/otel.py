@@ -8,7 +8,8 @@ log records with ``event_name`` ``trainhealth.<name>``. The OTLP/HTTP exporters 
 reader take their settings from the standard variables
 (``OTEL_EXPORTER_OTLP_ENDPOINT``, ``OTEL_METRIC_EXPORT_INTERVAL``,
 ``OTEL_RESOURCE_ATTRIBUTES``, ``OTEL_SERVICE_NAME`` ...). The process identity
-becomes resource attributes. Nothing global is touched.
+becomes resource attributes. Nothing global is touched. :meth:`OtelExporter.shutdown`
+waits at most ``close_timeout_s`` for the last export, whatever the endpoint does.
 
 >>> from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 >>> from trainhealth import catalog
@@ -27,7 +28,10 @@ becomes resource attributes. Nothing global is touched.
 
 from __future__ import annotations
 
+import atexit
 import logging
+import threading
+import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -57,6 +61,8 @@ __all__ = ["OtelExporter"]
 log = logging.getLogger(__name__)
 
 DEFAULT_SERVICE_NAME = "trainhealth"
+#: Seconds :meth:`OtelExporter.shutdown` waits for the last export (the ``otel_close_timeout`` setting's default).
+DEFAULT_CLOSE_TIMEOUT_S = 1.5
 _SEVERITY = {Severity.INFO: SeverityNumber.INFO, Severity.WARNING: SeverityNumber.WARN,
              Severity.CRITICAL: SeverityNumber.ERROR}
 
@@ -100,7 +106,8 @@ class OtelExporter:
     """Exports every catalogue metric of ``store`` through OpenTelemetry.
 
     ``reader`` defaults to a periodic OTLP/HTTP exporter configured by the OTEL_*
-    environment variables; tests pass an ``InMemoryMetricReader``.
+    environment variables; tests pass an ``InMemoryMetricReader``. ``close_timeout_s``
+    bounds :meth:`shutdown`.
     """
 
     def __init__(
@@ -112,7 +119,12 @@ class OtelExporter:
         catalog: Sequence[MetricSpec] = CATALOG,
         events: EventLog | None = None,
         log_exporter: LogRecordExporter | None = None,
+        close_timeout_s: float = DEFAULT_CLOSE_TIMEOUT_S,
     ) -> None:
+        if not 0 < close_timeout_s < float("inf"):
+            raise ValueError(f"close_timeout_s must be a positive number of seconds, got {close_timeout_s!r}")
+        self._close_timeout_s = close_timeout_s
+        self._stopped = False
         if reader is None:
             from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
 
@@ -124,14 +136,15 @@ class OtelExporter:
             if spec.kind is MetricKind.HISTOGRAM
         ]
         resource = _resource(identity)
-        self._provider = MeterProvider(metric_readers=[reader], resource=resource, views=views)
+        # shut down at exit by this class, within close_timeout_s (the SDK's own handler would wait 30 s)
+        self._provider = MeterProvider(metric_readers=[reader], resource=resource, views=views, shutdown_on_exit=False)
         self._logs: LoggerProvider | None = None
         if events is not None:
             if log_exporter is None:
                 from opentelemetry.exporter.otlp.proto.http._log_exporter import OTLPLogExporter
 
                 log_exporter = OTLPLogExporter()
-            self._logs = LoggerProvider(resource=resource)
+            self._logs = LoggerProvider(resource=resource, shutdown_on_exit=False)
             self._logs.add_log_record_processor(BatchLogRecordProcessor(log_exporter))
             self._logger = self._logs.get_logger("trainhealth", __version__)
             events.add_listener(self._emit_event)
@@ -152,6 +165,7 @@ class OtelExporter:
                     spec.otel_name, callbacks=[self._callback(spec)], unit=spec.otel_unit, description=spec.help
                 )
         store.add_observer(self._record_observation)
+        atexit.register(self.shutdown)
 
     def _callback(self, spec: MetricSpec) -> Any:
         def observe(options: CallbackOptions) -> Iterable[Observation]:
@@ -191,12 +205,38 @@ class OtelExporter:
             return False
 
     def shutdown(self) -> None:
-        """Export what is pending and stop; never raises."""
+        """Export what is pending and stop, within ``close_timeout_s`` whatever the endpoint does; never raises.
+
+        Metrics and events are pushed side by side, each on a daemon thread; one not done in
+        time is abandoned (its export is lost and counted in
+        ``trainhealth_exporter_errors_total{source="otel"}``) and ends on the exporter's own timeout.
+        """
+        if self._stopped:
+            return
+        self._stopped = True
+        atexit.unregister(self.shutdown)
         self._store.remove_observer(self._record_observation)
-        for provider in (self._provider, self._logs):
+        deadline = time.monotonic() + self._close_timeout_s
+        closing = []
+        for name, provider in (("metrics", self._provider), ("events", self._logs)):
             if provider is None:
                 continue
-            try:
+            thread = threading.Thread(target=self._shutdown_provider, args=(provider,),
+                                      name=f"trainhealth-otel-close-{name}", daemon=True)
+            thread.start()
+            closing.append((name, thread))
+        for name, thread in closing:
+            thread.join(max(deadline - time.monotonic(), 0.0))
+            if thread.is_alive():
+                self._store.record_error("otel")
+                log.warning("trainhealth: the OTLP endpoint did not take the last %s export within %g s; dropped",
+                            name, self._close_timeout_s)
+
+    def _shutdown_provider(self, provider: MeterProvider | LoggerProvider) -> None:
+        try:
+            if isinstance(provider, MeterProvider):
+                provider.shutdown(timeout_millis=self._close_timeout_s * 1000)
+            else:
                 provider.shutdown()
-            except Exception as exc:
-                self._store.record_error("otel", exc)
+        except Exception as exc:
+            self._store.record_error("otel", exc)

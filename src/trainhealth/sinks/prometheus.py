@@ -1,6 +1,9 @@
 """The Prometheus sink: a collector over a :class:`~trainhealth.store.MetricStore`
 and an HTTP(S) server for it with optional mTLS and basic auth.
 
+The server is a :class:`~trainhealth.sinks.serving.BoundedHTTPServer`: a fixed number
+of threads whatever the clients do, and deadlines that drop slow or stalled ones.
+
 The collector reads a snapshot at scrape time and builds metric families from
 it; nothing is registered per sample, and a failure in one family is counted in
 ``trainhealth_exporter_errors_total{source="prometheus"}`` without failing the
@@ -25,13 +28,11 @@ import binascii
 import hmac
 import logging
 import socket
-import socketserver
 import ssl
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, cast
-from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 
 from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.core import (
@@ -46,9 +47,10 @@ from prometheus_client.utils import floatToGoString
 
 from trainhealth.catalog import MetricKind
 from trainhealth.identity import Identity
+from trainhealth.sinks.serving import BoundedHTTPServer, ServingLimits
 from trainhealth.store import Family, HistogramValue, MetricStore
 
-__all__ = ["BasicAuth", "MetricsServer", "StoreCollector", "TLSFiles"]
+__all__ = ["BasicAuth", "MetricsServer", "StoreCollector", "TLSError", "TLSFiles"]
 
 log = logging.getLogger(__name__)
 
@@ -108,22 +110,65 @@ def _to_metric(family: Family, identity_values: list[str]) -> Metric:
     return metric
 
 
+class TLSError(ValueError):
+    """A TLS file cannot be used; ``field`` is the :class:`TLSFiles` field at fault (``certfile``, ...)."""
+
+    def __init__(self, field: str, problem: str) -> None:
+        self.field = field
+        self.problem = problem
+        super().__init__(f"{field}: {problem}")
+
+
 @dataclass(frozen=True)
 class TLSFiles:
-    """Server certificate and key; with ``client_cafile``, clients must present a certificate it signed."""
+    """Server certificate and key; with ``client_cafile``, clients must present a certificate it signed.
+
+    >>> TLSFiles("/no/cert.pem", "/no/key.pem").context()
+    Traceback (most recent call last):
+    ...
+    trainhealth.sinks.prometheus.TLSError: certfile: cannot read /no/cert.pem: No such file or directory
+    """
 
     certfile: str
     keyfile: str
     client_cafile: str | None = None
 
     def context(self) -> ssl.SSLContext:
+        """The server's TLS context; :class:`TLSError` names the file that cannot be used and why."""
+        for field in ("certfile", "keyfile", "client_cafile"):
+            path = getattr(self, field)
+            if path is None:
+                continue
+            try:
+                with open(path, "rb"):
+                    pass
+            except OSError as exc:
+                raise TLSError(field, f"cannot read {path}: {exc.strerror or exc}") from None
         context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
         context.minimum_version = ssl.TLSVersion.TLSv1_2
-        context.load_cert_chain(self.certfile, self.keyfile)
+        try:  # the certificates alone first, so a bad key is told apart from a bad certificate
+            ssl.create_default_context().load_verify_locations(cafile=self.certfile)
+        except ssl.SSLError as exc:
+            raise TLSError("certfile", f"{self.certfile} holds no usable PEM certificate ({exc.reason or exc})") from None
+        try:
+            context.load_cert_chain(self.certfile, self.keyfile, password=_no_password)
+        except (ssl.SSLError, TLSError) as exc:
+            reason = exc.problem if isinstance(exc, TLSError) else exc.reason or str(exc)
+            raise TLSError("keyfile", f"{self.keyfile} is not a usable private key for {self.certfile} "
+                                      f"({reason})") from None
         if self.client_cafile:
-            context.load_verify_locations(cafile=self.client_cafile)
+            try:
+                context.load_verify_locations(cafile=self.client_cafile)
+            except ssl.SSLError as exc:
+                raise TLSError("client_cafile", f"{self.client_cafile} holds no usable PEM CA certificate "
+                                                f"({exc.reason or exc})") from None
             context.verify_mode = ssl.CERT_REQUIRED
         return context
+
+
+def _no_password() -> str:
+    # without a callback OpenSSL would prompt on the terminal, and a training process would hang there
+    raise TLSError("keyfile", "the key is encrypted; trainhealth needs an unencrypted key")
 
 
 @dataclass(frozen=True)
@@ -211,33 +256,27 @@ def _route(metrics_app: WSGIApp) -> WSGIApp:
     return app
 
 
-class _QuietHandler(WSGIRequestHandler):
-    timeout = 10  # seconds a client may take per request, so stuck clients free their thread
-
-    def log_message(self, format: str, *args: Any) -> None:
-        log.debug("metrics server: " + format, *args)
-
-
-class _ThreadingServer(socketserver.ThreadingMixIn, WSGIServer):
-    daemon_threads = True
-    allow_reuse_address = True
-
-    def server_bind(self) -> None:
-        # HTTPServer.server_bind resolves the FQDN, which can block for seconds without DNS.
-        socketserver.TCPServer.server_bind(self)
-        host, port = self.server_address[:2]
-        self.server_name, self.server_port = str(host), int(port)
-        self.setup_environ()
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        log.debug("metrics server: request from %s failed", client_address, exc_info=True)
+def _listen(addr: str, port: int) -> socket.socket:
+    """A socket bound to ``addr:port`` (IPv6 when ``addr`` has a colon), address reuse on."""
+    family = socket.AF_INET6 if ":" in addr else socket.AF_INET
+    listener = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind((addr, port))
+    except BaseException:
+        listener.close()
+        raise
+    return listener
 
 
 class MetricsServer:
     """Serves ``registry`` at /metrics on a daemon thread; HTTPS and basic auth when configured.
 
     With ``version`` (a function whose value changes whenever the data does), an
-    unchanged registry is answered from the previous rendering.
+    unchanged registry is answered from the previous rendering. ``limits`` bounds the
+    threads, connections and per-connection time (:class:`~trainhealth.sinks.serving.ServingLimits`).
+    A TLS file that cannot be used raises :class:`TLSError`, an address or port that cannot
+    be bound :class:`OSError`.
     """
 
     def __init__(
@@ -249,7 +288,9 @@ class MetricsServer:
         tls: TLSFiles | None = None,
         basic_auth: BasicAuth | None = None,
         version: Callable[[], int] | None = None,
+        limits: ServingLimits | None = None,
     ) -> None:
+        context = tls.context() if tls is not None else None  # before binding: a bad file names itself
         metrics_app = make_wsgi_app(registry)
         if version is not None:
             metrics_app = _cache_by_version(metrics_app, version)
@@ -258,32 +299,27 @@ class MetricsServer:
             app = _require_basic_auth(app, basic_auth)
             if tls is None:
                 log.warning("trainhealth: basic auth without TLS sends the password in clear text")
-        family = socket.AF_INET6 if ":" in addr else socket.AF_INET
-        server_class = type("_Server", (_ThreadingServer,), {"address_family": family})
-        self._server = server_class((addr, port), _QuietHandler)
-        self._server.set_app(app)
-        if tls is not None:
-            self._server.socket = tls.context().wrap_socket(
-                self._server.socket, server_side=True, do_handshake_on_connect=False
-            )
-        self._scheme = "https" if tls is not None else "http"
-        self._addr = addr
-        # A short poll interval makes close() prompt; an idle wake-up every 0.1 s costs nothing measurable.
-        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.1},
-                                        name="trainhealth-metrics", daemon=True)
-        self._thread.start()
+        self._server = BoundedHTTPServer(app, _listen(addr, port), tls=context, limits=limits,
+                                         name="trainhealth-metrics")
 
     @property
     def port(self) -> int:
-        return int(self._server.server_address[1])
+        return int(self._server.address[1])
+
+    @property
+    def host(self) -> str:
+        """The address the server is bound to: ``0.0.0.0`` (or ``::``) when it listens on every interface."""
+        return str(self._server.address[0])
 
     @property
     def url(self) -> str:
-        host = "127.0.0.1" if self._addr in ("0.0.0.0", "") else self._addr
-        host = f"[{host}]" if ":" in host else host
-        return f"{self._scheme}://{host}:{self.port}/metrics"
+        """The /metrics URL at the bound address (``http://0.0.0.0:9450/metrics`` on every interface)."""
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{self._server.scheme}://{host}:{self.port}/metrics"
+
+    @property
+    def open_connections(self) -> int:
+        return self._server.open_connections
 
     def close(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join(timeout=5)
+        self._server.close()

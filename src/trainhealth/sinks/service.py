@@ -3,10 +3,12 @@ as log records) — over one store."""
 
 from __future__ import annotations
 
+import errno
 import importlib.metadata
 import logging
 import os
 import platform
+import socket
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
@@ -16,7 +18,7 @@ from trainhealth import catalog
 from trainhealth._version import __version__
 from trainhealth.config import ConfigError, Settings
 from trainhealth.events import EventLog
-from trainhealth.sinks.prometheus import BasicAuth, MetricsServer, StoreCollector, TLSFiles
+from trainhealth.sinks.prometheus import BasicAuth, MetricsServer, StoreCollector, TLSError, TLSFiles
 from trainhealth.identity import Identity
 from trainhealth.store import MetricStore
 
@@ -56,7 +58,11 @@ class Sinks:
         env: Mapping[str, str] | None = None,
         events: EventLog | None = None,
     ) -> Sinks:
-        """Start what ``settings`` enables; a port that cannot be bound raises :class:`ConfigError`."""
+        """Start what ``settings`` enables.
+
+        A TLS file that cannot be used, an address or a port that cannot be bound raise
+        :class:`ConfigError` naming that setting (``tls_keyfile``, ``prometheus_addr``, ``prometheus_port``).
+        """
         env = os.environ if env is None else env
         publish_build_info(store)
         server = None
@@ -75,14 +81,17 @@ class Sinks:
             try:
                 server = MetricsServer(registry, addr=endpoint.addr, port=port, tls=tls, basic_auth=auth,
                                        version=lambda: store.version)
+            except TLSError as exc:
+                raise ConfigError(f"tls_{exc.field}", exc.problem) from None
             except OSError as exc:
-                raise ConfigError("prometheus_port", f"cannot serve on {endpoint.addr}:{port}: {exc.strerror or exc}") from None
+                setting = "prometheus_addr" if _address_problem(exc) else "prometheus_port"
+                raise ConfigError(setting, f"cannot serve on {endpoint.addr}:{port}: {exc.strerror or exc}") from None
             log.info("trainhealth: serving metrics at %s", server.url)
         otel = None
         if settings.otel.active(env):  # the OpenTelemetry SDK loads only when OTLP is on
             from trainhealth.sinks.otel import OtelExporter
 
-            otel = OtelExporter(store, identity, events=events)
+            otel = OtelExporter(store, identity, events=events, close_timeout_s=settings.otel.close_timeout)
         return cls(server, otel)
 
     @property
@@ -90,7 +99,7 @@ class Sinks:
         return self.server.url if self.server is not None else None
 
     def close(self) -> None:
-        """Push the last OTLP export and stop serving; never raises."""
+        """Push the last OTLP export (waiting at most ``otel_close_timeout``) and stop serving; never raises."""
         if self.otel is not None:
             self.otel.shutdown()
             self.otel = None
@@ -100,3 +109,8 @@ class Sinks:
             except Exception:
                 log.debug("trainhealth: closing the metrics server failed", exc_info=True)
             self.server = None
+
+
+def _address_problem(exc: OSError) -> bool:
+    """Whether binding failed for the address (unknown, not on this host) rather than for the port."""
+    return isinstance(exc, socket.gaierror) or exc.errno in (errno.EADDRNOTAVAIL, errno.EAFNOSUPPORT)

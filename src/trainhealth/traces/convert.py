@@ -11,19 +11,20 @@ from pathlib import Path
 
 import pandas as pd
 
+from trainhealth.traces.files import kind_of
 from trainhealth.traces.flight_recorder import import_flight_recorder, looks_like_flight_recorder
 from trainhealth.traces.format import TraceError
 from trainhealth.traces.io import Trace, is_trace_file, read_trace, write_trace
 from trainhealth.traces.straggler_analysis import import_straggler_analysis, looks_like_straggler_analysis
 from trainhealth.traces.topology import TOPOLOGY_FILE, Topology
 
-__all__ = ["INPUT_KINDS", "detect_kind", "load_any", "save"]
+__all__ = ["INPUT_KINDS", "detect_kind", "load_any", "outputs_of", "save"]
 
 INPUT_KINDS = ("auto", "v1", "flight-recorder", "straggler-analysis")
 
 
 def detect_kind(path: Path) -> str:
-    if path.is_dir():
+    if kind_of(path) != "file":  # a directory of v1 files; anything else the v1 reader refuses by name
         return "v1"
     if looks_like_straggler_analysis(path):
         return "straggler-analysis"
@@ -39,7 +40,7 @@ def load_any(paths: Sequence[str | os.PathLike[str]], kind: str = "auto",
         raise TraceError(", ".join(map(str, paths)), f"unknown input kind {kind!r}; expected one of {', '.join(INPUT_KINDS)}")
     by_kind: dict[str, list[Path]] = {}
     for path in map(Path, paths):
-        if not path.exists():
+        if kind_of(path) is None:
             raise TraceError(str(path), "no such file or directory")
         by_kind.setdefault(detect_kind(path) if kind == "auto" else kind, []).append(path)
     traces, notes = [], []
@@ -69,6 +70,12 @@ def _merge(traces: list[Trace]) -> Trace:
             parallelism.update(t.topology.parallelism)
     topology = Topology(groups, hosts, parallelism) if (groups or hosts or parallelism) else None
     return Trace(records, topology, tuple(s for t in traces for s in t.sources))
+
+
+def outputs_of(output: str | os.PathLike[str]) -> list[Path]:
+    """The files :func:`save` writes for ``output`` (a trace file, or a directory's trace and topology)."""
+    output = Path(output)
+    return [output] if is_trace_file(output) else [output / "trace.parquet", output / TOPOLOGY_FILE]
 
 
 def save(trace: Trace, output: str | os.PathLike[str]) -> list[Path]:

@@ -4,6 +4,12 @@ One row per operation executed by one rank (docs/trace-format.md). Validation
 is vectorised with pandas and stops at the first problem, reported as a
 :class:`TraceError` whose message reads ``FILE: row N (line M), column 'C': problem``.
 
+Every number has a range (:attr:`Column.limit`): ranks and GPU indices fit 31 bits,
+steps, sequence numbers and byte counts 53 (what a JSON or CSV reader keeps exactly),
+times are seconds (start within 10^12 of zero, a duration at most 10^9). A value out
+of range, of the wrong type (true/false where a number belongs, a list, a timestamp)
+or not finite is refused, never wrapped or rounded.
+
 >>> import pandas as pd
 >>> frame = pd.DataFrame({"rank": [0], "step": [3], "op": ["all_reduce"], "group": ["dp0"], "seq": [7],
 ...                       "start": [1.5], "duration": [-0.25]})
@@ -16,6 +22,7 @@ trainhealth.traces.ops.TraceError: trace.jsonl: row 1, column 'duration': negati
 from __future__ import annotations
 
 import math
+import reprlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -32,10 +39,18 @@ __all__ = [
     "OPS",
     "REQUIRED_COLUMNS",
     "Column",
+    "MAX_COUNT",
+    "MAX_RANK",
     "TraceError",
+    "shown",
     "validate",
 ]
 
+#: The largest rank, GPU index or peer (a 32-bit signed integer, as torch.distributed keeps them).
+MAX_RANK = 2**31 - 1
+#: The largest step, sequence number or byte count: below 2**53, every integer a JSON or CSV reader
+#: turns into a float is still exact.
+MAX_COUNT = 2**53 - 1
 
 
 @dataclass(frozen=True)
@@ -44,20 +59,22 @@ class Column:
     kind: str  # "int", "float" or "str"
     required: bool
     meaning: str
+    #: numbers: the largest magnitude accepted (integers are also >= 0, durations too)
+    limit: float = 0.0
 
 
 COLUMNS: tuple[Column, ...] = (
-    Column("rank", "int", True, "global rank that executed the operation"),
-    Column("step", "int", True, "training iteration"),
+    Column("rank", "int", True, "global rank that executed the operation", MAX_RANK),
+    Column("step", "int", True, "training iteration", MAX_COUNT),
     Column("op", "str", True, "operation: " + ", ".join(OPS)),
     Column("group", "str", False, "communicator id, the same on every member rank (communication ops)"),
-    Column("seq", "int", False, "sequence number within group (communication ops)"),
-    Column("start", "float", True, "start time in seconds on the rank's own clock"),
-    Column("duration", "float", True, "elapsed seconds, including waiting for other ranks"),
-    Column("bytes", "int", False, "message size"),
+    Column("seq", "int", False, "sequence number within group (communication ops)", MAX_COUNT),
+    Column("start", "float", True, "start time in seconds on the rank's own clock", 1e12),
+    Column("duration", "float", True, "elapsed seconds, including waiting for other ranks", 1e9),
+    Column("bytes", "int", False, "message size", MAX_COUNT),
     Column("host", "str", False, "host name of the rank"),
-    Column("gpu", "int", False, "local GPU index on the host"),
-    Column("peer", "int", False, "the other rank of a send or recv"),
+    Column("gpu", "int", False, "local GPU index on the host", MAX_RANK),
+    Column("peer", "int", False, "the other rank of a send or recv", MAX_RANK),
 )
 REQUIRED_COLUMNS = tuple(column.name for column in COLUMNS if column.required)
 _BY_NAME = {column.name: column for column in COLUMNS}
@@ -96,7 +113,7 @@ def validate(frame: pd.DataFrame, path: str, lines: Sequence[int] | None = None)
     bad_op = ~out["op"].isin(OPS)
     if bad_op.any():
         position = int(np.flatnonzero(bad_op.to_numpy())[0])
-        raise fail(f"unknown op {out['op'][position]!r}; expected one of {', '.join(OPS)}", position, "op")
+        raise fail(f"unknown op {shown(out['op'][position])}; expected one of {', '.join(OPS)}", position, "op")
     negative = out["duration"].to_numpy() < 0
     if negative.any():
         position = int(np.flatnonzero(negative)[0])
@@ -128,12 +145,18 @@ def _first_bad(mask: np.ndarray) -> int | None:
 
 
 def _integers(raw: pd.Series, column: Column, fail: _Fail) -> pd.Series:
+    _refuse_non_numbers(raw, column, fail, "an integer")
     if pd.api.types.is_integer_dtype(raw.dtype):  # already integers (Parquet): only the checks that can fail
         missing = raw.isna().to_numpy()
-        values = raw.to_numpy(dtype=np.int64, na_value=0)
-        position = _first_bad(values < 0)
+        unsigned = pd.api.types.is_unsigned_integer_dtype(raw.dtype)
+        values = raw.to_numpy(dtype=np.uint64 if unsigned else np.int64, na_value=0)
+        position = _first_bad(values < 0) if not unsigned else None
         if position is not None:
             raise fail(f"negative value {raw[position]}", position, column.name)
+        position = _first_bad(values > column.limit)
+        if position is not None:
+            raise fail(f"value {raw[position]} out of range (at most {column.limit:.0f})", position, column.name)
+        values = values.astype(np.int64)
         if column.required:
             position = _first_bad(missing)
             if position is not None:
@@ -141,17 +164,20 @@ def _integers(raw: pd.Series, column: Column, fail: _Fail) -> pd.Series:
             return pd.Series(values, index=raw.index)
         return pd.Series(pd.array(values, dtype="Int64"), index=raw.index).where(~missing, pd.NA)
     present = _present(raw)
-    numbers = pd.to_numeric(raw.where(present), errors="coerce")
+    numbers = _to_numbers(raw.where(present))
     position = _first_bad((present & numbers.isna()).to_numpy())
     if position is not None:
-        raise fail(f"expected an integer, got {raw[position]!r}", position, column.name)
+        raise fail(f"expected an integer, got {shown(raw[position])}", position, column.name)
     values = numbers.to_numpy(dtype=float, na_value=np.nan)
     position = _first_bad(present.to_numpy() & ((values % 1 != 0) | ~np.isfinite(values)))
     if position is not None:
-        raise fail(f"expected an integer, got {raw[position]!r}", position, column.name)
+        raise fail(f"expected an integer, got {shown(raw[position])}", position, column.name)
     position = _first_bad(present.to_numpy() & (values < 0))
     if position is not None:
-        raise fail(f"negative value {raw[position]}", position, column.name)
+        raise fail(f"negative value {_text(raw[position])}", position, column.name)
+    position = _first_bad(present.to_numpy() & (values > column.limit))
+    if position is not None:
+        raise fail(f"value {_text(raw[position])} out of range (at most {column.limit:.0f})", position, column.name)
     if column.required:
         position = _first_bad(~present.to_numpy())
         if position is not None:
@@ -162,37 +188,85 @@ def _integers(raw: pd.Series, column: Column, fail: _Fail) -> pd.Series:
 
 
 def _floats(raw: pd.Series, column: Column, fail: _Fail) -> pd.Series:
+    _refuse_non_numbers(raw, column, fail, "a number")
     if pd.api.types.is_float_dtype(raw.dtype) and not pd.api.types.is_extension_array_dtype(raw.dtype):
-        values = raw.to_numpy()
+        values = raw.to_numpy().astype(np.float64, copy=False)
         position = _first_bad(~np.isfinite(values))
         if position is not None:
             raise fail("missing value" if np.isnan(values[position]) else f"expected a finite number, got "
-                        f"{raw[position]!r}", position, column.name)
-        return pd.Series(values.astype(np.float64, copy=False), index=raw.index)
-    present = _present(raw)
-    numbers = pd.to_numeric(raw.where(present), errors="coerce")
-    position = _first_bad((present & numbers.isna()).to_numpy())
+                       f"{raw[position]!r}", position, column.name)
+    else:
+        present = _present(raw)
+        numbers = _to_numbers(raw.where(present))
+        position = _first_bad((present & numbers.isna()).to_numpy())
+        if position is not None:
+            raise fail(f"expected a number, got {shown(raw[position])}", position, column.name)
+        position = _first_bad(~present.to_numpy())
+        if position is not None:
+            raise fail("missing value", position, column.name)
+        values = numbers.to_numpy(dtype=np.float64)
+        position = _first_bad(~np.isfinite(values))
+        if position is not None:
+            raise fail(f"expected a finite number, got {shown(raw[position])}", position, column.name)
+    position = _first_bad(np.abs(values) > column.limit)
     if position is not None:
-        raise fail(f"expected a number, got {raw[position]!r}", position, column.name)
-    position = _first_bad(~present.to_numpy())
-    if position is not None:
-        raise fail("missing value", position, column.name)
-    values = numbers.to_numpy(dtype=np.float64)
-    position = _first_bad(~np.isfinite(values))
-    if position is not None:
-        raise fail(f"expected a finite number, got {raw[position]!r}", position, column.name)
+        raise fail(f"value {values[position]:g} out of range (at most {column.limit:g} seconds)", position,
+                   column.name)
     return pd.Series(values, index=raw.index)
+
+
+def _refuse_non_numbers(raw: pd.Series, column: Column, fail: _Fail, expected: str) -> None:
+    """Booleans, timestamps, lists and other objects where a number belongs: refused, not converted."""
+    if pd.api.types.is_bool_dtype(raw.dtype) or pd.api.types.is_datetime64_any_dtype(raw.dtype) \
+            or pd.api.types.is_timedelta64_dtype(raw.dtype) or isinstance(raw.dtype, pd.PeriodDtype):
+        position = _first_bad(raw.notna().to_numpy())
+        if position is not None:
+            raise fail(f"expected {expected}, got {shown(raw[position])}", position, column.name)
+        return
+    if raw.dtype != object and not isinstance(raw.dtype, pd.CategoricalDtype):
+        return
+    if pd.api.types.infer_dtype(raw, skipna=True) in ("string", "integer", "floating", "mixed-integer-float",
+                                                       "decimal", "empty"):
+        return
+    wrong = raw.map(lambda v: not (v is None or v is pd.NaT or _is_null(v) or _plain_number_or_text(v)))
+    position = _first_bad(wrong.to_numpy(dtype=bool))
+    if position is not None:
+        raise fail(f"expected {expected}, got {shown(raw[position])}", position, column.name)
+
+
+def _plain_number_or_text(value: object) -> bool:
+    return isinstance(value, (str, int, float, np.integer, np.floating)) and not isinstance(value, (bool, np.bool_))
+
+
+def _to_numbers(raw: pd.Series) -> pd.Series:
+    """``raw`` as numbers, NaN where a value is not one (integers too large for any dtype included)."""
+    try:
+        return pd.to_numeric(raw, errors="coerce")
+    except (TypeError, ValueError, OverflowError):  # values pandas cannot even try: one at a time
+        return pd.to_numeric(raw.map(_number_or_nan), errors="coerce")
+
+
+def _number_or_nan(value: object) -> float:
+    try:
+        return float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError, OverflowError):
+        return math.nan
 
 
 def _strings(raw: pd.Series, column: Column, fail: _Fail) -> pd.Series:
     # distinct values first: a trace has millions of rows but few op, group and host names
-    codes, distinct = pd.factorize(raw, use_na_sentinel=True)
+    try:
+        codes, distinct = pd.factorize(raw, use_na_sentinel=True)
+    except TypeError:  # unhashable values (lists, dictionaries): never text
+        unhashable = raw.map(lambda v: not (isinstance(v, str) or _is_null(v)))
+        first = int(np.flatnonzero(unhashable.to_numpy(dtype=bool))[0])
+        raise fail(f"expected text, got {shown(raw[first])}", first, column.name) from None
     distinct = np.asarray(distinct, dtype=object)
     text = np.array([isinstance(v, str) for v in distinct], dtype=bool)
     wrong = ~text & np.array([not _is_null(v) for v in distinct], dtype=bool)
     if wrong.any():
         position = _first_bad(np.isin(codes, np.flatnonzero(wrong)))
-        raise fail(f"expected text, got {raw[position]!r}", position, column.name)
+        raise fail(f"expected text, got {shown(raw[position])}", position, column.name)
     usable = text & np.array([isinstance(v, str) and v.strip() != "" for v in distinct], dtype=bool)
     present = (codes >= 0) & usable[np.maximum(codes, 0)] if len(distinct) else np.zeros(len(codes), dtype=bool)
     if column.required:
@@ -201,6 +275,25 @@ def _strings(raw: pd.Series, column: Column, fail: _Fail) -> pd.Series:
             raise fail("missing value", position, column.name)
     values = np.append(distinct, np.array([None], dtype=object))[np.where(present, codes, len(distinct))]
     return pd.Series(values, index=raw.index, dtype=object)
+
+
+def _text(value: object) -> str:
+    """A number as the file wrote it (``-1``, not ``'-1'``)."""
+    return value[:40] if isinstance(value, str) else shown(value)
+
+
+_SHOWN = reprlib.Repr()
+_SHOWN.maxlevel, _SHOWN.maxstring, _SHOWN.maxother, _SHOWN.maxlong = 2, 40, 40, 40
+_SHOWN.maxlist = _SHOWN.maxtuple = _SHOWN.maxdict = _SHOWN.maxset = 4
+
+
+def shown(value: object) -> str:
+    """``repr(value)`` cut short (a value from a file may be megabytes long or nested thousands deep).
+
+    >>> shown([[[[1]]]]), shown("x" * 100)
+    ('[[[...]]]', "'xxxxxxxxxxxxxxxxx...xxxxxxxxxxxxxxxxxx'")
+    """
+    return _SHOWN.repr(value)
 
 
 def _is_null(value: object) -> bool:

@@ -15,6 +15,7 @@ trace file directly inside, plus its ``topology.json``); every problem is a
 
 from __future__ import annotations
 
+import csv
 import gzip
 import io
 import json
@@ -31,7 +32,8 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from trainhealth.traces.format import COLUMNS, TraceError, validate
+from trainhealth.traces.files import kind_of, regular_file
+from trainhealth.traces.format import COLUMNS, TraceError, shown, validate
 from trainhealth.traces.topology import TOPOLOGY_FILE, Topology
 
 __all__ = ["TRACE_SUFFIXES", "Trace", "is_trace_file", "read_trace", "read_trace_file", "write_trace"]
@@ -68,9 +70,7 @@ def read_trace_file(path: str | os.PathLike[str]) -> pd.DataFrame:
     suffix = _suffix(path)
     if suffix is None:
         raise TraceError(str(path), f"unknown file type; expected one of {', '.join(TRACE_SUFFIXES)}")
-    if not path.is_file():
-        raise TraceError(str(path), "no such file")
-    if path.stat().st_size == 0:
+    if regular_file(path) == 0:
         raise TraceError(str(path), "empty file")
     lines = None
     try:
@@ -85,7 +85,8 @@ def read_trace_file(path: str | os.PathLike[str]) -> pd.DataFrame:
                 frame, lines = _parse_csv(text, str(path))
     except TraceError:
         raise
-    except (pa.ArrowException, OSError, EOFError, zlib.error, UnicodeDecodeError, pd.errors.ParserError) as exc:
+    except (pa.ArrowException, OSError, EOFError, zlib.error, UnicodeDecodeError, pd.errors.ParserError,
+            pd.errors.EmptyDataError) as exc:
         kind = {".parquet": "Parquet"}.get(suffix, suffix.lstrip(".").upper())
         raise TraceError(str(path), f"not a readable {kind} file (truncated or corrupt?): {_short(exc)}") from None
     return validate(frame, str(path), lines)
@@ -136,8 +137,14 @@ def _parse_jsonl(text: str, path: str) -> tuple[pd.DataFrame, list[int]]:
             row = json.loads(line)
         except json.JSONDecodeError as exc:
             raise TraceError(path, f"not valid JSON (truncated file?): {exc.msg}", row=len(rows) + 1, line=number) from None
+        except RecursionError:
+            raise TraceError(path, "JSON nested too deeply", row=len(rows) + 1, line=number) from None
         if not isinstance(row, dict):
             raise TraceError(path, "each line must be a JSON object", row=len(rows) + 1, line=number)
+        for name, value in row.items():
+            if isinstance(value, (dict, list)):  # a trace row is flat: every value a number, text, bool or null
+                raise TraceError(path, f"expected a number, text, true, false or null, got {shown(value)}",
+                                 row=len(rows) + 1, line=number, column=name)
         rows.append(row)
         lines.append(number)
     return pd.DataFrame.from_records(rows), lines
@@ -146,6 +153,10 @@ def _parse_jsonl(text: str, path: str) -> tuple[pd.DataFrame, list[int]]:
 def _parse_csv(text: str, path: str) -> tuple[pd.DataFrame, list[int]]:
     if not text.strip():
         raise TraceError(path, "empty file")
+    header = next(csv.reader(io.StringIO(text[: text.find("\n") + 1 or len(text)])), [])
+    repeated = sorted({name for name in header if header.count(name) > 1})
+    if repeated:
+        raise TraceError(path, "the header row names a column twice", column=", ".join(repeated))
     frame = pd.read_csv(io.StringIO(text), dtype=str, keep_default_na=False, na_values=[""])
     header = [str(name) for name in frame.columns]
     unnamed = [name for name in header if name.startswith("Unnamed:")]
@@ -163,7 +174,10 @@ def _parse_csv(text: str, path: str) -> tuple[pd.DataFrame, list[int]]:
 
 
 def _files_in(path: Path) -> list[Path]:
-    files = sorted(p for p in path.iterdir() if p.is_file() and is_trace_file(p))
+    try:
+        files = sorted(p for p in path.iterdir() if is_trace_file(p) and p.is_file())
+    except OSError as exc:
+        raise TraceError(str(path), f"cannot list the directory: {exc.strerror or exc}") from None
     if not files:
         raise TraceError(str(path), f"no trace files ({', '.join(TRACE_SUFFIXES)}) in this directory")
     return files
@@ -174,11 +188,12 @@ def read_trace(paths: Iterable[str | os.PathLike[str]], topology: str | os.PathL
     files: list[Path] = []
     found_topology: Path | None = None
     for entry in map(Path, paths):
-        if entry.is_dir():
+        kind = kind_of(entry)
+        if kind == "directory":
             files += _files_in(entry)
-            if (entry / TOPOLOGY_FILE).is_file() and found_topology is None:
+            if kind_of(entry / TOPOLOGY_FILE) is not None and found_topology is None:
                 found_topology = entry / TOPOLOGY_FILE
-        elif entry.exists():
+        elif kind is not None:
             files.append(entry)
         else:
             raise TraceError(str(entry), "no such file or directory")
@@ -203,22 +218,28 @@ def write_trace(records: pd.DataFrame, path: str | os.PathLike[str]) -> None:
     known = [column.name for column in COLUMNS if column.name in frame.columns]
     frame = frame[known + [name for name in frame.columns if name not in known]]
     path.parent.mkdir(parents=True, exist_ok=True)
+    if suffix == ".parquet":
+        fields = [pa.field(c.name, _ARROW_TYPES[c.kind], nullable=not c.required)
+                  for c in COLUMNS if c.name in frame.columns]
+        schema = pa.schema(fields)
+        table = pa.Table.from_pandas(frame[[f.name for f in fields]], schema=schema, preserve_index=False)
+        for name in [name for name in frame.columns if name not in schema.names]:
+            try:
+                column = pa.array(frame[name])
+            except (pa.ArrowException, ValueError, TypeError, OverflowError):  # mixed types: kept as text
+                column = pa.array(frame[name].map(lambda v: None if v is None or v is pd.NA else str(v)),
+                                  type=pa.string())
+            table = table.append_column(str(name), column)
+    else:
+        text = frame.to_json(orient="records", lines=True, force_ascii=False) if suffix.startswith(".jsonl") \
+            else frame.to_csv(index=False)
+        data = text.encode("utf-8")
     descriptor, temporary = _exclusive_temporary(path)
     try:
         with os.fdopen(descriptor, "wb") as handle:
             if suffix == ".parquet":
-                fields = [pa.field(c.name, _ARROW_TYPES[c.kind], nullable=not c.required)
-                          for c in COLUMNS if c.name in frame.columns]
-                schema = pa.schema(fields)
-                table = pa.Table.from_pandas(frame[[f.name for f in fields]], schema=schema, preserve_index=False)
-                extra = [name for name in frame.columns if name not in schema.names]
-                for name in extra:
-                    table = table.append_column(name, pa.array(frame[name]))
                 pq.write_table(table, handle)
             else:
-                text = frame.to_json(orient="records", lines=True, force_ascii=False) if suffix.startswith(".jsonl") \
-                    else frame.to_csv(index=False)
-                data = text.encode("utf-8")
                 handle.write(gzip.compress(data) if suffix.endswith(".gz") else data)
         os.replace(temporary, path)  # readers never see a half-written trace
     except BaseException:

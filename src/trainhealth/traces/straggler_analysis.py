@@ -19,7 +19,9 @@ to trace format v1:
 * the sampled steps are laid end to end on one clock, in step order.
 
 The columns ``dp_rank``, ``stage`` and ``mb_id`` are kept. A ``meta-<trial>.yaml``
-next to ``trace-<trial>.parquet`` supplies the parallel sizes for the topology.
+next to ``trace-<trial>.parquet`` supplies the parallel sizes for the topology: every
+``*_size`` in it must be a positive integer. Columns of the wrong type, values out of
+range and a malformed meta file are refused with the file, row and column named.
 """
 
 from __future__ import annotations
@@ -33,7 +35,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import yaml
 
-from trainhealth.traces.format import TraceError, validate
+from trainhealth.traces.files import kind_of, read_bytes, regular_file
+from trainhealth.traces.format import MAX_COUNT, MAX_RANK, TraceError, shown, validate
 from trainhealth.traces.io import Trace
 from trainhealth.traces.topology import Topology
 
@@ -65,48 +68,104 @@ def looks_like_straggler_analysis(path: str | os.PathLike[str]) -> bool:
     if path.suffix.lower() != ".parquet":
         return False
     try:
+        if kind_of(path) != "file":  # never opens a pipe, a device or a directory
+            return False
         names = set(pq.read_schema(path).names)
-    except (pa.ArrowException, OSError):
+    except (pa.ArrowException, OSError, TraceError):
         return False
     return {"optype", "dp_rank", "stage", "start_ts"} <= names
 
 
 def _meta(path: Path) -> dict[str, int]:
     candidate = path.with_name(path.name.replace("trace-", "meta-", 1)).with_suffix(".yaml")
-    if candidate == path or not candidate.is_file():
+    if candidate == path or kind_of(candidate) is None:
         return {}
+    source = str(candidate)
     try:
-        meta = yaml.safe_load(candidate.read_text(encoding="utf-8")) or {}
+        meta = yaml.safe_load(read_bytes(candidate, max_bytes=1 << 20).decode("utf-8"))
     except yaml.YAMLError as exc:
-        raise TraceError(str(candidate), f"not valid YAML: {exc}") from None
-    return {key[: -len("_size")]: int(value) for key, value in meta.items()
-            if key.endswith("_size") and key != "world_size" and isinstance(value, int)}
+        raise TraceError(source, f"not valid YAML: {shown(str(exc).splitlines()[0] if str(exc) else exc)}") from None
+    except UnicodeDecodeError:
+        raise TraceError(source, "not valid YAML: not UTF-8 text") from None
+    except RecursionError:
+        raise TraceError(source, "not valid YAML: nested too deeply") from None
+    if meta is None:
+        return {}
+    if not isinstance(meta, dict):
+        raise TraceError(source, f"expected a mapping of keys to values, got {shown(meta)}")
+    sizes = {}
+    for key, value in meta.items():
+        if not isinstance(key, str):
+            raise TraceError(source, f"expected text keys, got {shown(key)}")
+        if not key.endswith("_size"):
+            continue
+        if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= MAX_RANK + 1:
+            raise TraceError(source, f"{key} must be a positive integer up to {MAX_RANK + 1}, got {shown(value)}")
+        if key != "world_size":
+            sizes[key[: -len("_size")]] = value
+    return sizes
+
+
+#: StragglerAnalysis columns: (kind, smallest value, largest value)
+_CHECKS = {"dp_rank": ("int", 0, MAX_RANK), "stage": ("int", 0, MAX_RANK), "rank": ("int", 0, MAX_RANK),
+           "step": ("int", 0, MAX_COUNT), "seq_id": ("int", 0, MAX_COUNT), "mb_id": ("int", -1, MAX_COUNT),
+           "start_ts": ("float", -1e12, 1e12), "duration": ("float", 0.0, 1e9)}
+
+
+def _checked(frame: pd.DataFrame, name: str, source: str) -> np.ndarray:
+    """Column ``name`` as int64 or float64 values, or a :class:`TraceError` naming its first bad row."""
+    kind, low, high = _CHECKS[name]
+    raw = frame[name]
+    if pd.api.types.is_bool_dtype(raw.dtype) or not (pd.api.types.is_numeric_dtype(raw.dtype)
+                                                   or raw.dtype == object or isinstance(raw.dtype, pd.CategoricalDtype)):
+        raise TraceError(source, f"expected numbers, got a column of {raw.dtype}", row=1, column=name)
+    values = pd.to_numeric(raw if pd.api.types.is_numeric_dtype(raw.dtype) else raw.astype(object).map(_float_or_nan),
+                           errors="coerce")
+    numbers = values.to_numpy(dtype=np.float64, na_value=np.nan)
+    bad = ~np.isfinite(numbers) | (numbers < low) | (numbers > high)
+    if kind == "int":
+        bad |= numbers % 1 != 0
+    if bad.any():
+        row = int(np.flatnonzero(bad)[0])
+        expected = "an integer" if kind == "int" else "a number"
+        raise TraceError(source, f"expected {expected} from {low:g} to {high:g}, got {shown(raw.iloc[row])}",
+                         row=row + 1, column=name)
+    return numbers.astype(np.int64) if kind == "int" else numbers
+
+
+def _float_or_nan(value: object) -> float:
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.number)):
+        return float("nan")
+    return float(value)
 
 
 def import_straggler_analysis(path: str | os.PathLike[str]) -> Trace:
     """A StragglerAnalysis parquet trace as trace format v1 records with a topology."""
     path = Path(path)
     source = str(path)
+    if regular_file(path) == 0:
+        raise TraceError(source, "empty file")
     try:
-        frame = pq.read_table(path).to_pandas()
+        with open(path, "rb") as handle:
+            frame = pq.read_table(handle).to_pandas()
     except (pa.ArrowException, OSError) as exc:
-        raise TraceError(source, f"not a readable Parquet file (truncated or corrupt?): {exc}") from None
+        raise TraceError(source, f"not a readable Parquet file (truncated or corrupt?): "
+                                 f"{shown(str(exc).splitlines()[0] if str(exc) else exc)}") from None
     missing = [name for name in COLUMNS if name not in frame.columns]
     if missing:
         raise TraceError(source, "missing StragglerAnalysis column(s)", column=", ".join(missing))
     if frame.empty:
         raise TraceError(source, "no records (empty trace)")
-    optype = frame["optype"].astype(str)
-    unknown = ~optype.isin(list(OPTYPES))
+    unknown = ~frame["optype"].map(lambda name: isinstance(name, str) and name in OPTYPES).to_numpy(dtype=bool)
     if unknown.any():
-        row = int(np.flatnonzero(unknown.to_numpy())[0])
-        raise TraceError(source, f"unknown optype {optype.iloc[row]!r}", row=row + 1, column="optype")
+        row = int(np.flatnonzero(unknown)[0])
+        raise TraceError(source, f"unknown optype {shown(frame['optype'].iloc[row])}", row=row + 1, column="optype")
+    optype = frame["optype"].astype(str)
+    checked = {name: _checked(frame, name, source) for name in _CHECKS if name in frame.columns}
 
     meta = _meta(path)
     tp = meta.get("tp", 1)
-    dp = frame["dp_rank"].astype(np.int64).to_numpy()
-    stage = frame["stage"].astype(np.int64).to_numpy()
-    rank = frame["rank"].astype(np.int64).to_numpy()
+    dp, stage, rank = checked["dp_rank"], checked["stage"], checked["rank"]
     tp_index = rank % tp
     mapped = optype.map(lambda name: OPTYPES[name])
     op = mapped.map(lambda item: item[0]).to_numpy(dtype=object)
@@ -137,9 +196,7 @@ def import_straggler_analysis(path: str | os.PathLike[str]) -> Trace:
     peers = pd.array([rank_at.get((d, ps, t)) if (snd or rcv) else None
                       for d, ps, t, snd, rcv in zip(dp, peer_stage, tp_index, is_send, is_recv)], dtype="Int64")
 
-    steps = frame["step"].astype(np.int64).to_numpy()
-    relative = frame["start_ts"].astype(np.float64).to_numpy()
-    duration = frame["duration"].astype(np.float64).to_numpy()
+    steps, relative, duration = checked["step"], checked["start_ts"], checked["duration"]
     span = pd.Series(relative + duration).groupby(steps).max()
     origin = dict(zip(span.index, np.concatenate([[0.0], np.cumsum(span.to_numpy())[:-1]])))
     start = relative + np.array([origin[s] for s in steps])
@@ -148,9 +205,9 @@ def import_straggler_analysis(path: str | os.PathLike[str]) -> Trace:
         "rank": rank, "step": steps, "op": op, "group": groups, "seq": pd.array([None] * len(frame), dtype="Int64"),
         "start": start, "duration": duration, "peer": peers,
         "dp_rank": dp, "stage": stage,
-        "mb_id": frame["mb_id"].astype(np.int64).to_numpy() if "mb_id" in frame.columns else -1,
+        "mb_id": checked["mb_id"] if "mb_id" in checked else -1,
     })
-    records["seq"] = _instance_numbers(records, instance_kind, frame["seq_id"].astype(np.int64).to_numpy())
+    records["seq"] = _instance_numbers(records, instance_kind, checked["seq_id"])
     records = validate(records, source)
     parallelism = {"dp": int(dp.max()) + 1, "pp": int(stage.max()) + 1, "tp": tp} | {k: v for k, v in meta.items() if v > 1}
     members = records.dropna(subset=["group"]).groupby("group")["rank"].unique()

@@ -12,7 +12,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 __all__ = ["TOPOLOGY_FILE", "Topology"]
 
@@ -30,44 +30,74 @@ class Topology:
 
     @classmethod
     def from_dict(cls, data: Any, path: str = "topology") -> Topology:
-        from trainhealth.traces.format import TraceError
+        """The topology in ``data`` (parsed JSON); :class:`~trainhealth.traces.ops.TraceError` naming ``path``
+        and the key when a part has the wrong type or a rank is out of range. Other keys are extensions of
+        later versions: ignored, as trace readers ignore extra columns."""
+        from trainhealth.traces.format import MAX_RANK, TraceError, shown
+
+        def fail(problem: str, key: str) -> TraceError:
+            return TraceError(path, f"{key}{' ' if problem.startswith('must') else ': '}{problem}")
+
+        def rank(value: Any, key: str) -> int:
+            if isinstance(value, str) and value.isascii() and value.isdecimal():
+                value = int(value)
+            if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= MAX_RANK:
+                raise fail(f"expected a rank from 0 to {MAX_RANK}, got {shown(value)}", key)
+            return value
+
+        def mapping(key: str) -> dict[Any, Any]:
+            value = data.get(key, {})
+            if not isinstance(value, dict):
+                raise fail(f"expected a JSON object, got {shown(value)}", key)
+            return value
+
+        def names(key: str, what: str) -> dict[int, str]:
+            found = {}
+            for number, name in mapping(key).items():
+                if not isinstance(name, str) or not name.strip():
+                    raise fail(f"expected ranks mapped to {what} names, got {shown(number)}: {shown(name)}", key)
+                found[rank(number, key)] = name
+            return found
 
         if not isinstance(data, dict):
-            raise TraceError(path, "the topology must be a JSON object")
-        # keys other than these are extensions of later versions: ignored, as trace readers ignore extra columns
+            raise TraceError(path, f"the topology must be a JSON object, got {shown(data)}")
         groups: dict[str, tuple[int, ...]] = {}
-        for name, members in dict(data.get("groups", {})).items():
-            if not isinstance(members, list) or not all(isinstance(r, int) and r >= 0 for r in members):
-                raise TraceError(path, f"groups.{name} must be a list of non-negative ranks", column="groups")
-            groups[str(name)] = tuple(members)
-        hosts: dict[int, str] = {}
-        for rank, host in dict(data.get("hosts", {})).items():
-            if not str(rank).isdigit() or not isinstance(host, str):
-                raise TraceError(path, f"hosts must map ranks to host names, got {rank!r}: {host!r}", column="hosts")
-            hosts[int(rank)] = host
+        for name, members in mapping("groups").items():
+            if not isinstance(members, list):
+                raise fail(f"expected a list of ranks, got {shown(members)}", f"groups.{name}")
+            try:
+                groups[str(name)] = tuple(rank(member, "") for member in members)
+            except TraceError as exc:
+                raise fail(f"must be a list of non-negative ranks{exc.problem.removeprefix(': expected a rank')}",
+                           f"groups.{name}") from None
+        hosts = names("hosts", "host")
         parallelism: dict[str, int] = {}
-        for name, size in dict(data.get("parallelism", {})).items():
-            if not isinstance(size, int) or size < 1:
-                raise TraceError(path, f"parallelism.{name} must be a positive integer", column="parallelism")
+        for name, size in mapping("parallelism").items():
+            if not isinstance(size, int) or isinstance(size, bool) or not 1 <= size <= MAX_RANK + 1:
+                raise fail(f"expected a positive integer, got {shown(size)}", f"parallelism.{name}")
             parallelism[str(name)] = size
-        switches: dict[int, str] = {}
-        for rank, switch in dict(data.get("switches", {})).items():
-            if not str(rank).isdigit() or not isinstance(switch, str):
-                raise TraceError(path, f"switches must map ranks to switch names, got {rank!r}: {switch!r}", column="switches")
-            switches[int(rank)] = switch
-        return cls(groups, hosts, parallelism, switches, bool(data.get("simulated", False)))
+        switches = names("switches", "switch")
+        simulated = data.get("simulated", False)
+        if not isinstance(simulated, bool):
+            raise fail(f"expected true or false, got {shown(simulated)}", "simulated")
+        return cls(groups, hosts, parallelism, switches, simulated)
+
+    #: The largest topology file read (a 65,536-rank job's is a few MiB).
+    MAX_BYTES: ClassVar[int] = 256 << 20
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> Topology:
+        from trainhealth.traces.files import read_bytes
         from trainhealth.traces.format import TraceError
 
+        data = read_bytes(Path(path), max_bytes=cls.MAX_BYTES)
         try:
-            data = json.loads(Path(path).read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            raise TraceError(str(path), "no such file") from None
+            parsed = json.loads(data.decode("utf-8"))
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise TraceError(str(path), f"not valid JSON: {exc}") from None
-        return cls.from_dict(data, str(path))
+        except RecursionError:
+            raise TraceError(str(path), "not a topology: JSON nested too deeply") from None
+        return cls.from_dict(parsed, str(path))
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {

@@ -12,7 +12,9 @@ With ``TRAINHEALTH_TRACE_DIR`` set (or ``trace_dir`` given) each rank appends it
 records to ``<trace_dir>/rank-<rank>.<n>.jsonl.gz`` (trace format v1, JSON lines in
 gzip members) every ``TRAINHEALTH_TRACE_WRITE_INTERVAL`` seconds while it runs, on
 :func:`uninstall` and at process exit, so an analyzer can read it live and a crash
-loses at most the records since the last append. Metrics reach Prometheus when a :class:`~trainhealth.Monitor`
+loses at most the records since the last append. On SIGTERM and SIGINT the rest is
+appended before the signal's previous action runs
+(:mod:`~trainhealth.exporters.collectives.shutdown`). Metrics reach Prometheus when a :class:`~trainhealth.Monitor`
 runs in the process (``Monitor(..., comm=True)`` installs the logger itself).
 Code that imported a collective by name before :func:`install`
 (``from torch.distributed import all_reduce``) keeps the unwrapped function.
@@ -31,6 +33,7 @@ from trainhealth._torch import require_torch
 from trainhealth.config import Settings
 from trainhealth.detectors.runner import SignalDetectors
 from trainhealth.exporters.collectives.logger import COMMUNICATION_FUNCTIONS, CollectiveLogger
+from trainhealth.exporters.collectives.shutdown import restore_signals, save_on_signals
 from trainhealth.store import MetricStore
 
 __all__ = ["CollectiveLogger", "install", "installed", "instrument_ddp", "uninstall"]
@@ -94,6 +97,7 @@ def install(trace_dir: str | os.PathLike[str] | None = None, *, store: MetricSto
         logger.start()
         _installed = logger
         atexit.register(_write_at_exit)
+        save_on_signals(_write_on_signal)
         return logger
 
 
@@ -111,6 +115,7 @@ def uninstall() -> Path | None:
             setattr(c10d, name, original)
         _originals.clear()
     atexit.unregister(_write_at_exit)
+    restore_signals()
     if logger is None:
         return None
     logger.stop()
@@ -135,3 +140,11 @@ def _write_at_exit() -> None:
     if logger is not None:
         logger.flush()
         _write(logger)
+
+
+def _write_on_signal() -> None:
+    """On SIGTERM / SIGINT (see :mod:`~trainhealth.exporters.collectives.shutdown`): append what is left,
+    giving up after 2 s when the trace is held by a write the signal interrupted."""
+    logger = _installed
+    if logger is not None and logger.trace_dir is not None:
+        logger.write_trace(timeout_s=2.0)

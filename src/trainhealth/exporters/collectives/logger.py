@@ -192,7 +192,7 @@ class CollectiveLogger(CollectiveRecorder):
             rows.append(row)
         return rows
 
-    def write_trace(self) -> Path | None:
+    def write_trace(self, timeout_s: float | None = None) -> Path | None:
         """Append the records not yet written to ``<trace_dir>/rank-<rank>.<n>.jsonl.gz``, and the abnormal ones
         to ``<trace_dir>/abnormal/``; the segment holding this rank's trace, or None without a trace directory
         or records.
@@ -200,11 +200,17 @@ class CollectiveLogger(CollectiveRecorder):
         Each append is one gzip member written with one call and synced to disk; a crash
         mid-append leaves a cut last member, which readers drop (see
         :mod:`trainhealth.traces.segments` for links, restarts and segment size).
+        With ``timeout_s`` (a signal handler, which may have interrupted a write on its own
+        thread), gives up and returns None when the locks stay held that long.
         """
         if self.trace_dir is None:
             return None
-        self.flush()  # records still queued for the flush thread
-        with self._write_lock:
+        if not self.flush(timeout_s):  # records still queued for the flush thread
+            return None
+        if not self._write_lock.acquire(timeout=-1 if timeout_s is None else timeout_s):
+            log.warning("trainhealth: the collective trace is being written elsewhere; not written again")
+            return None
+        try:
             self._last_trace_write = time.monotonic()
             batch = self._take(self._unwritten)
             abnormal = self._take(self._unwritten_abnormal)
@@ -217,6 +223,8 @@ class CollectiveLogger(CollectiveRecorder):
                 self._unwritten.extendleft(reversed(batch))  # kept for the next try (the ring bound still holds)
                 self._unwritten_abnormal.extendleft(reversed(abnormal))
                 raise
+        finally:
+            self._write_lock.release()
         if self._unwritten_lost:
             log.warning("trainhealth: %d collective records were dropped before they reached the trace; raise "
                         "TRAINHEALTH_COMM_RING_SIZE or lower TRAINHEALTH_TRACE_WRITE_INTERVAL", self._unwritten_lost)
@@ -238,34 +246,43 @@ class CollectiveLogger(CollectiveRecorder):
                 return taken
 
     # --- the flush thread -------------------------------------------------------------
-    def flush(self) -> None:
-        """Aggregate new records into metrics, flag abnormal ones, refresh the in-flight view."""
-        with self._flush_lock:
-            batch = self._take(self._pending)
-            self._seen += len(batch)
-            if self.trace_dir is not None:  # held for the next append
-                overflow = len(self._unwritten) + len(batch) - cast(int, self._unwritten.maxlen)
-                if overflow > 0:
-                    self._unwritten_lost += overflow
-                self._unwritten.extend(batch)
-            collectives = [record for record in batch if record[1] in _COMMUNICATION]
-            markers = [record for record in batch if record[1] == "step"]
-            self._flushed_total += len(collectives)
-            if collectives:
-                self._aggregate(collectives)
-            if not markers and not self._marked:
-                self._unassigned.clear()  # nobody marks steps (yet): hold only what the first marker may need
-            self._unassigned.extend((record[4], record[4] + record[5], record[8]) for record in collectives)
-            if markers:
-                self._marked = True
-                self._account_steps(markers)
-            if self.store is not None:
-                self._export_inflight(self.store)
-                dropped = self.records_dropped
-                if dropped:
-                    previous = cast(float, self.store.value(catalog.COMM_RECORDS_DROPPED) or 0.0)  # a counter
-                    if dropped > previous:
-                        self.store.inc(catalog.COMM_RECORDS_DROPPED, dropped - previous)
+    def flush(self, timeout_s: float | None = None) -> bool:
+        """Aggregate new records into metrics, flag abnormal ones, refresh the in-flight view; False when
+        ``timeout_s`` passed before another flush finished."""
+        if not self._flush_lock.acquire(timeout=-1 if timeout_s is None else timeout_s):
+            return False
+        try:
+            self._flush_locked()
+        finally:
+            self._flush_lock.release()
+        return True
+
+    def _flush_locked(self) -> None:
+        batch = self._take(self._pending)
+        self._seen += len(batch)
+        if self.trace_dir is not None:  # held for the next append
+            overflow = len(self._unwritten) + len(batch) - cast(int, self._unwritten.maxlen)
+            if overflow > 0:
+                self._unwritten_lost += overflow
+            self._unwritten.extend(batch)
+        collectives = [record for record in batch if record[1] in _COMMUNICATION]
+        markers = [record for record in batch if record[1] == "step"]
+        self._flushed_total += len(collectives)
+        if collectives:
+            self._aggregate(collectives)
+        if not markers and not self._marked:
+            self._unassigned.clear()  # nobody marks steps (yet): hold only what the first marker may need
+        self._unassigned.extend((record[4], record[4] + record[5], record[8]) for record in collectives)
+        if markers:
+            self._marked = True
+            self._account_steps(markers)
+        if self.store is not None:
+            self._export_inflight(self.store)
+            dropped = self.records_dropped
+            if dropped:
+                previous = cast(float, self.store.value(catalog.COMM_RECORDS_DROPPED) or 0.0)  # a counter
+                if dropped > previous:
+                    self.store.inc(catalog.COMM_RECORDS_DROPPED, dropped - previous)
 
     def _aggregate(self, batch: list[tuple]) -> None:
         by_key: dict[tuple[str, str], list[tuple]] = {}

@@ -94,6 +94,10 @@ class ParameterStats:
         squares = torch.zeros(self.n_groups, dtype=norms.dtype, device=norms.device)
         return squares.index_add_(0, index, norms * norms).sqrt()
 
+    def has_gradients(self) -> bool:
+        """Whether any parameter has a gradient (checked on the host; stops at the first that has one)."""
+        return any(p.grad is not None for p in self.params)
+
     def grad_norm(self) -> Tensor:
         """Total L2 norm of the current gradients (0-d tensor)."""
         with self._torch.no_grad():

@@ -5,7 +5,9 @@ vector. On a CUDA device it is copied to pinned host memory with a
 non-blocking copy and a CUDA event; :meth:`DeferredReadout.ready` hands back
 the vectors whose event has completed, usually one step later, so the loop
 never waits for the GPU. On the CPU the values are ready at once. Only
-:meth:`DeferredReadout.drain` (at close) waits.
+:meth:`DeferredReadout.drain` (at close) waits. :class:`StepValues` gathers one step's
+values for it, leaving out (and counting) any it cannot take; :func:`learning_rates`
+reads an optimizer's learning rates into it.
 
 >>> import torch
 >>> readout = DeferredReadout(torch)
@@ -18,10 +20,16 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
-__all__ = ["DeferredReadout"]
+from trainhealth.store import MetricStore
+
+__all__ = ["ON_DEVICE", "DeferredReadout", "StepValues", "learning_rates"]
+
+#: A learning rate read with the step's device values (the group's ``lr`` is a tensor).
+ON_DEVICE = object()
 
 
 class DeferredReadout:
@@ -73,3 +81,83 @@ class DeferredReadout:
 
     def __len__(self) -> int:
         return len(self._pending)
+
+
+@dataclass
+class StepValues:
+    """One step's values: device tensors laid out for one read (``tensors``, ``fields``), host numbers (``values``).
+
+    :meth:`add` leaves out a value it cannot take, counted under its ``source`` in
+    ``trainhealth_exporter_errors_total``, so one bad signal never costs the step the others.
+
+    >>> import torch
+    >>> from trainhealth import catalog
+    >>> store = MetricStore()
+    >>> values = StepValues(torch, store)
+    >>> values.add("loss", torch.tensor(2.0)), values.add("grad_norm", torch.ones(3)), values.add("tokens", 8)
+    (True, False, True)
+    >>> values.fields, values.values, store.value(catalog.EXPORTER_ERRORS, ("monitor",))
+    ([('loss', 1)], {'tokens': 8.0}, 1.0)
+    """
+
+    torch: Any
+    store: MetricStore
+    tensors: list[Any] = field(default_factory=list)
+    fields: list[tuple[str, int]] = field(default_factory=list)
+    values: dict[str, float] = field(default_factory=dict)
+
+    def add(self, name: str, value: Any, length: int = 1, *, source: str = "monitor") -> bool:
+        """Add ``value`` (a tensor of ``length`` elements or a number) as ``name``; False when left out."""
+        if value is None:
+            return False
+        try:
+            if isinstance(value, self.torch.Tensor):
+                if value.numel() != length:
+                    raise ValueError(f"{name}: expected {length} value(s), got a tensor of shape {tuple(value.shape)}")
+                self.tensors.append(value)
+                self.fields.append((name, length))
+            else:
+                self.values[name] = float(value)
+            return True
+        except Exception as exc:
+            self.store.record_error(source, exc)
+            return False
+
+
+def learning_rates(optimizer: Any, values: StepValues) -> list[float | object | None]:
+    """The learning rate of each of ``optimizer``'s parameter groups.
+
+    A number; :data:`ON_DEVICE` when it is a tensor (added to ``values`` as ``lr<group>``);
+    ``None`` when it cannot be read (Hugging Face's Adafactor with ``relative_step=True``
+    leaves it None), counted in ``trainhealth_exporter_errors_total{source="learning_rate"}``.
+
+    >>> import torch
+    >>> from trainhealth import catalog
+    >>> store = MetricStore()
+    >>> optimizer = torch.optim.SGD([torch.nn.Parameter(torch.ones(1))], lr=0.1)
+    >>> optimizer.add_param_group({"params": [torch.nn.Parameter(torch.ones(1))]})
+    >>> optimizer.param_groups[1]["lr"] = None
+    >>> learning_rates(optimizer, StepValues(torch, store)), store.value(catalog.EXPORTER_ERRORS, ("learning_rate",))
+    ([0.1, None], 1.0)
+    """
+    try:
+        groups = list(optimizer.param_groups)
+    except Exception as exc:  # an optimizer without torch's param_groups
+        values.store.record_error("learning_rate", exc)
+        return []
+    rates: list[float | object | None] = []
+    for position, group in enumerate(groups):
+        try:
+            lr = group.get("lr")
+            if isinstance(lr, values.torch.Tensor):
+                rates.append(ON_DEVICE if values.add(f"lr{position}", lr, source="learning_rate") else None)
+            elif lr is None or isinstance(lr, bool):
+                values.store.record_error("learning_rate", TypeError(
+                    f"param_groups[{position}]['lr'] is {lr!r}, not a number: its learning rate is left out"))
+                rates.append(None)
+            else:
+                rates.append(float(lr))
+        except Exception as exc:
+            values.store.record_error("learning_rate", exc)
+            rates.append(None)
+    return rates

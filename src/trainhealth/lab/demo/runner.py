@@ -20,6 +20,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+from trainhealth._files import output_directory
 from trainhealth.lab.demo.report import Incident, write_report
 from trainhealth.lab.demo.schedule import describe
 from trainhealth.lab.demo.worker import DemoConfig, rank_main
@@ -78,13 +79,10 @@ def run_demo(options: DemoOptions) -> int:
 
     import torch.multiprocessing as mp
     from rich.console import Console
+    from rich.markup import escape
 
     console = Console()
-    out = options.out
-    for stale in ("traces", "history"):
-        _clear(out / stale)
-    (out / "faults.jsonl").unlink(missing_ok=True)
-    out.mkdir(parents=True, exist_ok=True)
+    out = output_directory(options.out, "out", empty=True)  # new or empty: nothing of anyone else's is touched
     context = multiprocessing.get_context("spawn")
     progress, stop = context.Queue(maxsize=10_000), context.Event()
     config = DemoConfig(ranks=options.ranks, duration_s=options.duration_s, out=str(out), addr=options.addr,
@@ -100,9 +98,15 @@ def run_demo(options: DemoOptions) -> int:
 
     previous = signal.signal(signal.SIGINT, on_interrupt)
     console.print(f"[bold]trainhealth demo[/bold]: {options.ranks} ranks on CPU (gloo), simulated GPUs, "
-                  f"~{options.duration_s:.0f} s; report in {out}/report.html")
-    processes = mp.start_processes(rank_main, args=(config, progress, stop), nprocs=options.ranks, join=False,
-                                   start_method="spawn")
+                  f"~{options.duration_s:.0f} s; report in {escape(str(out))}/report.html")
+    # The ranks start with SIGINT blocked (the mask survives exec) and ignore it before unblocking: a Ctrl-C
+    # while they import torch reaches only this process, which stops them all at the same step.
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        processes = mp.start_processes(rank_main, args=(config, progress, stop), nprocs=options.ranks, join=False,
+                                       start_method="spawn")
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     try:
         view = _Live(console, options, pages)
         view.run(progress, processes, interrupted)
@@ -128,12 +132,6 @@ def run_demo(options: DemoOptions) -> int:
 
 
 # --- pieces -----------------------------------------------------------------------------
-def _clear(directory: Path) -> None:
-    if directory.is_dir():
-        for path in sorted(directory.rglob("*"), reverse=True):
-            path.rmdir() if path.is_dir() else path.unlink()
-
-
 def _start_analyzer(options: DemoOptions) -> tuple[Any, threading.Event | None, Any]:
     if options.analyzer_port is None:
         return None, None, None
@@ -184,17 +182,19 @@ def _histories(directory: Path) -> dict[int, list[dict[str, Any]]]:
 
 
 def _summary(console: Any, localization: dict[str, Any] | None, page: Path, failures: list[str]) -> None:
+    from rich.markup import escape
+
     for failure in failures:
-        console.print(f"[red]{failure}[/red]")
+        console.print(f"[red]{escape(failure)}[/red]")
     if localization is None:
         console.print("localization: no collective trace was written")
     else:
         suspects = localization.get("suspects", [])
         top = f"; top suspect {suspects[0]['kind']} {suspects[0].get('component', '')}" if suspects else ""
-        console.print(f"[bold]verdict: {localization['verdict']}[/bold]{top}")
+        console.print(f"[bold]verdict: {escape(str(localization['verdict']))}[/bold]{escape(top)}")
         for advice in localization.get("advice", [])[:2]:
-            console.print(f"  - {advice}")
-    console.print(f"report: {page}")
+            console.print(f"  - {advice}", markup=False, highlight=False)
+    console.print(f"report: {page}", markup=False, highlight=False)
 
 
 class _Live:
@@ -228,7 +228,7 @@ class _Live:
                     live.update(self._table())
                 elif time.monotonic() - last_line > 10:
                     last_line = time.monotonic()
-                    self.console.print(self._line())
+                    self.console.print(self._line(), markup=False, highlight=False)
                 if not any(p.is_alive() for p in processes.processes):
                     self._drain(progress, done)
                     break
@@ -267,7 +267,7 @@ class _Live:
     def _note(self, text: str) -> None:
         self.recent.append(text)
         if not self.console.is_terminal:
-            self.console.print(text, highlight=False)
+            self.console.print(text, markup=False, highlight=False)
 
     def _show_pages(self) -> None:
         with self.pages.lock:
@@ -286,6 +286,7 @@ class _Live:
     def _table(self) -> Any:
         from rich.console import Group
         from rich.table import Table
+        from rich.text import Text
 
         # Every rank's step takes as long as the slowest one's, so step time cannot name the straggler;
         # the split can: the straggler computes longest and waits least (its peers wait for it).
@@ -303,7 +304,7 @@ class _Live:
                           "-" if m.get("temperature") is None else f"{m['temperature']:.0f}",
                           "-" if up is None else ("[green]yes[/green]" if up else "[red]LOST[/red]"),
                           f"{m.get('xids', 0):.0f}")
-        return Group(table, *self.recent)
+        return Group(table, *(Text(line) for line in self.recent))  # text, not markup: ranks' errors hold brackets
 
 
 def _ms(seconds: float | None) -> str:

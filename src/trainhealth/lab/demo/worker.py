@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["DemoConfig", "rank_main"]
+__all__ = ["MODEL_SHAPE", "DemoConfig", "rank_main", "tensor_names"]
 
 #: The default detectors, with the spike score over 200 steps instead of OLMo 2's 1,000 (a demo is short).
 DEMO_DETECTORS = (
@@ -28,6 +28,8 @@ DEMO_DETECTORS = (
 #: A nominal peak for one CPU core's float32 FLOP/s, so the demo's MFU panel has a scale (not a measurement).
 CPU_PEAK_FLOPS = 5e10
 CHECKPOINT_EVERY = 100
+#: The demo's model: TinyGPT of this shape.
+MODEL_SHAPE = {"vocab": 128, "width": 64, "layers": 2, "heads": 4, "context": 32}
 FORWARDED_EVENTS = ("anomaly", "sdc_suspect", "gpu.xid", "gpu.lost", "fault_injected", "loss_spike_unrecovered",
                     "nonfinite_origin")
 
@@ -53,6 +55,7 @@ def rank_main(rank: int, config: DemoConfig, progress: Any, stop: Any) -> None:
     import torch.distributed as dist
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the demo process, which stops every rank in step
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # blocked by the demo while it started the ranks
     torch.set_num_threads(1)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(config.master_port), RANK=str(rank),
                       LOCAL_RANK=str(rank), WORLD_SIZE=str(config.ranks))
@@ -75,7 +78,7 @@ def _train(rank: int, config: DemoConfig, progress: Any, stop: Any, torch: Any, 
 
     out = Path(config.out)
     torch.manual_seed(config.seed)
-    shape = {"vocab": 128, "width": 64, "layers": 2, "heads": 4, "context": 32}
+    shape = MODEL_SHAPE
     model = TinyGPT(**shape)
     ddp = torch.nn.parallel.DistributedDataParallel(model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
@@ -138,6 +141,17 @@ def _train(rank: int, config: DemoConfig, progress: Any, stop: Any, torch: Any, 
         (out / "history").mkdir(parents=True, exist_ok=True)
         (out / "history" / f"rank-{rank}.json").write_text(json.dumps({"rank": rank, "steps": history}))
         _send(progress, {"rank": rank, "done": True})
+
+
+def tensor_names(target: str) -> list[str]:
+    """The names a tensor fault's ``tensor`` glob is matched against in the demo's model: its floating-point
+    parameters (``parameter``, ``gradient``) or its modules (``activation``)."""
+    from trainhealth.lab.models.tiny_gpt import TinyGPT
+
+    model = TinyGPT(**MODEL_SHAPE)
+    if target == "activation":
+        return [name for name, _ in model.named_modules() if name]
+    return [name for name, parameter in model.named_parameters() if parameter.is_floating_point()]
 
 
 def _step_split(monitor: Any) -> dict[str, float | None]:

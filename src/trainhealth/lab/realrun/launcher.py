@@ -25,7 +25,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -117,11 +116,11 @@ def _truth_for(spec: CaseSpec, hosts: dict[int, str], onset: int | None = None, 
 
 def run_case(spec: CaseSpec, out: str | os.PathLike[str], *, live: bool = True, poll_s: float = POLL_S,
              timeout_s: float = 240.0, noise: bool = False) -> CaseOutcome:
-    """Run ``spec`` in ``out/<spec.name>`` and score it. Never raises for a failed run: the outcome says."""
+    """Run ``spec`` in ``out/<spec.name>``, a new directory, and score it. Never raises for a failed run: the
+    outcome says; a ``run_dir`` that already exists is a FileExistsError (nothing there is removed)."""
     run_dir = Path(out) / spec.name
-    if run_dir.exists():
-        shutil.rmtree(run_dir)
-    (run_dir / "logs").mkdir(parents=True)
+    run_dir.mkdir(parents=True)
+    (run_dir / "logs").mkdir()
     kind = spec.fault.kind
     hosts = {rank: host_name(rank) for rank in range(spec.ranks)}
     if kind in LINK_KINDS:

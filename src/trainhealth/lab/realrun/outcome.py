@@ -138,9 +138,10 @@ class _RunError(Exception):
         self.partial = partial or {}
 
 
-def score_run(plan: Truth, run_dir: str | os.PathLike[str]) -> dict[str, Any]:
+def score_run(plan: Truth, run_dir: str | os.PathLike[str], *, save: bool = True) -> dict[str, Any]:
     """Localize one finished run's traces with this code and score the answers (``localize``, ``localize_probe``,
-    ``baseline_compute``, ``baseline_wait``, ``answer``); ``answer.json`` is written beside the traces."""
+    ``baseline_compute``, ``baseline_wait``, ``answer``); with ``save``, ``answer.json`` is written beside the
+    traces."""
     from trainhealth.localize.localizer import localize
     from trainhealth.traces.io import read_trace
 
@@ -156,13 +157,15 @@ def score_run(plan: Truth, run_dir: str | os.PathLike[str]) -> dict[str, Any]:
         result = localize(records, trace.topology)
     except Exception as exc:
         raise _RunError(f"localize raised {type(exc).__name__}: {exc}", baselines) from None
-    probe_score = _with_probe(localize, records, trace.topology, run_dir, plan)
-    write_json(run_dir / "answer.json", result.to_dict())
+    probe_score = _with_probe(localize, records, trace.topology, run_dir, plan, save)
+    if save:
+        write_json(run_dir / "answer.json", result.to_dict())
     return dict(localize=score_result(plan, result).to_dict(), localize_probe=probe_score, answer=result.to_dict(),
                 **baselines)
 
 
-def _with_probe(localize: Any, records: Any, topology: Any, run_dir: Path, plan: Truth) -> dict[str, Any] | None:
+def _with_probe(localize: Any, records: Any, topology: Any, run_dir: Path, plan: Truth,
+                save: bool = True) -> dict[str, Any] | None:
     """The answer with the link probe's result, when there is one and ``localize`` takes ``probe=``."""
     path = run_dir / "probe.json"
     if not path.is_file() or "probe" not in inspect.signature(localize).parameters:
@@ -175,5 +178,6 @@ def _with_probe(localize: Any, records: Any, topology: Any, run_dir: Path, plan:
         result = localize(records, topology, probe=ProbeResult.load(path))
     except Exception as exc:
         return {"error": f"{type(exc).__name__}: {exc}"}
-    write_json(run_dir / "answer-probe.json", result.to_dict())
+    if save:
+        write_json(run_dir / "answer-probe.json", result.to_dict())
     return score_result(plan, result).to_dict()

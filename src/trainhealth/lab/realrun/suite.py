@@ -22,7 +22,7 @@ import numpy as np
 from trainhealth.lab.realrun.launcher import HOG_CODE, CaseOutcome, run_case, score_run
 from trainhealth.lab.realrun.spec import CaseSpec, Truth
 
-__all__ = ["RESULTS_FILE", "load_results", "rescore", "run_suite", "summary", "table"]
+__all__ = ["RESULTS_FILE", "ResultsError", "load_results", "rescore", "run_suite", "summary", "table"]
 
 RESULTS_FILE = "results.jsonl"
 
@@ -55,22 +55,82 @@ def run_suite(cases: Sequence[CaseSpec], out: str | os.PathLike[str], *, noise: 
     return results
 
 
+class ResultsError(ValueError):
+    """A results file that is not a suite's ``results.jsonl``: names the file, the line and the field."""
+
+
+#: A results file larger than this is not one a suite wrote.
+MAX_RESULTS_BYTES = 256 << 20
+_NUMBER = (int, float)
+_ROW = {"case": str, "status": str, "reason": str, "run_dir": str, "truth": dict, "wall_s": _NUMBER}
+_SCORED = {"localize": dict, "baseline_compute": dict, "baseline_wait": dict,
+           "live_detection_delay": (int, type(None)), "localize_probe": (dict, type(None))}
+_TRUTH = {"kind": str, "pattern": str, "layout": str, "severity_band": str, "target": (int, type(None)),
+          "severity": (int, float, type(None)), "fault": dict}
+_ANSWER = {"verdict_right": (bool, type(None)), "top1_right": (bool, type(None)), "false_blame": (bool, type(None))}
+
+
+def _check(where: str, data: dict[str, Any], fields: dict[str, Any]) -> None:
+    for name, kind in fields.items():
+        value = data.get(name, ...)
+        if value is ... or isinstance(value, bool) and bool not in (kind if isinstance(kind, tuple) else (kind,)) \
+                or not isinstance(value, kind):
+            wanted = " or ".join(k.__name__ for k in (kind if isinstance(kind, tuple) else (kind,)))
+            raise ResultsError(f"{where}: {name} must be {wanted}, got {'nothing' if value is ... else repr(value)[:80]}")
+
+
+def _checked(row: Any, where: str) -> dict[str, Any]:
+    if not isinstance(row, dict):
+        raise ResultsError(f"{where}: expected a JSON object, got {type(row).__name__}")
+    _check(where, row, _ROW)
+    if row["status"] not in ("ok", "error", "skipped"):
+        raise ResultsError(f"{where}: status must be ok, error or skipped, got {row['status']!r}")
+    _check(f"{where}: truth", row["truth"], _TRUTH)
+    if row["truth"]["kind"].startswith("link"):
+        _check(f"{where}: truth.fault", row["truth"]["fault"], {"onset": int})
+    if row["status"] == "ok":
+        _check(where, row, _SCORED)
+        for name in ("localize", "baseline_compute", "baseline_wait"):
+            _check(f"{where}: {name}", row[name], _ANSWER if name == "localize" else
+                   {key: kind for key, kind in _ANSWER.items() if key != "verdict_right"})
+        _check(f"{where}: localize", row["localize"], {"verdict": (str, type(None))})
+    return row
+
+
 def load_results(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
-    with open(path, encoding="utf-8") as handle:
-        return [json.loads(line) for line in handle if line.strip()]
+    """The rows of a suite's ``results.jsonl``, each checked; a :class:`ResultsError` names the line and field."""
+    try:
+        with open(path, "rb") as handle:
+            data = handle.read(MAX_RESULTS_BYTES + 1)
+    except OSError as exc:
+        raise ResultsError(f"{path}: unreadable ({exc.strerror or exc})") from None
+    if len(data) > MAX_RESULTS_BYTES:
+        raise ResultsError(f"{path}: larger than {MAX_RESULTS_BYTES} bytes; not a lab results file")
+    rows = []
+    for number, line in enumerate(data.splitlines(), 1):
+        if not line.strip():
+            continue
+        where = f"{path}: line {number}"
+        try:
+            row = json.loads(line)
+        except (ValueError, RecursionError):
+            raise ResultsError(f"{where}: not a JSON object; not a lab results file") from None
+        rows.append(_checked(row, where))
+    return rows
 
 
 def rescore(results: str | os.PathLike[str]) -> list[dict[str, Any]]:
     """The rows of a suite's ``results.jsonl`` with each run localized again by this code from its saved traces.
 
     What happened while the job ran (the live analyzer's polls and delays, the measured slowdowns) is kept as
-    recorded; the final answers, with and without the probe, and the baselines are new.
+    recorded; the final answers, with and without the probe, and the baselines are new. Nothing is written:
+    the run directories named in the file are only read.
     """
     rows = []
     for row in load_results(results):
         if row.get("status") == "ok" and Path(row["run_dir"]).is_dir():
             try:
-                scores = score_run(Truth.from_dict(row["truth"]), row["run_dir"])
+                scores = score_run(Truth.from_dict(row["truth"]), row["run_dir"], save=False)
             except Exception as exc:  # noqa: BLE001 - one unreadable run is reported in its row, not fatal
                 row = {**row, "status": "error", "reason": str(exc)}
             else:

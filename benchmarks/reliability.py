@@ -1,0 +1,237 @@
+"""Reliability figures (issue 17): what survives a job that ends badly, and what the Monitor never does.
+
+    python benchmarks/reliability.py                # every part
+    python benchmarks/reliability.py --only traces  # one part: traces, close, loop, corpus
+
+* **traces** — a real 4-rank gloo job (each rank ``trainhealth.comm`` with a trace
+  directory, all-reduces with 1 ms of "compute" between them) ended three ways: a
+  normal exit without ``uninstall()`` or ``close()``; SIGTERM to every rank at once, as
+  torchrun, Kubernetes and Slurm send it; SIGKILL to every rank. Ground truth is each
+  rank's own count of completed operations, appended with its time to a side file
+  every 25 operations. Printed: the share of operations in the trace, of all of them
+  (normal exit), of those completed more than 2 s before SIGTERM, and of those
+  completed more than one flush interval (1 s) before SIGKILL.
+* **close** — ``Monitor.close()`` time with the OTLP endpoint unreachable (a closed
+  port on 127.0.0.1) and silent (a socket that accepts and never answers).
+* **loop** — 20,000 steps of a Monitor beside faults (a parameter whose gradient is
+  missing, a NaN loss every 100 steps, the /metrics port already taken, the OTLP endpoint
+  unreachable, simulated GPUs): exceptions that reached the loop, steps completed, memory growth.
+* **corpus** — the generated bad-input corpus of every command (tests/cli/test_bad_input_*.py: each case
+  a real ``trainhealth`` subprocess that must exit 2 with one line, no traceback, no hang, inputs
+  unchanged) and the analyzer's bad-upstream corpus (tests/localize/test_analyzer_upstream.py: a real
+  Prometheus behind a server answering badly in 16 ways, then refusing connections); printed: the
+  examples hypothesis ran and passed, and pytest's summary.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import sys
+import tempfile
+import threading
+import time
+import tracemalloc
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # for tests.distributed when run from anywhere
+
+FLUSH_S = 1.0
+RANKS = 4
+
+
+# --- traces ------------------------------------------------------------------------------------------
+def _rank(rank: int, world: int, port: int, out: str, operations: int) -> None:
+    import torch
+    import torch.distributed as dist
+
+    import trainhealth
+    import trainhealth.comm
+    from tests.distributed import init_rank
+
+    init_rank(rank, world, port, timeout_s=120)
+    trainhealth.comm.install(trace_dir=out, settings=trainhealth.Settings.resolve(
+        env={}, comm_flush_interval=FLUSH_S, trace_write_interval=FLUSH_S))
+    progress = os.open(Path(out, f"progress-{rank}.txt"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    tensor = torch.ones(256)
+    logger = trainhealth.comm.installed()
+    for done in range(1, operations + 1):
+        logger.step = done // 10
+        time.sleep(0.001)
+        dist.all_reduce(tensor)
+        if done % 25 == 0:
+            os.write(progress, f"{done} {time.time():.6f}\n".encode())
+    # a normal end of the script: no uninstall(), no close(), no destroy_process_group()
+
+
+def _completed_before(progress: Path, moment: float) -> int:
+    """Operations the rank had completed by ``moment`` (wall clock), from its own side file."""
+    done = 0
+    for line in progress.read_text().splitlines():
+        count, at = line.split()
+        if float(at) <= moment:
+            done = int(count)
+    return done
+
+
+def trace_recovery(ending: str, operations: int) -> tuple[int, int, int, int]:
+    """(operations in the trace, operations that should be; the same over every operation completed) for one
+    job ended by ``ending``."""
+    from tests.distributed import start_ranks
+    from trainhealth.traces import read_trace
+
+    with tempfile.TemporaryDirectory() as out:
+        context = start_ranks(_rank, RANKS, out, operations if ending == "exit" else 10**9)
+        if ending == "exit":
+            deadline = time.monotonic() + 600
+            while not context.join(timeout=1) and time.monotonic() < deadline:
+                pass
+            expected = everything = {rank: operations for rank in range(RANKS)}
+        else:
+            progress = [Path(out, f"progress-{rank}.txt") for rank in range(RANKS)]
+            deadline = time.monotonic() + 300
+            while time.monotonic() < deadline:  # until the job has done 5,000 operations (and a few seconds)
+                time.sleep(0.5)
+                if all(p.exists() for p in progress) and min(_completed_before(p, time.time()) for p in progress) >= 2000:
+                    break
+            moment = time.time()
+            for process in context.processes:
+                os.kill(process.pid, signal.SIGTERM if ending == "sigterm" else signal.SIGKILL)
+            for process in context.processes:
+                process.join(timeout=60)
+                if process.is_alive():
+                    os.kill(process.pid, signal.SIGKILL)
+                    process.join(timeout=10)
+            margin = 2.0 if ending == "sigterm" else FLUSH_S
+            expected = {rank: _completed_before(progress[rank], moment - margin) for rank in range(RANKS)}
+            everything = {rank: _completed_before(progress[rank], moment) for rank in range(RANKS)}
+        records = read_trace([out]).records
+
+        def found(counts: dict[int, int]) -> int:
+            total = 0
+            for rank, count in counts.items():
+                seqs = records[(records["rank"] == rank) & (records["op"] == "all_reduce")]["seq"]
+                total += int((seqs < count).sum())
+            return total
+
+        return found(expected), sum(expected.values()), found(everything), sum(everything.values())
+
+
+def report_traces(operations: int) -> None:
+    for ending, meaning in (("exit", "all operations, normal exit without close()"),
+                            ("sigterm", "operations older than 2 s at SIGTERM"),
+                            ("sigkill", f"operations older than the flush interval ({FLUSH_S:g} s) at SIGKILL")):
+        found, expected, found_all, completed = trace_recovery(ending, operations)
+        print(f"trace, {RANKS}-rank gloo job, {meaning}: {found:,} of {expected:,} in the trace "
+              f"({100 * found / max(expected, 1):.2f}%); of every operation completed: {found_all:,} of "
+              f"{completed:,} ({100 * found_all / max(completed, 1):.2f}%)", flush=True)
+
+
+# --- close -------------------------------------------------------------------------------------------
+def close_time(endpoint: str) -> float:
+    import trainhealth
+
+    os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"] = endpoint  # the OpenTelemetry SDK reads the process environment
+    monitor = trainhealth.Monitor(None, None, env={}, otel=True, prometheus=False, gpu_backend="off")
+    monitor.step(loss=1.0)
+    began = time.perf_counter()
+    monitor.close()
+    return time.perf_counter() - began
+
+
+def report_close() -> None:
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]  # bound, never listening: connections are refused
+        unreachable = close_time(f"http://127.0.0.1:{port}")
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(16)  # accepts (the kernel does) and never answers
+        answerless = close_time(f"http://127.0.0.1:{silent.getsockname()[1]}")
+    print(f"Monitor.close() with the OTLP endpoint refusing connections: {unreachable:.2f} s; "
+          f"accepting and never answering: {answerless:.2f} s (target <= 2 s)", flush=True)
+
+
+# --- the training loop -------------------------------------------------------------------------------
+def report_loop(steps: int) -> None:
+    import torch
+
+    import trainhealth
+
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+    frozen = torch.nn.Linear(4, 4)  # in the optimizer, never in the graph: its gradient is missing
+    optimizer = torch.optim.SGD([*model.parameters(), *frozen.parameters()], lr=0.01)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        with socket.socket() as closed:
+            closed.bind(("127.0.0.1", 0))
+            os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"] = f"http://127.0.0.1:{closed.getsockname()[1]}"
+            monitor = trainhealth.Monitor(model, optimizer, env={}, otel=True, prometheus=True, prometheus_addr="127.0.0.1", prometheus_port=port, gpu_backend="simulated")
+            escaped, recorded = 0, 0
+            tracemalloc.start()
+            baseline = None
+            x = torch.randn(8, 16)
+            for step in range(steps):
+                try:
+                    loss = model(x).pow(2).mean()
+                    loss.backward()
+                    optimizer.step()
+                    optimizer.zero_grad()
+                    monitor.step(loss=float("nan") if step % 100 == 99 else loss)
+                    recorded += 1
+                except Exception:
+                    escaped += 1
+                if step == 1000:
+                    baseline = tracemalloc.get_traced_memory()[0]
+            growth = (tracemalloc.get_traced_memory()[0] - (baseline or 0)) / 1e6
+            tracemalloc.stop()
+            monitor.close()
+    print(f"training loop, {steps:,} steps with a missing gradient, a NaN loss every 100 steps, the /metrics port "
+          f"taken and OTLP unreachable: {escaped} exceptions reached the loop, {recorded:,} steps completed, "
+          f"traced memory +{growth:.2f} MB from step 1,000 to the end", flush=True)
+
+
+# --- the bad-input corpora ----------------------------------------------------------------------------
+CORPORA = ("tests/cli/test_bad_input_analysis.py", "tests/cli/test_bad_input_operations.py",
+           "tests/localize/test_analyzer_upstream.py")
+
+
+def report_corpus() -> None:
+    import re
+    import subprocess
+
+    root = Path(__file__).resolve().parent.parent
+    began = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--hypothesis-show-statistics",
+                           *CORPORA], cwd=root, capture_output=True, text=True)
+    examples = sum(int(n) for n in re.findall(r"(\d+) passing examples?", done.stdout))
+    failing = sum(int(n) for n in re.findall(r"(\d+) failing examples?", done.stdout))
+    summary = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else done.stderr.strip()[-300:]
+    print(f"bad-input corpora: {examples:,} generated cases passed, {failing} failed (hypothesis), beside the "
+          f"written-out cases; pytest: {summary} ({time.monotonic() - began:.0f} s)", flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", choices=("traces", "close", "loop", "corpus"), help="run one part")
+    parser.add_argument("--operations", type=int, default=1500,
+                        help="all-reduces per rank for the normal-exit job (x 4 ranks)")
+    parser.add_argument("--steps", type=int, default=20_000, help="steps of the training-loop part")
+    args = parser.parse_args()
+    if args.only in (None, "traces"):
+        report_traces(args.operations)
+    if args.only in (None, "close"):
+        report_close()
+    if args.only in (None, "loop"):
+        report_loop(args.steps)
+    if args.only in (None, "corpus"):
+        report_corpus()
+
+
+if __name__ == "__main__":
+    main()
