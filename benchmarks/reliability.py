@@ -1,7 +1,7 @@
 """Reliability figures (issue 17): what survives a job that ends badly, and what the Monitor never does.
 
     python benchmarks/reliability.py                # every part
-    python benchmarks/reliability.py --only traces  # one part: traces, close, loop, corpus
+    python benchmarks/reliability.py --only traces  # one part: traces, close, loop, auth, corpus
 
 * **traces** — a real 4-rank gloo job (each rank ``trainhealth.comm`` with a trace
   directory, all-reduces with 1 ms of "compute" between them) ended three ways: a
@@ -14,13 +14,15 @@
 * **close** — ``Monitor.close()`` time with the OTLP endpoint unreachable (a closed
   port on 127.0.0.1) and silent (a socket that accepts and never answers).
 * **loop** — 20,000 steps of a Monitor beside faults (a parameter whose gradient is
-  missing, a NaN loss every 100 steps, the /metrics port already taken, the OTLP endpoint
-  unreachable, simulated GPUs): exceptions that reached the loop, steps completed, memory growth.
+  missing, a NaN loss every 100 steps, the OTLP endpoint unreachable, simulated GPUs; a /metrics
+  port already taken is a configuration error, refused at once): exceptions that reached the loop, steps completed, memory growth.
+* **auth** — a Monitor's /metrics with mTLS and basic auth, scraped five ways: only the client with
+  the certificate and the password gets a 200.
 * **corpus** — the generated bad-input corpus of every command (tests/cli/test_bad_input_*.py: each case
   a real ``trainhealth`` subprocess that must exit 2 with one line, no traceback, no hang, inputs
   unchanged) and the analyzer's bad-upstream corpus (tests/localize/test_analyzer_upstream.py: a real
   Prometheus behind a server answering badly in 16 ways, then refusing connections); printed: the
-  examples hypothesis ran and passed, and pytest's summary.
+  invocations per command (counted through ``TRAINHEALTH_BADINPUT_LOG``) and pytest's summary.
 """
 
 from __future__ import annotations
@@ -164,36 +166,94 @@ def report_loop(steps: int) -> None:
     model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
     frozen = torch.nn.Linear(4, 4)  # in the optimizer, never in the graph: its gradient is missing
     optimizer = torch.optim.SGD([*model.parameters(), *frozen.parameters()], lr=0.01)
-    with socket.socket() as taken:
-        taken.bind(("127.0.0.1", 0))
-        taken.listen(1)
-        port = taken.getsockname()[1]
-        with socket.socket() as closed:
-            closed.bind(("127.0.0.1", 0))
-            os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"] = f"http://127.0.0.1:{closed.getsockname()[1]}"
-            monitor = trainhealth.Monitor(model, optimizer, env={}, otel=True, prometheus=True, prometheus_addr="127.0.0.1", prometheus_port=port, gpu_backend="simulated")
-            escaped, recorded = 0, 0
-            tracemalloc.start()
-            baseline = None
-            x = torch.randn(8, 16)
-            for step in range(steps):
-                try:
-                    loss = model(x).pow(2).mean()
-                    loss.backward()
-                    optimizer.step()
-                    optimizer.zero_grad()
-                    monitor.step(loss=float("nan") if step % 100 == 99 else loss)
-                    recorded += 1
-                except Exception:
-                    escaped += 1
-                if step == 1000:
-                    baseline = tracemalloc.get_traced_memory()[0]
-            growth = (tracemalloc.get_traced_memory()[0] - (baseline or 0)) / 1e6
-            tracemalloc.stop()
-            monitor.close()
-    print(f"training loop, {steps:,} steps with a missing gradient, a NaN loss every 100 steps, the /metrics port "
-          f"taken and OTLP unreachable: {escaped} exceptions reached the loop, {recorded:,} steps completed, "
-          f"traced memory +{growth:.2f} MB from step 1,000 to the end", flush=True)
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"] = f"http://127.0.0.1:{closed.getsockname()[1]}"
+        monitor = trainhealth.Monitor(model, optimizer, env={}, otel=True, prometheus=True,
+                                      prometheus_addr="127.0.0.1", prometheus_port=0, gpu_backend="simulated")
+        escaped, recorded = 0, 0
+        tracemalloc.start()
+        baseline = middle = 0
+        x = torch.randn(8, 16)
+        for step in range(steps):
+            try:
+                loss = model(x).pow(2).mean()
+                loss.backward()
+                optimizer.step()
+                optimizer.zero_grad()
+                monitor.step(loss=float("nan") if step % 100 == 99 else loss)
+                recorded += 1
+            except Exception:
+                escaped += 1
+            if step == 1000:
+                baseline = tracemalloc.get_traced_memory()[0]
+            if step == steps // 2:
+                middle = tracemalloc.get_traced_memory()[0]
+        end = tracemalloc.get_traced_memory()[0]
+        growth, second_half = (end - (baseline or 0)) / 1e6, (end - middle) / 1e6
+        tracemalloc.stop()
+        monitor.close()
+    print(f"training loop, {steps:,} steps with a missing gradient, a NaN loss every 100 steps "
+          f"and OTLP unreachable: {escaped} exceptions reached the loop, {recorded:,} steps completed, "
+          f"traced memory +{growth:.2f} MB from step 1,000 to the end, +{second_half:.2f} MB over the second half",
+          flush=True)
+
+
+# --- TLS and authentication ------------------------------------------------------------------------
+def report_auth() -> None:
+    """Scrapes of a Monitor's /metrics served with mTLS and basic auth: only the right client gets through."""
+    import ssl
+    import urllib.error
+    import urllib.request
+
+    import trustme
+
+    import trainhealth
+
+    authority = trustme.CA()
+    server_cert = authority.issue_cert("127.0.0.1")
+    client_cert = authority.issue_cert("scraper")
+    with tempfile.TemporaryDirectory() as directory:
+        paths = {name: Path(directory, f"{name}.pem") for name in ("ca", "cert", "key", "client")}
+        authority.cert_pem.write_to_path(str(paths["ca"]))
+        server_cert.cert_chain_pems[0].write_to_path(str(paths["cert"]))
+        server_cert.private_key_pem.write_to_path(str(paths["key"]))
+        client_cert.private_key_and_cert_chain_pem.write_to_path(str(paths["client"]))
+        password = Path(directory, "password")
+        password.write_text("s3cret-for-this-run")
+        monitor = trainhealth.Monitor(None, None, env={}, otel=False, gpu_backend="off", prometheus_addr="127.0.0.1",
+                                      prometheus_port=0, tls_certfile=str(paths["cert"]), tls_keyfile=str(paths["key"]),
+                                      tls_client_cafile=str(paths["ca"]), basic_auth_username="prometheus",
+                                      basic_auth_password_file=str(password))
+        url = monitor.metrics_url.replace("0.0.0.0", "127.0.0.1").replace("http://", "https://")
+
+        def scrape(client: bool, user: str | None, secret: str | None, scheme: str = "https") -> str:
+            context = ssl.create_default_context(cafile=str(paths["ca"]))
+            if client:
+                context.load_cert_chain(str(paths["client"]))
+            request = urllib.request.Request(url.replace("https://", f"{scheme}://"))
+            if user is not None:
+                import base64
+
+                token = base64.b64encode(f"{user}:{secret}".encode()).decode()
+                request.add_header("Authorization", f"Basic {token}")
+            try:
+                with urllib.request.urlopen(request, context=context if scheme == "https" else None, timeout=5) as answer:
+                    return str(answer.status)
+            except urllib.error.HTTPError as exc:
+                return str(exc.code)
+            except (urllib.error.URLError, ssl.SSLError, ConnectionError, OSError) as exc:
+                return f"refused ({type(getattr(exc, 'reason', exc)).__name__})"
+
+        cases = {
+            "plain HTTP": scrape(True, "prometheus", "s3cret-for-this-run", scheme="http"),
+            "no client certificate": scrape(False, "prometheus", "s3cret-for-this-run"),
+            "client certificate, no password": scrape(True, None, None),
+            "client certificate, wrong password": scrape(True, "prometheus", "guess"),
+            "client certificate, right password": scrape(True, "prometheus", "s3cret-for-this-run"),
+        }
+        monitor.close()
+    print("Monitor /metrics with mTLS and basic auth: " + "; ".join(f"{k}: {v}" for k, v in cases.items()), flush=True)
 
 
 # --- the bad-input corpora ----------------------------------------------------------------------------
@@ -202,23 +262,34 @@ CORPORA = ("tests/cli/test_bad_input_analysis.py", "tests/cli/test_bad_input_ope
 
 
 def report_corpus() -> None:
-    import re
     import subprocess
 
     root = Path(__file__).resolve().parent.parent
     began = time.monotonic()
-    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--hypothesis-show-statistics",
-                           *CORPORA], cwd=root, capture_output=True, text=True)
-    examples = sum(int(n) for n in re.findall(r"(\d+) passing examples?", done.stdout))
-    failing = sum(int(n) for n in re.findall(r"(\d+) failing examples?", done.stdout))
-    summary = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else done.stderr.strip()[-300:]
-    print(f"bad-input corpora: {examples:,} generated cases passed, {failing} failed (hypothesis), beside the "
-          f"written-out cases; pytest: {summary} ({time.monotonic() - began:.0f} s)", flush=True)
+    with tempfile.NamedTemporaryFile("r", suffix=".jsonl") as cases:
+        done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rf", *CORPORA],
+                              cwd=root, capture_output=True, text=True,
+                              env={**os.environ, "TRAINHEALTH_BADINPUT_LOG": cases.name})
+        invocations = [json.loads(line) for line in cases.read().splitlines() if line.strip()]
+    commands: dict[str, int] = {}
+    for argv in invocations:
+        words = [word for word in argv if not str(word).startswith("-")][:2]
+        name = " ".join(str(word) for word in words[:2]) if words[:1] in (["trace"], ["stack"], ["lab"], ["bench"]) \
+            else (str(words[0]) if words else "(no command)")
+        commands[name] = commands.get(name, 0) + 1
+    lines = done.stdout.strip().splitlines()
+    failed = [line for line in lines if line.startswith("FAILED")]
+    summary = lines[-1] if lines else done.stderr.strip()[-300:]
+    print(f"bad-input corpora: {len(invocations):,} invocations of the real command, each its own process, over "
+          f"{len(commands)} commands ({', '.join(f'{k} {v}' for k, v in sorted(commands.items()))}); "
+          f"pytest: {summary} ({time.monotonic() - began:.0f} s)", flush=True)
+    for line in failed:
+        print("  " + line, flush=True)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", choices=("traces", "close", "loop", "corpus"), help="run one part")
+    parser.add_argument("--only", choices=("traces", "close", "loop", "auth", "corpus"), help="run one part")
     parser.add_argument("--operations", type=int, default=1500,
                         help="all-reduces per rank for the normal-exit job (x 4 ranks)")
     parser.add_argument("--steps", type=int, default=20_000, help="steps of the training-loop part")
@@ -229,6 +300,8 @@ def main() -> None:
         report_close()
     if args.only in (None, "loop"):
         report_loop(args.steps)
+    if args.only in (None, "auth"):
+        report_auth()
     if args.only in (None, "corpus"):
         report_corpus()
 

@@ -31,8 +31,8 @@ from pathlib import Path
 
 from trainhealth.errors import UsageError
 
-__all__ = ["check_output_directory", "check_output_file", "check_output_files", "output_directory", "write_bytes",
-           "write_text"]
+__all__ = ["check_output_directory", "check_output_file", "check_output_files", "output_directory", "same_file",
+           "write_bytes", "write_text"]
 
 _EXCLUSIVE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
 
@@ -115,6 +115,14 @@ def check_output_files(directory: Path, names: Iterable[str], option: str) -> No
     if directory.is_dir():
         for name in names:
             check_output_file(directory / name, option)
+
+
+def same_file(first: Path, second: Path) -> bool:
+    """Whether ``first`` and ``second`` name the same existing file (an output that would overwrite an input)."""
+    try:
+        return os.path.samefile(first, second)
+    except OSError:  # one of them does not exist (yet)
+        return False
 
 
 def write_bytes(path: Path, data: bytes) -> None:

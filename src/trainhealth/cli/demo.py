@@ -23,7 +23,7 @@ RANKS = Bounded(int, 2, 16)
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from trainhealth.lab.injectors.schedule import ScheduleError, load_schedule
+    from trainhealth.lab.injectors.schedule_file import ScheduleError, load_schedule
 
     if args.port_base + args.ranks - 1 > PORT.high:
         raise UsageError(f"--port-base {args.port_base}: ranks serve on ports up to {args.port_base + args.ranks - 1}, "
