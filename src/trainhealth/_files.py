@@ -31,7 +31,7 @@ from pathlib import Path
 
 from trainhealth.errors import UsageError
 
-__all__ = ["check_output_directory", "check_output_file", "check_output_files", "output_directory", "same_file",
+__all__ = ["check_output_directory", "check_output_file", "check_output_files", "exclusive_temporary", "output_directory", "same_file",
            "write_bytes", "write_text"]
 
 _EXCLUSIVE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
@@ -127,7 +127,7 @@ def same_file(first: Path, second: Path) -> bool:
 
 def write_bytes(path: Path, data: bytes) -> None:
     """Write ``data`` to ``path`` through an exclusively created temporary file beside it, renamed over it."""
-    descriptor, temporary = _exclusive_temporary(path)
+    descriptor, temporary = exclusive_temporary(path)
     try:
         with os.fdopen(descriptor, "wb") as handle:
             handle.write(data)
@@ -142,7 +142,9 @@ def write_text(path: Path, text: str) -> None:
     write_bytes(path, text.encode("utf-8"))
 
 
-def _exclusive_temporary(path: Path) -> tuple[int, Path]:
+def exclusive_temporary(path: Path) -> tuple[int, Path]:
+    """A new file beside ``path`` (descriptor, name) to write it into, created exclusively without following
+    links: whatever already sits at a name (a planted link, a crashed writer's leftover) is never reused."""
     for _ in range(100):
         candidate = path.with_name(f".{path.name}.{secrets.token_hex(6)}.partial")
         try:

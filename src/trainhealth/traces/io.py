@@ -21,7 +21,6 @@ import io
 import json
 import logging
 import os
-import secrets
 import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -32,6 +31,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from trainhealth._files import exclusive_temporary
 from trainhealth.traces.files import kind_of, regular_file
 from trainhealth.traces.format import COLUMNS, TraceError, shown, validate
 from trainhealth.traces.topology import TOPOLOGY_FILE, Topology
@@ -234,7 +234,7 @@ def write_trace(records: pd.DataFrame, path: str | os.PathLike[str]) -> None:
         text = frame.to_json(orient="records", lines=True, force_ascii=False) if suffix.startswith(".jsonl") \
             else frame.to_csv(index=False)
         data = text.encode("utf-8")
-    descriptor, temporary = _exclusive_temporary(path)
+    descriptor, temporary = exclusive_temporary(path)
     try:
         with os.fdopen(descriptor, "wb") as handle:
             if suffix == ".parquet":
@@ -245,17 +245,4 @@ def write_trace(records: pd.DataFrame, path: str | os.PathLike[str]) -> None:
     except BaseException:
         temporary.unlink(missing_ok=True)
         raise
-
-
-def _exclusive_temporary(path: Path) -> tuple[int, Path]:
-    """A new file beside ``path`` to write it into, created exclusively: whatever already sits at the
-    name (a link planted there, a leftover of a crashed writer) is never followed or reused."""
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
-    candidate = path.with_name(path.name + ".partial")
-    for _ in range(100):
-        try:
-            return os.open(candidate, flags, 0o644), candidate
-        except FileExistsError:
-            candidate = path.with_name(f".{path.name}.{secrets.token_hex(6)}.partial")
-    raise FileExistsError(f"{path}: no free name for a temporary file beside it")
 
