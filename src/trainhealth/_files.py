@@ -31,8 +31,8 @@ from pathlib import Path
 
 from trainhealth.errors import UsageError
 
-__all__ = ["check_output_directory", "check_output_file", "check_output_files", "exclusive_temporary", "output_directory", "same_file",
-           "write_bytes", "write_text"]
+__all__ = ["check_output_directory", "check_output_file", "check_output_files", "exclusive_temporary",
+           "output_directory", "same_file", "write_bytes", "write_text"]
 
 _EXCLUSIVE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
 
