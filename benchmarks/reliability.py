@@ -15,9 +15,13 @@
   port on 127.0.0.1) and silent (a socket that accepts and never answers).
 * **loop** — 20,000 steps of a Monitor beside faults (a parameter whose gradient is
   missing, a NaN loss every 100 steps, the OTLP endpoint unreachable, simulated GPUs; a /metrics
-  port already taken is a configuration error, refused at once): exceptions that reached the loop, steps completed, memory growth.
-* **auth** — a Monitor's /metrics with mTLS and basic auth, scraped five ways: only the client with
-  the certificate and the password gets a 200.
+  port already taken is a configuration error, refused at once): exceptions that reached the loop, steps completed,
+  memory growth as tracemalloc sees it after a full garbage collection (without it, the reading
+  includes cyclic garbage the collector has not reached yet: the OTLP exporter's failed requests
+  leave exception/traceback cycles that only a generation-2 collection frees).
+* **auth** — all three endpoints with mTLS and basic auth (a Monitor's /metrics, ``trainhealth export``
+  and ``trainhealth analyze`` as real processes), each scraped five ways: only the client with the
+  certificate and the password gets a 200.
 * **corpus** — the generated bad-input corpus of every command (tests/cli/test_bad_input_*.py: each case
   a real ``trainhealth`` subprocess that must exit 2 with one line, no traceback, no hang, inputs
   unchanged) and the analyzer's bad-upstream corpus (tests/localize/test_analyzer_upstream.py: a real
@@ -28,10 +32,13 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
+import re
 import signal
 import socket
+import subprocess
 import sys
 import tempfile
 import threading
@@ -186,26 +193,71 @@ def report_loop(steps: int) -> None:
             except Exception:
                 escaped += 1
             if step == 1000:
-                baseline = tracemalloc.get_traced_memory()[0]
+                baseline = _live_bytes()
             if step == steps // 2:
-                middle = tracemalloc.get_traced_memory()[0]
-        end = tracemalloc.get_traced_memory()[0]
-        growth, second_half = (end - (baseline or 0)) / 1e6, (end - middle) / 1e6
+                middle = _live_bytes()
+        end = _live_bytes()
+        growth, second_half = (end - baseline) / 1e6, (end - middle) / 1e6
         tracemalloc.stop()
         monitor.close()
     print(f"training loop, {steps:,} steps with a missing gradient, a NaN loss every 100 steps "
           f"and OTLP unreachable: {escaped} exceptions reached the loop, {recorded:,} steps completed, "
-          f"traced memory +{growth:.2f} MB from step 1,000 to the end, +{second_half:.2f} MB over the second half",
-          flush=True)
+          f"live memory (traced, after a full collection) {growth:+.2f} MB from step 1,000 to the end, "
+          f"{second_half:+.2f} MB over the second half", flush=True)
+
+
+def _live_bytes() -> int:
+    """Bytes tracemalloc sees held once unreachable cycles are collected."""
+    gc.collect()
+    return tracemalloc.get_traced_memory()[0]
 
 
 # --- TLS and authentication ------------------------------------------------------------------------
-def report_auth() -> None:
-    """Scrapes of a Monitor's /metrics served with mTLS and basic auth: only the right client gets through."""
+def _scrape_cases(url: str, ca: Path, client_pem: Path, password: str) -> dict[str, str]:
+    """The five clients tried against one endpoint, each with the answer it got."""
+    import base64
     import ssl
     import urllib.error
     import urllib.request
 
+    def scrape(client: bool, user: str | None, secret: str | None, scheme: str = "https") -> str:
+        context = ssl.create_default_context(cafile=str(ca))
+        if client:
+            context.load_cert_chain(str(client_pem))
+        request = urllib.request.Request(url.replace("https://", f"{scheme}://"))
+        if user is not None:
+            token = base64.b64encode(f"{user}:{secret}".encode()).decode()
+            request.add_header("Authorization", f"Basic {token}")
+        try:
+            with urllib.request.urlopen(request, context=context if scheme == "https" else None, timeout=5) as answer:
+                return str(answer.status)
+        except urllib.error.HTTPError as exc:
+            return str(exc.code)
+        except (urllib.error.URLError, ssl.SSLError, ConnectionError, OSError) as exc:
+            return f"refused ({type(getattr(exc, 'reason', exc)).__name__})"
+
+    return {
+        "plain HTTP": scrape(True, "prometheus", password, scheme="http"),
+        "no client certificate": scrape(False, "prometheus", password),
+        "client certificate, no password": scrape(True, None, None),
+        "client certificate, wrong password": scrape(True, "prometheus", "guess"),
+        "client certificate, right password": scrape(True, "prometheus", password),
+    }
+
+
+def _served_url(process: subprocess.Popen[str]) -> str:
+    """The URL a ``trainhealth export``/``analyze`` process prints on its first line."""
+    assert process.stdout is not None
+    line = process.stdout.readline()
+    found = re.search(r"(https?://\S+/metrics)", line)
+    if found is None:
+        process.kill()
+        raise SystemExit(f"no URL in the first line of {process.args!r}: {line!r}")
+    return found.group(1)
+
+
+def report_auth() -> None:
+    """mTLS and basic auth on all three endpoints: a Monitor's /metrics, `trainhealth export`, `trainhealth analyze`."""
     import trustme
 
     import trainhealth
@@ -213,6 +265,7 @@ def report_auth() -> None:
     authority = trustme.CA()
     server_cert = authority.issue_cert("127.0.0.1")
     client_cert = authority.issue_cert("scraper")
+    secret = "s3cret-for-this-run"
     with tempfile.TemporaryDirectory() as directory:
         paths = {name: Path(directory, f"{name}.pem") for name in ("ca", "cert", "key", "client")}
         authority.cert_pem.write_to_path(str(paths["ca"]))
@@ -220,40 +273,36 @@ def report_auth() -> None:
         server_cert.private_key_pem.write_to_path(str(paths["key"]))
         client_cert.private_key_and_cert_chain_pem.write_to_path(str(paths["client"]))
         password = Path(directory, "password")
-        password.write_text("s3cret-for-this-run")
+        password.write_text(secret)
+        security = {"tls_certfile": str(paths["cert"]), "tls_keyfile": str(paths["key"]),
+                    "tls_client_cafile": str(paths["ca"]), "basic_auth_username": "prometheus",
+                    "basic_auth_password_file": str(password)}
+        flags = [word for name, value in security.items() for word in (f"--{name.replace('_', '-')}", value)]
+        results: dict[str, dict[str, str]] = {}
+
         monitor = trainhealth.Monitor(None, None, env={}, otel=False, gpu_backend="off", prometheus_addr="127.0.0.1",
-                                      prometheus_port=0, tls_certfile=str(paths["cert"]), tls_keyfile=str(paths["key"]),
-                                      tls_client_cafile=str(paths["ca"]), basic_auth_username="prometheus",
-                                      basic_auth_password_file=str(password))
-        url = monitor.metrics_url.replace("0.0.0.0", "127.0.0.1").replace("http://", "https://")
-
-        def scrape(client: bool, user: str | None, secret: str | None, scheme: str = "https") -> str:
-            context = ssl.create_default_context(cafile=str(paths["ca"]))
-            if client:
-                context.load_cert_chain(str(paths["client"]))
-            request = urllib.request.Request(url.replace("https://", f"{scheme}://"))
-            if user is not None:
-                import base64
-
-                token = base64.b64encode(f"{user}:{secret}".encode()).decode()
-                request.add_header("Authorization", f"Basic {token}")
-            try:
-                with urllib.request.urlopen(request, context=context if scheme == "https" else None, timeout=5) as answer:
-                    return str(answer.status)
-            except urllib.error.HTTPError as exc:
-                return str(exc.code)
-            except (urllib.error.URLError, ssl.SSLError, ConnectionError, OSError) as exc:
-                return f"refused ({type(getattr(exc, 'reason', exc)).__name__})"
-
-        cases = {
-            "plain HTTP": scrape(True, "prometheus", "s3cret-for-this-run", scheme="http"),
-            "no client certificate": scrape(False, "prometheus", "s3cret-for-this-run"),
-            "client certificate, no password": scrape(True, None, None),
-            "client certificate, wrong password": scrape(True, "prometheus", "guess"),
-            "client certificate, right password": scrape(True, "prometheus", "s3cret-for-this-run"),
-        }
+                                      prometheus_port=0, **security)  # type: ignore[arg-type]
+        url = str(monitor.metrics_url).replace("http://", "https://")
+        results["Monitor /metrics"] = _scrape_cases(url, paths["ca"], paths["client"], secret)
         monitor.close()
-    print("Monitor /metrics with mTLS and basic auth: " + "; ".join(f"{k}: {v}" for k, v in cases.items()), flush=True)
+
+        traces = Path(directory, "traces")
+        traces.mkdir()
+        commands = {
+            "trainhealth export": ["export", "--backend", "simulated", "--simulated-gpus", "2"],
+            "trainhealth analyze": ["analyze", "--traces", str(traces), "--interval", "1"],
+        }
+        for name, argv in commands.items():
+            process = subprocess.Popen([str(Path(sys.executable).with_name("trainhealth")), *argv, "--addr", "127.0.0.1",
+                                        "--port", "0", "--duration", "60", *flags],
+                                       stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+            try:
+                results[name] = _scrape_cases(_served_url(process), paths["ca"], paths["client"], secret)
+            finally:
+                process.terminate()
+                process.wait(timeout=30)
+    for name, cases in results.items():
+        print(f"{name} with mTLS and basic auth: " + "; ".join(f"{k}: {v}" for k, v in cases.items()), flush=True)
 
 
 # --- the bad-input corpora ----------------------------------------------------------------------------
@@ -262,7 +311,6 @@ CORPORA = ("tests/cli/test_bad_input_analysis.py", "tests/cli/test_bad_input_ope
 
 
 def report_corpus() -> None:
-    import subprocess
 
     root = Path(__file__).resolve().parent.parent
     began = time.monotonic()

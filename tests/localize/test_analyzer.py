@@ -155,3 +155,17 @@ def test_analyzer_errors_are_one_line(tmp_path):
                           capture_output=True, text=True, timeout=60, check=False)
     assert both.returncode == 2 and "not allowed with argument" in both.stderr
     assert all("Traceback" not in r.stderr for r in (missing, unreachable, both))
+
+
+def test_analyzer_ends_on_sigterm_before_its_duration(tmp_path):
+    """Kubernetes stops the service with SIGTERM: it exits 0 at once, not when --duration runs out."""
+    process, _ = _start("--traces", str(tmp_path), "--duration", "120", *SERVE)
+    time.sleep(0.5)
+    sent = time.monotonic()
+    process.send_signal(signal.SIGTERM)
+    try:
+        returncode = process.wait(timeout=30)
+    finally:
+        process.kill()
+    assert returncode == 0, process.stderr.read()
+    assert time.monotonic() - sent < 30

@@ -223,13 +223,17 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: stop.set())
     sinks = Sinks.start(store, Identity.node(settings=settings), settings)
+    # a daemon timer, cancelled on the way out: a signal before --duration ends the process now, not then
+    deadline = threading.Timer(args.duration if args.duration is not None else 0.0, stop.set)
+    deadline.daemon = True
     try:
         print(f"trainhealth analyze: {source.describe()} every {args.interval:g}s, suspects at "
               f"{sinks.metrics_url or 'nowhere (TRAINHEALTH_PROMETHEUS=false)'}", flush=True)
         if args.duration is not None:
-            threading.Timer(args.duration, stop.set).start()
+            deadline.start()
         analyzer.run(args.interval, stop)
     finally:
+        deadline.cancel()
         sinks.close()
     return 0
 
