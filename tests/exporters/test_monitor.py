@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from tests.helpers import BATCH, SEQ, TinyGPT, expected_group, lm_loss, scrape
-from trainhealth import Monitor
+from trainhealth import Monitor, catalog
 
 ENV = {
     "RANK": "1",
@@ -51,6 +51,7 @@ def test_scraped_values_match_independent_computation():
             loss.backward()
             grads = [p.grad.detach().clone() for p in model.parameters()]
             before = [p.detach().clone() for p in model.parameters()]
+            lrs = [group["lr"] for group in optimizer.param_groups]  # the rates this step applies
             optimizer.step()
             deltas[step] = [p.detach() - b for p, b in zip(model.parameters(), before)]
             optimizer.zero_grad()
@@ -58,7 +59,7 @@ def test_scraped_values_match_independent_computation():
             mon.step(loss=loss, tokens=BATCH * SEQ)
         mon.flush()
         got = scrape(mon.metrics_url)
-        lrs = [group["lr"] for group in optimizer.param_groups]
+        assert lrs != [group["lr"] for group in optimizer.param_groups]  # the scheduler has moved on since
 
     assert got.status == 200
     assert got.value("trainhealth_train_loss") == pytest.approx(float(loss.detach()), rel=1e-6)
@@ -195,3 +196,23 @@ def test_close_is_idempotent_and_stops_serving():
     mon.step(loss=1.0)  # after close: ignored, no error
     with pytest.raises(OSError):
         scrape(url)
+
+
+def test_a_one_layer_model_records_every_step_under_its_own_group_label():
+    model = torch.nn.Sequential(torch.nn.Linear(4, 1))  # one layer group: "0"
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5)
+    applied = []
+    with Monitor(model, optimizer, stats_every=2, env=ENV, prometheus=False, otel=False) as mon:
+        for step in range(6):
+            model(torch.randn(8, 4)).pow(2).mean().backward()
+            applied.append(optimizer.param_groups[0]["lr"])
+            optimizer.step()
+            optimizer.zero_grad()
+            scheduler.step()  # before Monitor.step, as Lightning and Hugging Face do
+            mon.step(step=step)
+            mon.flush()
+            assert mon.latest.learning_rates == (pytest.approx(applied[-1]),)
+        assert mon.store.value(catalog.TRAIN_STEPS) == 6
+        assert mon.store.value(catalog.EXPORTER_ERRORS, ("monitor",)) is None
+        assert [labels for labels, _ in mon.store.series(catalog.TRAIN_LAYER_GRAD_NORM)] == [("0",)]

@@ -140,9 +140,9 @@ def test_one_group_without_a_learning_rate_leaves_the_others():
     optimizer = torch.optim.SGD([{"params": model[0].parameters()}, {"params": model[1].parameters()}], lr=0.1)
     optimizer.param_groups[1]["lr"] = torch.tensor(0.05)  # a tensor learning rate is read with the step
     with Monitor(model, optimizer, env={}, prometheus=False, otel=False, gpu_backend="off") as mon:
-        model(torch.ones(2, 3)).sum().backward()
-        optimizer.step()
+        model[1](torch.ones(2, 3)).sum().backward()  # group 0 has no gradient: SGD never reads its rate
         optimizer.param_groups[0]["lr"] = "warmup"  # as a misbehaving scheduler might leave it
+        optimizer.step()  # the rates are read at the optimizer step, the one they apply to
         mon.step(loss=1.0)
         mon.flush()
         assert mon.latest.learning_rates == (None, pytest.approx(0.05))

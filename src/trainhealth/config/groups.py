@@ -224,6 +224,8 @@ class ModelSettings(SettingGroup):
                                 bounds=Range(0, _STEPS))
     grad_check_every: int = setting("grad_check_every", 10, parse_int, "Steps between comparisons of the ranks' local gradient norms before the all-reduce (needs torch.distributed); 0 turns them off.",
                                     bounds=Range(0, _STEPS))
+    sdc_timeout: float = setting("sdc_timeout", 60.0, parse_float, "Seconds a cross-replica check may wait for the other ranks; past it the checks are turned off on this rank and the failure counted in trainhealth_exporter_errors_total{source=\"sdc\"}, never a hung job.",
+                                 bounds=Range(1.0, 3600.0, unit="seconds"))
     sdc_group: str = setting("sdc_group", "world", parse_str, "Ranks that hold identical replicas, for the fingerprints: world (pure data parallelism) or off; other layouts pass sdc_group= a process group to Monitor.")
     signals: bool = setting("model_signals", True, parse_bool, "Hook the model for attention max logit and entropy, output log Z, block activation RMS and the origin of non-finite activations.")
     signal_tokens: int = setting("signal_tokens", 64, parse_int, "Tokens of the first sequence that the attention signals are recomputed on (their logits take tokens squared per head).",

@@ -88,6 +88,9 @@ class _HookResults:
     grad_norm: Any = None
     group_grad_norms: Any = None
     update: UpdateStats | None = None
+    #: The learning rates this optimizer step applied, read in its pre-hook (before a scheduler moves them).
+    learning_rates: list[float | object | None] | None = None
+    lr_values: StepValues | None = None
 
 
 class StepRecorder:
@@ -118,6 +121,7 @@ class StepRecorder:
         self._reported_steps = 0
         self._caller_supplies_grad_norm = False
         self._last_step_time: float | None = None
+        self._last_step_label: int | None = None
         #: The most recent step whose device values have been read.
         self.latest: StepStats | None = None
 
@@ -130,6 +134,8 @@ class StepRecorder:
         try:
             index = self._optimizer_steps
             results = self._gradient_results(index)
+            results.lr_values = StepValues(self._torch, self._store)
+            results.learning_rates = learning_rates(optimizer, results.lr_values)
             if self.is_heavy(index) or self.is_heavy(index + 1):
                 self.stats.snapshot_before_update()
             self._hook_results = results
@@ -148,6 +154,10 @@ class StepRecorder:
         except Exception as exc:
             self.stats.release()
             self._store.record_error("optimizer_hook", exc)
+        health = self._health
+        if health is not None:  # every rank steps its optimizer in lockstep: the checks' collectives go here
+            step = index if self._last_step_label is None else self._last_step_label + 1
+            self._guard("sdc", lambda: health.run_checks(index, step))
 
     # --- the training thread --------------------------------------------------------
     def record(self, loss: Any, tokens: int | None, grad_norm: Any, step: int | None) -> None:
@@ -190,6 +200,7 @@ class StepRecorder:
         index = self._reported_steps
         self._reported_steps += 1
         step_index = index if step is None else self._guard("monitor", lambda: int(step), index)
+        self._last_step_label = step_index
         if tokens is not None and (isinstance(tokens, bool) or not isinstance(tokens, (int, float))
                                    or not 0 <= tokens < float("inf")):
             self._store.record_error("monitor", ValueError(f"tokens must be a non-negative number, got {tokens!r}"))
@@ -223,7 +234,11 @@ class StepRecorder:
             total, by_group = self._guard("param_norm", self.stats.param_norms_by_group, (None, None))
             reading.add("param_norm", total)
             reading.add("group_param_norms", by_group, n_groups)
-        rates = learning_rates(self._lr_source, reading) if self._lr_source is not None else []
+        if results.learning_rates is not None and results.lr_values is not None:  # read at the optimizer step
+            rates = results.learning_rates
+            reading.merge(results.lr_values)
+        else:
+            rates = learning_rates(self._lr_source, reading) if self._lr_source is not None else []
         pending = _PendingStep(
             step=step_index,
             index=index,
@@ -241,8 +256,8 @@ class StepRecorder:
             pending.fields = []
             pending.learning_rates = [None if lr is ON_DEVICE else lr for lr in rates]
             self._readout.submit([], pending)
-        if health is not None:
-            self._guard("monitor", lambda: health.after_step(index, step_index))
+        if health is not None:  # without a hooked optimizer, the checks run here (every rank must call step)
+            self._guard("monitor", lambda: health.after_step(index, step_index, checks=self._optimizer is None))
 
     def _guard(self, source: str, compute: Callable[[], _T], fallback: Any = None) -> Any:
         """``compute()``, or ``fallback`` with the error counted under ``source``."""
@@ -274,7 +289,8 @@ class StepRecorder:
         offset = 0
         for name, length in pending.fields:
             chunk = vector[offset: offset + length]
-            read[name] = chunk[0] if length == 1 else chunk
+            # per-group values stay a list, whatever the number of groups (a one-group model has one)
+            read[name] = chunk if length != 1 or name.startswith("group_") else chunk[0]
             offset += length
         learning_rates = tuple(
             read.get(f"lr{i}") if lr is ON_DEVICE else lr for i, lr in enumerate(pending.learning_rates)

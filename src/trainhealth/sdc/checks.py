@@ -1,8 +1,12 @@
 """The Monitor's cross-replica checks: parameter fingerprints and local gradient norms, on a schedule.
 
-Both are collectives on a host (gloo) group, run on the training thread inside
-``Monitor.step`` at the same step on every rank — every rank must call
-``Monitor.step`` the same number of times, as a data-parallel loop does. A
+Both are collectives on their own gloo group (never the training's), run on the
+training thread at a point every rank reaches in lockstep: the optimizer step
+when the Monitor hooks the optimizer, else ``Monitor.step`` (then every rank must
+call it the same number of times, as a data-parallel loop does). A check that
+waits more than ``sdc_timeout`` seconds for the other ranks fails, turns the
+checks off on this rank and is counted in
+``trainhealth_exporter_errors_total{source="sdc"}``: the job never hangs on them. A
 fingerprint check every ``sdc_interval`` steps costs one small all-gather and
 one pass over the parameters; a gradient-norm check every ``grad_check_every``
 steps, one all-gather of a float. Findings become ``trainhealth_sdc_suspect``
@@ -46,7 +50,7 @@ class ReplicaChecks:
     """Schedules and runs the checks for one rank; ``group`` is the set of ranks holding identical replicas."""
 
     def __init__(self, torch: Any, model: Any, store: MetricStore, events: EventLog, *,
-                 sdc_interval: int, grad_check_every: int, group: Any = None) -> None:
+                 sdc_interval: int, grad_check_every: int, group: Any = None, timeout_s: float = 60.0) -> None:
         self._torch = torch
         self._model = model
         self._store = store
@@ -54,6 +58,9 @@ class ReplicaChecks:
         self._fingerprint_every = sdc_interval
         self._grad_every = grad_check_every
         self._group = group
+        self._timeout_s = timeout_s
+        #: Why the checks stopped on this rank (a check failed or timed out), or None while they run.
+        self.disabled: str | None = None
         self._fingerprints: FingerprintCheck | None = None
         parameters = [p for p in model.parameters() if p.requires_grad]
         self._grad_norm = LocalGradientNorm(torch, parameters) if grad_check_every else None
@@ -67,21 +74,27 @@ class ReplicaChecks:
 
     def arm(self, index: int) -> None:
         """Prepare for step ``index`` (the gradient hooks measure only on check steps)."""
-        if self._grad_norm is not None:
+        if self._grad_norm is not None and self.disabled is None:
             self._grad_norm.armed = index % self._grad_every == 0
 
     def after_step(self, index: int, step: int) -> list[ReplicaCheckResult]:
         """Run the checks due at step ``index`` (the Monitor's count) and publish them; arm the next step."""
         results: list[ReplicaCheckResult] = []
-        if not self.available(self._torch):
+        if self.disabled is not None or not self.available(self._torch):
             self.arm(index + 1)
             return results
-        if self._group is None:
-            self._group = host_group()
-        if self._grad_norm is not None and index % self._grad_every == 0:
-            results.append(self._check_grad_norm(step))
-        if self._fingerprint_every and index % self._fingerprint_every == 0:
-            results.append(self._check_fingerprints(step))
+        try:
+            due_grad = self._grad_norm is not None and index % self._grad_every == 0
+            due_fingerprint = bool(self._fingerprint_every) and index % self._fingerprint_every == 0
+            if (due_grad or due_fingerprint) and self._group is None:
+                self._group = host_group(self._timeout_s)
+            if due_grad:
+                results.append(self._check_grad_norm(step))
+            if due_fingerprint:
+                results.append(self._check_fingerprints(step))
+        except Exception as exc:  # a rank that never came, a group that broke: stop checking, never hang
+            self._disable(step, exc)
+            results = []
         self.arm(index + 1)
         for result in results:
             self._publish(result)
@@ -91,6 +104,14 @@ class ReplicaChecks:
     def close(self) -> None:
         if self._grad_norm is not None:
             self._grad_norm.close()
+
+    def _disable(self, step: int, exc: Exception) -> None:
+        self.disabled = f"{type(exc).__name__}: {exc}"
+        self._store.record_error("sdc", exc)
+        if self._grad_norm is not None:
+            self._grad_norm.armed = False
+        log.warning("trainhealth: the cross-replica check at step %d failed (%s); the checks are off on this rank "
+                    "from now on", step, self.disabled.splitlines()[0])
 
     # --- checks -------------------------------------------------------------------
     def _members(self) -> list[int]:

@@ -15,6 +15,8 @@ bounded whatever the depth of the model.
 ('blocks.0-3', 'blocks.4-7', 'blocks.8-9')
 >>> g.index
 (0, 0, 0, 0, 1, 1, 1, 1, 2, 2)
+>>> group_parameters(["0.weight", "0.bias", "2.weight"], max_groups=8).labels  # torch.nn.Sequential
+('0', '2')
 """
 
 from __future__ import annotations
@@ -71,11 +73,10 @@ def group_parameters(names: Sequence[str], max_groups: int) -> LayerGrouping:
     def label(k: _Key) -> str:
         if k.number is None:
             return k.prefix
-        if width == 1:
-            return f"{k.prefix}.{k.number}"
         low = (k.number // width) * width
         high = min(low + width - 1, numbered[k.prefix])
-        return f"{k.prefix}.{low}-{high}" if high > low else f"{k.prefix}.{low}"
+        block = f"{low}-{high}" if width > 1 and high > low else str(k.number if width == 1 else low)
+        return f"{k.prefix}.{block}" if k.prefix else block  # a top-level Sequential numbers its blocks "0", "1"
 
     raw = [label(k) for k in keys]
     ordered = list(dict.fromkeys(raw))

@@ -3,8 +3,9 @@
 One object per Monitor, called at fixed points of its step:
 
 * on the training thread, :meth:`ModelHealth.device_values` hands the step's
-  signal tensors to the Monitor's deferred readout, and :meth:`after_step`
-  runs the cross-replica checks due (collectives; see :mod:`trainhealth.sdc.checks`);
+  signal tensors to the Monitor's deferred readout, :meth:`run_checks` runs the
+  cross-replica checks due (collectives, at the optimizer step when the Monitor hooks
+  the optimizer; see :mod:`trainhealth.sdc.checks`) and :meth:`after_step` prepares the next step;
 * on the export thread, :meth:`export` turns the read values into metrics and
   events: attention max logit and entropy, output log Z, activation RMS, the
   block where a non-finite value first appeared, goodput, and whether a loss
@@ -61,7 +62,8 @@ class ModelHealth:
         self.checks: ReplicaChecks | None = None
         if health.sdc_group != "off" and (health.sdc_interval or health.grad_check_every):
             self.checks = ReplicaChecks(torch, model, store, events, sdc_interval=health.sdc_interval,
-                                        grad_check_every=health.grad_check_every, group=sdc_group)
+                                        grad_check_every=health.grad_check_every, group=sdc_group,
+                                        timeout_s=health.sdc_timeout)
         self.goodput = Goodput(start=start_time)
         self.spikes = LossSpikeRecovery()
         self._lock = threading.Lock()  # checkpoints arrive on the training thread, steps on the export thread
@@ -93,10 +95,15 @@ class ModelHealth:
             self._order[index] = order
         return tensors
 
-    def after_step(self, index: int, step: int) -> list[ReplicaCheckResult]:
-        """Run the cross-replica checks due at ``index`` and prepare the next step."""
-        results = self.checks.after_step(index, step) if self.checks is not None else []
-        self.begin(index + 1)
+    def run_checks(self, index: int, step: int) -> list[ReplicaCheckResult]:
+        """Run the cross-replica checks due at check count ``index`` (collectives: every rank, same point)."""
+        return self.checks.after_step(index, step) if self.checks is not None else []
+
+    def after_step(self, index: int, step: int, *, checks: bool = True) -> list[ReplicaCheckResult]:
+        """Prepare the next step; with ``checks``, first run the cross-replica checks due at ``index``."""
+        results = self.run_checks(index, step) if checks else []
+        if self.signals is not None:
+            self.signals.sampling = (index + 1) % self._stats_every == 0
         return results
 
     def checkpoint_saved(self, step: int, duration_s: float | None) -> Checkpoint:

@@ -123,9 +123,16 @@ class StepValues:
             self.store.record_error(source, exc)
             return False
 
+    def merge(self, other: StepValues) -> None:
+        """Take ``other``'s values too (read earlier in the same step, e.g. at the optimizer step)."""
+        self.tensors.extend(other.tensors)
+        self.fields.extend(other.fields)
+        self.values.update(other.values)
+
 
 def learning_rates(optimizer: Any, values: StepValues) -> list[float | object | None]:
-    """The learning rate of each of ``optimizer``'s parameter groups.
+    """The learning rate of each of ``optimizer``'s parameter groups (read at the optimizer step by the Monitor:
+    the rate that step applied, before a per-step scheduler moves it).
 
     A number; :data:`ON_DEVICE` when it is a tensor (added to ``values`` as ``lr<group>``);
     ``None`` when it cannot be read (Hugging Face's Adafactor with ``relative_step=True``
@@ -150,7 +157,9 @@ def learning_rates(optimizer: Any, values: StepValues) -> list[float | object | 
         try:
             lr = group.get("lr")
             if isinstance(lr, values.torch.Tensor):
-                rates.append(ON_DEVICE if values.add(f"lr{position}", lr, source="learning_rate") else None)
+                # a copy: a scheduler may move a tensor learning rate in place before the step is read
+                copy = lr.detach().clone()
+                rates.append(ON_DEVICE if values.add(f"lr{position}", copy, source="learning_rate") else None)
             elif lr is None or isinstance(lr, bool):
                 values.store.record_error("learning_rate", TypeError(
                     f"param_groups[{position}]['lr'] is {lr!r}, not a number: its learning rate is left out"))
