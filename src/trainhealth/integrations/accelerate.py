@@ -11,7 +11,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from accelerate.tracking import GeneralTracker
+from trainhealth.integrations._versions import require
+
+require("accelerate")
+
+from accelerate.tracking import GeneralTracker  # noqa: E402
 
 from trainhealth.exporters.monitor import Monitor
 

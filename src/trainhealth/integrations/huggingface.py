@@ -12,7 +12,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from transformers import TrainerCallback
+from trainhealth.integrations._versions import require
+
+require("transformers")
+
+from transformers import TrainerCallback  # noqa: E402
 
 from trainhealth.exporters.monitor import Monitor
 from trainhealth.integrations._capture import ForwardCapture

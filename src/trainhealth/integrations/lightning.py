@@ -13,7 +13,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from lightning.pytorch.callbacks import Callback
+from trainhealth.integrations._versions import require
+
+require("lightning")
+
+from lightning.pytorch.callbacks import Callback  # noqa: E402
 
 from trainhealth.exporters.monitor import Monitor
 
