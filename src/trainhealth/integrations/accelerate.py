@@ -15,7 +15,7 @@ from trainhealth.integrations._versions import require
 
 require("accelerate")
 
-from accelerate.tracking import GeneralTracker  # noqa: E402
+from accelerate.tracking import GeneralTracker
 
 from trainhealth.exporters.monitor import Monitor
 

@@ -16,7 +16,7 @@ from trainhealth.integrations._versions import require
 
 require("transformers")
 
-from transformers import TrainerCallback  # noqa: E402
+from transformers import TrainerCallback
 
 from trainhealth.exporters.monitor import Monitor
 from trainhealth.integrations._capture import ForwardCapture

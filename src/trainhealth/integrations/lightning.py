@@ -17,7 +17,7 @@ from trainhealth.integrations._versions import require
 
 require("lightning")
 
-from lightning.pytorch.callbacks import Callback  # noqa: E402
+from lightning.pytorch.callbacks import Callback
 
 from trainhealth.exporters.monitor import Monitor
 
