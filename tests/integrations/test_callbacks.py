@@ -72,31 +72,6 @@ def test_lightning_trainer(tmp_path):
     assert store.series(catalog.TRAIN_LEARNING_RATE) == ((("0",), 0.05),)
 
 
-def test_accelerate_tracker():
-    accelerate = pytest.importorskip("accelerate")
-    from trainhealth.integrations.accelerate import TrainhealthTracker
-
-    torch.manual_seed(0)
-    model = torch.nn.Linear(4, 1)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    tracker = TrainhealthTracker(model, optimizer, **SETTINGS)
-    accelerator = accelerate.Accelerator(cpu=True, log_with=[tracker])
-    model, optimizer = accelerator.prepare(model, optimizer)
-    accelerator.init_trackers("demo")
-    for step in range(3):
-        loss = model(torch.randn(8, 4)).pow(2).mean()
-        accelerator.backward(loss)
-        optimizer.step()
-        optimizer.zero_grad()
-        accelerator.log({"loss": loss.item(), "tokens": 8}, step=step)
-    accelerator.end_training()
-    store = tracker.monitor.store
-    assert _steps(store) == 3 and store.value(catalog.TRAIN_STEP) == 2
-    assert math.isclose(store.value(catalog.TRAIN_LOSS), loss.item(), rel_tol=1e-6)
-    assert store.value(catalog.TRAIN_TOKENS) == 24 and store.value(catalog.TRAIN_GRAD_NORM) > 0
-    assert accelerator.get_tracker("trainhealth") is not None
-
-
 def test_torchtitan_style_logger_keeps_torchtitans_throughput():
     from trainhealth.integrations.torchtitan import TrainhealthLogger
 

@@ -196,6 +196,17 @@ class Monitor:
             return
         self._recorder.record(loss, tokens, grad_norm, step)
 
+    def gradients_ready(self) -> None:
+        """Say that this optimizer step's gradients are final, before any clipping. Never raises.
+
+        For trainers that call ``optimizer.step(closure)`` (Lightning): the optimizer's
+        pre-hook runs before the closure computes the gradients, so the Monitor takes the
+        step's gradient statistics here instead (Lightning's ``on_before_optimizer_step``).
+        Loops that call ``backward()`` before ``optimizer.step()`` need not call it.
+        """
+        if not self._closed:
+            self._recorder.gradients_ready()
+
     def flush(self, timeout_s: float = 10.0) -> bool:
         """Make every step recorded so far visible in the metrics (waits for the device and the export thread)."""
         return self._recorder.flush(timeout_s)

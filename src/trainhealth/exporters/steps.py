@@ -122,6 +122,8 @@ class StepRecorder:
         self._caller_supplies_grad_norm = False
         self._last_step_time: float | None = None
         self._last_step_label: int | None = None
+        self._early_results: tuple[int, _HookResults] | None = None
+        self._waiting_for_closure: int | None = None
         #: The most recent step whose device values have been read.
         self.latest: StepStats | None = None
 
@@ -130,14 +132,44 @@ class StepRecorder:
         return index % self._training.stats_every == 0
 
     # --- optimizer hooks ------------------------------------------------------------
+    def gradients_ready(self) -> None:
+        """Take this optimizer step's gradient statistics now (see :meth:`Monitor.gradients_ready`)."""
+        try:
+            index = self._optimizer_steps
+            if self._waiting_for_closure == index:  # inside step(closure): the pre-hook has run, the update has not
+                self._waiting_for_closure = None
+                results = self._gradient_results(index)
+                self._hook_results.grad_norm, self._hook_results.group_grad_norms = (results.grad_norm,
+                                                                                     results.group_grad_norms)
+            else:  # before step(): the pre-hook will use these
+                self._early_results = (index, self._gradient_statistics(index))
+        except Exception as exc:
+            self.stats.release()
+            self._store.record_error("optimizer_hook", exc)
+
+    def _gradient_statistics(self, index: int) -> _HookResults:
+        results = self._gradient_results(index)
+        if self.is_heavy(index) or self.is_heavy(index + 1):
+            self.stats.snapshot_before_update()
+        return results
+
     def before_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         try:
             index = self._optimizer_steps
-            results = self._gradient_results(index)
+            early, self._early_results = self._early_results, None
+            if early is not None and early[0] == index:  # taken at gradients_ready()
+                results = early[1]
+            elif _closure(args, kwargs) is not None:
+                # step(closure): the closure computes the gradients inside step(), after this hook; they
+                # come with gradients_ready() (Lightning), else the caller's grad_norm
+                results = _HookResults()
+                self._waiting_for_closure = index
+                if self.is_heavy(index) or self.is_heavy(index + 1):
+                    self.stats.snapshot_before_update()  # the closure leaves the parameters as they are
+            else:  # the gradients are final once step() is called
+                results = self._gradient_statistics(index)
             results.lr_values = StepValues(self._torch, self._store)
             results.learning_rates = learning_rates(optimizer, results.lr_values)
-            if self.is_heavy(index) or self.is_heavy(index + 1):
-                self.stats.snapshot_before_update()
             self._hook_results = results
         except Exception as exc:
             self.stats.release()
@@ -387,6 +419,13 @@ class StepRecorder:
         if health is not None:
             self._guard("monitor", lambda: health.export(stats.step, wall_time, stats.loss, stats.signals,
                                                          loss_spike_began))
+
+
+def _closure(args: Any, kwargs: Any) -> Any:
+    """The closure an ``optimizer.step`` call was given (torch hands its hooks ``(self, *args)`` and ``kwargs``)."""
+    if kwargs and kwargs.get("closure") is not None:
+        return kwargs["closure"]
+    return args[1] if args is not None and len(args) > 1 else None
 
 
 def _set_if(store: MetricStore, spec: catalog.MetricSpec, value: float | None, labels: tuple[str, ...] = ()) -> None:

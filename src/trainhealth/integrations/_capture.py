@@ -12,7 +12,9 @@ class ForwardCapture:
 
     ``take`` returns the step's loss over the micro-batches since the last call (gradient accumulation) and
     the tokens they held, then resets. The loss is their mean, or their sum when the trainer passed
-    ``num_items_in_batch`` (transformers then divides each micro-batch's loss by the whole step's token count).
+    ``num_items_in_batch`` (transformers then divides each micro-batch's loss by the whole step's token count,
+    over every rank when it averages tokens across devices: ``normalised_scale``, the number of ranks, then
+    gives the rank's own loss as the trainer computes it).
     """
 
     def __init__(self, model: Any) -> None:
@@ -38,7 +40,7 @@ class ForwardCapture:
         if loss is not None:
             self._losses.append(loss.detach())
 
-    def take(self) -> tuple[Any, int | None]:
+    def take(self, normalised_scale: float = 1) -> tuple[Any, int | None]:
         losses, tokens = self._losses, self._tokens
         self._losses, self._tokens = [], 0
         if not losses:
@@ -46,7 +48,8 @@ class ForwardCapture:
         import torch
 
         stacked = torch.stack([loss.float() for loss in losses])
-        return (stacked.sum() if self._normalised_per_step else stacked.mean()), tokens or None
+        loss = stacked.sum() * normalised_scale if self._normalised_per_step else stacked.mean()
+        return loss, tokens or None
 
     def close(self) -> None:
         for handle in self._handles:

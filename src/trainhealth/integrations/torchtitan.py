@@ -8,6 +8,9 @@ it into Monitor steps (loss, gradient norm, and tokens from throughput × the
 time since the last call, so the exported tokens/s is torchtitan's),
 so trainhealth's metrics, detectors and alerts work on a torchtitan job.
 Register it next to torchtitan's own loggers, or call it from the training loop.
+With the model and optimizer, the Monitor hooks the optimizer: the learning rate is the one
+each step applies, and the cross-replica checks run at the optimizer step, which every rank
+reaches, so a logger called on one rank only (as torchtitan's are) never blocks the others.
 
 >>> logger = TrainhealthLogger(prometheus=False, otel=False, gpu_backend="off", env={})
 >>> logger.log({"loss_metrics/global_avg_loss": 2.5, "grad_norm": 1.2, "throughput(tps)": 4000.0,
@@ -46,7 +49,7 @@ class TrainhealthLogger:
         loss, grad_norm, throughput = _first(metrics, "loss"), _first(metrics, "grad_norm"), _first(metrics, "throughput")
         tokens = None
         if throughput is not None and self._last_call is not None:
-            tokens = int(round(float(throughput) * (now - self._last_call)))
+            tokens = round(float(throughput) * (now - self._last_call))
         self._last_call = now
         self.monitor.step(loss=loss, tokens=tokens, grad_norm=grad_norm, step=step)
 
