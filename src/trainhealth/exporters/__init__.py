@@ -22,7 +22,7 @@ __all__ = [
     "TLSFiles",
 ]
 
-_HOME = {"LayerGroupStats": "exporters.steps", "Monitor": "exporters.monitor", "StepStats": "exporters.steps",
+_HOME = {"LayerGroupStats": "exporters.step_records", "Monitor": "exporters.monitor", "StepStats": "exporters.step_records",
          "OtelExporter": "sinks.otel", "BasicAuth": "sinks.prometheus", "MetricsServer": "sinks.prometheus",
          "StoreCollector": "sinks.prometheus", "TLSFiles": "sinks.prometheus", "Sinks": "sinks.service"}
 

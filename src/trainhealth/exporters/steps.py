@@ -17,16 +17,15 @@ import dataclasses
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from trainhealth import catalog
 from trainhealth.config import TrainingSettings
 from trainhealth.detectors.runner import SignalDetectors
 from trainhealth.exporters.markers import StepMarkers
+from trainhealth.exporters.step_records import HookResults, LayerGroupStats, PendingStep, StepStats
 from trainhealth.exporters.training.model_health import ModelHealth
-from trainhealth.exporters.training.model_signals import SignalValues
-from trainhealth.exporters.training.param_stats import ParameterStats, UpdateStats
+from trainhealth.exporters.training.param_stats import ParameterStats
 from trainhealth.exporters.training.readout import ON_DEVICE, DeferredReadout, StepValues, learning_rates
 from trainhealth.exporters.training.worker import OrderedWorker
 from trainhealth.store import MetricStore
@@ -34,63 +33,6 @@ from trainhealth.store import MetricStore
 __all__ = ["LayerGroupStats", "StepRecorder", "StepStats"]
 
 _T = TypeVar("_T")
-
-
-@dataclass(frozen=True)
-class LayerGroupStats:
-    """Statistics of one layer group on a heavy-statistics step."""
-
-    name: str
-    grad_norm: float | None
-    param_norm: float | None
-    update_ratio: float | None
-
-
-@dataclass(frozen=True)
-class StepStats:
-    """What the Monitor recorded for one step, once its device values were read."""
-
-    step: int
-    loss: float | None
-    grad_norm: float | None
-    duration_s: float | None
-    tokens: int | None
-    tokens_per_second: float | None
-    mfu: float | None
-    #: By parameter group; ``None`` for a group whose learning rate could not be read.
-    learning_rates: tuple[float | None, ...]
-    param_norm: float | None = None
-    update_ratio: float | None = None
-    update_cosine: float | None = None
-    layers: tuple[LayerGroupStats, ...] = ()
-    #: Model signals: every step's non-finite origin, the sampled values every ``stats_every`` steps.
-    signals: SignalValues | None = None
-
-
-@dataclass
-class _PendingStep:
-    """Host-side facts of a step, waiting for its device values; ``fields`` lays out the read vector."""
-
-    step: int
-    index: int
-    wall_time: float
-    duration_s: float | None
-    tokens: int | None
-    values: dict[str, float]
-    learning_rates: list[float | object | None]
-    fields: list[tuple[str, int]]
-
-
-@dataclass
-class _HookResults:
-    """Device tensors produced by the optimizer hooks for the step in progress."""
-
-    grad_norm: Any = None
-    group_grad_norms: Any = None
-    update: UpdateStats | None = None
-    #: The learning rates this optimizer step applied, read in its pre-hook (before a scheduler moves them).
-    learning_rates: list[float | object | None] | None = None
-    lr_values: StepValues | None = None
 
 
 class StepRecorder:
@@ -116,13 +58,13 @@ class StepRecorder:
         self._markers = markers
         self._readout = DeferredReadout(torch)
         self._worker = OrderedWorker(store)  # metric writes and detectors run off the training thread
-        self._hook_results = _HookResults()
+        self._hook_results = HookResults()
         self._optimizer_steps = 0
         self._reported_steps = 0
         self._caller_supplies_grad_norm = False
         self._last_step_time: float | None = None
         self._last_step_label: int | None = None
-        self._early_results: tuple[int, _HookResults] | None = None
+        self._early_results: tuple[int, HookResults] | None = None
         self._waiting_for_closure: int | None = None
         #: The most recent step whose device values have been read.
         self.latest: StepStats | None = None
@@ -147,7 +89,7 @@ class StepRecorder:
             self.stats.release()
             self._store.record_error("optimizer_hook", exc)
 
-    def _gradient_statistics(self, index: int) -> _HookResults:
+    def _gradient_statistics(self, index: int) -> HookResults:
         results = self._gradient_results(index)
         if self.is_heavy(index) or self.is_heavy(index + 1):
             self.stats.snapshot_before_update()
@@ -162,7 +104,7 @@ class StepRecorder:
             elif _closure(args, kwargs) is not None:
                 # step(closure): the closure computes the gradients inside step(), after this hook; they
                 # come with gradients_ready() (Lightning), else the caller's grad_norm
-                results = _HookResults()
+                results = HookResults()
                 self._waiting_for_closure = index
                 if self.is_heavy(index) or self.is_heavy(index + 1):
                     self.stats.snapshot_before_update()  # the closure leaves the parameters as they are
@@ -197,7 +139,7 @@ class StepRecorder:
         try:
             self._record(loss, tokens, grad_norm, step)
         except Exception as exc:
-            self._hook_results = _HookResults()
+            self._hook_results = HookResults()
             self._store.record_error("monitor", exc)
         try:
             for pending, vector in self._readout.ready():
@@ -240,9 +182,9 @@ class StepRecorder:
         markers, health = self._markers, self._health
         if markers is not None:
             self._guard("monitor", lambda: markers.step(step_index, now))
-        results, self._hook_results = self._hook_results, _HookResults()
+        results, self._hook_results = self._hook_results, HookResults()
         if self._optimizer is None and self.stats.params:
-            results = self._guard("grad_norm", lambda: self._gradient_results(index), _HookResults())
+            results = self._guard("grad_norm", lambda: self._gradient_results(index), HookResults())
 
         reading = StepValues(self._torch, self._store)
         reading.add("loss", loss, source="monitor")
@@ -271,7 +213,7 @@ class StepRecorder:
             reading.merge(results.lr_values)
         else:
             rates = learning_rates(self._lr_source, reading) if self._lr_source is not None else []
-        pending = _PendingStep(
+        pending = PendingStep(
             step=step_index,
             index=index,
             wall_time=time.time(),
@@ -299,9 +241,9 @@ class StepRecorder:
             self._store.record_error(source, exc)
             return fallback
 
-    def _gradient_results(self, index: int) -> _HookResults:
+    def _gradient_results(self, index: int) -> HookResults:
         """Step ``index``'s gradient norms (device tensors); none, counted, when no parameter has a gradient."""
-        results = _HookResults()
+        results = HookResults()
         heavy = self.is_heavy(index)
         if not heavy and self._caller_supplies_grad_norm:
             return results
@@ -316,7 +258,7 @@ class StepRecorder:
             results.grad_norm = self.stats.grad_norm()
         return results
 
-    def _publish(self, pending: _PendingStep, vector: list[float]) -> None:
+    def _publish(self, pending: PendingStep, vector: list[float]) -> None:
         read: dict[str, Any] = dict(pending.values)
         offset = 0
         for name, length in pending.fields:
@@ -335,7 +277,7 @@ class StepRecorder:
         self.latest = stats
         self._worker.submit(self._export, stats, pending.wall_time)
 
-    def _step_stats(self, pending: _PendingStep, read: dict[str, Any],
+    def _step_stats(self, pending: PendingStep, read: dict[str, Any],
                     learning_rates: tuple[float | None, ...]) -> StepStats:
         duration = pending.duration_s
         throughput = None
