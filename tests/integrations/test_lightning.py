@@ -24,6 +24,7 @@ from lightning.pytorch.callbacks import Callback, LearningRateMonitor  # noqa: E
 from lightning.pytorch.loggers import Logger  # noqa: E402
 from lightning.pytorch.utilities import grad_norm  # noqa: E402
 
+from tests.distributed import free_port  # noqa: E402
 from tests.helpers import scrape  # noqa: E402
 from trainhealth import catalog  # noqa: E402
 from trainhealth.integrations.lightning import TrainhealthCallback  # noqa: E402
@@ -192,7 +193,11 @@ def test_one_rank_exports_what_lightning_logs(tmp_path, accumulate):
     _check_rank(report, accumulate, rank=0)
 
 
-def test_two_ranks_each_export_their_own_values(tmp_path):
+def test_two_ranks_each_export_their_own_values(tmp_path, monkeypatch):
+    # Lightning takes MASTER_PORT from the environment when set: an earlier test in this process
+    # may have left a port there that is taken by now
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(free_port()))
     reports = _fit(tmp_path, accumulate=4, devices=2)
     for rank, report in enumerate(reports):
         assert report["rank"] == rank
