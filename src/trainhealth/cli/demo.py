@@ -123,7 +123,8 @@ def add_commands(commands: argparse._SubParsersAction, parser_class: type[argpar
                       help=f"report and traces directory, new or empty (default ./{DEFAULT_OUT}, or "
                            f"./{DEFAULT_OUT}-2 and so on when that one holds an earlier run)")
     demo.add_argument("--addr", default="127.0.0.1", help="address the endpoints bind to (default 127.0.0.1)")
-    demo.add_argument("--port-base", type=PORT, default=9450, help="rank r serves /metrics on PORT_BASE + r")
+    demo.add_argument("--port-base", type=PORT, default=9450,
+                      help="rank r serves /metrics on PORT_BASE + r (default 9450)")
     demo.add_argument("--analyzer-port", type=PORT, default=9448, help="analyzer /metrics port (default 9448)")
     demo.add_argument("--no-analyzer", action="store_true", help="do not run the analyzer")
     demo.add_argument("--webhook-port", type=PORT_OR_ZERO, default=9096,

@@ -146,7 +146,7 @@ def add_commands(commands: argparse._SubParsersAction, parser_class: type) -> No
 
     bench = commands.add_parser("bench", help="evaluate the detectors on public benchmarks")
     bench_commands = bench.add_subparsers(dest="bench_command", metavar="COMMAND", parser_class=parser_class,
-                                          required=True)
+                                          required=True, help="the benchmark to run")
     nab = bench_commands.add_parser(
         "nab", help="run the detectors over the Numenta Anomaly Benchmark and score them as NAB does",
         description="Writes NAB's results layout (OUT/<detector>/<category>/<detector>_<file>.csv) and prints "

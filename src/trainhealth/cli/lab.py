@@ -98,7 +98,8 @@ def _cmd_score(args: argparse.Namespace) -> int:
 
 def add_commands(commands: argparse._SubParsersAction, parser_class: type) -> None:
     lab = commands.add_parser("lab", help="the real-run fault lab: real gloo ranks with injected faults, scored")
-    lab_commands = lab.add_subparsers(dest="lab_command", metavar="COMMAND", parser_class=parser_class, required=True)
+    lab_commands = lab.add_subparsers(dest="lab_command", metavar="COMMAND", parser_class=parser_class, required=True,
+                                      help="run a suite, or score a finished one again")
     run = lab_commands.add_parser("run", help="run a suite of cases and print the score table")
     run.add_argument("--suite", choices=("small", "full"), default="small", help="which cases (default small)")
     run.add_argument("--out", help="directory for the runs and results.jsonl (default: a new temporary directory)")

@@ -10,6 +10,7 @@ import dataclasses
 import json
 import logging
 import os
+import re
 import signal
 import sys
 import threading
@@ -21,7 +22,7 @@ from trainhealth._version import __version__
 from trainhealth.cli.generate import add_commands as add_alerting_commands
 from trainhealth.catalog import CATALOG
 from trainhealth.cli.probe import add_commands as add_probe_commands
-from trainhealth.config import ConfigError, Settings, setting_infos
+from trainhealth.config import ConfigError, SettingInfo, Settings, setting_infos
 from trainhealth.cli.demo import add_commands as add_demo_commands
 from trainhealth.cli.detect import add_commands as add_detection_commands
 from trainhealth.cli.docgen import render_configuration_markdown, render_metrics_markdown
@@ -78,13 +79,65 @@ def _cmd_config(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"settings": rows, "identity": dataclasses.asdict(identity)}, indent=2, sort_keys=True))
         return 0
-    width = max(len(row["setting"]) for row in rows)
-    for row in rows:
-        print(f"{row['setting']:<{width}}  {row['value']!s:<24}  ({row['source']}: {row['env']})")
-    print()
-    for key, value in dataclasses.asdict(identity).items():
-        print(f"{key:<{width}}  {value}")
+    sys.stdout.write(_render_config(setting_infos(), rows, dataclasses.asdict(identity)))
     return 0
+
+
+#: The widest value column of ``trainhealth config``; a longer value wraps onto indented lines.
+_CONFIG_VALUE_WIDTH = 36
+
+
+def _config_text(value: object) -> str:
+    """A value as ``trainhealth config`` shows it: ``unset`` for None, booleans as their variables spell them."""
+    if value is None:
+        return "unset"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value == "":
+        return '""'
+    return str(value)
+
+
+def _wrap_value(text: str, width: int) -> list[str]:
+    """``text`` in lines of at most ``width``: a longer one breaks after each ; and, within a part, after , = ( or
+    a space where it can (anywhere where it cannot), the part's further lines indented by two spaces."""
+    if len(text) <= width:
+        return [text]
+    lines: list[str] = []
+    for part in re.findall(r"[^;]+;?|;", text):
+        pieces: list[str] = []
+        for piece in filter(None, re.findall(r"[^,=( ]*[,=( ]?", part)):
+            pieces.extend(piece[start:start + width - 2] for start in range(0, len(piece), width - 2))
+        line = ""
+        for piece in pieces:
+            if line.strip() and len(line) + len(piece) > width:
+                lines.append(line.rstrip())
+                line = "  "
+            line += piece
+        lines.append(line.rstrip())
+    return lines
+
+
+def _render_config(infos: Sequence[SettingInfo], rows: Sequence[dict], identity: dict) -> str:
+    """The settings under their groups' titles (name, value, source), then the resolved identity."""
+    names = [info.name for info in infos] + list(identity)
+    name_width = max(len(name) for name in names)
+    values = {row["setting"]: _config_text(row["value"]) for row in rows}
+    value_width = min(_CONFIG_VALUE_WIDTH, max(len(value) for value in values.values()))
+    out: list[str] = []
+    group = None
+    for info, row in zip(infos, rows):
+        if info.group != group:
+            group = info.group
+            out.extend(([""] if out else []) + [group])
+        source = f"env {info.env}" if row["source"] == "environment" else "default"
+        lines = _wrap_value(values[info.name], value_width)
+        out.append(f"  {info.name:<{name_width}}  {lines[0]:<{value_width}}  {source}")
+        out.extend(f"  {'':<{name_width}}  {line}" for line in lines[1:])
+    out.extend(["", "Resolved identity"])
+    for key, value in identity.items():
+        out.append(f"  {key:<{name_width}}  {'unset' if value in (None, '') else _config_text(value)}")
+    return "\n".join(out) + "\n"
 
 
 #: Default port of ``trainhealth export``: just below the per-rank ports (9450 + local rank).
@@ -190,7 +243,8 @@ def _cmd_trace_convert(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="trainhealth", description="Observability for large-model training.")
     parser.add_argument("--version", action="version", version=f"trainhealth {__version__}")
-    commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser,
+                                     help="the command to run (trainhealth COMMAND --help describes it)")
 
     metrics = commands.add_parser("metrics", help="print the metric catalogue")
     metrics_format = metrics.add_mutually_exclusive_group()
@@ -198,7 +252,12 @@ def build_parser() -> argparse.ArgumentParser:
     metrics_format.add_argument("--markdown", action="store_true", help="as docs/metrics.md")
     metrics.set_defaults(handler=_cmd_metrics)
 
-    config = commands.add_parser("config", help="show the resolved settings and identity of this environment")
+    config = commands.add_parser(
+        "config", help="show the resolved settings and identity of this environment",
+        description="List every setting under its group: its value here (unset when it has none; secrets "
+                    "<hidden>) and where it came from (default, or the TRAINHEALTH_* variable that set it), then "
+                    "the identity this process would report (job, host, rank, ...).",
+    )
     config_format = config.add_mutually_exclusive_group()
     config_format.add_argument("--json", action="store_true", help="as JSON")
     config_format.add_argument("--markdown", action="store_true", help="document every setting (docs/configuration.md)")
@@ -231,7 +290,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
     trace = commands.add_parser("trace", help="inspect and convert collective traces (trace format v1)")
-    trace_commands = trace.add_subparsers(dest="trace_command", metavar="COMMAND", parser_class=_Parser, required=True)
+    trace_commands = trace.add_subparsers(dest="trace_command", metavar="COMMAND", parser_class=_Parser, required=True,
+                                          help="what to do with the traces")
     kinds = ("auto", "v1", "flight-recorder", "straggler-analysis")
     info = trace_commands.add_parser("info", help="ranks, groups, steps, ops, time span and per-op durations")
     info.add_argument("traces", nargs="+", metavar="TRACE", help="trace files or directories")

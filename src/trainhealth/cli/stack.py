@@ -63,14 +63,15 @@ def add_commands(commands: argparse._SubParsersAction, parser_class: type[argpar
         description="up starts the prometheus and alertmanager binaries found on PATH on 127.0.0.1 with "
                     "trainhealth's configs and rules, and the demo; down stops exactly what up started.",
     )
-    actions = stack.add_subparsers(dest="stack_command", metavar="ACTION", required=True, parser_class=parser_class)
+    actions = stack.add_subparsers(dest="stack_command", metavar="ACTION", required=True, parser_class=parser_class,
+                               help="start or stop the stack")
     up = actions.add_parser("up", help="start the stack")
     down = actions.add_parser("down", help="stop what up started")
     for parser in (up, down):
         parser.add_argument("--dir", default=".trainhealth-stack", help="state directory (default .trainhealth-stack)")
     up.add_argument("--prometheus-port", type=PORT, default=9090, help="Prometheus's port (default 9090)")
     up.add_argument("--alertmanager-port", type=PORT, default=9093, help="Alertmanager's port (default 9093)")
-    up.add_argument("--webhook-port", type=PORT, default=9096, help="where the demo receives Alertmanager's pages")
+    up.add_argument("--webhook-port", type=PORT, default=9096, help="port where the demo receives Alertmanager's pages (default 9096)")
     up.add_argument("--scrape-interval", type=SCRAPE_INTERVAL, default=5, metavar="SECONDS",
                     help=f"scrape and rule-evaluation interval, whole seconds {SCRAPE_INTERVAL.range_text} (default 5)")
     up.add_argument("--max-for", type=MAX_FOR, default=30, metavar="SECONDS",
