@@ -38,7 +38,7 @@ class DemoOptions:
     analyzer_port: int | None = 9448  # None: no analyzer
     webhook_port: int | None = 9096  # None: no webhook
     faults: list[dict[str, Any]] | None = None  # None: the built-in schedule; []: a fault-free run
-    master_port: int = 29555
+    master_port: int = 0  # the ranks' rendezvous port; 0: a free one, so two demos on one machine never meet
 
 
 class _Pages:
@@ -86,7 +86,8 @@ def run_demo(options: DemoOptions) -> int:
     context = multiprocessing.get_context("spawn")
     progress, stop = context.Queue(maxsize=10_000), context.Event()
     config = DemoConfig(ranks=options.ranks, duration_s=options.duration_s, out=str(out), addr=options.addr,
-                        port_base=options.port_base, faults=options.faults, master_port=options.master_port)
+                        port_base=options.port_base, faults=options.faults,
+                        master_port=options.master_port or _free_port())
     analyzer, analyzer_stop, sinks = _start_analyzer(options)
     pages = _Pages()
     webhook = pages.serve(options.addr, options.webhook_port) if options.webhook_port else None
@@ -125,13 +126,22 @@ def run_demo(options: DemoOptions) -> int:
         webhook.shutdown()
     histories = _histories(out / "history")
     incident = Incident(histories, [describe(f) for f in view.schedule], view.events, localization,
-                        pages.alerts, interrupted.is_set())
+                        pages.alerts, interrupted.is_set(), schedule=view.schedule)
     page = write_report(out, incident)
     _summary(console, localization, page, view.failures)
     return 1 if view.failures else 0
 
 
 # --- pieces -----------------------------------------------------------------------------
+def _free_port() -> int:
+    """A TCP port free on 127.0.0.1 now, for the ranks' rendezvous."""
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
 def _start_analyzer(options: DemoOptions) -> tuple[Any, threading.Event | None, Any]:
     if options.analyzer_port is None:
         return None, None, None

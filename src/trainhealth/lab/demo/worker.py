@@ -57,6 +57,7 @@ def rank_main(rank: int, config: DemoConfig, progress: Any, stop: Any) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the demo process, which stops every rank in step
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # blocked by the demo while it started the ranks
     torch.set_num_threads(1)
+    _log_to_file(Path(config.out) / "logs" / f"rank-{rank}.log")
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(config.master_port), RANK=str(rank),
                       LOCAL_RANK=str(rank), WORLD_SIZE=str(config.ranks))
     dist.init_process_group("gloo", rank=rank, world_size=config.ranks)
@@ -67,6 +68,21 @@ def rank_main(rank: int, config: DemoConfig, progress: Any, stop: Any) -> None:
         raise
     finally:
         dist.destroy_process_group()
+
+
+def _log_to_file(path: Path) -> None:
+    """This rank's warnings and log records go to ``path``, not to the terminal the live view draws on."""
+    import logging
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handler = logging.FileHandler(path, encoding="utf-8")
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    for old in list(root.handlers):
+        root.removeHandler(old)
+    root.addHandler(handler)
+    root.setLevel(logging.INFO)
+    logging.captureWarnings(True)  # warnings.warn (torch's UserWarnings) becomes a record of the file
 
 
 def _train(rank: int, config: DemoConfig, progress: Any, stop: Any, torch: Any, dist: Any) -> None:
@@ -122,7 +138,7 @@ def _train(rank: int, config: DemoConfig, progress: Any, stop: Any, torch: Any, 
             seconds, loss = one_step(step)
             flag[0] = 1.0 if stop.is_set() else 0.0
             dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-            row = {"step": step, "time": time.time(), "loss": float(loss), "step_time": seconds,
+            row = {"step": step, "time": time.time(), "loss": float(loss.detach()), "step_time": seconds,
                    **_step_split(monitor), **_gpu_readings(monitor, rank)}
             history.append(row)
             _send(progress, {"rank": rank, **row})
