@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import socket
 import subprocess
 import sys
@@ -18,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from tests.prometheus_server import require_binary
 from trainhealth.lab.demo.story import TABLE_HEADER, Detection, match
 
 pytest.importorskip("torch")
@@ -118,9 +118,7 @@ def test_markdown_table_has_the_rows_of_the_json_and_the_page(demo: Path) -> Non
 
 
 def test_the_page_renders_in_chromium(demo: Path) -> None:
-    chromium = shutil.which("chromium")
-    if chromium is None:
-        pytest.skip("no chromium binary (Debian package chromium; .ci/run installs it)")
+    chromium = require_binary("chromium")  # CI (TRAINHEALTH_REQUIRE_BINARIES) fails instead of skipping
     sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install playwright)")
     report = _report(demo)
     problems: list[str] = []
