@@ -50,6 +50,7 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> Path:
                            "--port-base", str(port_base), "--no-analyzer", "--webhook-port", "0"],
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    (out / "stdout.txt").write_text(done.stdout)
     return out
 
 
@@ -145,3 +146,11 @@ def test_the_page_renders_in_chromium(demo: Path) -> None:
     assert table[0] == list(TABLE_HEADER)
     assert [row[2] for row in table[1:]] == [f"step {fault['step']}" for fault in report["schedule"]]
     assert [row[0] for row in table[1:]] == [row["fault"] for row in report["findings"]]
+
+
+def test_the_demo_prints_its_wall_time_and_the_report_carries_it(demo: Path) -> None:
+    wall = _report(demo)["wall_s"]
+    assert wall > 40  # the training alone is 40 s
+    printed = re.search(r"wall time: (\d+) s", (demo / "stdout.txt").read_text())
+    assert printed is not None and abs(int(printed.group(1)) - wall) <= 2
+    assert f"the demo took {wall:.0f} s" in (demo / "report.md").read_text()

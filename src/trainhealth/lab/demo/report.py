@@ -35,6 +35,7 @@ class Incident:
     pages: list[dict[str, Any]] = field(default_factory=list)  # from Alertmanager, when a stack was running
     interrupted: bool = False
     schedule: list[dict[str, Any]] = field(default_factory=list)  # the faults as injected (structured)
+    wall_s: float | None = None  # the demo's wall time up to the report, start-up included
 
 
 def write_report(out: Path, incident: Incident) -> Path:
@@ -56,7 +57,8 @@ def write_report(out: Path, incident: Incident) -> Path:
         "schedule": incident.schedule, "faults": incident.faults,
         "findings": [dict(zip(story.TABLE_HEADER, row)) for row in story.table_rows(items)],
         "events": incident.events, "localization": incident.localization,
-        "pages": incident.pages, "interrupted": incident.interrupted}, indent=2, default=str), encoding="utf-8")
+        "pages": incident.pages, "interrupted": incident.interrupted, "wall_s": incident.wall_s},
+        indent=2, default=str), encoding="utf-8")
     return page
 
 
@@ -232,7 +234,7 @@ def _html(incident: Incident, plots: list[str], culprit: int | None, items: list
 </head><body>
 <h1>trainhealth demo: incident report</h1>
 <p>A real {len(incident.histories)}-rank training job on CPU (torch, gloo) with <b>simulated GPUs</b>
-(every GPU series is labelled <code>backend="simulated"</code>).</p>{note}
+(every GPU series is labelled <code>backend="simulated"</code>){_took(incident)}.</p>{note}
 <h2>Faults injected and what caught them</h2>
 <table id="faults"><tr>{header}</tr>{findings or '<tr><td colspan="6">No fault was injected.</td></tr>'}</table>
 <p>A detection counts when it is on the fault's rank, of a kind that can show it, and within the fault's steps
@@ -250,13 +252,17 @@ plus {story.GRACE_STEPS} (a lasting GPU fault: to the end of the run).</p>
 """
 
 
+def _took(incident: Incident) -> str:
+    return "" if incident.wall_s is None else f"; the demo took {incident.wall_s:.0f} s, start-up included"
+
+
 def _markdown(incident: Incident, plots: list[str], culprit: int | None, items: list[story.Finding]) -> str:
     def cell(text: str) -> str:
         return text.replace("|", "\\|").replace("\n", " ")
 
     loc = incident.localization or {}
     lines = ["# trainhealth demo: incident report", "",
-             f"A real {len(incident.histories)}-rank training job on CPU with simulated GPUs."
+             f"A real {len(incident.histories)}-rank training job on CPU with simulated GPUs{_took(incident)}."
              + (" Interrupted (Ctrl-C): the report covers the steps run." if incident.interrupted else ""), "",
              "## Faults injected and what caught them", "",
              "| " + " | ".join(story.TABLE_HEADER) + " |", "|" + "---|" * len(story.TABLE_HEADER)]

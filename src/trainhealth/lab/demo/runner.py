@@ -81,6 +81,7 @@ def run_demo(options: DemoOptions) -> int:
     from rich.console import Console
     from rich.markup import escape
 
+    began = time.monotonic()
     console = Console()
     out = output_directory(options.out, "out", empty=True)  # new or empty: nothing of anyone else's is touched
     context = multiprocessing.get_context("spawn")
@@ -127,8 +128,11 @@ def run_demo(options: DemoOptions) -> int:
     histories = _histories(out / "history")
     incident = Incident(histories, [describe(f) for f in view.schedule], view.events, localization,
                         pages.alerts, interrupted.is_set(), schedule=view.schedule)
+    incident.wall_s = time.monotonic() - began
     page = write_report(out, incident)
     _summary(console, localization, page, view.failures)
+    console.print(f"wall time: {time.monotonic() - began:.0f} s ({options.duration_s:g} s of training, then the "
+                  "report)", markup=False, highlight=False)
     return 1 if view.failures else 0
 
 
