@@ -37,6 +37,9 @@ def _main_process_logs_only(rank, world, port, out):
     monitor.close()
     with open(f"{out}/rank-{rank}.json", "w") as handle:
         json.dump({"checks": {k[0]: v for k, v in checks.items()}, "errors": errors}, handle)
+    # leave together, as a job's ranks do: a rank that tears its gloo groups down while its peer still
+    # holds them open can be aborted by gloo ("terminate called without an active exception")
+    dist.barrier()
     dist.destroy_process_group()
 
 
