@@ -23,7 +23,8 @@ __all__ = [
 ]
 
 _HOME = {"LayerGroupStats": "exporters.step_records", "Monitor": "exporters.monitor",
-         "StepStats": "exporters.step_records", "OtelExporter": "sinks.otel", "BasicAuth": "sinks.prometheus", "MetricsServer": "sinks.prometheus",
+         "StepStats": "exporters.step_records", "OtelExporter": "sinks.otel", "BasicAuth": "sinks.prometheus",
+         "MetricsServer": "sinks.prometheus",
          "StoreCollector": "sinks.prometheus", "TLSFiles": "sinks.prometheus", "Sinks": "sinks.service"}
 
 

@@ -24,6 +24,7 @@ from trainhealth._files import output_directory
 from trainhealth.lab.demo.report import Incident, write_report
 from trainhealth.lab.demo.schedule import describe
 from trainhealth.lab.demo.worker import DemoConfig, rank_main
+from trainhealth.lab.ports import free_port
 
 __all__ = ["DemoOptions", "run_demo"]
 
@@ -88,7 +89,7 @@ def run_demo(options: DemoOptions) -> int:
     progress, stop = context.Queue(maxsize=10_000), context.Event()
     config = DemoConfig(ranks=options.ranks, duration_s=options.duration_s, out=str(out), addr=options.addr,
                         port_base=options.port_base, faults=options.faults,
-                        master_port=options.master_port or _free_port())
+                        master_port=options.master_port or free_port())
     analyzer, analyzer_stop, sinks = _start_analyzer(options)
     pages = _Pages()
     webhook = pages.serve(options.addr, options.webhook_port) if options.webhook_port else None
@@ -137,15 +138,6 @@ def run_demo(options: DemoOptions) -> int:
 
 
 # --- pieces -----------------------------------------------------------------------------
-def _free_port() -> int:
-    """A TCP port free on 127.0.0.1 now, for the ranks' rendezvous."""
-    import socket
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 def _start_analyzer(options: DemoOptions) -> tuple[Any, threading.Event | None, Any]:
     if options.analyzer_port is None:
         return None, None, None

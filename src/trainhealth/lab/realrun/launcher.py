@@ -26,7 +26,6 @@ import json
 import logging
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -35,6 +34,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, cast
 
+from trainhealth.lab.ports import free_port
 from trainhealth.lab.realrun.live import POLL_S, LivePoll, LiveWatcher, progress
 from trainhealth.lab.realrun.outcome import CaseOutcome, finish, score_run, write_json
 from trainhealth.lab.realrun.spec import LINK_KINDS, CaseSpec, RealRunFaultKind, Truth, host_name, truth
@@ -72,12 +72,6 @@ def link_lab_unavailable(delay: bool = False) -> str | None:
     if reason is None and delay:
         reason = NetLab.delay_supported()
     return reason
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _start_hogs(count: int, cpu: int | None) -> list[subprocess.Popen[bytes]]:
@@ -146,7 +140,7 @@ def run_case(spec: CaseSpec, out: str | os.PathLike[str], *, live: bool = True, 
         write_json(run_dir / "spec.json", spec.to_dict())
         write_json(run_dir / "truth.json", plan.to_dict())
         master = netlab.hosts[0].address if netlab is not None else "127.0.0.1"
-        port = _free_port()
+        port = free_port()
         processes: list[subprocess.Popen[bytes]] = []
         hogs: list[subprocess.Popen[bytes]] = []
         stack.callback(_stop, hogs)
