@@ -10,9 +10,9 @@ The result as JSON (:meth:`ProbeResult.to_json`, read back with :meth:`ProbeResu
 
 ``latency_s`` is null for a failed link; the fields are those of :class:`LinkMeasurement`.
 
->>> links = [LinkMeasurement(a, b, 1e-4 * (5 if 2 in (a, b) else 1), 1e9 / (5 if 2 in (a, b) else 1))
+>>> links = [LinkMeasurement(a, b, 1e-5, 1e9 / (5 if 2 in (a, b) else 1))
 ...          for a, b in [(0, 1), (0, 2), (0, 3), (1, 2), (1, 3), (2, 3)]]
->>> result = ProbeResult(tuple(links), (0, 1, 2, 3), {0: "a", 1: "a", 2: "b", 3: "b"})
+>>> result = ProbeResult(tuple(links), (0, 1, 2, 3), {0: "a", 1: "a", 2: "b", 3: "b"}, (4096, 1 << 20))
 >>> slow = result.slow_ranks()
 >>> slow.rank, slow.host, slow.metric.value, round(slow.factor, 1)
 (2, 'b', 'bandwidth', 5.0)
@@ -93,7 +93,7 @@ class SlowRank:
     """The rank whose links are all slow.
 
     ``factor`` is how many times slower its median link is than the median link between the
-    other ranks (bandwidth: theirs / its; latency: its / theirs; ``inf`` when all its links
+    other ranks (bandwidth of the largest message: theirs / its; latency: its / theirs; ``inf`` when all its links
     failed); ``threshold`` is the factor it had to exceed, from the measured noise.
     """
 
@@ -123,29 +123,42 @@ class ProbeResult:
     def slow_ranks(self, *, min_factor: float = 1.5, z: float = 4.0) -> SlowRank | None:
         """The rank whose links are all slow, or None when no rank stands out.
 
-        For each metric (bandwidth, latency) the candidate is the rank with the worst median
-        over its links. It is named when every one of its links is worse than the median of
-        the links between the other ranks by more than ``z`` robust standard deviations of the
-        noise (the larger of the spread of those other links and the pairs' own repeat
-        spread), and by at least ``min_factor``. Needs three ranks or more: a single link
+        For each metric (latency, then bandwidth) the candidate is the rank with the worst
+        median over its links. It is named when every one of its links is worse than the
+        median of the links between the other ranks by more than ``z`` robust standard
+        deviations of the noise (the larger of the spread of those other links and the pairs'
+        own repeat spread), and by at least ``min_factor``. Latency is judged first: a late
+        small message makes the large one late too. Bandwidth is judged on the largest
+        message's one-way time (:meth:`transfer_bandwidth`), not on the difference of two
+        round trips, which on a fast link is smaller than the scheduling jitter and scatters
+        healthy links over orders of magnitude. Needs three ranks or more: a single link
         cannot say which of its two ends is slow.
         """
         if min_factor < 1 or z <= 0:
             raise ValueError(f"min_factor must be at least 1 and z positive, got {min_factor!r}, {z!r}")
         if len(self.ranks) < 3:
             return None
-        best: tuple[float, SlowRank] | None = None
-        for metric in LinkMetric:
+        for metric in (LinkMetric.LATENCY, LinkMetric.BANDWIDTH):
             found = self._judge(metric, min_factor, z)
-            if found is not None and (best is None or found[0] > best[0]):
-                best = found
-        return None if best is None else best[1]
+            if found is not None:
+                return found
+        return None
 
-    def _judge(self, metric: LinkMetric, min_factor: float, z: float) -> tuple[float, SlowRank] | None:
+    def transfer_bandwidth(self, m: LinkMeasurement) -> float:
+        """The largest message's size over its one-way time (latency included), bytes/s.
+
+        Falls back to the measured bandwidth when the result does not record its sizes.
+        """
+        if len(self.sizes) < 2 or not m.bandwidth_bytes_per_s > 0 or not math.isfinite(m.latency_s):
+            return m.bandwidth_bytes_per_s
+        small, large = self.sizes[0], self.sizes[-1]
+        return large / (m.latency_s + (large - small) / m.bandwidth_bytes_per_s)
+
+    def _judge(self, metric: LinkMetric, min_factor: float, z: float) -> SlowRank | None:
         def slowness(m: LinkMeasurement) -> float:  # log scale, higher is worse
             if m.failed is not None:
                 return math.inf
-            value = m.bandwidth_bytes_per_s if metric is LinkMetric.BANDWIDTH else m.latency_s
+            value = self.transfer_bandwidth(m) if metric is LinkMetric.BANDWIDTH else m.latency_s
             if not value > 0:
                 return math.inf if metric is LinkMetric.BANDWIDTH else -math.inf
             return -math.log(value) if metric is LinkMetric.BANDWIDTH else math.log(value)
@@ -171,11 +184,12 @@ class ProbeResult:
         threshold = math.exp(margin)
         host = self.hosts.get(candidate, "?")
         failed = sum(1 for m in self.links_of(candidate) if m.failed is not None)
+        what = "large-message bandwidth" if metric is LinkMetric.BANDWIDTH else "latency"
         evidence = (f"all {len(mine)} links of rank {candidate} ({host}) are slower than the median link between the "
-                    f"other ranks: its median {metric.value} is {factor:.3g}x worse (named above {threshold:.3g}x: "
+                    f"other ranks: its median {what} is {factor:.3g}x worse (named above {threshold:.3g}x: "
                     f"{z:g} x noise {noise:.3g} on a log scale, at least {min_factor:g}x)"
                     + (f"; {failed} of its links failed" if failed else ""))
-        return (min(mine) - reference) / margin, SlowRank(candidate, host, metric, factor, threshold, evidence)
+        return SlowRank(candidate, host, metric, factor, threshold, evidence)
 
     # -- JSON --------------------------------------------------------------------------------------
 
