@@ -98,6 +98,24 @@ def test_level_shift_protects_its_reference_but_accumulates_evidence():
     assert detector.score(data[-1] + 0.5)[0] > detector.default_threshold
 
 
+def test_level_shift_min_relative_ignores_small_shifts_of_a_quiet_series():
+    # a step time of 130 ms with 1% noise that moves 8% for a while (a shared host), then a +50% straggler
+    rng = np.random.default_rng(3)
+    quiet = 0.130 * (1 + 0.01 * rng.normal(size=200))
+    level = np.concatenate([quiet[:100], quiet[100:160] * 1.08, quiet[160:]])
+    straggling = np.concatenate([level, 0.195 * (1 + 0.01 * rng.normal(size=20))])
+
+    def alarms(detector, values):
+        return [i for i, x in enumerate(values) if detector.update([x])[0] > detector.default_threshold]
+
+    assert alarms(DETECTORS["level_shift"](direction="up"), level)  # 8 sigma: the noise alone flags it
+    floored = DETECTORS["level_shift"](direction="up", min_relative=0.2)
+    found = alarms(floored, straggling)
+    assert found and min(found) >= 200 and min(found) - 200 <= 5  # only the straggler, within 5 steps
+    with pytest.raises(ValueError, match="min_relative"):
+        DETECTORS["level_shift"](min_relative=-1)
+
+
 def test_stl_takes_a_protected_point_in_as_its_expectation():
     detector = make("stl")
     data = series(1, 100)
@@ -145,7 +163,7 @@ SIGNATURES = {
     "delta": {"delta": 1.5, "window": 50, "warmup": 10, "rate_window": 100},
     "iqr": {"window": 100, "warmup": 20, "direction": "both", "min_iqr": 1e-12, "refresh": None},
     "level_shift": {"window": 100, "warmup": 50, "k": 0.5, "clip": 4.0, "direction": "both", "adapt_after": None,
-                    "min_scale": 1e-12, "refresh": None},
+                    "min_relative": 0.0, "min_scale": 1e-12, "refresh": None},
     "nonfinite": {},
     "peer": {"direction": "both", "min_relative": 0.03, "min_peers": 3},
     "robust_z": {"window": 100, "warmup": 20, "direction": "both", "min_scale": 1e-12, "refresh": None},

@@ -46,19 +46,52 @@ def test_a_loss_spike_and_a_nan_become_anomaly_metrics_and_events():
     assert spike.severity.value == "critical"  # 60 sigma
 
 
-def test_a_slow_step_is_delta_irregular():
-    with Monitor(env={}, **SERVE) as mon:
-        for step in range(30):
-            time.sleep(0.02)
+def test_slow_steps_in_a_row_are_delta_irregular_and_a_lone_one_is_counted():
+    with Monitor(env={}, **SERVE) as mon:  # the first 20 steps are the detectors' warm-up (detector_warmup)
+        for step in range(70):
+            time.sleep(0.12 if step in (40, 60, 61) else 0.02)  # a lone slow step, then two in a row
             mon.step(loss=1.0, step=step)
-        time.sleep(0.12)
-        mon.step(loss=1.0, step=30)
         mon.flush()
         events = mon.events.recent("anomaly")
         got = scrape(mon.metrics_url)
-    slow = [e for e in events if e.attributes["detector"] == "delta"]
-    assert any(e.attributes["step"] == 30 for e in slow)
-    assert got.value("trainhealth_train_irregularity_ratio", signal="step_time") > 0
+    slow = [e.attributes["step"] for e in events if e.attributes["detector"] == "delta"]
+    assert slow == [61]  # the default asks for two in a row: one slow step proves nothing
+    # three irregular steps among the 49 judged (69 step times, the first 20 the warm-up)
+    assert got.value("trainhealth_train_irregularity_ratio", signal="step_time") == pytest.approx(3 / 49)
+
+
+def test_the_warm_up_reaches_only_the_non_finite_check():
+    detectors = SignalDetectors(parse_spec("loss=zscore,nonfinite;step_time=delta"), warmup=20)
+    opened = []
+    for step in range(60):  # compile-slow, high-loss first steps, then a steady job
+        loss, seconds = (50.0 - step, 5.0) if step < 20 else (1.0 + 0.001 * (step % 3), 0.1)
+        opened += detectors.observe("loss", float("nan") if step == 3 else loss, step=step)
+        opened += detectors.observe("step_time", seconds, step=step)
+    assert [(a.detector, a.step) for a in opened] == [("nonfinite", 3)]
+    without = SignalDetectors(parse_spec("loss=zscore;step_time=delta"))
+    late = [without.observe("step_time", 0.1 if step else 5.0, step=step) for step in range(40)]
+    late += [without.observe("step_time", 5.0, step=40)]
+    assert late[-1] and late[-1][0].detector == "delta"  # the warm-up hides nothing after it ends
+
+
+def test_the_step_that_includes_a_checkpoint_is_not_a_straggler():
+    with Monitor(env={}, detectors="step_time=delta;throughput=level_shift(direction=down)", **SERVE) as mon:
+        for step in range(50):
+            time.sleep(0.02)
+            mon.step(loss=1.0, tokens=100, step=step)
+        mon.checkpoint_saved(49, 0.15)
+        time.sleep(0.15)  # the save, inside step 50's time
+        mon.step(loss=1.0, tokens=100, step=50)
+        for step in range(51, 56):
+            time.sleep(0.02)
+            mon.step(loss=1.0, tokens=100, step=step)
+        time.sleep(0.15)  # the same pause without a checkpoint is irregular
+        mon.step(loss=1.0, tokens=100, step=56)
+        mon.flush()
+        got = scrape(mon.metrics_url)
+        slow = [e.attributes["step"] for e in mon.events.recent("anomaly") if e.attributes["detector"] == "delta"]
+    assert slow == [56]
+    assert got.value("trainhealth_train_step_duration_seconds_count") == 56  # the metric still has every step
 
 
 def test_collective_durations_are_watched_per_group():

@@ -154,3 +154,22 @@ def test_the_demo_prints_its_wall_time_and_the_report_carries_it(demo: Path) -> 
     printed = re.search(r"wall time: (\d+) s", (demo / "stdout.txt").read_text())
     assert printed is not None and abs(int(printed.group(1)) - wall) <= 2
     assert f"the demo took {wall:.0f} s" in (demo / "report.md").read_text()
+
+
+def test_false_alarms_are_the_detections_no_fault_explains(demo: Path) -> None:
+    from trainhealth.lab.demo import story
+
+    report = _report(demo)
+    histories = {int(p.stem.split("-")[1]): json.loads(p.read_text())["steps"]
+                 for p in (demo / "history").glob("rank-*.json")}
+    found = story.detections(report["events"], histories, report["pages"], report["localization"],
+                             report["verdicts"])
+    last_step = max(r["step"] for rows in histories.values() for r in rows)
+    explained = {id(d) for fault in report["schedule"] for d in story.match(fault, found, last_step)}
+    expected = [(d.what, d.rank, d.step) for d in found if id(d) not in explained]
+    assert sorted(expected, key=str) == sorted(((a["what"], a["rank"], a["step"]) for a in report["false_alarms"]),
+                                               key=str)
+    page = (demo / "report.html").read_text()
+    listed = re.search(r'<ul id="false-alarms">(.*?)</ul>', page, re.S)
+    assert listed is not None and listed.group(1).count("<li>") == len(expected)
+    assert f"Detections that no injected fault explains: {len(expected)}." in (demo / "report.md").read_text()

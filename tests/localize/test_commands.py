@@ -81,3 +81,16 @@ def test_a_tiny_trace_is_insufficient_data_not_healthy(tmp_path):
     answer = json.loads(result.stdout)
     assert answer["verdict"] == "insufficient_data" and answer["suspects"] == []
     assert "repeating pattern" in answer["reasons"][0]
+
+
+def test_a_few_compute_records_are_insufficient_data_not_imbalance(tmp_path):
+    # three compute records of two ranks: the recorded path once called this "imbalance" (uneven batches)
+    (tmp_path / "three.jsonl").write_text(
+        '{"rank": 0, "step": 0, "op": "compute", "start": 0.0, "duration": 0.1}\n'
+        '{"rank": 1, "step": 0, "op": "compute", "start": 0.0, "duration": 0.3}\n'
+        '{"rank": 0, "step": 1, "op": "compute", "start": 0.2, "duration": 0.1}\n')
+    result = _run("localize", str(tmp_path / "three.jsonl"), "--json")
+    assert result.returncode == 0, result.stderr
+    answer = json.loads(result.stdout)
+    assert answer["verdict"] == "insufficient_data" and answer["suspects"] == []
+    assert "2 steps in the trace" in answer["reasons"][0]

@@ -20,6 +20,7 @@ __all__ = ["add_commands"]
 DEFAULT_OUT = "trainhealth-demo"
 DURATION = Bounded(float, 20, 86400, unit="seconds")
 RANKS = Bounded(int, 2, 16)
+SEED = Bounded(int, 0, 2**31 - 1)
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
@@ -67,7 +68,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     out = output_directory(Path(args.out), "--out", empty=True) if args.out is not None else _fresh_default()
     options = DemoOptions(ranks=args.ranks, duration_s=args.duration, out=out, addr=args.addr,
                           port_base=args.port_base, analyzer_port=None if args.no_analyzer else args.analyzer_port,
-                          webhook_port=args.webhook_port or None, faults=faults)
+                          webhook_port=args.webhook_port or None, faults=faults, seed=args.seed)
     return run_demo(options)
 
 
@@ -119,6 +120,8 @@ def add_commands(commands: argparse._SubParsersAction, parser_class: type[argpar
     demo.add_argument("--faults", metavar="FILE", help="fault schedule (YAML or JSON, see docs/sdc.md) instead of "
                                                        "the built-in one")
     demo.add_argument("--no-faults", action="store_true", help="a fault-free run")
+    demo.add_argument("--seed", type=SEED, default=0,
+                      help=f"seed of the model's initialisation and the batches, {SEED.range_text} (default 0)")
     demo.add_argument("--out", metavar="DIR",
                       help=f"report and traces directory, new or empty (default ./{DEFAULT_OUT}, or "
                            f"./{DEFAULT_OUT}-2 and so on when that one holds an earlier run)")

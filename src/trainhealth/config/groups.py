@@ -50,9 +50,9 @@ __all__ = [
 DEFAULT_DETECTORS = (
     "loss=zscore(direction=up),spike,nonfinite;"
     "grad_norm=zscore(direction=up),spike,nonfinite;"
-    "step_time=delta,level_shift(direction=up);"
-    "throughput=level_shift(direction=down);"
-    "comm_duration=level_shift(direction=up)"
+    "step_time=delta(min_consecutive=2),level_shift(direction=up,min_relative=0.25,threshold=16);"
+    "throughput=level_shift(direction=down,min_relative=0.25,threshold=16);"
+    "comm_duration=level_shift(direction=up,min_relative=1)"
 )
 DEFAULT_PROMETHEUS_PORT_BASE = 9450
 #: The shortest ``trace_write_interval`` (seconds) other than 0: appending to a trace more often only burns the flush thread.
@@ -212,6 +212,8 @@ class DetectorSettings(SettingGroup):
     TITLE = "Detectors"
 
     spec: str = setting("detectors", DEFAULT_DETECTORS, parse_str, "Detectors per signal (loss, grad_norm, step_time, throughput, comm_duration): signal=detector[(key=value,...)],...;... or off. See docs/detectors.md.")
+    warmup_steps: int = setting("detector_warmup", 20, parse_int, "Values of each signal (steps; collective flushes) that no detector sees at the start of a run: compilation, allocator and data-loader warm-up, connection set-up. The metrics are exported from the first step.",
+                                bounds=Range(0, _STEPS))
 
 
 @dataclass(frozen=True)

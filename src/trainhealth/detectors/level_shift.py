@@ -57,6 +57,12 @@ class LevelShift(Detector):
         ``"both"``, or ``"up"`` / ``"down"`` to score shifts one way only.
     adapt_after
         After this many protected values in a row the new level becomes the reference (``None``: ``window``).
+    min_relative
+        Floor on the scale relative to the reference median: with ``min_relative=0.2`` and
+        ``k=0.5`` a shift smaller than 10% of the level adds no evidence however quiet the
+        series (a timing signal on a quiet machine has a robust sigma of 1-2%, and a shared
+        host moves every rank's step time by 5-10% for minutes). 0 (the default) judges by
+        the measured noise alone.
     min_scale
         Floor on the scale, so a constant reference does not divide by zero.
     refresh
@@ -79,13 +85,14 @@ class LevelShift(Detector):
     clip: float = 4.0
     direction: Direction = "both"
     adapt_after: int | None = None
+    min_relative: float = 0.0
     min_scale: float = 1e-12
     refresh: int | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.window < self.warmup or self.k < 0 or self.clip <= self.k:
-            raise ValueError("need window >= warmup, k >= 0 and clip > k")
+        if self.window < self.warmup or self.k < 0 or self.clip <= self.k or not 0 <= self.min_relative < 1e6:
+            raise ValueError("need window >= warmup, k >= 0, clip > k and min_relative >= 0")
         if self.adapt_after is None:
             self.adapt_after = self.window
         self._adapt_after = self.adapt_after  # never None from here
@@ -99,7 +106,8 @@ class LevelShift(Detector):
     def _standardise(self, x: np.ndarray) -> np.ndarray:
         median = self._reference.quantile(0.5)[:, 0]
         scale = 1.4826 * self._reference.median_absolute_deviation(median)
-        scale = np.maximum(_fill_zero(scale, self._reference.robust_sigma), self.min_scale)
+        scale = np.maximum(_fill_zero(scale, self._reference.robust_sigma),
+                           np.maximum(self.min_relative * np.abs(median), self.min_scale))
         with np.errstate(invalid="ignore"):
             return np.clip((x - median) / scale, -self.clip, self.clip)
 

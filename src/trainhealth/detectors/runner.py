@@ -28,6 +28,7 @@ from collections.abc import Sequence
 
 from trainhealth import catalog
 from trainhealth.detectors.delta import DeltaIrregularity
+from trainhealth.detectors.nonfinite import NonFinite
 from trainhealth.detectors.spec import WatchSpec, parse_spec
 from trainhealth.detectors.spike import SpikeScore
 from trainhealth.detectors.watch import Anomaly, Watch
@@ -43,8 +44,12 @@ class SignalDetectors:
     """Per signal (and per series of a signal, like each collective group), the watches of a spec."""
 
     def __init__(self, specs: Sequence[WatchSpec], *, store: MetricStore | None = None,
-                 events: EventLog | None = None, max_series: int = 256) -> None:
+                 events: EventLog | None = None, max_series: int = 256, warmup: int = 0) -> None:
+        if warmup < 0:
+            raise ValueError(f"warmup must be >= 0, got {warmup!r}")
         self._specs: dict[str, list[WatchSpec]] = {}
+        self._warmup = warmup
+        self._seen: dict[tuple[str, str], int] = {}
         for spec in specs:
             self._specs.setdefault(spec.signal, []).append(spec)
         self._store = store
@@ -74,7 +79,13 @@ class SignalDetectors:
 
     def observe(self, signal: str, value: float, *, step: int | None = None, time: float | None = None,
                 series: str = "") -> list[Anomaly]:
-        """Feed one value of ``signal``; returns the anomalies that began with it."""
+        """Feed one value of ``signal``; returns the anomalies that began with it.
+
+        The first ``warmup`` values of each signal and series reach only the non-finite check: a
+        job's first steps (compilation, allocator and data-loader warm-up, connection set-up) are
+        slow and their loss is high for reasons that are not faults, and they would skew every
+        baseline; a NaN is a fault from the first step.
+        """
         if signal not in self._specs:
             return []
         now = _time.time() if time is None else time
@@ -82,6 +93,10 @@ class SignalDetectors:
             watches = self._watches_for(signal, series)
             if watches is None:
                 return []
+            seen = self._seen.get((signal, series), 0)
+            if seen < self._warmup:
+                self._seen[(signal, series)] = seen + 1
+                watches = [watch for watch in watches if isinstance(watch.detector, NonFinite)]
             opened, closed = [], []
             for watch in watches:
                 update = watch.update([value], step=step, time=now)

@@ -127,7 +127,8 @@ class Monitor:
         self._hook_handles: list[Any] = []
 
         self.events = EventLog()
-        self.detectors = SignalDetectors(watched, store=self.store, events=self.events)
+        self.detectors = SignalDetectors(watched, store=self.store, events=self.events,
+                                         warmup=settings.detectors.warmup_steps)
         for signal in ("loss", "grad_norm"):  # from 0, so the first non-finite step is an increase
             self.store.inc(catalog.TRAIN_NONFINITE_STEPS, 0.0, (signal,))
         self._sinks = Sinks.start(self.store, identity, settings, env, events=self.events)
@@ -212,8 +213,15 @@ class Monitor:
         return self._recorder.flush(timeout_s)
 
     def checkpoint_saved(self, step: int, duration_s: float | None = None) -> None:
-        """Report a checkpoint of training step ``step`` (``duration_s``: how long saving took). Never raises."""
-        if self._closed or self.health is None:
+        """Report a checkpoint of training step ``step`` (``duration_s``: how long saving took). Never raises.
+
+        The step whose time includes the save (the next one recorded) is not judged by the
+        step-time and throughput detectors: a save is not a straggler.
+        """
+        if self._closed:
+            return
+        self._recorder.checkpoint_saved()
+        if self.health is None:
             return
         try:
             self.health.checkpoint_saved(int(step), None if duration_s is None else float(duration_s))

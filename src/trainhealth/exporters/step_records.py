@@ -41,6 +41,8 @@ class StepStats:
     layers: tuple[LayerGroupStats, ...] = ()
     #: Model signals: every step's non-finite origin, the sampled values every ``stats_every`` steps.
     signals: SignalValues | None = None
+    #: Signals the detectors do not judge at this step (its time includes a checkpoint save).
+    unjudged: tuple[str, ...] = ()
 
 
 @dataclass
@@ -55,6 +57,7 @@ class PendingStep:
     values: dict[str, float]
     learning_rates: list[float | object | None]
     fields: list[tuple[str, int]]
+    unjudged: tuple[str, ...] = ()
 
 
 @dataclass

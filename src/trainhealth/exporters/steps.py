@@ -66,8 +66,13 @@ class StepRecorder:
         self._last_step_label: int | None = None
         self._early_results: tuple[int, HookResults] | None = None
         self._waiting_for_closure: int | None = None
+        self._checkpoint_since_last_step = False
         #: The most recent step whose device values have been read.
         self.latest: StepStats | None = None
+
+    def checkpoint_saved(self) -> None:
+        """A checkpoint was saved since the last recorded step: the next step's time includes it."""
+        self._checkpoint_since_last_step = True
 
     def is_heavy(self, index: int) -> bool:
         """Whether step ``index`` (counted from 0) takes the per-layer statistics."""
@@ -173,6 +178,8 @@ class StepRecorder:
         self._last_step_time = now
         index = self._reported_steps
         self._reported_steps += 1
+        unjudged = _TIMING_SIGNALS if self._checkpoint_since_last_step else ()
+        self._checkpoint_since_last_step = False
         step_index = index if step is None else self._guard("monitor", lambda: int(step), index)
         self._last_step_label = step_index
         if tokens is not None and (isinstance(tokens, bool) or not isinstance(tokens, (int, float))
@@ -222,6 +229,7 @@ class StepRecorder:
             values=reading.values,
             learning_rates=rates,
             fields=reading.fields,
+            unjudged=unjudged,
         )
         try:
             self._readout.submit(reading.tensors, pending)
@@ -315,6 +323,7 @@ class StepRecorder:
             update_ratio=update_ratio,
             update_cosine=read.get("update_cosine"),
             layers=layers,
+            unjudged=pending.unjudged,
         )
 
     # --- the export thread ----------------------------------------------------------
@@ -348,7 +357,7 @@ class StepRecorder:
         loss_spike_began = False
         for signal, value in (("loss", stats.loss), ("grad_norm", stats.grad_norm),
                               ("step_time", stats.duration_s), ("throughput", stats.tokens_per_second)):
-            if value is None:
+            if value is None or signal in stats.unjudged:
                 continue
             try:
                 opened = self._detectors.observe(signal, value, step=stats.step)
@@ -361,6 +370,10 @@ class StepRecorder:
         if health is not None:
             self._guard("monitor", lambda: health.export(stats.step, wall_time, stats.loss, stats.signals,
                                                          loss_spike_began))
+
+
+#: The signals a checkpoint save inflates.
+_TIMING_SIGNALS = ("step_time", "throughput")
 
 
 def _closure(args: Any, kwargs: Any) -> Any:

@@ -46,7 +46,7 @@ from trainhealth.localize.evidence import gather_evidence
 from trainhealth.localize.gpus import gpu_candidates
 from trainhealth.localize.imbalance import imbalance_reasons
 from trainhealth.localize.iterations import needs_inference
-from trainhealth.localize.measured import analyze_measured
+from trainhealth.localize.measured import MIN_STEPS, analyze_measured
 from trainhealth.localize.paths import path_candidates
 from trainhealth.localize.result import LocalizationResult, Suspect
 from trainhealth.traces.topology import Topology
@@ -130,6 +130,13 @@ def _with_probe(analysis: Analysis, probe: Any) -> Analysis:
 def _recorded(records: pd.DataFrame, topology: Topology | None, thresholds: Thresholds) -> Analysis:
     evidence = gather_evidence(records, topology.hosts if topology else None, topology.switches if topology else None)
     median_step = float(np.median(evidence.step_time)) if len(evidence.step_time) else 0.0
+    window = {"steps": [int(evidence.steps[0]), int(evidence.steps[-1])] if len(evidence.steps) else [],
+              "ranks": len(evidence.ranks), "median_step_seconds": round(median_step, 6)}
+    if len(evidence.steps) < MIN_STEPS or len(evidence.ranks) < 2:
+        what = f"{len(evidence.steps)} steps" if len(evidence.steps) < MIN_STEPS else f"{len(evidence.ranks)} rank"
+        return Analysis((), (), (), {"window": window, "evidence_source": "compute and collectives"},
+                        f"{what} in the trace; at least {MIN_STEPS} steps of 2 or more ranks are needed to tell a "
+                        f"slow device or uneven work from noise")
     irregular = tuple(int(s) for s in evidence.steps[evidence.step_time > thresholds.irregular * median_step])
     gpus = gpu_candidates(evidence, thresholds)
     clearly_slow = tuple(c.ranks[0] for c in gpus if c.z >= thresholds.explain_z)
@@ -138,8 +145,7 @@ def _recorded(records: pd.DataFrame, topology: Topology | None, thresholds: Thre
     simulated = bool(topology and topology.simulated) or bool(
         "simulated" in records.columns and records["simulated"].fillna(False).astype(bool).any())
     details: dict[str, Any] = {
-        "window": {"steps": [int(evidence.steps[0]), int(evidence.steps[-1])] if len(evidence.steps) else [],
-                   "ranks": len(evidence.ranks), "median_step_seconds": round(median_step, 6)},
+        "window": window,
         "evidence_source": "collectives" if evidence.compute_derived else "compute and collectives",
     }
     if simulated:

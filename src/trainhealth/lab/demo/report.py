@@ -36,6 +36,7 @@ class Incident:
     interrupted: bool = False
     schedule: list[dict[str, Any]] = field(default_factory=list)  # the faults as injected (structured)
     wall_s: float | None = None  # the demo's wall time up to the report, start-up included
+    verdicts: list[dict[str, Any]] = field(default_factory=list)  # the live analyzer's, each change with its time
 
 
 def write_report(out: Path, incident: Incident) -> Path:
@@ -45,19 +46,24 @@ def write_report(out: Path, incident: Incident) -> Path:
     matplotlib.use("Agg")
     out.mkdir(parents=True, exist_ok=True)
     culprit = _culprit(incident.localization)
-    found = story.detections(incident.events, incident.histories, incident.pages, incident.localization)
+    found = story.detections(incident.events, incident.histories, incident.pages, incident.localization,
+                             incident.verdicts)
     items = story.findings(incident.schedule, found, incident.histories, incident.localization, CHECKPOINT_EVERY)
+    last_step = max((int(r["step"]) for rows in incident.histories.values() for r in rows), default=0)
+    false_alarms = story.unexplained(incident.schedule, found, last_step)
     plots = [name for name, draw in (("timeline.png", _plot_timeline), ("loss.png", _plot_loss),
                                      ("step_times.png", _plot_step_times), ("gpus.png", _plot_gpus))
              if draw(out / name, incident, culprit)]
     page = out / "report.html"
-    page.write_text(_html(incident, plots, culprit, items), encoding="utf-8")
-    (out / "report.md").write_text(_markdown(incident, plots, culprit, items), encoding="utf-8")
+    page.write_text(_html(incident, plots, culprit, items, false_alarms), encoding="utf-8")
+    (out / "report.md").write_text(_markdown(incident, plots, culprit, items, false_alarms), encoding="utf-8")
     (out / "report.json").write_text(json.dumps({
         "schedule": incident.schedule, "faults": incident.faults,
         "findings": [dict(zip(story.TABLE_HEADER, row)) for row in story.table_rows(items)],
+        "false_alarms": [{"source": d.source, "what": d.what, "rank": d.rank, "step": d.step} for d in false_alarms],
         "events": incident.events, "localization": incident.localization,
-        "pages": incident.pages, "interrupted": incident.interrupted, "wall_s": incident.wall_s},
+        "pages": incident.pages, "verdicts": incident.verdicts, "interrupted": incident.interrupted,
+        "wall_s": incident.wall_s},
         indent=2, default=str), encoding="utf-8")
     return page
 
@@ -95,7 +101,8 @@ def _plot_timeline(path: Path, incident: Incident, culprit: int | None) -> bool:
             axes.broken_barh([(start, max(end - start, last / 200))], (row[rank] - 0.35 + number * lane, lane), alpha=0.5,
                              color=colours(number % 10), label=label if position == 0 else None)
     shown: set[str] = set()
-    for found in story.detections(incident.events, incident.histories, incident.pages, incident.localization):
+    for found in story.detections(incident.events, incident.histories, incident.pages, incident.localization,
+                                  incident.verdicts):
         marker, colour = _MARKERS.get(found.source, ("x", "black"))
         for rank in [found.rank] if found.rank in row else ranks:
             axes.plot(last if found.step is None else found.step, row[rank], marker=marker, color=colour,
@@ -205,7 +212,13 @@ def _verdict_lines(items: list[story.Finding]) -> list[str]:
                                        else "NOT DETECTED") for item in items]
 
 
-def _html(incident: Incident, plots: list[str], culprit: int | None, items: list[story.Finding]) -> str:
+def _false_alarm_lines(false_alarms: list[story.Detection]) -> list[str]:
+    return [f"{d.what} on " + ("every rank" if d.rank is None else f"rank {d.rank}")
+            + (f" at step {d.step}" if d.step is not None else " (end of run)") for d in false_alarms]
+
+
+def _html(incident: Incident, plots: list[str], culprit: int | None, items: list[story.Finding],
+          false_alarms: list[story.Detection]) -> str:
     e = html.escape
     loc = incident.localization or {}
     suspects = loc.get("suspects", [])
@@ -226,6 +239,7 @@ def _html(incident: Incident, plots: list[str], culprit: int | None, items: list
     todo = "".join(f"<li><b>{e(item.description)}</b><ul>{''.join(f'<li>{e(a)}</li>' for a in item.advice)}</ul></li>"
                    for item in items)
     images = "".join(f'<p><img src="{e(p)}" alt="{e(p)}"></p>' for p in plots)
+    alarms = "".join(f"<li>{e(line)}</li>" for line in _false_alarm_lines(false_alarms))
     verdict = e(str(loc.get("verdict", "not localized (no collective trace)")))
     note = "<p><b>Interrupted</b> (Ctrl-C): the report covers the steps run.</p>" if incident.interrupted else ""
     return f"""<!doctype html>
@@ -240,6 +254,7 @@ def _html(incident: Incident, plots: list[str], culprit: int | None, items: list
 <p>A detection counts when it is on the fault's rank, of a kind that can show it, and within the fault's steps
 plus {story.GRACE_STEPS} (a lasting GPU fault: to the end of the run).</p>
 <h2>Verdict</h2><ul>{verdicts or "<li>No fault was injected.</li>"}</ul>
+<h2>False alarms</h2><p>Detections that no injected fault explains: {len(false_alarms)}.</p><ul id="false-alarms">{alarms}</ul>
 <p>Localizer: <b>{verdict}</b>{f"; top suspect: rank {culprit}" if culprit is not None else ""}</p>
 <h2>The localizer's evidence</h2>
 <ul>{reasons or "<li>None: the localizer gave no reasons.</li>"}</ul>
@@ -256,7 +271,8 @@ def _took(incident: Incident) -> str:
     return "" if incident.wall_s is None else f"; the demo took {incident.wall_s:.0f} s, start-up included"
 
 
-def _markdown(incident: Incident, plots: list[str], culprit: int | None, items: list[story.Finding]) -> str:
+def _markdown(incident: Incident, plots: list[str], culprit: int | None, items: list[story.Finding],
+              false_alarms: list[story.Detection]) -> str:
     def cell(text: str) -> str:
         return text.replace("|", "\\|").replace("\n", " ")
 
@@ -268,6 +284,8 @@ def _markdown(incident: Incident, plots: list[str], culprit: int | None, items: 
              "| " + " | ".join(story.TABLE_HEADER) + " |", "|" + "---|" * len(story.TABLE_HEADER)]
     lines += ["| " + " | ".join(cell(c) for c in row) + " |" for row in story.table_rows(items)]
     lines += ["", "## Verdict", "", *(f"- {line}" for line in _verdict_lines(items)), "",
+              "## False alarms", "", f"Detections that no injected fault explains: {len(false_alarms)}.", "",
+              *(f"- {line}" for line in _false_alarm_lines(false_alarms)), "",
               f"Localizer: **{loc.get('verdict', 'not localized (no collective trace)')}**"
               + (f"; top suspect: rank {culprit}" if culprit is not None else ""), "",
               "## The localizer's evidence", "", *(f"- {line}" for line in _evidence(loc)), "", "## What to do", ""]

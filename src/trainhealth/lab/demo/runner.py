@@ -40,6 +40,7 @@ class DemoOptions:
     webhook_port: int | None = 9096  # None: no webhook
     faults: list[dict[str, Any]] | None = None  # None: the built-in schedule; []: a fault-free run
     master_port: int = 0  # the ranks' rendezvous port; 0: a free one, so two demos on one machine never meet
+    seed: int = 0  # the model's initialisation and the batches
 
 
 class _Pages:
@@ -89,8 +90,9 @@ def run_demo(options: DemoOptions) -> int:
     progress, stop = context.Queue(maxsize=10_000), context.Event()
     config = DemoConfig(ranks=options.ranks, duration_s=options.duration_s, out=str(out), addr=options.addr,
                         port_base=options.port_base, faults=options.faults,
-                        master_port=options.master_port or free_port())
-    analyzer, analyzer_stop, sinks = _start_analyzer(options)
+                        master_port=options.master_port or free_port(), seed=options.seed)
+    verdicts: list[dict[str, Any]] = []
+    analyzer, analyzer_stop, sinks = _start_analyzer(options, verdicts)
     pages = _Pages()
     webhook = pages.serve(options.addr, options.webhook_port) if options.webhook_port else None
     interrupted = threading.Event()
@@ -128,7 +130,7 @@ def run_demo(options: DemoOptions) -> int:
         webhook.shutdown()
     histories = _histories(out / "history")
     incident = Incident(histories, [describe(f) for f in view.schedule], view.events, localization,
-                        pages.alerts, interrupted.is_set(), schedule=view.schedule)
+                        pages.alerts, interrupted.is_set(), schedule=view.schedule, verdicts=verdicts)
     incident.wall_s = time.monotonic() - began
     page = write_report(out, incident)
     _summary(console, localization, page, view.failures)
@@ -138,7 +140,8 @@ def run_demo(options: DemoOptions) -> int:
 
 
 # --- pieces -----------------------------------------------------------------------------
-def _start_analyzer(options: DemoOptions) -> tuple[Any, threading.Event | None, Any]:
+def _start_analyzer(options: DemoOptions, verdicts: list[dict[str, Any]]) -> tuple[Any, threading.Event | None, Any]:
+    """The analyzer over the ranks' traces every 10 s; each change of its verdict is appended to ``verdicts``."""
     if options.analyzer_port is None:
         return None, None, None
     from trainhealth.config import Settings
@@ -155,8 +158,24 @@ def _start_analyzer(options: DemoOptions) -> tuple[Any, threading.Event | None, 
     analyzer = Analyzer(TraceDirectory(options.out / "traces", 40), store)
     sinks = Sinks.start(store, Identity.node(settings=settings), settings)
     stop = threading.Event()
-    threading.Thread(target=analyzer.run, args=(10.0, stop), name="trainhealth-demo-analyzer", daemon=True).start()
+    threading.Thread(target=_analyze, args=(analyzer, stop, verdicts), name="trainhealth-demo-analyzer",
+                     daemon=True).start()
     return analyzer, stop, sinks
+
+
+def _analyze(analyzer: Any, stop: threading.Event, verdicts: list[dict[str, Any]], interval_s: float = 10.0) -> None:
+    """Run the analyzer every ``interval_s`` until ``stop``, keeping each verdict that differs from the one before."""
+    while not stop.is_set():
+        began = time.monotonic()
+        result = analyzer.run_once()
+        if result is not None:
+            entry = {"time": time.time(), "verdict": result.verdict,
+                     "ranks": sorted({int(r) for s in result.suspects for r in s.ranks}),
+                     "component": result.suspects[0].component if result.suspects else None}
+            last = verdicts[-1] if verdicts else {}
+            if (last.get("verdict"), last.get("ranks")) != (entry["verdict"], entry["ranks"]):
+                verdicts.append(entry)
+        stop.wait(max(0.0, began + analyzer.delay(interval_s) - time.monotonic()))
 
 
 def _join(processes: Any, timeout_s: float = 60.0) -> None:

@@ -6,7 +6,10 @@ dropping, the GPU going down: the gauges the GPU alerts fire on), Alertmanager's
 pages when a stack ran, and the localizer's final verdict (undated).
 
 A detection matches a fault when it is on one of the fault's ranks (or
-job-wide), of a family that can show it (:data:`FAMILIES`), and dated from the
+job-wide; a straggler's or slow link's timing anomalies and symptom pages
+such as IrregularSteps on any rank, since a synchronous job waits for it
+everywhere, while the analyzer and StragglerSuspect must name the right
+rank), of a family that can show it (:data:`FAMILIES`), and dated from the
 fault's ``step`` to its ``until`` plus :data:`GRACE_STEPS` (detectors need a
 few steps of the new level before they fire). A GPU fault without ``until``
 persists (the simulated GPU stays throttled or lost), so its window runs to
@@ -15,6 +18,7 @@ the end of the run. Undated detections match on rank and family alone.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -23,7 +27,7 @@ from trainhealth.knowledge.advice import advice_for, rewind_advice, xid_advice
 from trainhealth.lab.demo.schedule import describe
 
 __all__ = ["FAMILIES", "GRACE_STEPS", "TABLE_HEADER", "Detection", "Finding", "advice", "detections", "findings", "match",
-           "table_rows"]
+           "table_rows", "unexplained"]
 
 #: Steps after a fault's last step in which a detection still counts as catching it.
 GRACE_STEPS = 30
@@ -32,6 +36,9 @@ FAMILIES = {"delay": "timing", "collective_delay": "timing"}
 _SLOW_GPU = ("thermal_throttle", "power_throttle", "slow_clocks")  # gpu faults shown by the clocks, not by errors
 _SIGNAL_FAMILY = {"loss": "numerics", "grad_norm": "numerics", "step_time": "timing", "throughput": "timing",
                   "comm_duration": "timing"}
+#: Alerts about a symptom every rank of a synchronous job shows when one rank is slow (naming it is
+#: StragglerSuspect's part, which must name the right rank).
+_TIMING_SYMPTOMS = ("IrregularSteps", "ThroughputDrop", "ThroughputDegraded")
 _EVENT_FAMILY = {"gpu.xid": "gpu-error", "gpu.lost": "gpu-error", "sdc_suspect": "numerics", "loss_spike_unrecovered": "numerics",
                  "nonfinite_origin": "numerics"}
 TABLE_HEADER = ("fault", "rank", "injected", "first detection", "delay", "advice")
@@ -83,10 +90,11 @@ def _fault_ranks(fault: dict[str, Any]) -> list[int] | None:
     return None if ranks is None else [int(r) for r in ranks]
 
 
-def _family(fault: dict[str, Any]) -> str:
+def _families(fault: dict[str, Any]) -> tuple[str, ...]:
+    """The detection families that can show ``fault``."""
     if fault.get("kind") == "gpu":
-        return "gpu-clock" if fault.get("fault") in _SLOW_GPU else "gpu-error"
-    return FAMILIES.get(str(fault.get("kind")), "numerics")
+        return ("gpu-clock" if fault.get("fault") in _SLOW_GPU else "gpu-error"), "any"
+    return FAMILIES.get(str(fault.get("kind")), "numerics"), "any"
 
 
 def match(fault: dict[str, Any], found: list[Detection], last_step: int, grace: int = GRACE_STEPS) -> list[Detection]:
@@ -98,28 +106,53 @@ def match(fault: dict[str, Any], found: list[Detection], last_step: int, grace: 
     ...         Detection("event", "step_time anomaly", "timing", 1, 120),
     ...         Detection("event", "loss anomaly", "numerics", 2, 150),
     ...         Detection("analyzer", "compute suspect", "timing", 2, None),
+    ...         Detection("analyzer", "compute suspect", "timing", 0, 150),
+    ...         Detection("page", "Alertmanager: StragglerSuspect", "any", 0, 160),
+    ...         Detection("page", "Alertmanager: IrregularSteps", "timing", 0, 170),
     ...         Detection("event", "step_time anomaly", "timing", 2, 210)]
-    >>> [(d.rank, d.step) for d in match(straggler, seen, last_step=400)]
-    [(2, 210), (2, None)]
+    >>> [(d.source, d.rank, d.step) for d in match(straggler, seen, last_step=400)]
+    [('event', 1, 120), ('page', 0, 170), ('event', 2, 210), ('analyzer', 2, None)]
     >>> xid = {"kind": "gpu", "fault": "xid", "xid": 79, "gpu": 3, "step": 300, "ranks": [3]}
     >>> [d.step for d in match(xid, [Detection("page", "GPULost", "any", 3, 390)], last_step=400)]
     [390]
     """
-    family = _family(fault)
+    families = _families(fault)
+    # a slow rank slows every rank of a synchronous job: its timing shows on all of them (naming it is the
+    # localizer's part, judged by the ranks the analyzer names)
+    job_wide = families[0] == "timing"
     ranks = _fault_ranks(fault)
     start = int(fault["step"])
     until = int(fault.get("until", start))
     end = last_step if fault.get("kind") == "gpu" and until == start else until + grace
     hits = [d for d in found
-            if d.family in (family, "any")
-            and (ranks is None or d.rank is None or d.rank in ranks)
+            if d.family in families
+            and (ranks is None or d.rank is None or d.rank in ranks
+                 or (job_wide and d.family == "timing" and d.source in ("event", "page")))
             and (d.step is None or start <= d.step <= end)]
     return sorted(hits, key=lambda d: (d.step is None, d.step or 0))
 
 
+def unexplained(schedule: list[dict[str, Any]], found: list[Detection], last_step: int) -> list[Detection]:
+    """The detections that no injected fault explains: the run's false alarms, in step order.
+
+    >>> straggler = {"kind": "delay", "step": 100, "until": 200, "ranks": [2]}
+    >>> seen = [Detection("event", "step_time anomaly", "timing", 2, 150),
+    ...         Detection("event", "loss anomaly", "numerics", 1, 40),
+    ...         Detection("page", "Alertmanager: LossSpike", "any", None, 60)]
+    >>> [(d.what, d.step) for d in unexplained([straggler], seen, last_step=400)]
+    [('loss anomaly', 40), ('Alertmanager: LossSpike', 60)]
+    >>> len(unexplained([], seen, last_step=400))
+    3
+    """
+    explained = {id(d) for fault in schedule for d in match(fault, found, last_step)}
+    return sorted((d for d in found if id(d) not in explained), key=lambda d: (d.step is None, d.step or 0))
+
+
 def detections(events: list[dict[str, Any]], histories: dict[int, list[dict[str, Any]]],
-               pages: list[dict[str, Any]], localization: dict[str, Any] | None) -> list[Detection]:
-    """Every detection of the run, from the events, the GPU telemetry, the pages and the final verdict."""
+               pages: list[dict[str, Any]], localization: dict[str, Any] | None,
+               verdicts: Sequence[dict[str, Any]] = ()) -> list[Detection]:
+    """Every detection of the run: the events, the GPU telemetry, the pages, the live analyzer's verdicts
+    other than healthy (each change, dated) and the final verdict (undated)."""
     found = []
     for event in events:
         name = str(event.get("event"))
@@ -141,9 +174,20 @@ def detections(events: list[dict[str, Any]], histories: dict[int, list[dict[str,
         rank = labels.get("rank", labels.get("gpu"))
         time = _timestamp(page.get("startsAt"))
         rows = histories.get(int(rank), []) if rank is not None else next(iter(histories.values()), [])
-        found.append(Detection("page", f"Alertmanager: {labels.get('alertname')}", "any",
+        family = "timing" if labels.get("alertname") in _TIMING_SYMPTOMS else "any"
+        found.append(Detection("page", f"Alertmanager: {labels.get('alertname')}", family,
                                None if rank is None else int(rank), None if time is None else _step_at(rows, time),
                                time))
+    first_rows = next(iter(histories.values()), [])
+    for verdict in verdicts:
+        if verdict.get("verdict") in ("healthy", "insufficient_data", None):
+            continue
+        time = float(verdict["time"])
+        step = _step_at(first_rows, time)
+        what = f"live analyzer: {verdict['verdict']}" + (f", suspect {verdict['component']}"
+                                                         if verdict.get("component") else "")
+        for rank in verdict.get("ranks") or [None]:
+            found.append(Detection("analyzer", what, "timing", rank, step, time))
     loc = localization or {}
     for suspect in loc.get("suspects", []):
         for rank in suspect.get("ranks") or []:
