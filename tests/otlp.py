@@ -49,17 +49,25 @@ class OtlpReceiver:
         self.server.shutdown()
         self.server.server_close()
 
-    def last_points(self, name: str) -> list:
-        """The data points of ``name`` in the last request that carried it."""
+    def last_metric(self, name: str):
+        """The metric ``name`` (name, unit, description, data) in the last request that carried it."""
         for request in reversed(self.requests):
             for resource_metrics in request.resource_metrics:
                 for scope_metrics in resource_metrics.scope_metrics:
                     for metric in scope_metrics.metrics:
                         if metric.name == name:
-                            data = getattr(metric, metric.WhichOneof("data"))
-                            return list(data.data_points)
+                            return metric
         raise AssertionError(f"{name} was never exported")
 
+    def last_points(self, name: str) -> list:
+        """The data points of ``name`` in the last request that carried it."""
+        metric = self.last_metric(name)
+        return list(getattr(metric, metric.WhichOneof("data")).data_points)
+
+    def metric_names(self) -> set[str]:
+        """Every metric name of the last request."""
+        return {metric.name for resource_metrics in self.requests[-1].resource_metrics
+                for scope_metrics in resource_metrics.scope_metrics for metric in scope_metrics.metrics}
 
     def log_records(self) -> list:
         return [record for request in self.log_requests for resource_logs in request.resource_logs

@@ -1,7 +1,8 @@
 """The local deployment (docker-compose.yml, Dockerfile, deploy/) is valid and hangs together.
 
-Prometheus and Alertmanager configs go through promtool and amtool; docker-compose.yml is checked
-structurally here and, where Docker Compose is installed, by ``docker compose config``.
+Prometheus and Alertmanager configs go through promtool and amtool; docker-compose.yml is validated
+against the Compose Specification's JSON schema, checked structurally here and, where Docker Compose
+is installed, by ``docker compose config``.
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ GRAFANA_DATASOURCES = ROOT / "deploy/grafana/provisioning/datasources/prometheus
 GRAFANA_DASHBOARD_PROVIDERS = ROOT / "deploy/grafana/provisioning/dashboards/trainhealth.yml"
 OTEL_COLLECTOR_CONFIG = ROOT / "deploy/otel/collector.yml"
 DOCKERFILE = ROOT / "Dockerfile"
+#: The Compose Specification's JSON schema, with its source in the README beside it.
+COMPOSE_SCHEMA = ROOT / "tests/fixtures/compose-spec/compose-spec.json"
 
 # Services that run on a plain `docker compose up`; the rest belong to profiles.
 DEFAULT_SERVICES = {"trainer", "prometheus", "alertmanager", "grafana"}
@@ -206,6 +209,57 @@ def test_every_image_is_pinned(services):
         assert last.split(":", 1)[1] not in ("", "latest"), f"{name}: {image} is not pinned"
     for name, service in services.items():
         assert "image" in service or "build" in service, name
+
+
+def test_pinned_images_are_the_ones_docs_stack_records(services):
+    table = (ROOT / "docs/stack.md").read_text(encoding="utf-8").split("**Pinned images**", 1)[1].split("\n\n")[1]
+    recorded = {row.split("|")[1].strip().split(" ")[0]: row.split("|")[2].strip().strip("`")
+                for row in table.splitlines()[2:]}
+    pinned = {name: service["image"] for name, service in services.items() if "build" not in service}
+    assert {name: recorded.get(name) for name in pinned} == pinned
+
+
+def test_compose_file_matches_the_compose_specification_schema(compose):
+    from jsonschema import Draft7Validator
+
+    schema = json.loads(COMPOSE_SCHEMA.read_text(encoding="utf-8"))
+    Draft7Validator.check_schema(schema)
+    validator = Draft7Validator(schema)
+    problems = [f"{'/'.join(map(str, error.absolute_path))}: {error.message}" for error in validator.iter_errors(compose)]
+    assert problems == []
+    # and it catches what compose would refuse
+    for service, key, value in (("prometheus", "depends_on", {"alertmanager": {"condition": "when_ready"}}),
+                                ("grafana", "healthcheck", {"test": ["CMD", "true"], "retry": 3}),
+                                ("trainer", "restart_policy", "always")):
+        broken = copy.deepcopy(compose)
+        broken["services"][service][key] = value
+        assert list(validator.iter_errors(broken)), (service, key)
+
+
+def test_every_service_has_a_healthcheck_and_dependencies_wait_for_health(services):
+    for name, service in services.items():
+        check = service.get("healthcheck")
+        assert check and not check.get("disable"), f"{name} has no healthcheck"
+        test = check["test"]
+        assert isinstance(test, list) and test[0] == "CMD" and len(test) > 1, f"{name}: {test}"
+        for key in ("interval", "timeout"):
+            assert re.fullmatch(r"\d+(ms|s|m)", str(check[key])), f"{name}: {key} {check.get(key)}"
+    waited = 0
+    for name, service in services.items():
+        depends = service.get("depends_on", {})
+        assert isinstance(depends, dict), f"{name}: depends_on must name a condition, not a list"
+        for dependency, how in depends.items():
+            assert dependency in services, f"{name} depends on unknown {dependency}"
+            assert how["condition"] == "service_healthy", f"{name} -> {dependency}: {how}"
+            waited += 1
+    assert services["grafana"]["depends_on"].keys() == {"prometheus"}
+    assert waited >= 3
+    # the checks ask the port each service listens on
+    for name, port in (("prometheus", 9090), ("alertmanager", 9093), ("grafana", 3000), ("trainer", 9450),
+                       ("gpu-exporter", 9449), ("dcgm-exporter", 9400)):
+        assert f"127.0.0.1:{port}/" in " ".join(services[name]["healthcheck"]["test"]) or \
+            f"127.0.0.1/{port}" in " ".join(services[name]["healthcheck"]["test"]), name
+        assert port in container_ports(services[name]), name
 
 
 def test_every_published_port_is_bound_to_localhost(services):

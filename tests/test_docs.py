@@ -27,3 +27,15 @@ def test_every_catalogue_metric_is_documented():
 
     for spec in CATALOG:
         assert f"`{spec.prometheus_name}`" in text
+
+
+def test_every_metric_has_its_three_names_in_one_row():
+    """/metrics name, OTLP name and unit, and the name after the Collector's translation, side by side."""
+    from trainhealth.catalog import CATALOG
+
+    rows = (ROOT / "docs/metrics.md").read_text(encoding="utf-8").splitlines()
+    for spec in CATALOG:
+        (row,) = [r for r in rows if r.startswith(f"| `{spec.prometheus_name}` | `{spec.otel_name}` |")]
+        assert f"| `{spec.translated_name}` |" in row
+        assert (f"| `{spec.otel_unit}` |" if spec.otel_unit else "| — |") in row
+

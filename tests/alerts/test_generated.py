@@ -19,7 +19,7 @@ from trainhealth.alerts.render import (
 from trainhealth.alerts.rules import ALERTS
 from trainhealth.catalog import CATALOG, MetricKind
 from trainhealth.dashboards.gpu import DCGM_METRICS
-from trainhealth.dashboards.render import DASHBOARDS, dashboard_json, queries
+from trainhealth.dashboards.render import DASHBOARDS, build_dashboards, dashboard_json, queries
 
 ROOT = Path(__file__).resolve().parents[2]
 TRAINHEALTH = str(Path(sys.executable).parent / "trainhealth")
@@ -54,7 +54,7 @@ def test_the_extractor_sees_metrics_and_not_the_rest():
 @pytest.mark.parametrize("uid", sorted(DASHBOARDS))
 def test_every_dashboard_query_names_known_metrics(uid):
     known = known_metrics()
-    found = queries(DASHBOARDS[uid]())
+    found = queries(DASHBOARDS[uid](ALERTS))
     assert found
     for title, expr in found:
         assert metric_names(expr) - known == set(), (title, expr)
@@ -72,11 +72,12 @@ def test_every_alert_and_recording_expression_names_known_metrics():
 
 def test_dashboards_are_deterministic_with_stable_ids():
     for uid, build in DASHBOARDS.items():
-        first, second = dashboard_json(build()), dashboard_json(build())
+        first, second = dashboard_json(build(ALERTS)), dashboard_json(build(ALERTS))
         assert first == second
         data = json.loads(first)
         assert data["uid"] == uid
         ids = [panel["id"] for panel in data["panels"]]
+        assert len(build_dashboards(ALERTS)) == len(DASHBOARDS)
         assert ids == list(range(1, len(ids) + 1))
         names = [v["name"] for v in data["templating"]["list"]]
         assert names[:4] == ["datasource", "job", "host", "rank"]
@@ -115,8 +116,9 @@ def test_rule_outputs_carry_the_same_rules():
     rules = [r for group in plain for r in group["rules"] if "alert" in r]
     assert [r["alert"] for r in rules] == [rule.name for rule in ALERTS]
     for rule in rules:
-        assert set(rule["annotations"]) == {"summary", "description", "runbook_url", "mitigation"}
+        assert set(rule["annotations"]) == {"summary", "description", "runbook_url", "mitigation", "dashboard_url"}
         assert rule["annotations"]["runbook_url"].endswith(f"docs/runbooks/{rule['alert']}.md")
+        assert "/d/trainhealth-" in rule["annotations"]["dashboard_url"]
 
 
 def test_runbooks_name_the_advice_and_its_sources():
@@ -124,6 +126,9 @@ def test_runbooks_name_the_advice_and_its_sources():
     assert "dcgmi diag -r 3" in text and "## Sources" in text and "arXiv 2502.12340" in text
     xid = runbook_markdown(next(r for r in ALERTS if r.name == "GpuXidCritical"))
     assert "| 79 | GPU has fallen off the bus |" in xid and "| 13 |" not in xid
+    assert "**Dashboard:** [XIDs in the last hour](http://127.0.0.1:3000/d/trainhealth-gpu?viewPanel=panel-13)" in xid
+    irregular = runbook_markdown(next(r for r in ALERTS if r.name == "IrregularSteps"))
+    assert "the line drawn there is this rule's limit, 0.05." in irregular
 
 
 def test_bad_runbook_base_is_one_line_and_status_2(tmp_path):

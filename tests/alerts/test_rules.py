@@ -39,7 +39,8 @@ def test_promtool_accepts_the_rule_file(tmp_path):
 def _test_file(name: str) -> dict:
     rule = next(r for r in ALERTS if r.name == name)
     case = CASES[name]
-    annotations = {"runbook_url": f"{RUNBOOK_BASE}/{name}.md", "mitigation": rule.mitigation}
+    annotations = {"runbook_url": f"{RUNBOOK_BASE}/{name}.md", "mitigation": rule.mitigation,
+                   "dashboard_url": rule.panel.url()}
     tests = []
     for firing in case.firing:
         tests.append({

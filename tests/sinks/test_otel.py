@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import socket
 import threading
 import time
@@ -11,6 +12,12 @@ import torch
 from tests.helpers import BATCH, SEQ, TinyGPT, lm_loss, scrape
 from tests.otlp import OtlpReceiver, attributes
 from trainhealth import Monitor, catalog
+from trainhealth.config import Settings
+from trainhealth.exporters.gpu.sampler import GpuSampler
+from trainhealth.exporters.gpu.simulated import SimulatedFault, SimulatedFaultKind, SimulatedNvml
+from trainhealth.identity import Identity
+from trainhealth.sinks.service import Sinks
+from trainhealth.store import MetricStore
 
 
 @pytest.fixture
@@ -65,6 +72,95 @@ def test_otlp_export_carries_the_same_values_as_the_scrape(receiver):
 
     lr_points = receiver.last_points(catalog.TRAIN_LEARNING_RATE.otel_name)
     assert [(attributes(p.attributes), p.as_double) for p in lr_points] == [({"param_group": "0"}, 0.05)]
+
+    (rank_info,) = receiver.last_points("trainhealth.rank.info")  # named so that translation adds nothing
+    assert attributes(rank_info.attributes)["world_size"] == "4" and rank_info.as_double == 1
+    assert receiver.last_metric(catalog.TRAIN_LOSS.otel_name).unit == ""  # not a ratio: no unit "1"
+
+
+def _by_hw_id(points) -> dict[str, tuple[dict, float]]:
+    out = {}
+    for point in points:
+        attrs = attributes(point.attributes)
+        out[attrs["hw.id"]] = (attrs, point.as_double)
+    return out
+
+
+def _same(a: float, b: float) -> bool:
+    return a == b or (math.isnan(a) and math.isnan(b))
+
+
+def test_gpu_metrics_go_out_under_the_hardware_semantic_conventions(receiver):
+    """Two simulated GPUs, one fallen off the bus: the OTLP request against the /metrics scrape of the same store."""
+    sim, store = SimulatedNvml(gpus=2), MetricStore()
+    sampler = GpuSampler(store, sim, backend="simulated")
+    assert sampler.start(thread=False)
+    sim.inject(SimulatedFault(SimulatedFaultKind.XID, gpu=1, xid=79))
+    sampler.sample_once()
+    settings = Settings.resolve(env={}, prometheus_addr="127.0.0.1", prometheus_port=0, otel=True)
+    sinks = Sinks.start(store, Identity("job-a", "node-x", 0, 0, 1), settings, env={})
+    try:
+        scraped = scrape(sinks.metrics_url)
+    finally:
+        sinks.close()  # pushes the export the receiver decodes
+        sampler.close()
+
+    names = receiver.metric_names()
+    assert {"hw.gpu.utilization", "hw.gpu.memory.usage", "hw.gpu.memory.limit", "hw.status", "hw.power",
+            "hw.energy", "hw.errors", "hw.temperature"} <= names
+    assert not {"trainhealth.gpu.utilization", "trainhealth.gpu.state", "trainhealth.gpu.power"} & names
+    assert "trainhealth.gpu.clock" in names  # no convention: trainhealth's own name
+
+    def prom(name: str, gpu: int, **labels: str) -> float:
+        return scraped.value(name, gpu=str(gpu), backend="simulated", **labels)
+
+    utilization = _by_hw_id(receiver.last_points("hw.gpu.utilization"))
+    attrs, value = utilization["gpu0"]
+    assert attrs == {"hw.id": "gpu0", "hw.type": "gpu", "hw.gpu.task": "general", "trainhealth.backend": "simulated"}
+    assert 0 <= value <= 1 and value == prom("trainhealth_gpu_utilization_ratio", 0)  # a ratio, as on /metrics
+    # the lost GPU's gauges are NaN on /metrics; the SDK drops non-finite values, hw.status says why
+    assert "gpu1" not in utilization and math.isnan(prom("trainhealth_gpu_utilization_ratio", 1))
+    assert receiver.last_metric("hw.gpu.utilization").unit == "1"
+
+    for otel_name, prometheus_name in (("hw.gpu.memory.usage", "trainhealth_gpu_memory_used_bytes"),
+                                       ("hw.gpu.memory.limit", "trainhealth_gpu_memory_total_bytes"),
+                                       ("hw.power", "trainhealth_gpu_power_watts")):
+        metric = receiver.last_metric(otel_name)
+        if otel_name.startswith("hw.gpu.memory"):  # UpDownCounters: non-monotonic sums
+            assert metric.WhichOneof("data") == "sum" and not metric.sum.is_monotonic
+        assert _same(_by_hw_id(receiver.last_points(otel_name))["gpu0"][1], prom(prometheus_name, 0))
+    assert receiver.last_metric("hw.gpu.memory.usage").unit == "By"
+    assert receiver.last_metric("hw.gpu.memory.usage").description == "GPU memory used."
+
+    energy = receiver.last_metric("hw.energy")
+    assert energy.sum.is_monotonic and energy.unit == "J"
+    assert _by_hw_id(energy.sum.data_points)["gpu0"][1] == prom("trainhealth_gpu_energy_joules_total", 0)
+
+    # hw.status is a state set: one point per GPU and state, 1 for the GPU's state
+    status = {}
+    for point in receiver.last_points("hw.status"):
+        attrs = attributes(point.attributes)
+        assert attrs["hw.type"] == "gpu"
+        status[(attrs["hw.id"], attrs["hw.state"])] = point.as_double
+    assert status == {("gpu0", "ok"): 1, ("gpu0", "degraded"): 0, ("gpu0", "failed"): 0,
+                      ("gpu1", "ok"): 0, ("gpu1", "degraded"): 0, ("gpu1", "failed"): 1}
+    assert prom("trainhealth_gpu_state", 1, state="lost") == 1 and prom("trainhealth_gpu_state", 0, state="ok") == 1
+
+    # the die and memory sensors of each GPU share hw.temperature, told apart by hw.id
+    temperature = _by_hw_id(receiver.last_points("hw.temperature"))
+    die, memory = temperature["gpu0_die_temperature"], temperature["gpu0_memory_temperature"]
+    assert die[0]["hw.parent"] == "gpu0" and die[0]["hw.sensor_location"] == "GPU_DIE"
+    assert die[1] == prom("trainhealth_gpu_temperature_celsius", 0)
+    assert memory[1] == prom("trainhealth_gpu_memory_temperature_celsius", 0)
+    assert "gpu1_die_temperature" not in temperature and "gpu1_memory_temperature" not in temperature
+
+    errors = [attributes(p.attributes) | {"value": p.as_double} for p in receiver.last_points("hw.errors")]
+    assert {e["error.type"] for e in errors} == {"corrected", "uncorrected"}
+    for e in errors:
+        assert e["value"] == prom("trainhealth_gpu_ecc_errors_total", int(e["hw.id"][3:]), error_type=e["error.type"],
+                                  counter_type=e["trainhealth.counter_type"])
+    assert len(errors) == len([line for line in scraped.text.splitlines()
+                               if line.startswith("trainhealth_gpu_ecc_errors_total{")])
 
 
 def test_failed_exports_are_counted(monkeypatch):

@@ -10,11 +10,22 @@ the same declarations) and a ``mitigation`` taken from the advice catalogue.
 Baselines of relative rules are taken with an ``offset``, so a drop is compared
 with the time before it and does not drag its own baseline down (REFERENCE.md).
 
+Each rule also names the dashboard panel that explains it (``panel``: dashboard
+uid, panel id and title; the ``dashboard_url`` annotation links there) and, where
+it compares a value with a number, that number (``limit``). The number is a named
+constant here, used to write the expression; the dashboards draw the same limit
+on the same panel (``trainhealth.dashboards.layout``), so what a panel shows as
+the line is what fires.
+
 >>> rule = by_name("GpuLost")
 >>> rule.severity, rule.for_
 ('page', '1m')
 >>> rule.expr
 'trainhealth_gpu_up == 0'
+>>> by_name("IrregularSteps").limit
+Limit(value=0.05, bad='above')
+>>> by_name("GpuLost").to_rule()["annotations"]["dashboard_url"]
+'http://127.0.0.1:3000/d/trainhealth-gpu?viewPanel=panel-1'
 """
 
 from __future__ import annotations
@@ -27,10 +38,33 @@ from trainhealth.knowledge.advice import ADVICE
 from trainhealth.knowledge.promql import counted
 from trainhealth.knowledge.xid import known_xids
 
-__all__ = ["ALERTS", "RUNBOOK_BASE", "AlertRule", "by_name", "counted"]
+__all__ = ["ALERTS", "ANALYZER_STALE_S", "GRAFANA_URL", "HUNG_COLLECTIVE_S", "IRREGULAR_SHARE", "PCIE_REPLAYS_PER_MIN",
+           "RUNBOOK_BASE", "STALL_MIN_S", "STALL_STEPS", "STRAGGLER_SCORE", "THROUGHPUT_DEGRADED", "THROUGHPUT_DROP",
+           "AlertRule", "Limit", "PanelRef", "by_name", "counted"]
 
 #: Where runbook_url points; ``trainhealth alerts --runbook-base`` changes it (a fork, a wiki).
 RUNBOOK_BASE = "https://github.com/trainhealth/trainhealth/blob/main/docs/runbooks"
+#: The Grafana that dashboard_url points into; ``trainhealth alerts --grafana-url`` changes it.
+GRAFANA_URL = "http://127.0.0.1:3000"
+
+# The numbers the rules compare with (each also the ``limit`` of its rule, drawn on its panel).
+#: IrregularSteps: share of the last 100 steps that took 1.5x the recent average.
+IRREGULAR_SHARE = 0.05
+#: ThroughputDrop: tokens/s of the last 5 minutes under this fraction of the hour before.
+THROUGHPUT_DROP = 0.7
+#: ThroughputDegraded: tokens/s of the last hour under this fraction of the six hours before.
+THROUGHPUT_DEGRADED = 0.9
+#: StragglerSuspect: the analyzer's score from which it blames a component.
+STRAGGLER_SCORE = 0.5
+#: GpuPcieReplays: PCIe replays per minute, averaged over 10 minutes.
+PCIE_REPLAYS_PER_MIN = 1
+#: HungCollective: seconds a process group has been inside one collective.
+HUNG_COLLECTIVE_S = 300
+#: TrainingStalled: no step for this many step times, and at least STALL_MIN_S seconds.
+STALL_STEPS = 10
+STALL_MIN_S = 300
+#: AnalyzerStale: seconds since trainhealth analyze last finished.
+ANALYZER_STALE_S = 600
 PAGE, TICKET, INFO = "page", "ticket", "info"
 WHERE = "rank {{ $labels.rank }} on {{ $labels.host }}"
 GPU_WHERE = "GPU {{ $labels.gpu }} on {{ $labels.host }}"
@@ -38,8 +72,34 @@ _RANK_KEYS = "job, host, rank"
 
 
 @dataclass(frozen=True)
+class Limit:
+    """The number a rule compares with, and on which side of it the value is bad (``above`` or ``below``)."""
+
+    value: float
+    bad: str
+
+    def __post_init__(self) -> None:
+        if self.bad not in ("above", "below"):
+            raise ValueError(f"Limit.bad must be 'above' or 'below', got {self.bad!r}")
+
+
+@dataclass(frozen=True)
+class PanelRef:
+    """The dashboard panel that explains an alert: dashboard uid, panel id and the panel's title."""
+
+    dashboard: str
+    panel_id: int
+    title: str
+
+    def url(self, grafana_url: str = GRAFANA_URL) -> str:
+        """The panel, alone on its page, in the Grafana at ``grafana_url``."""
+        return f"{grafana_url.rstrip('/')}/d/{self.dashboard}?viewPanel=panel-{self.panel_id}"
+
+
+@dataclass(frozen=True)
 class AlertRule:
-    """One alerting rule; ``advice`` is the key of its entry in the advice catalogue."""
+    """One alerting rule; ``advice`` is the key of its entry in the advice catalogue; ``panel`` the dashboard
+    panel that explains it; ``limit`` the number its expression compares with, where there is one."""
 
     name: str
     group: str
@@ -50,12 +110,15 @@ class AlertRule:
     description: str
     advice: str
     explanation: str  # for the runbook: what the rule measures and why it fires
+    panel: PanelRef | None = None
+    limit: Limit | None = None
 
     @property
     def mitigation(self) -> str:
         return " ".join(ADVICE[self.advice].steps)
 
-    def to_rule(self, runbook_base: str = RUNBOOK_BASE, max_for_s: float | None = None) -> dict[str, object]:
+    def to_rule(self, runbook_base: str = RUNBOOK_BASE, max_for_s: float | None = None,
+                grafana_url: str = GRAFANA_URL) -> dict[str, object]:
         """The rule as Prometheus reads it (one entry of a group's ``rules``); ``max_for_s`` caps ``for``
         (demos and tests, where minutes of patience would hide everything)."""
         rule: dict[str, object] = {"alert": self.name, "expr": self.expr}
@@ -65,12 +128,15 @@ class AlertRule:
         if duration != "0m":
             rule["for"] = duration
         rule["labels"] = {"severity": self.severity}
-        rule["annotations"] = {
+        annotations = {
             "summary": self.summary,
             "description": self.description,
             "runbook_url": f"{runbook_base.rstrip('/')}/{self.name}.md",
             "mitigation": self.mitigation,
         }
+        if self.panel is not None:
+            annotations["dashboard_url"] = self.panel.url(grafana_url)
+        rule["annotations"] = annotations
         return rule
 
 
@@ -95,6 +161,8 @@ def _xids(severity: Severity) -> str:
     return "|".join(str(info.xid) for info in known_xids() if info.severity is severity)
 
 
+_TRAINING, _GPU = "trainhealth-training", "trainhealth-gpu"
+_COMMUNICATION, _INCIDENTS = "trainhealth-communication", "trainhealth-incidents"
 _THERMAL = "hw_thermal_slowdown|sw_thermal_slowdown|hw_slowdown"
 _POWER = "sw_power_cap|hw_power_brake_slowdown"
 _THROUGHPUT = c.TRAIN_THROUGHPUT.prometheus_name
@@ -108,6 +176,7 @@ ALERTS: tuple[AlertRule, ...] = (
         "Critical XID {{ $labels.xid }} on " + GPU_WHERE, _xid_description(Severity.CRITICAL), "xid_critical",
         "An XID that NVIDIA's catalogue treats as a hardware or driver fault needing a reset, a reboot or service "
         "(the critical entries of trainhealth's XID catalogue). The job on this GPU is failing or about to.",
+        panel=PanelRef(_GPU, 13, "XIDs in the last hour"),
     ),
     AlertRule(
         "GpuXidWarning", "hardware",
@@ -115,6 +184,7 @@ ALERTS: tuple[AlertRule, ...] = (
         "XID {{ $labels.xid }} on " + GPU_WHERE, _xid_description(Severity.WARNING), "xid_warning",
         "An XID that usually points at the application or a recoverable memory error; one occurrence is a ticket, "
         "repeats on the same GPU are a hardware suspect.",
+        panel=PanelRef(_GPU, 13, "XIDs in the last hour"),
     ),
     AlertRule(
         "GpuEccUncorrectable", "hardware",
@@ -124,24 +194,28 @@ ALERTS: tuple[AlertRule, ...] = (
         "not trustworthy.", "ecc_uncorrectable",
         "Uncorrectable (double-bit) ECC errors since the last reset. The data in that memory was lost; the process "
         "using it usually crashes, and row remapping may be needed.",
+        panel=PanelRef(_GPU, 8, "Uncorrectable ECC errors (volatile)"),
     ),
     AlertRule(
         "GpuRowRemapFailure", "hardware", f"{c.GPU_ROW_REMAP_FAILURE.prometheus_name} == 1", "0m", PAGE,
         "Row remapping failed on " + GPU_WHERE,
         GPU_WHERE + " could not remap a failing memory row: the GPU needs service.", "row_remap_failure",
         "The GPU ran out of spare rows (or remapping failed): uncorrectable memory errors will recur.",
+        panel=PanelRef(_GPU, 10, "Row remap pending / failed"),
     ),
     AlertRule(
         "GpuRowRemapPending", "hardware", f"{c.GPU_ROW_REMAP_PENDING.prometheus_name} == 1", "15m", TICKET,
         "Row remap pending on " + GPU_WHERE,
         GPU_WHERE + " has a row remap waiting for the next GPU reset.", "row_remap_pending",
         "A memory row was marked for remapping; it takes effect at the next GPU reset.",
+        panel=PanelRef(_GPU, 10, "Row remap pending / failed"),
     ),
     AlertRule(
         "GpuLost", "hardware", f"{c.GPU_UP.prometheus_name} == 0", "1m", PAGE,
         "GPU lost: " + GPU_WHERE,
         GPU_WHERE + " does not answer NVML (lost, fallen off the bus or needing a reset).", "gpu_lost",
         "NVML reports the GPU lost or needing a reset (often with XID 79). Every job using it is stuck or dead.",
+        panel=PanelRef(_GPU, 1, "GPU up"),
     ),
     AlertRule(
         "GpuThermalThrottling", "hardware",
@@ -150,6 +224,7 @@ ALERTS: tuple[AlertRule, ...] = (
         GPU_WHERE + " has held its clocks down for heat for 10 minutes: it is slower than its peers and drags "
         "every synchronous step.", "thermal",
         "A thermal or hardware slowdown clocks-event reason has been active for 10 minutes.",
+        panel=PanelRef(_GPU, 7, "Throttle (clocks-event) reasons active"), limit=Limit(1, "above"),
     ),
     AlertRule(
         "GpuPowerThrottling", "hardware",
@@ -158,13 +233,16 @@ ALERTS: tuple[AlertRule, ...] = (
         GPU_WHERE + " has been power capped for 30 minutes.", "power",
         "A power cap or power brake has held the clocks down for 30 minutes; common under full load, a problem "
         "when one GPU is capped and its peers are not.",
+        panel=PanelRef(_GPU, 7, "Throttle (clocks-event) reasons active"), limit=Limit(1, "above"),
     ),
     AlertRule(
-        "GpuPcieReplays", "hardware", f"rate({c.GPU_PCIE_REPLAYS.prometheus_name}[10m]) * 60 > 1", "10m", TICKET,
+        "GpuPcieReplays", "hardware",
+        f"rate({c.GPU_PCIE_REPLAYS.prometheus_name}[10m]) * 60 > {PCIE_REPLAYS_PER_MIN:g}", "10m", TICKET,
         "PCIe replays on " + GPU_WHERE,
         GPU_WHERE + " retransmits {{ $value | printf \"%.1f\" }} PCIe packets a minute: a marginal link or riser.",
         "pcie",
         "The PCIe link retransmits packets (replays) steadily: a degrading link that slows host-device copies.",
+        panel=PanelRef(_GPU, 11, "PCIe replays per minute"), limit=Limit(PCIE_REPLAYS_PER_MIN, "above"),
     ),
     AlertRule(
         "GpuNvlinkErrors", "hardware",
@@ -172,6 +250,7 @@ ALERTS: tuple[AlertRule, ...] = (
         "NVLink errors on " + GPU_WHERE + " link {{ $labels.link }}",
         GPU_WHERE + " link {{ $labels.link }} had {{ $value | printf \"%.0f\" }} errors in 10 minutes.", "nvlink",
         "NVLink replay, recovery or CRC errors on a link; they slow collectives among the GPUs of a node.",
+        panel=PanelRef(_GPU, 12, "NVLink errors per minute"),
     ),
     AlertRule(
         "GpuSelftestFailed", "hardware", f"{c.SELFTEST_PASSED.prometheus_name} == 0", "0m", PAGE,
@@ -180,6 +259,7 @@ ALERTS: tuple[AlertRule, ...] = (
         "reference: silent data corruption.", "sdc",
         "trainhealth selftest compares GEMM, reduction and elementwise results with a float64 reference and "
         "across devices; a failure means the device computes wrong numbers.",
+        panel=PanelRef(_INCIDENTS, 4, "SDC suspects and failed self-tests"),
     ),
     # --- training -----------------------------------------------------------------------
     AlertRule(
@@ -189,6 +269,7 @@ ALERTS: tuple[AlertRule, ...] = (
         "The loss of {{ $labels.job }} spiked; trainhealth follows whether it recovers (LossSpikeNotRecovered).",
         "loss_spike",
         "A loss detector (z-score by default) flagged a spike. Most recover within tens of steps.",
+        panel=PanelRef(_TRAINING, 1, "Loss"),
     ),
     AlertRule(
         "LossSpikeNotRecovered", "training",
@@ -202,6 +283,7 @@ ALERTS: tuple[AlertRule, ...] = (
         "loss_spike",
         "A loss spike has not come back within 50 steps; training continues from a worse place. The value is the "
         "step of the last checkpoint before the spike (-1 when none was reported).",
+        panel=PanelRef(_TRAINING, 1, "Loss"),
     ),
     AlertRule(
         "NonFiniteTraining", "training",
@@ -211,68 +293,80 @@ ALERTS: tuple[AlertRule, ...] = (
         + "; the rank with the lowest trainhealth_train_nonfinite_origin_first_step produced it first.",
         "nonfinite",
         "The loss or the gradient norm was NaN or infinite: the optimizer step that follows corrupts the weights.",
+        panel=PanelRef(_TRAINING, 12, "Non-finite steps"),
     ),
     AlertRule(
         "GradNormSpike", "training",
         "max by (job) " + counted(c.ANOMALIES.prometheus_name + '{signal="grad_norm",detector!="nonfinite"}', "5m"), "0m", INFO, "Gradient-norm spike in {{ $labels.job }}",
         "The gradient norm of {{ $labels.job }} spiked; loss spikes often follow.", "loss_spike",
         "A detector flagged the total gradient norm; a precursor of loss spikes.",
+        panel=PanelRef(_TRAINING, 2, "Gradient norm"),
     ),
     AlertRule(
         "IrregularSteps", "training",
-        f'max by (job, host, rank) ({c.TRAIN_IRREGULARITY.prometheus_name}{{signal="step_time"}}) > 0.05', "10m",
+        f'max by (job, host, rank) ({c.TRAIN_IRREGULARITY.prometheus_name}{{signal="step_time"}}) '
+        f"> {IRREGULAR_SHARE:g}", "10m",
         TICKET, "δ-irregular steps on " + WHERE,
         "{{ $value | humanizePercentage }} of the last 100 steps of " + WHERE + " took 1.5× the recent average.",
         "compute",
         "Holmes's δ-irregularity: training goes on, but many iterations take much longer. The analyzer's suspects "
         "(StragglerSuspect) name the GPU or link behind it.",
+        panel=PanelRef(_TRAINING, 10, "δ-irregular share of the last 100 steps"),
+        limit=Limit(IRREGULAR_SHARE, "above"),
     ),
     AlertRule(
         "ThroughputDrop", "training",
-        f"sum by (job) (avg_over_time({_THROUGHPUT}[5m])) < 0.7 * sum by (job) "
+        f"sum by (job) (avg_over_time({_THROUGHPUT}[5m])) < {THROUGHPUT_DROP:g} * sum by (job) "
         f"(avg_over_time({_THROUGHPUT}[1h] offset 10m))", "5m", TICKET,
         "Throughput of {{ $labels.job }} dropped",
-        "{{ $labels.job }} processes {{ $value | printf \"%.0f\" }} tokens/s, under 70% of its last hour.",
+        "{{ $labels.job }} processes {{ $value | printf \"%.0f\" }} tokens/s, under " + f"{THROUGHPUT_DROP:.0%}"
+        + " of its last hour.",
         "compute",
-        "Tokens/s summed over the ranks fell below 70% of the hour before (the baseline is offset, so the drop "
-        "does not lower it).",
+        f"Tokens/s summed over the ranks fell below {THROUGHPUT_DROP:.0%} of the hour before (the baseline is "
+        "offset, so the drop does not lower it).",
+        panel=PanelRef(_TRAINING, 6, "Throughput against its baseline"), limit=Limit(THROUGHPUT_DROP, "below"),
     ),
     AlertRule(
         "ThroughputDegraded", "training",
-        f"sum by (job) (avg_over_time({_THROUGHPUT}[1h])) < 0.9 * sum by (job) "
+        f"sum by (job) (avg_over_time({_THROUGHPUT}[1h])) < {THROUGHPUT_DEGRADED:g} * sum by (job) "
         f"(avg_over_time({_THROUGHPUT}[6h] offset 1h))", "1h", TICKET,
         "Throughput of {{ $labels.job }} degraded for an hour",
-        "{{ $labels.job }} has run at {{ $value | printf \"%.0f\" }} tokens/s for an hour, under 90% of the six "
-        "hours before.", "compute",
+        "{{ $labels.job }} has run at {{ $value | printf \"%.0f\" }} tokens/s for an hour, under "
+        + f"{THROUGHPUT_DEGRADED:.0%}" + " of the six hours before.", "compute",
         "A persistent slowdown: a throttled GPU, a slow link or a degraded node that does not fail.",
+        panel=PanelRef(_TRAINING, 6, "Throughput against its baseline"), limit=Limit(THROUGHPUT_DEGRADED, "below"),
     ),
     AlertRule(
         "TrainingStalled", "training",
-        f"time() - max by (job) ({_LAST_STEP}) > clamp_min(10 * max by (job) "
-        f"({c.TRAIN_LAST_STEP_DURATION.prometheus_name}), 300)", "2m", PAGE,
+        f"time() - max by (job) ({_LAST_STEP}) > clamp_min({STALL_STEPS} * max by (job) "
+        f"({c.TRAIN_LAST_STEP_DURATION.prometheus_name}), {STALL_MIN_S})", "2m", PAGE,
         "{{ $labels.job }} has made no step progress",
         "No rank of {{ $labels.job }} has finished a step for {{ $value | humanizeDuration }}.", "hang",
         "No step for ten step times (at least five minutes): a hang, a dead rank or a stuck collective.",
+        panel=PanelRef(_TRAINING, 9, "Time since the last step"), limit=Limit(STALL_MIN_S, "above"),
     ),
     AlertRule(
         "HungCollective", "training",
         f"{c.COMM_STARTED_SEQ.prometheus_name} < on (job, group) group_left max by (job, group) "
         f"({c.COMM_STARTED_SEQ.prometheus_name}) and on (job, group) (max by (job, group) "
-        f"({c.COMM_INFLIGHT_DURATION.prometheus_name}) > 300)", "1m", PAGE,
+        f"({c.COMM_INFLIGHT_DURATION.prometheus_name}) > {HUNG_COLLECTIVE_S})", "1m", PAGE,
         "Collective in {{ $labels.group }} waits for " + WHERE,
         "Ranks of {{ $labels.job }} have waited over 5 minutes in a {{ $labels.group }} collective that "
         + WHERE + " never entered (it is at sequence {{ $value | printf \"%.0f\" }}).", "hang",
         "Members of a process group are inside a collective for over five minutes; the ranks whose started "
         "sequence number is behind the group's are the ones holding it up.",
+        panel=PanelRef(_COMMUNICATION, 4, "Time inside the current collective"),
+        limit=Limit(HUNG_COLLECTIVE_S, "above"),
     ),
     AlertRule(
-        "StragglerSuspect", "training", f"{c.SUSPECT_SCORE.prometheus_name} >= 0.5", "5m", TICKET,
+        "StragglerSuspect", "training", f"{c.SUSPECT_SCORE.prometheus_name} >= {STRAGGLER_SCORE:g}", "5m", TICKET,
         "{{ $labels.kind }} suspect: {{ $labels.component }}",
         "The analyzer blames {{ $labels.kind }} {{ $labels.component }} (rank {{ $labels.rank }}, host "
         "{{ $labels.host }}, GPU {{ $labels.gpu }}) for slow iterations of {{ $labels.job }}, score "
         "{{ $value | printf \"%.2f\" }}.", "compute",
         "trainhealth analyze localized δ-irregular iterations to a GPU, NIC, host or switch from collective "
-        "timings (Holmes's rules) with a score of 0.5 or more for 5 minutes.",
+        f"timings (Holmes's rules) with a score of {STRAGGLER_SCORE:g} or more for 5 minutes.",
+        panel=PanelRef(_INCIDENTS, 2, "Ranked suspects"), limit=Limit(STRAGGLER_SCORE, "above"),
     ),
     AlertRule(
         "SdcSuspect", "training", f"max_over_time({c.SDC_SUSPECT.prometheus_name}[15m]) == 1", "0m", PAGE,
@@ -280,6 +374,7 @@ ALERTS: tuple[AlertRule, ...] = (
         WHERE + " computed different numbers from its data-parallel peers ({{ $labels.check }} check).", "sdc",
         "A cross-replica check put this rank in the minority: its parameters differ from the other replicas' "
         "(fingerprint) or its gradient norm before the all-reduce is far from theirs (grad_norm).",
+        panel=PanelRef(_TRAINING, 17, "SDC suspects"), limit=Limit(1, "above"),
     ),
     # --- telemetry ----------------------------------------------------------------------
     AlertRule(
@@ -288,6 +383,7 @@ ALERTS: tuple[AlertRule, ...] = (
         "Prometheus cannot scrape {{ $labels.instance }} ({{ $labels.job }}): its metrics and alerts are blind.",
         "telemetry",
         "A trainhealth endpoint (a rank's /metrics, a node exporter, the analyzer) has not answered for 5 minutes.",
+        panel=PanelRef(_INCIDENTS, 5, "Scrape targets up"),
     ),
     AlertRule(
         "TrainhealthMetricsAbsent", "telemetry",
@@ -298,6 +394,7 @@ ALERTS: tuple[AlertRule, ...] = (
         "{{ $labels.instance }} is up but exports none of trainhealth's identity metrics: a wrong port, or "
         "something else is listening there.", "telemetry",
         "A scraped target answers but exposes none of the metrics every trainhealth endpoint has.",
+        panel=PanelRef(_INCIDENTS, 5, "Scrape targets up"),
     ),
     AlertRule(
         "GpuTelemetryDown", "telemetry", f"{c.EXPORTER_GPU_BACKEND_UP.prometheus_name} == 0", "5m", TICKET,
@@ -305,13 +402,17 @@ ALERTS: tuple[AlertRule, ...] = (
         "The {{ $labels.backend }} backend on {{ $labels.host }} is not sampling: GPU alerts there are blind.",
         "telemetry",
         "NVML or DCGM could not be initialised or stopped answering.",
+        panel=PanelRef(_GPU, 15, "GPU telemetry up"),
     ),
     AlertRule(
-        "AnalyzerStale", "telemetry", f"time() - {c.ANALYSIS_LAST_RUN_TIMESTAMP.prometheus_name} > 600", "5m",
+        "AnalyzerStale", "telemetry",
+        f"time() - {c.ANALYSIS_LAST_RUN_TIMESTAMP.prometheus_name} > {ANALYZER_STALE_S}", "5m",
         TICKET, "The trainhealth analyzer has not localized for 10 minutes",
         "trainhealth analyze for {{ $labels.job }} last finished {{ $value | humanizeDuration }} ago: suspects "
         "are stale.", "telemetry",
         "trainhealth analyze is stuck or has no input (Prometheus unreachable, no trace files).",
+        panel=PanelRef(_INCIDENTS, 6, "Time since the analyzer's last localization"),
+        limit=Limit(ANALYZER_STALE_S, "above"),
     ),
 )
 

@@ -4,11 +4,14 @@ A metric is declared with an OpenTelemetry-style dotted name, a kind and a
 unit (:mod:`~trainhealth.catalog.spec`). Both exported names are derived
 there and nowhere else:
 
-* the OpenTelemetry instrument name is ``trainhealth.<name>`` with the UCUM unit;
-* the Prometheus name is ``trainhealth_<name with dots as underscores>``, then
-  the unit suffix (``_seconds``, ``_bytes``, ``_ratio`` ...), then ``_total`` for
-  counters or ``_info`` for metadata — the same translation the OpenTelemetry
-  Collector's Prometheus exporter applies, so both paths give one name.
+* the Prometheus name (``/metrics``) is ``trainhealth_<name with dots as
+  underscores>``, then the unit suffix (``_seconds``, ``_bytes``, ``_ratio`` ...),
+  then ``_total`` for counters or ``_info`` for metadata;
+* the OTLP name is the OpenTelemetry semantic convention's where one covers the
+  metric (``hw.gpu.utilization``, see :mod:`~trainhealth.catalog.otel`), else
+  ``trainhealth.<name>`` with the UCUM unit. After an OTLP-to-Prometheus
+  translation (:attr:`MetricSpec.translated_name`) the ``trainhealth.*`` names
+  mostly match the ``/metrics`` ones; the convention's names do not.
 
 Each group of metrics is declared in its own module; this package gathers
 them in catalogue order. Exporters, dashboards and alert rules refer to the
@@ -18,6 +21,8 @@ constants, never to a retyped string.
 'trainhealth_train_step_duration_seconds'
 >>> TRAIN_STEP_DURATION.otel_name, TRAIN_STEP_DURATION.otel_unit
 ('trainhealth.train.step.duration', 's')
+>>> GPU_UTILIZATION.prometheus_name, GPU_UTILIZATION.otel_name, GPU_UTILIZATION.translated_name
+('trainhealth_gpu_utilization_ratio', 'hw.gpu.utilization', 'hw_gpu_utilization_ratio')
 >>> EXPORTER_ERRORS.prometheus_name
 'trainhealth_exporter_errors_total'
 >>> by_prometheus_name("trainhealth_rank_info") is RANK_INFO
@@ -59,6 +64,7 @@ from trainhealth.catalog.sdc import (
     TRAIN_LOCAL_GRAD_NORM, TRAIN_LOCAL_GRAD_NORM_PEER_RATIO, TRAIN_LOSS_SPIKE_ONSET_STEP,
     TRAIN_LOSS_SPIKE_REWIND_STEP, TRAIN_LOSS_SPIKE_UNRECOVERED, TRAIN_NONFINITE_FIRST_STEP, TRAIN_NONFINITE_ORIGIN,
 )
+from trainhealth.catalog.otel import OtelAttribute, OtelInstrument, Semconv, translated_prometheus_name
 from trainhealth.catalog.spec import IDENTITY_LABELS, PREFIX, MetricKind, MetricSpec, Unit
 from trainhealth.catalog.training import (
     STEP_SECONDS_BUCKETS, TRAIN_GRAD_NORM, TRAIN_LAST_STEP_COMPUTE, TRAIN_LAST_STEP_DURATION,
@@ -74,9 +80,14 @@ __all__ = [
     "IDENTITY_LABELS",
     "MetricKind",
     "MetricSpec",
+    "OtelAttribute",
+    "OtelInstrument",
+    "Semconv",
     "Unit",
+    "by_otel_name",
     "by_prometheus_name",
     "PREFIX",
+    "translated_prometheus_name",
 ]
 
 #: The declaration modules in catalogue order, which is the order of ``trainhealth metrics`` and docs/metrics.md.
@@ -91,7 +102,27 @@ _BY_PROMETHEUS_NAME = {spec.prometheus_name: spec for spec in CATALOG}
 if len(_BY_PROMETHEUS_NAME) != len(CATALOG):
     raise ValueError("two catalogue entries share a Prometheus name")
 
+_BY_OTEL_NAME: dict[str, tuple[MetricSpec, ...]] = {}
+for _spec in CATALOG:
+    _BY_OTEL_NAME[_spec.otel_name] = _BY_OTEL_NAME.get(_spec.otel_name, ()) + (_spec,)
+for _name, _specs in _BY_OTEL_NAME.items():
+    # entries sharing an OTLP name share one instrument, so they must describe it alike
+    if len({(s.otel_instrument, s.otel_unit, s.otel_description) for s in _specs}) != 1 or (
+        len(_specs) > 1 and any(s.semconv is None for s in _specs)
+    ):
+        raise ValueError(f"catalogue entries sharing the OTLP name {_name!r} declare it differently")
+del _spec, _name, _specs
+
 
 def by_prometheus_name(name: str) -> MetricSpec:
     """The catalogue entry exported under ``name``; ``KeyError`` when there is none."""
     return _BY_PROMETHEUS_NAME[name]
+
+
+def by_otel_name(name: str) -> tuple[MetricSpec, ...]:
+    """The catalogue entries exported over OTLP as ``name`` (two for ``hw.temperature``); ``KeyError`` when none.
+
+    >>> [spec.prometheus_name for spec in by_otel_name("hw.temperature")]
+    ['trainhealth_gpu_temperature_celsius', 'trainhealth_gpu_memory_temperature_celsius']
+    """
+    return _BY_OTEL_NAME[name]

@@ -1,7 +1,13 @@
-"""GPU hardware metrics: the NVML sampler, the XID watcher, DCGM profiling and the simulated backend."""
+"""GPU hardware metrics: the NVML sampler, the XID watcher, DCGM profiling and the simulated backend.
+
+Over OTLP, the metrics an OpenTelemetry hardware semantic convention covers go out under
+its name (``hw.gpu.utilization``, ``hw.power``, ``hw.status`` ...) with ``hw.id="gpu<index>"``
+and ``hw.type``; the others stay ``trainhealth.gpu.*``.
+"""
 
 from __future__ import annotations
 
+from trainhealth.catalog.otel import OtelAttribute, OtelInstrument, Semconv
 from trainhealth.catalog.spec import _C, _G, _I, MetricSpec, Unit
 
 #: Every hardware series carries the GPU index and the backend that produced it:
@@ -10,6 +16,26 @@ GPU_LABELS: tuple[str, ...] = ("gpu", "backend")
 _ECC_NOTE = "Needs ECC mode enabled."
 _NVLINK_NOTE = "GPUs with NVLink; one series per link that answers."
 _DCGM_NOTE = "Only with the DCGM Python bindings and a reachable nv-hostengine (backend=dcgm), or the simulated backend."
+
+# OpenTelemetry hardware conventions (docs/hardware/gpu.md, common.md, temperature.md, fan.md of
+# open-telemetry/semantic-conventions): hw.id is unique within the host, hw.type names the component.
+_HW_ID = OtelAttribute("gpu", "hw.id", "gpu{}")
+_HW_PARENT = OtelAttribute("gpu", "hw.parent", "gpu{}")
+_HW_GPU = (("hw.type", "gpu"),)
+#: trainhealth's GPU states as the convention's hw.state: a GPU lost or waiting for a reset has
+#: failed; one whose every NVML reading fails is degraded (it may still compute).
+_HW_STATE = OtelAttribute("state", "hw.state", values=(
+    ("ok", "ok"), ("lost", "failed"), ("reset_required", "failed"), ("error", "degraded"),
+))
+_G_, _UDC = OtelInstrument.GAUGE, OtelInstrument.UP_DOWN_COUNTER
+
+
+def _temperature_sensor(where: str) -> Semconv:
+    return Semconv(
+        "hw.temperature", _G_, "Cel", "Temperature in degrees Celsius.",
+        attributes=(OtelAttribute("gpu", "hw.id", f"gpu{{}}_{where}_temperature"), _HW_PARENT),
+        constants=(("hw.type", "temperature"), ("hw.sensor_location", f"GPU_{where.upper()}")),
+    )
 
 GPU_INFO = MetricSpec(
     "gpu", _I, Unit.DIMENSIONLESS,
@@ -25,28 +51,52 @@ GPU_STATE = MetricSpec(
     "gpu.state", _G, Unit.DIMENSIONLESS,
     "1 for the GPU's current state (ok, lost, reset_required, error), 0 for the others",
     labels=GPU_LABELS + ("state",),
+    semconv=Semconv(
+        "hw.status", _UDC, "1", "Operational status: `1` (true) or `0` (false) for each of the possible states.",
+        attributes=(_HW_ID, _HW_STATE), constants=_HW_GPU,
+    ),
 )
 GPU_UTILIZATION = MetricSpec(
     "gpu.utilization", _G, Unit.RATIO, "Fraction of the last sample period in which a kernel ran",
     labels=GPU_LABELS,
+    semconv=Semconv(
+        "hw.gpu.utilization", _G_, "1", "Fraction of time spent in a specific task.",
+        attributes=(_HW_ID,), constants=_HW_GPU + (("hw.gpu.task", "general"),),
+    ),
 )
 GPU_MEMORY_BUSY = MetricSpec(
     "gpu.memory.busy", _G, Unit.RATIO,
     "Fraction of the last sample period in which device memory was read or written",
     labels=GPU_LABELS,
 )
-GPU_MEMORY_USED = MetricSpec("gpu.memory.used", _G, Unit.BYTES, "Device memory in use", labels=GPU_LABELS)
-GPU_MEMORY_TOTAL = MetricSpec("gpu.memory.total", _G, Unit.BYTES, "Device memory installed", labels=GPU_LABELS)
-GPU_TEMPERATURE = MetricSpec("gpu.temperature", _G, Unit.CELSIUS, "GPU die temperature", labels=GPU_LABELS)
+GPU_MEMORY_USED = MetricSpec(
+    "gpu.memory.used", _G, Unit.BYTES, "Device memory in use", labels=GPU_LABELS,
+    semconv=Semconv("hw.gpu.memory.usage", _UDC, "By", "GPU memory used.", attributes=(_HW_ID,), constants=_HW_GPU),
+)
+GPU_MEMORY_TOTAL = MetricSpec(
+    "gpu.memory.total", _G, Unit.BYTES, "Device memory installed", labels=GPU_LABELS,
+    semconv=Semconv("hw.gpu.memory.limit", _UDC, "By", "Size of the GPU memory.", attributes=(_HW_ID,),
+                    constants=_HW_GPU),
+)
+GPU_TEMPERATURE = MetricSpec(
+    "gpu.temperature", _G, Unit.CELSIUS, "GPU die temperature", labels=GPU_LABELS,
+    semconv=_temperature_sensor("die"),
+)
 GPU_MEMORY_TEMPERATURE = MetricSpec(
     "gpu.memory.temperature", _G, Unit.CELSIUS, "HBM temperature", labels=GPU_LABELS,
-    availability="GPUs with HBM that report NVML_FI_DEV_MEMORY_TEMP.",
+    availability="GPUs with HBM that report NVML_FI_DEV_MEMORY_TEMP.", semconv=_temperature_sensor("memory"),
 )
-GPU_POWER = MetricSpec("gpu.power", _G, Unit.WATTS, "Power draw", labels=GPU_LABELS)
+GPU_POWER = MetricSpec(
+    "gpu.power", _G, Unit.WATTS, "Power draw", labels=GPU_LABELS,
+    semconv=Semconv("hw.power", _G_, "W", "Instantaneous power consumed by the component.", attributes=(_HW_ID,),
+                    constants=_HW_GPU),
+)
 GPU_POWER_LIMIT = MetricSpec("gpu.power_limit", _G, Unit.WATTS, "Enforced power limit", labels=GPU_LABELS)
 GPU_ENERGY = MetricSpec(
     "gpu.energy", _C, Unit.JOULES, "Energy consumed since the driver was loaded", labels=GPU_LABELS,
     availability="Volta and newer.",
+    semconv=Semconv("hw.energy", OtelInstrument.COUNTER, "J", "Energy consumed by the component.",
+                    attributes=(_HW_ID,), constants=_HW_GPU),
 )
 GPU_CLOCK = MetricSpec(
     "gpu.clock", _G, Unit.HERTZ, "Current clock frequency (clock = sm or memory)", labels=GPU_LABELS + ("clock",),
@@ -63,6 +113,10 @@ GPU_ECC_ERRORS = MetricSpec(
     "gpu.ecc.errors", _C, Unit.ERRORS,
     "ECC errors (error_type corrected or uncorrected; counter_type volatile since reset, or aggregate lifetime)",
     labels=GPU_LABELS + ("error_type", "counter_type"), availability=_ECC_NOTE,
+    semconv=Semconv(
+        "hw.errors", OtelInstrument.COUNTER, "{error}", "Number of errors encountered by the component.",
+        attributes=(_HW_ID, OtelAttribute("error_type", "error.type")), constants=_HW_GPU,
+    ),
 )
 GPU_RETIRED_PAGES = MetricSpec(
     "gpu.retired_pages", _G, Unit.DIMENSIONLESS,
@@ -111,6 +165,10 @@ GPU_NVLINK_THROUGHPUT = MetricSpec(
 GPU_FAN_SPEED = MetricSpec(
     "gpu.fan_speed", _G, Unit.RATIO, "Fan speed as a fraction of its maximum", labels=GPU_LABELS,
     availability="Absent on passively cooled GPUs (most data-centre boards).",
+    semconv=Semconv(
+        "hw.fan.speed_ratio", _G_, "1", "Fan speed expressed as a fraction of its maximum speed.",
+        attributes=(OtelAttribute("gpu", "hw.id", "gpu{}_fan"), _HW_PARENT), constants=(("hw.type", "fan"),),
+    ),
 )
 GPU_PERFORMANCE_STATE = MetricSpec(
     "gpu.performance_state", _G, Unit.DIMENSIONLESS, "Performance state: 0 (P0, fastest) to 15 (slowest)",

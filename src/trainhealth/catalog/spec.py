@@ -6,6 +6,8 @@ import re
 from dataclasses import dataclass, field
 from enum import Enum
 
+from trainhealth.catalog.otel import OtelInstrument, Semconv, translated_prometheus_name
+
 __all__ = ["IDENTITY_LABELS", "MetricKind", "MetricSpec", "PREFIX", "Unit"]
 
 PREFIX = "trainhealth"
@@ -33,15 +35,23 @@ class MetricKind(Enum):
     INFO = "info"
 
     @property
-    def otel_instrument(self) -> str:
+    def otel_instrument(self) -> OtelInstrument:
+        """The instrument of a metric without a semantic convention."""
         return _OTEL_INSTRUMENTS[self]
 
 
 _OTEL_INSTRUMENTS = {
-    MetricKind.GAUGE: "ObservableGauge",
-    MetricKind.COUNTER: "ObservableCounter",
-    MetricKind.HISTOGRAM: "Histogram",
-    MetricKind.INFO: "ObservableGauge",
+    MetricKind.GAUGE: OtelInstrument.GAUGE,
+    MetricKind.COUNTER: OtelInstrument.COUNTER,
+    MetricKind.HISTOGRAM: OtelInstrument.HISTOGRAM,
+    MetricKind.INFO: OtelInstrument.GAUGE,
+}
+#: The instruments a semantic convention may put in place of each kind's own.
+_SEMCONV_INSTRUMENTS = {
+    MetricKind.GAUGE: (OtelInstrument.GAUGE, OtelInstrument.UP_DOWN_COUNTER),
+    MetricKind.COUNTER: (OtelInstrument.COUNTER,),
+    MetricKind.HISTOGRAM: (OtelInstrument.HISTOGRAM,),
+    MetricKind.INFO: (),
 }
 
 
@@ -49,7 +59,10 @@ class Unit(Enum):
     """The one OpenTelemetry (UCUM) <-> Prometheus unit table.
 
     Values are ``(ucum, prometheus_suffix)``; an empty suffix adds nothing to
-    the Prometheus name (curly-brace annotations are not units).
+    the Prometheus name (curly-brace annotations are not units). ``RATIO`` is
+    UCUM ``1`` (a fraction: the OTLP translators add ``_ratio`` to such gauges);
+    ``DIMENSIONLESS`` values that are not fractions (a loss, a norm, a step number,
+    a 0/1 flag) have no unit over OTLP, so no translation calls them ratios.
     """
 
     SECONDS = ("s", "seconds")
@@ -61,7 +74,7 @@ class Unit(Enum):
     RATIO = ("1", "ratio")
     BYTES_PER_SECOND = ("By/s", "bytes_per_second")
     TOKENS_PER_SECOND = ("{token}/s", "tokens_per_second")
-    DIMENSIONLESS = ("1", "")
+    DIMENSIONLESS = ("", "")
     STEPS = ("{step}", "")
     TOKENS = ("{token}", "")
     ERRORS = ("{error}", "")
@@ -97,6 +110,8 @@ class MetricSpec:
     #: The identity labels of the exporting process it carries: all of them, except for metrics whose
     #: own ``rank`` and ``host`` labels name someone else (the analyzer's suspects).
     identity: tuple[str, ...] = IDENTITY_LABELS
+    #: The OpenTelemetry semantic convention it is exported as over OTLP, where one covers it.
+    semconv: Semconv | None = None
     _prometheus_name: str = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -119,6 +134,8 @@ class MetricSpec:
             raise ValueError(f"metric {self.name!r}: histograms, and only histograms, have buckets")
         if list(self.buckets) != sorted(set(self.buckets)):
             raise ValueError(f"metric {self.name!r}: buckets must increase strictly")
+        if self.semconv is not None:
+            _check_semconv(self, self.semconv)
         object.__setattr__(self, "_prometheus_name", _prometheus_name(self))
 
     @property
@@ -131,11 +148,38 @@ class MetricSpec:
 
     @property
     def otel_name(self) -> str:
-        return f"{PREFIX}.{self.name}"
+        """The OTLP name: the semantic convention's, else ``trainhealth.<name>`` (``.info`` for info metrics)."""
+        if self.semconv is not None:
+            return self.semconv.name
+        return f"{PREFIX}.{self.name}" + (".info" if self.kind is MetricKind.INFO else "")
 
     @property
     def otel_unit(self) -> str:
-        return self.unit.ucum
+        return self.semconv.unit if self.semconv is not None else self.unit.ucum
+
+    @property
+    def otel_instrument(self) -> OtelInstrument:
+        return self.semconv.instrument if self.semconv is not None else self.kind.otel_instrument
+
+    @property
+    def otel_description(self) -> str:
+        return self.semconv.description if self.semconv is not None else self.help
+
+    @property
+    def translated_name(self) -> str:
+        """The Prometheus name of the OTLP metric after the Collector's (or Prometheus's) default translation."""
+        return translated_prometheus_name(self.otel_name, self.otel_unit, self.otel_instrument)
+
+    def otel_attributes(self, values: tuple[str, ...]) -> dict[str, str]:
+        """The OTLP point attributes of the series with label ``values`` (identity labels excluded)."""
+        if self.semconv is None:
+            return dict(zip(self.labels, values))
+        labels = dict(zip(self.labels, values))
+        attributes = dict(self.semconv.constants)
+        attributes.update((a.key, a.value(labels[a.label])) for a in self.semconv.attributes)
+        used = {a.label for a in self.semconv.attributes}
+        attributes.update((f"{PREFIX}.{label}", value) for label, value in labels.items() if label not in used)
+        return attributes
 
     @property
     def all_labels(self) -> tuple[str, ...]:
@@ -151,10 +195,28 @@ class MetricSpec:
             "labels": list(self.all_labels),
             "otel_name": self.otel_name,
             "otel_unit": self.otel_unit,
-            "otel_instrument": self.kind.otel_instrument,
+            "otel_instrument": self.otel_instrument.value,
+            "otlp_translated_name": self.translated_name,
             "buckets": list(self.buckets),
             "availability": self.availability,
         }
+
+
+def _check_semconv(spec: MetricSpec, semconv: Semconv) -> None:
+    if not _NAME_RE.match(semconv.name) or semconv.name.startswith(f"{PREFIX}."):
+        raise ValueError(f"metric {spec.name!r}: semconv name {semconv.name!r} is not a convention's dotted name")
+    if semconv.instrument not in _SEMCONV_INSTRUMENTS[spec.kind]:
+        raise ValueError(f"metric {spec.name!r}: a {spec.kind.value} cannot be exported as {semconv.instrument.value}")
+    keys = [key for key, _ in semconv.constants] + [a.key for a in semconv.attributes]
+    if len(set(keys)) != len(keys):
+        raise ValueError(f"metric {spec.name!r}: semconv attribute keys repeat")
+    for attribute in semconv.attributes:
+        if attribute.label not in spec.labels:
+            raise ValueError(f"metric {spec.name!r}: semconv attribute from unknown label {attribute.label!r}")
+        renamed = [new for _, new in attribute.values]
+        if len(set(renamed)) != len(renamed) and semconv.instrument not in (OtelInstrument.GAUGE,
+                                                                             OtelInstrument.UP_DOWN_COUNTER):
+            raise ValueError(f"metric {spec.name!r}: only gauge points (state sets) may fall together")
 
 
 def _prometheus_name(spec: MetricSpec) -> str:

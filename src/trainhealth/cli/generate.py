@@ -11,12 +11,19 @@ from trainhealth.errors import UsageError
 __all__ = ["add_commands"]
 
 
+def _check_url(option: str, value: str) -> None:
+    if not value.startswith(("http://", "https://")) or any(c.isspace() for c in value) or "?" in value \
+            or "#" in value:
+        raise UsageError(f"{option} must be an http(s) URL without a query or fragment, got {value!r}")
+
+
 def _cmd_alerts(args: argparse.Namespace) -> int:
     from trainhealth.alerts.render import write_alerts
     from trainhealth.alerts.rules import ALERTS
 
     if not args.runbook_base.startswith(("http://", "https://")) or any(c.isspace() for c in args.runbook_base):
         raise UsageError(f"--runbook-base must be an http(s) URL, got {args.runbook_base!r}")
+    _check_url("--grafana-url", args.grafana_url)
     out = Path(args.out)
     operator_out = Path(args.operator_out) if args.operator_out else None
     runbooks = Path(args.runbooks) if args.runbooks else None
@@ -28,7 +35,7 @@ def _cmd_alerts(args: argparse.Namespace) -> int:
     for option, directory, names in targets:  # everything checked before anything is written
         check_output_files(directory, names, option)
     try:
-        written = write_alerts(out, runbooks, args.runbook_base, operator_out)
+        written = write_alerts(out, runbooks, args.runbook_base, operator_out, args.grafana_url)
     except OSError as exc:
         raise UsageError(f"cannot write {exc.filename}: {exc.strerror}") from None
     print(f"{len(ALERTS)} alert rules: {written[0]}, {written[1]}"
@@ -37,6 +44,7 @@ def _cmd_alerts(args: argparse.Namespace) -> int:
 
 
 def _cmd_dashboards(args: argparse.Namespace) -> int:
+    from trainhealth.alerts.rules import ALERTS
     from trainhealth.dashboards.render import DASHBOARDS, write_configmap, write_dashboards
 
     out = Path(args.out)
@@ -44,9 +52,9 @@ def _cmd_dashboards(args: argparse.Namespace) -> int:
     if args.configmap:
         check_output_file(Path(args.configmap), "--configmap")
     try:
-        written = write_dashboards(out)
+        written = write_dashboards(out, ALERTS)  # the alerts' limits are drawn on the panels they name
         if args.configmap:
-            written.append(write_configmap(Path(args.configmap)))
+            written.append(write_configmap(Path(args.configmap), ALERTS))
     except OSError as exc:
         raise UsageError(f"cannot write {exc.filename}: {exc.strerror}") from None
     print(f"{len(written)} files: " + ", ".join(str(p) for p in written))
@@ -54,7 +62,7 @@ def _cmd_dashboards(args: argparse.Namespace) -> int:
 
 
 def add_commands(commands: argparse._SubParsersAction, parser_class: type[argparse.ArgumentParser]) -> None:
-    from trainhealth.alerts.rules import RUNBOOK_BASE
+    from trainhealth.alerts.rules import GRAFANA_URL, RUNBOOK_BASE
 
     alerts = commands.add_parser(
         "alerts", help="write the Prometheus alert rules (rule file and PrometheusRule) and their runbooks",
@@ -67,6 +75,8 @@ def add_commands(commands: argparse._SubParsersAction, parser_class: type[argpar
                         help="write prometheusrule.yaml here instead of OUT (deploy/k8s)")
     alerts.add_argument("--runbook-base", default=RUNBOOK_BASE, metavar="URL",
                         help=f"where runbook_url points (default {RUNBOOK_BASE})")
+    alerts.add_argument("--grafana-url", default=GRAFANA_URL, metavar="URL",
+                        help=f"the Grafana each rule's dashboard_url points into (default {GRAFANA_URL})")
     alerts.set_defaults(handler=_cmd_alerts)
     dashboards = commands.add_parser(
         "dashboards", help="write the Grafana dashboards as JSON",

@@ -3,7 +3,11 @@
 Gauges, counters and info metrics are observable instruments whose callbacks
 read the :class:`~trainhealth.store.MetricStore`; histograms are synchronous
 instruments fed by the store's observation hook, with an explicit bucket View
-in seconds that matches the Prometheus buckets. Events (XIDs, anomalies) become
+in seconds that matches the Prometheus buckets. Names, units, instruments and
+attributes come from the catalogue (:attr:`MetricSpec.otel_name`,
+:meth:`MetricSpec.otel_attributes`): a metric an OpenTelemetry semantic convention
+covers goes out under the convention (``hw.gpu.utilization`` with ``hw.id``,
+``hw.status`` as a state set), the others as ``trainhealth.<name>``. Events (XIDs, anomalies) become
 log records with ``event_name`` ``trainhealth.<name>``. The OTLP/HTTP exporters and the
 reader take their settings from the standard variables
 (``OTEL_EXPORTER_OTLP_ENDPOINT``, ``OTEL_METRIC_EXPORT_INTERVAL``,
@@ -51,7 +55,7 @@ from opentelemetry.sdk.metrics.view import ExplicitBucketHistogramAggregation, V
 from opentelemetry.sdk.resources import Resource
 
 from trainhealth._version import __version__
-from trainhealth.catalog import CATALOG, MetricKind, MetricSpec
+from trainhealth.catalog import CATALOG, MetricSpec, OtelInstrument
 from trainhealth.events import Event, EventLog, Severity
 from trainhealth.identity import Identity
 from trainhealth.store import MetricStore
@@ -68,7 +72,11 @@ _SEVERITY = {Severity.INFO: SeverityNumber.INFO, Severity.WARNING: SeverityNumbe
 
 
 class _CountingExporter(MetricExporter):
-    """Delegates to an exporter and counts failed exports in the store."""
+    """Delegates to an exporter and counts failed exports in the store.
+
+    An export still running when the sink gives up on it (:meth:`abandon_running`) is
+    counted then, once: its late failure is not counted again.
+    """
 
     def __init__(self, inner: MetricExporter, store: MetricStore) -> None:
         super().__init__(
@@ -77,16 +85,32 @@ class _CountingExporter(MetricExporter):
         )
         self._inner = inner
         self._store = store
+        self._lock = threading.Lock()
+        self._running = 0
+        self._abandoned = 0
 
     def export(self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: Any) -> MetricExportResult:
+        with self._lock:
+            self._running += 1
+        error: Exception | None = None
         try:
             result = self._inner.export(metrics_data, timeout_millis=timeout_millis, **kwargs)
         except Exception as exc:
-            self._store.record_error("otel", exc)
-            return MetricExportResult.FAILURE
-        if result is not MetricExportResult.SUCCESS:
-            self._store.record_error("otel")
+            error, result = exc, MetricExportResult.FAILURE
+        with self._lock:
+            self._running -= 1
+            counted = self._abandoned > 0
+            self._abandoned = max(0, self._abandoned - 1)
+        if result is not MetricExportResult.SUCCESS and not counted:
+            self._store.record_error("otel", error)
         return result
+
+    def abandon_running(self) -> int:
+        """Give up on the exports still running (they count as failed now); how many there were."""
+        with self._lock:
+            dropped = self._running - self._abandoned
+            self._abandoned = self._running
+        return dropped
 
     def force_flush(self, timeout_millis: float = 10_000) -> bool:
         return self._inner.force_flush(timeout_millis)
@@ -100,6 +124,17 @@ def _resource(identity: Identity) -> Resource:
     if str(resource.attributes.get("service.name", "")).startswith("unknown_service"):
         resource = resource.merge(Resource({"service.name": DEFAULT_SERVICE_NAME}))
     return resource
+
+
+def _observations(spec: MetricSpec, series: Iterable[tuple[tuple[str, ...], Any]]) -> list[Observation]:
+    """One observation per OTLP attribute set; series that fall together (a state set's states) keep the largest."""
+    points: dict[tuple[tuple[str, str], ...], tuple[dict[str, str], float]] = {}
+    for labels, value in series:
+        attributes = spec.otel_attributes(labels)
+        key = tuple(sorted(attributes.items()))
+        earlier = points.get(key)
+        points[key] = (attributes, value if earlier is None else max(earlier[1], value))
+    return [Observation(value, attributes) for attributes, value in points.values()]
 
 
 class OtelExporter:
@@ -125,15 +160,17 @@ class OtelExporter:
             raise ValueError(f"close_timeout_s must be a positive number of seconds, got {close_timeout_s!r}")
         self._close_timeout_s = close_timeout_s
         self._stopped = False
+        self._exporter: _CountingExporter | None = None
         if reader is None:
             from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
 
-            reader = PeriodicExportingMetricReader(_CountingExporter(OTLPMetricExporter(), store))
+            self._exporter = _CountingExporter(OTLPMetricExporter(), store)
+            reader = PeriodicExportingMetricReader(self._exporter)
         self._store = store
         views = [
             View(instrument_name=spec.otel_name, aggregation=ExplicitBucketHistogramAggregation(spec.buckets))
             for spec in catalog
-            if spec.kind is MetricKind.HISTOGRAM
+            if spec.otel_instrument is OtelInstrument.HISTOGRAM
         ]
         resource = _resource(identity)
         # shut down at exit by this class, within close_timeout_s (the SDK's own handler would wait 30 s)
@@ -150,41 +187,44 @@ class OtelExporter:
             events.add_listener(self._emit_event)
         meter = self._provider.get_meter("trainhealth", __version__)
         self._histograms: dict[MetricSpec, Any] = {}
+        # one instrument per OTLP name: entries sharing a convention (hw.temperature) share its instrument
+        by_name: dict[str, list[MetricSpec]] = {}
         for spec in catalog:
-            if spec.kind is MetricKind.HISTOGRAM:
-                self._histograms[spec] = meter.create_histogram(
-                    spec.otel_name, unit=spec.otel_unit, description=spec.help,
-                    explicit_bucket_boundaries_advisory=list(spec.buckets),
-                )
-            elif spec.kind is MetricKind.COUNTER:
-                meter.create_observable_counter(
-                    spec.otel_name, callbacks=[self._callback(spec)], unit=spec.otel_unit, description=spec.help
-                )
-            else:
-                meter.create_observable_gauge(
-                    spec.otel_name, callbacks=[self._callback(spec)], unit=spec.otel_unit, description=spec.help
-                )
+            by_name.setdefault(spec.otel_name, []).append(spec)
+        for name, specs in by_name.items():
+            first = specs[0]
+            instrument = first.otel_instrument
+            if instrument is OtelInstrument.HISTOGRAM:
+                for spec in specs:
+                    self._histograms[spec] = meter.create_histogram(
+                        name, unit=spec.otel_unit, description=spec.otel_description,
+                        explicit_bucket_boundaries_advisory=list(spec.buckets),
+                    )
+                continue
+            create = {
+                OtelInstrument.GAUGE: meter.create_observable_gauge,
+                OtelInstrument.COUNTER: meter.create_observable_counter,
+                OtelInstrument.UP_DOWN_COUNTER: meter.create_observable_up_down_counter,
+            }[instrument]
+            create(name, callbacks=[self._callback(spec) for spec in specs], unit=first.otel_unit,
+                   description=first.otel_description)
         store.add_observer(self._record_observation)
         atexit.register(self.shutdown)
 
     def _callback(self, spec: MetricSpec) -> Any:
         def observe(options: CallbackOptions) -> Iterable[Observation]:
             try:
-                series = self._store.series(spec)
+                return _observations(spec, self._store.series(spec))
             except Exception as exc:
                 self._store.record_error("otel", exc)
                 return []
-            return [
-                Observation(value, dict(zip(spec.labels, labels)))  # type: ignore[arg-type]
-                for labels, value in series
-            ]
 
         return observe
 
     def _record_observation(self, spec: MetricSpec, value: float, labels: tuple[str, ...]) -> None:
         histogram = self._histograms.get(spec)
         if histogram is not None:
-            histogram.record(value, dict(zip(spec.labels, labels)))
+            histogram.record(value, spec.otel_attributes(labels))
 
     def _emit_event(self, event: Event) -> None:
         """An event as an OpenTelemetry log record named ``trainhealth.<event name>`` (the Events API is gone)."""
@@ -225,12 +265,18 @@ class OtelExporter:
                                       name=f"trainhealth-otel-close-{name}", daemon=True)
             thread.start()
             closing.append((name, thread))
+        late = set()
         for name, thread in closing:
             thread.join(max(deadline - time.monotonic(), 0.0))
             if thread.is_alive():
-                self._store.record_error("otel")
-                log.warning("trainhealth: the OTLP endpoint did not take the last %s export within %g s; dropped",
-                            name, self._close_timeout_s)
+                late.add(name)
+        # the SDK's shutdown returns at its own timeout and may leave a slow export running on the reader's thread
+        if self._exporter is not None and self._exporter.abandon_running():
+            late.add("metrics")
+        for name in sorted(late):
+            self._store.record_error("otel")
+            log.warning("trainhealth: the OTLP endpoint did not take the last %s export within %g s; dropped",
+                        name, self._close_timeout_s)
 
     def _shutdown_provider(self, provider: MeterProvider | LoggerProvider) -> None:
         try:
