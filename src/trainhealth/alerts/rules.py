@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from trainhealth import catalog as c
 from trainhealth.events import Severity
 from trainhealth.knowledge.advice import ADVICE
+from trainhealth.knowledge.limits import GRAFANA_URL, Limit, PanelRef
 from trainhealth.knowledge.promql import counted
 from trainhealth.knowledge.xid import known_xids
 
@@ -44,8 +45,6 @@ __all__ = ["ALERTS", "ANALYZER_STALE_S", "GRAFANA_URL", "HUNG_COLLECTIVE_S", "IR
 
 #: Where runbook_url points; ``trainhealth alerts --runbook-base`` changes it (a fork, a wiki).
 RUNBOOK_BASE = "https://github.com/trainhealth/trainhealth/blob/main/docs/runbooks"
-#: The Grafana that dashboard_url points into; ``trainhealth alerts --grafana-url`` changes it.
-GRAFANA_URL = "http://127.0.0.1:3000"
 
 # The numbers the rules compare with (each also the ``limit`` of its rule, drawn on its panel).
 #: IrregularSteps: share of the last 100 steps that took 1.5x the recent average.
@@ -69,31 +68,6 @@ PAGE, TICKET, INFO = "page", "ticket", "info"
 WHERE = "rank {{ $labels.rank }} on {{ $labels.host }}"
 GPU_WHERE = "GPU {{ $labels.gpu }} on {{ $labels.host }}"
 _RANK_KEYS = "job, host, rank"
-
-
-@dataclass(frozen=True)
-class Limit:
-    """The number a rule compares with, and on which side of it the value is bad (``above`` or ``below``)."""
-
-    value: float
-    bad: str
-
-    def __post_init__(self) -> None:
-        if self.bad not in ("above", "below"):
-            raise ValueError(f"Limit.bad must be 'above' or 'below', got {self.bad!r}")
-
-
-@dataclass(frozen=True)
-class PanelRef:
-    """The dashboard panel that explains an alert: dashboard uid, panel id and the panel's title."""
-
-    dashboard: str
-    panel_id: int
-    title: str
-
-    def url(self, grafana_url: str = GRAFANA_URL) -> str:
-        """The panel, alone on its page, in the Grafana at ``grafana_url``."""
-        return f"{grafana_url.rstrip('/')}/d/{self.dashboard}?viewPanel=panel-{self.panel_id}"
 
 
 @dataclass(frozen=True)

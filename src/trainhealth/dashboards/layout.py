@@ -20,6 +20,7 @@ from typing import Any, Protocol
 from grafanalib import core as g
 
 from trainhealth import catalog as c
+from trainhealth.knowledge.limits import Limit, PanelRef
 from trainhealth.dashboards.model import BASE_STEP, DATASOURCE, Dashboard, Row, Target, Variable
 
 __all__ = ["AlertLike", "DCGM_FILTER", "GPU_FILTER", "RANK_FILTER", "SEVERITY_COLORS", "annotation", "arrange",
@@ -35,25 +36,6 @@ SEVERITY_COLORS = {"page": "red", "ticket": "orange", "info": "yellow"}
 _RANKING = ("info", "ticket", "page")
 
 
-class _Limit(Protocol):
-    @property
-    def value(self) -> float: ...
-
-    @property
-    def bad(self) -> str: ...
-
-
-class _PanelRef(Protocol):
-    @property
-    def dashboard(self) -> str: ...
-
-    @property
-    def panel_id(self) -> int: ...
-
-    @property
-    def title(self) -> str: ...
-
-
 class AlertLike(Protocol):
     """What the dashboards read of an alert rule (:class:`trainhealth.alerts.rules.AlertRule` has it)."""
 
@@ -64,10 +46,10 @@ class AlertLike(Protocol):
     def severity(self) -> str: ...
 
     @property
-    def limit(self) -> _Limit | None: ...
+    def limit(self) -> Limit | None: ...
 
     @property
-    def panel(self) -> _PanelRef | None: ...
+    def panel(self) -> PanelRef | None: ...
 
 
 def target(expr: str, legend: str = "", ref: str = "A", instant: bool = False, table: bool = False) -> Target:
