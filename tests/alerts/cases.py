@@ -121,12 +121,14 @@ CASES: dict[str, Case] = {
     "NonFiniteTraining": Case(
         [Firing({f'trainhealth_train_nonfinite_steps_total{{{L},signal="loss"}}': "0x3 1x5"}, "5m",
                 {**RANK, "signal": "loss"}, "Non-finite loss on rank 3 on node-1",
-                "loss was NaN or infinite on 1 step(s) of rank 3 on node-1; the rank with the lowest "
-                "trainhealth_train_nonfinite_origin_first_step produced it first."),
+                "loss was NaN or infinite on 1 step(s) of rank 3 on node-1; the rank whose "
+                "trainhealth_train_nonfinite_origin_first_step has where=local produced it (the lowest step if "
+                "several); ranks with where=received got it through the gradient all-reduce."),
          Firing({f'trainhealth_train_nonfinite_steps_total{{{L},signal="loss"}}': "_x3 2x5"}, "5m",
                 {**RANK, "signal": "loss"}, "Non-finite loss on rank 3 on node-1",
-                "loss was NaN or infinite on 2 step(s) of rank 3 on node-1; the rank with the lowest "
-                "trainhealth_train_nonfinite_origin_first_step produced it first.")],
+                "loss was NaN or infinite on 2 step(s) of rank 3 on node-1; the rank whose "
+                "trainhealth_train_nonfinite_origin_first_step has where=local produced it (the lowest step if "
+                "several); ranks with where=received got it through the gradient all-reduce.")],
         {f'trainhealth_train_nonfinite_steps_total{{{L},signal="loss"}}': "0x10"}, "5m"),
     "GradNormSpike": Case(
         [Firing({f'trainhealth_anomalies_total{{{L},detector="spike",signal="grad_norm"}}': "0x5 1x5"}, "7m",

@@ -86,6 +86,19 @@ def test_activation_faults_corrupt_a_module_output():
     assert injector.log[0]["tensor"] == "1" and injector.log[0]["target"] == "activation"
 
 
+def test_activation_faults_reach_a_transposed_output_before_the_modules_other_hooks():
+    torch.manual_seed(0)
+    model = torch.nn.ModuleDict({"attn": torch.nn.MultiheadAttention(8, 2, batch_first=True)})
+    seen = []
+    model["attn"].register_forward_hook(lambda module, inputs, output: seen.append(int(output[0].isnan().sum())))
+    injector = Injector([{"kind": "nan", "target": "activation", "tensor": "attn", "step": 0}], model=model, rank=0)
+    injector.begin_step(0)
+    x = torch.randn(2, 5, 8)
+    out, _ = model["attn"](x, x, x, need_weights=False)
+    # the attention output is a transposed view: the NaN goes into a contiguous copy that replaces it
+    assert int(out.isnan().sum()) == 1 and seen == [1]
+
+
 def test_learning_rate_and_delay_faults_undo_themselves():
     model = _model()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)

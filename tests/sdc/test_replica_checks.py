@@ -29,6 +29,12 @@ def _results(tmp_path, trials):
     return by_trial
 
 
+def _origins(results):
+    """Each rank's first non-finite origin: (step, block, local or received)."""
+    return {r["rank"]: (r["origin"]["step"], r["origin"]["block"], r["origin"]["where"]) for r in results
+            if r["origin"] is not None}
+
+
 def _detections(results, detector):
     return [d for r in results for d in r["detections"] if d["detector"] == detector]
 
@@ -64,6 +70,9 @@ def test_each_fault_is_caught_by_its_detector_and_names_the_rank(tmp_path):
     assert _detections(results["gradient"], "fingerprint") == []
     found = _detections(results["gradient"], "grad_norm")
     assert {(d["rank"], d["step"]) for d in found} == {(1, 17)}
+    # the flipped exponent made it ~1e35: rank 1 saw it in its own gradient, the others only after the all-reduce
+    assert _origins(results["gradient"]) == {1: (17, "layers.0", "local"), **{r: (17, "all_reduce", "received")
+                                                                              for r in (0, 2, 3)}}
 
     # a NaN out of layers.1's MLP on rank 3: its origin there at step 23; the others see it a step later, upstream
     origins = [(r["rank"], d["step"], d["detail"]) for r in results["activation_nan"]
@@ -71,3 +80,5 @@ def test_each_fault_is_caught_by_its_detector_and_names_the_rank(tmp_path):
     first = min(origins, key=lambda o: o[1])
     assert first == (3, 23, "layers.1")
     assert all(step > 23 for rank, step, _ in origins if rank != 3)
+    assert _origins(results["activation_nan"]) == {3: (23, "layers.1", "local"), **{
+        r: (23, "all_reduce", "received") for r in (0, 1, 2)}}

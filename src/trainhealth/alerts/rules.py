@@ -264,7 +264,8 @@ ALERTS: tuple[AlertRule, ...] = (
         counted(c.TRAIN_NONFINITE_STEPS.prometheus_name, "5m"), "0m", PAGE,
         "Non-finite {{ $labels.signal }} on " + WHERE,
         "{{ $labels.signal }} was NaN or infinite on {{ $value | printf \"%.0f\" }} step(s) of " + WHERE
-        + "; the rank with the lowest trainhealth_train_nonfinite_origin_first_step produced it first.",
+        + "; the rank whose trainhealth_train_nonfinite_origin_first_step has where=local produced it (the lowest "
+        "step if several); ranks with where=received got it through the gradient all-reduce.",
         "nonfinite",
         "The loss or the gradient norm was NaN or infinite: the optimizer step that follows corrupts the weights.",
         panel=PanelRef(_TRAINING, 12, "Non-finite steps"),

@@ -36,13 +36,16 @@ TRAIN_LOCAL_GRAD_NORM_PEER_RATIO = MetricSpec(
 )
 TRAIN_NONFINITE_ORIGIN = MetricSpec(
     "train.nonfinite_origin", _C, Unit.STEPS,
-    "Steps whose first non-finite activation (in forward order) came out of this block on this rank",
+    "Steps whose first non-finite or overflowing value on this rank came out of this block (its output, else "
+    "its local gradient); all_reduce when only the averaged gradient had one",
     labels=("block",), availability="With model signals on, after a non-finite value.",
 )
 TRAIN_NONFINITE_FIRST_STEP = MetricSpec(
     "train.nonfinite_origin.first_step", _G, Unit.DIMENSIONLESS,
-    "Step at which this rank first produced a non-finite activation; the rank with the lowest value is the origin",
-    availability="With model signals on, after a non-finite value.",
+    "Step at which this rank first saw a non-finite or overflowing value; where is local when it produced it "
+    "before the gradient all-reduce, received when it came through the all-reduce. The rank with where=local "
+    "(the lowest value, if several) is the origin",
+    labels=("where",), availability="With model signals on, after a non-finite value.",
 )
 TRAIN_LOSS_SPIKE_UNRECOVERED = MetricSpec(
     "train.loss_spike.unrecovered", _G, Unit.DIMENSIONLESS,

@@ -79,8 +79,9 @@ ADVICE: dict[str, Advice] = {
         "lower Adam epsilon (1e-8 or less).",
     ), (_PALM, _OLMO2, "REFERENCE.md mitigation catalogue")),
     "nonfinite": Advice("NaN or infinite values", (
-        "Find the first rank and block with a non-finite activation (trainhealth_train_nonfinite_origin); if it is "
-        "always the same rank, suspect its GPU (run trainhealth selftest there); if it moves, the numerics: lower "
+        "Find the rank that produced it (trainhealth_train_nonfinite_origin_first_step with where=local) and the "
+        "block (trainhealth_train_nonfinite_origin there, or the nonfinite_origin event); if it is always the same "
+        "rank, suspect its GPU (run trainhealth selftest there); if it moves, the numerics: lower "
         "the learning rate, check loss scaling and bf16/fp16 ranges, add z-loss.",
         "Restore the last checkpoint with finite weights before resuming.",
     ), (_MA, "REFERENCE.md mitigation catalogue")),

@@ -50,7 +50,7 @@ def test_log_z_and_activation_rms_are_those_of_the_tensors():
     assert math.isclose(values.log_z, torch.logsumexp(logits[0], -1).mean().item(), rel_tol=1e-5)
     assert math.isclose(values.activation_rms["layers.1"], captured["block"].pow(2).mean().sqrt().item(),
                         rel_tol=1e-5)
-    assert values.nonfinite_origin is None and order[:2] == ["layers.0", "layers.1"]
+    assert values.nonfinite_origin is None and order.forward == ("embed", "layers.0", "layers.1", "lm_head")
 
 
 def test_the_monitor_exports_the_signals_and_names_the_block_that_first_went_non_finite():
@@ -76,6 +76,6 @@ def test_the_monitor_exports_the_signals_and_names_the_block_that_first_went_non
         assert store.value(catalog.MODEL_OUTPUT_LOG_Z) is not None
         # the NaN came out of layers.1 at step 4; step 5 starts from NaN weights, so its origin is upstream
         assert store.value(catalog.TRAIN_NONFINITE_ORIGIN, ("layers.1",)) == 1.0
-        assert store.value(catalog.TRAIN_NONFINITE_FIRST_STEP) == 4.0
+        assert store.value(catalog.TRAIN_NONFINITE_FIRST_STEP, ("local",)) == 4.0
         event = mon.events.recent("nonfinite_origin")[0]
-        assert event.attributes == {"block": "layers.1", "step": 4}
+        assert event.attributes == {"block": "layers.1", "step": 4, "where": "local", "stage": "output"}

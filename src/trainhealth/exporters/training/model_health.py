@@ -8,8 +8,9 @@ One object per Monitor, called at fixed points of its step:
   the optimizer; see :mod:`trainhealth.sdc.checks`) and :meth:`after_step` prepares the next step;
 * on the export thread, :meth:`export` turns the read values into metrics and
   events: attention max logit and entropy, output log Z, activation RMS, the
-  block where a non-finite value first appeared, goodput, and whether a loss
-  spike recovered (if not, the advice names the checkpoint to rewind to).
+  block where a non-finite or overflowing value first appeared and whether this
+  rank produced it or received it through the all-reduce, goodput, and whether a
+  loss spike recovered (if not, the advice names the checkpoint to rewind to).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from trainhealth.events import Event, EventLog, Severity
 from trainhealth.exporters.training.goodput import Checkpoint, Goodput
 from trainhealth.exporters.training.loss_recovery import LossSpikeRecovery, SpikeOutcome
 from trainhealth.exporters.training.model_signals import ModelSignals, SignalValues
+from trainhealth.exporters.training.provenance import BlockOrder, Where
 from trainhealth.sdc.checks import ReplicaCheckResult, ReplicaChecks
 from trainhealth.store import MetricStore
 
@@ -69,7 +71,7 @@ class ModelHealth:
         self._lock = threading.Lock()  # checkpoints arrive on the training thread, steps on the export thread
         self._first_nonfinite: int | None = None
         self._lost_published: dict[str, float] = {}
-        self._order: dict[int, list[str]] = {}
+        self._order: dict[int, BlockOrder] = {}
         env = os.environ if env is None else env
         restarts = health.restarts
         if restarts is None:
@@ -91,7 +93,7 @@ class ModelHealth:
         if self.signals is None:
             return []
         tensors, order = self.signals.take()
-        if order:
+        if order.forward or order.gradients:
             self._order[index] = order
         return tensors
 
@@ -129,7 +131,7 @@ class ModelHealth:
         """The model signals among step ``index``'s read values (``read``: the readout's values by name)."""
         if self.signals is None:
             return None
-        return ModelSignals.interpret(dict(read), self._order.pop(index, []))
+        return ModelSignals.interpret(dict(read), self._order.pop(index, BlockOrder()))
 
     def export(self, step: int, wall_time: float, loss: float | None, signals: SignalValues | None,
                loss_spike_began: bool) -> None:
@@ -167,13 +169,20 @@ class ModelHealth:
         origin = values.nonfinite_origin
         if origin is None:
             return
-        store.inc(catalog.TRAIN_NONFINITE_ORIGIN, labels=(origin,))
-        if self._first_nonfinite is None:
-            self._first_nonfinite = step
-            store.set(catalog.TRAIN_NONFINITE_FIRST_STEP, float(step))
-            self._events.emit(Event("nonfinite_origin", Severity.CRITICAL,
-                                    f"first non-finite activation at step {step}, out of block {origin}",
-                                    {"block": origin, "step": step}))
+        store.inc(catalog.TRAIN_NONFINITE_ORIGIN, labels=(origin.block,))
+        if self._first_nonfinite is not None:
+            return
+        self._first_nonfinite = step
+        store.set(catalog.TRAIN_NONFINITE_FIRST_STEP, float(step), (origin.where.value,))
+        if origin.where is Where.LOCAL:
+            text = (f"first non-finite or overflowing value at step {step}, in the {origin.stage.value} of block "
+                    f"{origin.block}, on this rank before the gradient all-reduce")
+        else:
+            text = (f"first non-finite or overflowing value at step {step}, received through the gradient "
+                    "all-reduce: another rank produced it")
+        self._events.emit(Event("nonfinite_origin", Severity.CRITICAL, text,
+                                {"block": origin.block, "step": step, "where": origin.where.value,
+                                 "stage": origin.stage.value}))
 
     def _publish_spike(self, outcome: SpikeOutcome) -> None:
         store = self._store

@@ -1,5 +1,6 @@
 """Instability signals from inside the model, sampled and cheap: attention logits and entropy, output log Z,
-block activation RMS, and where a non-finite value first appeared.
+block activation RMS, and where a non-finite or overflowing value first appeared (see
+:mod:`trainhealth.exporters.training.provenance`).
 
 Forward hooks do the work on the device and hand back small tensors; nothing
 is read on the training thread (the Monitor reads them with the step's other
@@ -18,9 +19,8 @@ most ``sample_tokens`` positions) from the attention module's own inputs:
 
 Output log Z (``logsumexp`` of the output logits, what z-loss penalises) comes
 from the model's output head; activation RMS from each layer group's block.
-Every step each block's output is checked for non-finite values (one float32
-sum per block, read with the step): the first block in forward order that
-produced one is the origin.
+Every step the provenance hooks measure the peak magnitude of the output of
+each embedding, block and the head, and of each parameter's local gradient.
 
 >>> import torch
 >>> model = torch.nn.Sequential(torch.nn.TransformerEncoderLayer(16, 2, 32, batch_first=True), torch.nn.Linear(16, 50))
@@ -28,8 +28,8 @@ produced one is the origin.
 >>> signals.sampling = True
 >>> _ = model(torch.randn(2, 8, 16))
 >>> tensors, order = signals.take()
->>> sorted(name for name, _, _ in tensors), order
-(['activation_rms/0', 'attention_entropy/0.self_attn', 'attention_max_logit/0.self_attn', 'finite', 'log_z'], ['0', '1'])
+>>> sorted(name for name, _, _ in tensors), order.forward
+(['activation_rms/0', 'attention_entropy/0.self_attn', 'attention_max_logit/0.self_attn', 'block_peak', 'log_z'], ('0', '1'))
 """
 
 from __future__ import annotations
@@ -39,18 +39,20 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from trainhealth.exporters.training.provenance import BlockOrder, Origin, Provenance, locate
+
 __all__ = ["ModelSignals", "SignalValues"]
 
 
 @dataclass
 class SignalValues:
-    """One sampled step's values, by name (host floats); ``nonfinite_origin`` is a block name or None."""
+    """One step's values, by name (host floats); ``nonfinite_origin`` is where a bad value first appeared."""
 
     attention_max_logit: dict[str, float] = field(default_factory=dict)
     attention_entropy: dict[str, float] = field(default_factory=dict)
     activation_rms: dict[str, float] = field(default_factory=dict)
     log_z: float | None = None
-    nonfinite_origin: str | None = None
+    nonfinite_origin: Origin | None = None
 
 
 class ModelSignals:
@@ -65,7 +67,6 @@ class ModelSignals:
         self._attention: dict[str, list[Any]] = {}  # layer -> [max logit, entropy or None] device tensors
         self._rms: dict[str, Any] = {}
         self._log_z: Any = None
-        self._finite: dict[str, Any] = {}  # block -> device bool (all finite), every step
         modules = dict(model.named_modules())
         self.block_names = [name for name in blocks if name in modules]
         self.attention_names: list[str] = []
@@ -82,19 +83,17 @@ class ModelSignals:
         self.head_name = head if head in modules else _find_head(model, torch)
         if self.head_name is not None:
             self._handles.append(modules[self.head_name].register_forward_hook(self._head_hook()))
-            if self.head_name not in self.block_names:
-                self._handles.append(modules[self.head_name].register_forward_hook(self._block_hook(
-                    _label(self.head_name), rms=False)))
+        embeddings = [name for name, module in modules.items() if isinstance(module, torch.nn.Embedding)]
+        traced = embeddings + [name for name in self.block_names if name not in embeddings]
+        if self.head_name is not None and self.head_name not in traced:
+            traced.append(self.head_name)
+        self.provenance = Provenance(torch, modules, traced, model.named_parameters(), _label)
 
     # --- per step -------------------------------------------------------------------
-    def take(self) -> tuple[list[tuple[str, Any, int]], list[str]]:
-        """The device tensors of this step (name, tensor, length) and the block order of the finite flags;
+    def take(self) -> tuple[list[tuple[str, Any, int]], BlockOrder]:
+        """The device tensors of this step (name, tensor, length) and the blocks of the provenance peaks;
         clears them for the next step."""
-        out: list[tuple[str, Any, int]] = []
-        order = list(self._finite)
-        if order:
-            flags = self._torch.stack([self._finite[name] for name in order]).float()
-            out.append(("finite", flags, len(order)))
+        out, order = self.provenance.take()
         for layer, (max_logit, entropy) in self._attention.items():
             out.append((f"attention_max_logit/{layer}", max_logit, 1))
             if entropy is not None:
@@ -103,18 +102,13 @@ class ModelSignals:
             out.append((f"activation_rms/{block}", rms, 1))
         if self._log_z is not None:
             out.append(("log_z", self._log_z, 1))
-        self._attention, self._rms, self._log_z, self._finite = {}, {}, None, {}
+        self._attention, self._rms, self._log_z = {}, {}, None
         return out, order
 
     @staticmethod
-    def interpret(read: dict[str, Any], order: list[str]) -> SignalValues:
-        """The host values of :meth:`take`'s tensors as :class:`SignalValues`."""
-        values = SignalValues()
-        finite = read.get("finite")
-        if finite is not None:
-            flags = finite if isinstance(finite, list) else [finite]
-            bad = [name for name, ok in zip(order, flags) if ok < 0.5]
-            values.nonfinite_origin = bad[0] if bad else None
+    def interpret(read: dict[str, Any], order: BlockOrder) -> SignalValues:
+        """The host values of :meth:`take`'s tensors (and the step's ``grad_norm``) as :class:`SignalValues`."""
+        values = SignalValues(nonfinite_origin=locate(read, order))
         for key, value in read.items():
             kind, _, name = key.partition("/")
             if kind == "attention_max_logit":
@@ -131,6 +125,7 @@ class ModelSignals:
         for handle in self._handles:
             handle.remove()
         self._handles = []
+        self.provenance.close()
 
     # --- hooks ----------------------------------------------------------------------
     def _slice(self, tensor: Any, batch_first: bool) -> Any:
@@ -202,21 +197,16 @@ class ModelSignals:
         self._handles.append(module.q_proj.register_forward_hook(capture("q")))
         self._handles.append(module.k_proj.register_forward_hook(capture("k")))
 
-    def _block_hook(self, label: str, rms: bool = True) -> Any:
+    def _block_hook(self, label: str) -> Any:
         torch = self._torch
 
         def hook(mod: Any, inputs: tuple, output: Any) -> None:
+            if not self.sampling:
+                return
             try:
                 tensor = output[0] if isinstance(output, (tuple, list)) else output
-                if not isinstance(tensor, torch.Tensor) or not tensor.is_floating_point():
-                    return
-                with torch.no_grad():
-                    if label not in self._finite:  # the first call of the step (gradient checkpointing recomputes)
-                        # one float32 sum: NaN and inf propagate through it, and it reads the tensor once without
-                        # a mask the size of the output (isfinite().all() on the logits of a small LM took 8% of
-                        # a CPU step); a sum that overflows float32 needs values near 1e31, an instability too
-                        self._finite[label] = torch.isfinite(tensor.detach().sum(dtype=torch.float32))
-                    if rms and self.sampling:
+                if isinstance(tensor, torch.Tensor) and tensor.is_floating_point():
+                    with torch.no_grad():
                         self._rms[label] = tensor.detach().float().pow(2).mean().sqrt()
             except Exception:
                 return

@@ -123,7 +123,8 @@ class Injector:
                 self._hooks.append(parameter.register_hook(self._gradient_hook(spec, name, step)))
             else:
                 name, module = self._find(self.model.named_modules(), spec)
-                self._hooks.append(module.register_forward_hook(self._activation_hook(spec, name, step)))
+                # first among the module's hooks: they see the output as the faulty module produced it
+                self._hooks.append(module.register_forward_hook(self._activation_hook(spec, name, step), prepend=True))
         elif spec.kind == "delay":
             self._record(spec, step, seconds=spec.seconds)
             time.sleep(spec.seconds)
@@ -182,10 +183,17 @@ class Injector:
             if done:
                 return output
             tensor = output[0] if isinstance(output, (tuple, list)) else output
-            if getattr(tensor, "is_floating_point", lambda: False)():
-                done.append(True)
-                self._corrupt(spec, name, tensor.contiguous() if not tensor.is_contiguous() else tensor, step)
-            return output
+            if not getattr(tensor, "is_floating_point", lambda: False)():
+                return output
+            done.append(True)
+            if tensor.is_contiguous():
+                self._corrupt(spec, name, tensor, step)
+                return output
+            corrupted = tensor.contiguous()  # a copy (attention outputs are transposed views): return it instead
+            self._corrupt(spec, name, corrupted, step)
+            if isinstance(output, (tuple, list)):
+                return type(output)([corrupted, *output[1:]])
+            return corrupted
 
         return corrupt
 
