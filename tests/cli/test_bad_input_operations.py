@@ -112,6 +112,8 @@ BASE = {
     ("stack", "down"): ("--dir", "{d}/stack"),
     ("lab", "run"): ("--out", "{d}/lab", "--cases", "compute", "--seeds", "0"),
     ("lab", "score"): ("{d}/results.jsonl",),
+    ("lab", "corpus"): ("--out", "{d}/corpus", "--seeds", "0", "--steps", "100", "--models", "mlp",
+                        "--scenarios", "clean", "--workers", "1"),
     ("alerts",): ("--out", "{d}/alerts"),
     ("dashboards",): ("--out", "{d}/dashboards"),
     ("export",): ("--backend", "simulated", "--port", "0", "--addr", "127.0.0.1", "--simulated-gpus", "1",
