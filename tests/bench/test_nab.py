@@ -13,7 +13,8 @@ import pandas as pd
 import pytest
 
 from tests.data import data_dir, needs
-from trainhealth.lab.bench.nab import NabFile, load_corpus, scaled_sigmoid, score_corpus
+from trainhealth.detectors.spec import parse_item
+from trainhealth.lab.bench.nab import NabFile, detector_scores, load_corpus, scaled_sigmoid, score_corpus, split_score
 
 NAB = data_dir("nab")
 
@@ -79,7 +80,7 @@ def test_bench_nab_on_real_nab_files(tmp_path):
         shutil.copy(NAB / "data" / name, target)
     assert [len(f.windows) for f in load_corpus(tmp_path / "nab")] == [0, 4]  # sorted by name
     result = subprocess.run([str(Path(sys.executable).parent / "trainhealth"), "bench", "nab", "--data", str(tmp_path / "nab"),
-                             "--out", str(tmp_path / "out"), "--detector", "zscore(window=400,warmup=50)"],
+                             "--out", str(tmp_path / "out"), "--detector", "zscore(window=400,warmup=50)", "--split"],
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     written = tmp_path / "out" / "zscore" / "realKnownCause" / "zscore_machine_temperature_system_failure.csv"
@@ -89,3 +90,37 @@ def test_bench_nab_on_real_nab_files(tmp_path):
     line = next(line for line in result.stdout.splitlines() if line.startswith("zscore"))
     standard = float(line.split()[1])
     assert 0.0 <= standard <= 100.0
+    # the even half is the anomaly-free file: no threshold can be chosen there
+    assert line.split()[-4:] == ["insufficient", "data", "insufficient", "data"]
+
+
+def synthetic(name: str, length: int, spike: int, seed: int) -> tuple[NabFile, np.ndarray]:
+    """A noisy daily cycle with one spike, labelled with a window starting at it."""
+    rng = np.random.default_rng(seed)
+    values = np.round(10 + 3 * np.sin(np.arange(length) * 2 * np.pi / 96) + rng.normal(0, 0.5, length), 1)
+    values[spike] += 12.0
+    stamps = pd.Series(pd.date_range("2024-01-01", periods=length, freq="5min").astype(str))
+    return NabFile(name, stamps, values, ((spike, spike + length // 20),)), values
+
+
+def test_files_run_side_by_side_as_when_run_alone():
+    files = [synthetic(f"x/{i}.csv", length, spike, i)[0] for i, (length, spike) in
+             enumerate([(300, 200), (500, 420), (400, 250)])]
+    spec = parse_item("rarity(history=200,warmup=50)", "value")
+    together = detector_scores(files, spec)
+    for index, file in enumerate(files):
+        alone = detector_scores([file], spec)
+        for kind in (0, 1):  # events, points
+            np.testing.assert_array_equal(together[kind][index], alone[kind][0])
+    assert all(events[file.windows[0][0]] > 0.5 for file, events in zip(files, together[0]))
+
+
+def test_the_split_holds_the_threshold_out():
+    files = [synthetic(f"x/{i}.csv", 1500, 1000 + 50 * i, i)[0] for i in range(4)]
+    spec = parse_item("rarity(history=1000,warmup=100)", "value")
+    events, _ = detector_scores(files, spec)
+    split = split_score(files, events)
+    assert split.tuned > 90.0 and split.held_out > 90.0  # one spike per file, caught where it starts
+    # the held-out half does not choose its own threshold: above every odd-file score it scores 0
+    shifted = [scores if i % 2 == 0 else scores * 0.5 for i, scores in enumerate(events)]
+    assert split_score(files, shifted).held_out == 0.0

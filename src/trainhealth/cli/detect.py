@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 from pathlib import Path
 
@@ -18,7 +19,7 @@ __all__ = ["add_commands"]
 
 
 def _cmd_detect(args: argparse.Namespace) -> int:
-    from trainhealth.detectors.offline import DEFAULT_OFFLINE, SeriesError, detect, load_series
+    from trainhealth.detectors.offline import SeriesError, default_detectors, detect, load_series
     from trainhealth.detectors.spec import parse_item
 
     out = Path(args.out) if args.out else None
@@ -27,7 +28,8 @@ def _cmd_detect(args: argparse.Namespace) -> int:
         if same_file(out, Path(args.file)):
             raise UsageError(f"--out {args.out}: is the input file; name a new file")
     try:
-        specs = [parse_item(item, args.column) for item in args.detector or list(DEFAULT_OFFLINE)]
+        specs = ([parse_item(item, args.column) for item in args.detector] if args.detector
+                 else default_detectors(args.column))
     except ValueError as exc:
         raise UsageError(f"--detector: {exc}") from None
     try:
@@ -83,11 +85,23 @@ def _cmd_bench_nab(args: argparse.Namespace) -> int:
     names = list(PROFILES)
     print(f"NAB scores (0 = null detector, 100 = perfect), results in {args.out}")
     width = max(len(result.spec) for result in results) + 2
-    print(f"{'detector':<{width}}" + "".join(f"{name:>20}" for name in names) + f"{'standard, per point':>22}")
+    split_header = f"{'even files (tuned)':>20}{'odd files (held out)':>22}" if args.split else ""
+    print(f"{'detector':<{width}}" + "".join(f"{name:>20}" for name in names) + f"{'standard, per point':>22}"
+          + split_header)
     for result in results:
+        split = (f"{_split_figure(result.split.tuned):>20}{_split_figure(result.split.held_out):>22}"
+                 if args.split else "")
         print(f"{result.spec:<{width}}" + "".join(f"{result.events[name]:>20.1f}" for name in names)
-              + f"{result.points['standard']:>22.1f}")
+              + f"{result.points['standard']:>22.1f}" + split)
+    if args.split:
+        print("split: the standard profile's event scores; the threshold is chosen on the files at even positions "
+              "(sorted by name) and applied unchanged to those at odd positions")
     return 0
+
+
+def _split_figure(score: float) -> str:
+    """A split score, or what stands for one where the half has no anomaly window to score."""
+    return "insufficient data" if math.isnan(score) else f"{score:.1f}"
 
 
 def _check_nab_data(root: Path) -> None:
@@ -137,7 +151,9 @@ def add_commands(commands: argparse._SubParsersAction, parser_class: type) -> No
     detect_parser.add_argument("file", help="a .csv, .csv.gz or .parquet file")
     detect_parser.add_argument("--column", required=True, help="the column to watch")
     detect_parser.add_argument("--detector", action="append", metavar="SPEC",
-                               help="a detector (repeatable; default zscore, iqr, level_shift, nonfinite)")
+                               help="a detector (repeatable; default: the Monitor's detectors for a column named "
+                                    "loss, grad_norm, step_time, throughput or comm_duration, else "
+                                    "zscore(threshold=12), iqr(threshold=8) and nonfinite)")
     detect_parser.add_argument("--series-column", help="column naming the series (rank, GPU): watched side by side")
     detect_parser.add_argument("--time-column", help="column with the time or step of each row")
     detect_parser.add_argument("--out", help="also write the anomalies to this .csv or .json file")
@@ -154,5 +170,8 @@ def add_commands(commands: argparse._SubParsersAction, parser_class: type) -> No
     )
     nab.add_argument("--out", required=True, help="directory for the per-record results")
     nab.add_argument("--data", help="NAB data directory (default $TRAINHEALTH_NAB_DATA, ./data/nab or ../shared/data/nab)")
-    nab.add_argument("--detector", action="append", metavar="SPEC", help="a detector (repeatable; default: a set of five)")
+    nab.add_argument("--detector", action="append", metavar="SPEC", help="a detector (repeatable; default: a set of six)")
+    nab.add_argument("--split", action="store_true",
+                     help="also print the standard score on the even-position files (threshold chosen there) "
+                          "and on the odd-position files (that threshold, held out)")
     nab.set_defaults(handler=_cmd_bench_nab)

@@ -46,10 +46,11 @@ __all__ = [
     "TrainingSettings",
 ]
 
-#: The default ``detectors`` setting (syntax in trainhealth.detectors.spec).
+#: The default ``detectors`` setting (syntax in trainhealth.detectors.spec). The loss and gradient-norm
+#: thresholds were chosen on the calibration seeds of the real-run corpus (benchmarks/training_corpus.py).
 DEFAULT_DETECTORS = (
-    "loss=zscore(direction=up),spike,nonfinite;"
-    "grad_norm=zscore(direction=up),spike,nonfinite;"
+    "loss=divergence,zscore(direction=up,threshold=8),spike,nonfinite;"
+    "grad_norm=zscore(direction=up,threshold=12),spike,nonfinite;"
     "step_time=delta(min_consecutive=2),level_shift(direction=up,min_relative=0.25,threshold=16);"
     "throughput=level_shift(direction=down,min_relative=0.25,threshold=16);"
     "comm_duration=level_shift(direction=up,min_relative=1)"

@@ -16,12 +16,28 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from trainhealth.detectors.spec import WatchSpec, parse_spec
+from trainhealth.detectors.spec import DEFAULT_SPEC, WatchSpec, parse_item, parse_spec
 from trainhealth.detectors.watch import Anomaly, Watch
 
-__all__ = ["DEFAULT_OFFLINE", "detect", "load_series", "parse_spec"]
+__all__ = ["DEFAULT_OFFLINE", "default_detectors", "detect", "load_series", "parse_spec"]
 
-DEFAULT_OFFLINE = ("zscore", "iqr", "level_shift", "nonfinite")
+#: For a column that is none of the Monitor's signals. Quiet on healthy training signals: thresholds chosen on
+#: the calibration seeds of the real-run corpus (benchmarks/training_corpus.py); ``level_shift`` (both ways)
+#: fired on the loss's descent, and ``divergence`` on a gradient norm's rise during learning-rate warm-up.
+DEFAULT_OFFLINE = ("zscore(threshold=12)", "iqr(threshold=8)", "nonfinite")
+
+
+def default_detectors(column: str) -> list[WatchSpec]:
+    """What ``trainhealth detect`` runs on ``column`` when no detector is named: the Monitor's defaults for a
+    column named after one of its signals (``loss``, ``grad_norm``, ``step_time``, ...), else :data:`DEFAULT_OFFLINE`.
+
+    >>> [spec.detector.name for spec in default_detectors("loss")]
+    ['divergence', 'zscore', 'spike', 'nonfinite']
+    >>> [spec.detector.name for spec in default_detectors("queue_depth")]
+    ['zscore', 'iqr', 'nonfinite']
+    """
+    monitored = [spec for spec in parse_spec(DEFAULT_SPEC) if spec.signal == column]
+    return monitored or [parse_item(item, column) for item in DEFAULT_OFFLINE]
 
 
 class SeriesError(ValueError):

@@ -26,16 +26,26 @@ from collections.abc import Callable
 
 import numpy as np
 
-__all__ = ["LARGE", "RollingMoments", "RollingQuantiles", "default_refresh", "fill_zero"]
+__all__ = ["LARGE", "VERY_LARGE", "RollingMoments", "RollingQuantiles", "default_refresh", "fill_zero"]
 
 
-#: From this many series on, the quantile detectors re-sort their windows every other update.
+#: From this many series on, the quantile detectors re-sort their windows every other update ...
 LARGE = 1024
+#: ... and from this many on, every fourth: sorting 16,384 windows of 100 values takes 3-4 ms on a 2-core VM,
+#: and a quartile that lags by up to 3 of its window's 100 values judges a step no differently.
+VERY_LARGE = 8192
 
 
 def default_refresh(n_series: int, refresh: int | None) -> int:
-    """The ``refresh`` of a quantile detector: as given, else exact below :data:`LARGE` series and 2 from there."""
-    return refresh if refresh is not None else (1 if n_series < LARGE else 2)
+    """The ``refresh`` of a quantile detector: as given, else exact below :data:`LARGE` series, 2 from there and
+    4 from :data:`VERY_LARGE`.
+
+    >>> default_refresh(100, None), default_refresh(1024, None), default_refresh(16384, None), default_refresh(16384, 1)
+    (1, 2, 4, 1)
+    """
+    if refresh is not None:
+        return refresh
+    return 1 if n_series < LARGE else 2 if n_series < VERY_LARGE else 4
 
 
 def fill_zero(values: np.ndarray, fallback: Callable[[], np.ndarray]) -> np.ndarray:

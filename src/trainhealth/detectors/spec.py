@@ -20,7 +20,7 @@ a ``ValueError`` naming the parameter (``zscore(threshold=nan)`` included).
 >>> parse_spec("loss=zscor")
 Traceback (most recent call last):
 ...
-ValueError: unknown detector 'zscor' for loss; known: delta, iqr, level_shift, nonfinite, peer, robust_z, spike, stl, zscore
+ValueError: unknown detector 'zscor' for loss; known: bocpd, delta, divergence, iqr, level_shift, nonfinite, peer, rarity, robust_z, spike, stl, zscore
 """
 
 from __future__ import annotations
@@ -35,12 +35,15 @@ from typing import Any
 
 from trainhealth.config import DEFAULT_DETECTORS, ConfigError
 from trainhealth.detectors.base import Detector
+from trainhealth.detectors.bocpd import BOCPD
 from trainhealth.detectors.decision import Decision
 from trainhealth.detectors.delta import DeltaIrregularity
+from trainhealth.detectors.divergence import Divergence
 from trainhealth.detectors.iqr import IQR
 from trainhealth.detectors.level_shift import LevelShift
 from trainhealth.detectors.nonfinite import NonFinite
 from trainhealth.detectors.peer import PeerOutlier
+from trainhealth.detectors.rarity import Rarity
 from trainhealth.detectors.robust_z import RobustZ
 from trainhealth.detectors.spike import SpikeScore
 from trainhealth.detectors.stl import STLDetector
@@ -51,6 +54,7 @@ __all__ = ["DEFAULT_SPEC", "DETECTORS", "MAX_PARAMETER", "SIGNALS", "WatchSpec",
 
 DETECTORS: dict[str, type[Detector]] = {cls.name: cls for cls in (
     ZScore, RobustZ, IQR, STLDetector, DeltaIrregularity, SpikeScore, LevelShift, NonFinite, PeerOutlier,
+    Divergence, BOCPD, Rarity,
 )}
 
 #: Signals the Monitor and the collective logger feed to detectors.

@@ -26,7 +26,8 @@ opens and 0 elsewhere, what trainhealth reports — and ``points``, every record
 score. Scores are mapped to [0, 1) by ``score / (score + threshold)`` (0.5 at
 the detector's default threshold; still telling apart scores a million times it). The ``events`` scores are written in NAB's
 layout, ``<out>/<detector>/<category>/<detector>_<file>.csv`` with columns
-``timestamp, value, anomaly_score, label``.
+``timestamp, value, anomaly_score, label``. :func:`split_score` keeps a threshold
+choice honest: chosen on the files at even positions, judged on the others.
 """
 
 from __future__ import annotations
@@ -44,7 +45,8 @@ import pandas as pd
 from trainhealth.detectors.spec import WatchSpec, parse_item
 from trainhealth.detectors.watch import Watch
 
-__all__ = ["NAB_DETECTORS", "PROFILES", "NabFile", "NabResult", "load_corpus", "run_nab", "score_corpus", "scaled_sigmoid"]
+__all__ = ["NAB_DETECTORS", "PROFILES", "NabFile", "NabResult", "SplitScore", "load_corpus", "run_nab", "score_corpus",
+           "scaled_sigmoid", "split_score"]
 
 #: The detectors run by ``trainhealth bench nab`` by default, with NAB-sized windows.
 NAB_DETECTORS = (
@@ -53,6 +55,7 @@ NAB_DETECTORS = (
     "iqr(window=1000,warmup=50)",
     "level_shift(window=400,warmup=100)",
     "stl(window=576,refit_every=96)",
+    "rarity(history=8192,threshold=6,cooldown=50,max_protected_share=0.02)",  # decides at 3 (half of 6); chosen on even files
 )
 
 #: NAB's scoring profiles (config/profiles.json): weights of true/false positives and negatives.
@@ -156,26 +159,70 @@ def score_corpus(files: Sequence[NabFile], scores: Sequence[np.ndarray], profile
     return 100.0 * (best - null) / (perfect - null), best_threshold
 
 
-def detector_scores(file: NabFile, spec: WatchSpec) -> tuple[np.ndarray, np.ndarray]:
-    """(events, points): the detector's scores over one file, mapped to [0, 1) (0 where it had no verdict).
+def detector_scores(files: Sequence[NabFile], spec: WatchSpec) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """(events, points) per file: the detector's scores, mapped to [0, 1) (0 where it had no verdict).
 
-    ``events`` keeps the score only where an event opened; ``points`` keeps every record's.
+    ``events`` keeps the score only where an event opened; ``points`` keeps every record's. The files
+    run side by side as the series of one detector (each series' state is its own), padded with NaN,
+    which no detector learns or judges, after a file's last record.
     """
     decision = replace(spec, threshold=spec.threshold / 2).decision()
-    watch = Watch(spec.signal, spec.detector.clone(), decision=decision)
-    points, events = np.zeros(len(file.values)), np.zeros(len(file.values))
-    for index, value in enumerate(file.values):
-        update = watch.update([value], step=index, time=float(index))
-        score = update.scores[0]
-        points[index] = 0.0 if not np.isfinite(score) else score / (score + spec.threshold)
-        if update.opened:
-            events[index] = points[index]
-    return events, points
+    watch = Watch(spec.signal, spec.detector.clone(), decision=decision, series=[str(i) for i in range(len(files))])
+    lengths = [len(file.values) for file in files]
+    values = np.full((max(lengths), len(files)), np.nan)
+    for column, file in enumerate(files):
+        values[: len(file.values), column] = file.values
+    points, events = np.zeros_like(values), np.zeros_like(values)
+    for index, row in enumerate(values):
+        update = watch.update(row, step=index, time=float(index))
+        scores = update.scores
+        with np.errstate(invalid="ignore"):
+            points[index] = np.where(np.isfinite(scores), scores / (scores + spec.threshold), 0.0)
+        opened = [int(anomaly.series) for anomaly in update.opened]
+        events[index, opened] = points[index, opened]
+    return ([events[:length, column] for column, length in enumerate(lengths)],
+            [points[:length, column] for column, length in enumerate(lengths)])
+
+
+@dataclass(frozen=True)
+class SplitScore:
+    """A threshold chosen on half the corpus and judged on the other half (standard profile).
+
+    ``tuned`` is the score on the files at even positions (sorted by name) with the threshold
+    NAB's rule picks there; ``held_out`` the score on the files at odd positions with that
+    same threshold, so no choice saw them. A half without anomaly windows cannot be scored (NaN:
+    insufficient data), nor can a threshold be chosen on it.
+    """
+
+    tuned: float
+    held_out: float
+    threshold: float
+
+
+def split_score(files: Sequence[NabFile], scores: Sequence[np.ndarray], profile: str = "standard") -> SplitScore:
+    """The threshold chosen on the even-position files, scored on the odd-position ones.
+
+    >>> import pandas as pd
+    >>> stamps = pd.Series(pd.date_range("2024-01-01", periods=100, freq="5min").astype(str))
+    >>> files = [NabFile(f"x/{i}.csv", stamps, np.zeros(100), ((50, 59),)) for i in range(4)]
+    >>> scores = [np.where(np.arange(100) == (50 if i % 2 == 0 else 90), 0.9, 0.0) for i in range(4)]
+    >>> result = split_score(files, scores)  # caught in the even files, false positives in the odd ones
+    >>> round(result.tuned), round(result.held_out)
+    (100, 0)
+    """
+    even, odd = files[0::2], files[1::2]
+    if not any(file.windows for file in even):
+        return SplitScore(math.nan, math.nan, math.nan)
+    tuned, threshold = score_corpus(even, scores[0::2], profile)
+    if not any(file.windows for file in odd):
+        return SplitScore(tuned, math.nan, threshold)
+    return SplitScore(tuned, score_corpus(odd, scores[1::2], profile, thresholds=[threshold])[0], threshold)
 
 
 @dataclass(frozen=True)
 class NabResult:
-    """Normalised scores per profile, for event-level and point-level anomaly scores.
+    """Normalised scores per profile, for event-level and point-level anomaly scores, and the
+    standard profile's split of the event-level scores into tuned and held-out halves.
 
     ``detector`` names the results directory; ``spec`` is the detector as given.
     """
@@ -184,6 +231,7 @@ class NabResult:
     spec: str
     events: dict[str, float]
     points: dict[str, float]
+    split: SplitScore
 
 
 def run_nab(root: str | os.PathLike[str], out: str | os.PathLike[str],
@@ -201,11 +249,8 @@ def run_nab(root: str | os.PathLike[str], out: str | os.PathLike[str],
             name = f"{spec.detector.name}_{suffix}"
             suffix += 1
         used.add(name)
-        event_scores, point_scores = [], []
-        for file in files:
-            events, points = detector_scores(file, spec)
-            event_scores.append(events)
-            point_scores.append(points)
+        event_scores, point_scores = detector_scores(files, spec)
+        for file, events in zip(files, event_scores):
             category, csv_name = file.name.split("/")
             target = out / name / category / f"{name}_{csv_name}"
             target.parent.mkdir(parents=True, exist_ok=True)
@@ -215,5 +260,6 @@ def run_nab(root: str | os.PathLike[str], out: str | os.PathLike[str],
             name, item,
             {profile: score_corpus(files, event_scores, profile)[0] for profile in PROFILES},
             {profile: score_corpus(files, point_scores, profile)[0] for profile in PROFILES},
+            split_score(files, event_scores),
         ))
     return results
