@@ -31,8 +31,9 @@ __all__ = ["LARGE", "VERY_LARGE", "RollingMoments", "RollingQuantiles", "default
 
 #: From this many series on, the quantile detectors re-sort their windows every other update ...
 LARGE = 1024
-#: ... and from this many on, every fourth: sorting 16,384 windows of 100 values takes 3-4 ms on a 2-core VM,
-#: and a quartile that lags by up to 3 of its window's 100 values judges a step no differently.
+#: ... and from this many on, every fourth: the sort is most of a quantile detector's time at that size
+#: (benchmarks/detector_throughput.py), and a quartile that lags by up to 3 of its window's 100 values judges
+#: a step no differently.
 VERY_LARGE = 8192
 
 
