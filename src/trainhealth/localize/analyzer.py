@@ -154,7 +154,8 @@ class Analyzer:
                 else:
                     self.store.set(spec, float(value), labels)
         self._published = set(current)
-        ranks = {(str(row["rank"]),): row for row in result.details.get("compute_and_wait", [])}
+        ranks = {(str(row["rank"]),): row for row in result.details.get("compute_and_wait", [])
+                 if row["compute_seconds"] is not None}
         for labels in self._ranks - set(ranks):
             self.store.remove(catalog.ANALYSIS_RANK_COMPUTE, labels)
             self.store.remove(catalog.ANALYSIS_RANK_WAIT, labels)

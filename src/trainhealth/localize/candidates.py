@@ -11,7 +11,11 @@ import numpy as np
 from trainhealth.localize.evidence import Evidence
 from trainhealth.localize.segments import Stretch
 
-__all__ = ["Candidate", "Thresholds", "best", "ranks_text", "row_noise", "steps_text", "stretch_effect"]
+__all__ = ["BLAMABLE_SHAPES", "Candidate", "Thresholds", "best", "ranks_text", "row_noise", "steps_text", "stretch_effect"]
+
+
+#: the shapes of slowness that blame a device (a measured intermittent fault is recurrent too)
+BLAMABLE_SHAPES = frozenset({"persistent", "throughout", "recurrent", "intermittent"})
 
 
 @dataclass(frozen=True)
@@ -34,6 +38,11 @@ class Thresholds:
     explain_share: float = 0.6  # a host or switch explains a NIC when its excess is this share of the NIC's
     explain_z: float = 20.0  # a GPU this clearly slow explains its own slow transfers (its peers waited in them)
     max_suspects: int = 5
+    rarity: float = 1.5  # a slow stretch blames only when no other member of the run reaches 1/rarity of it
+    recurrent_episodes: int = 3  # episodes of the same member that make a recurrent fault
+    false_blame: float = 0.01  # chance of naming a recurrent member in a healthy run
+    power_steps: int = 10  # detection power is stated for a member slow in this many last steps
+    max_hidden: float = 1.5  # "healthy" needs a member this many times slower (power_steps steps) to be blamed
     straggler_z: float = 6.0  # measured traces (step markers, arrivals): z of a rank's busy time over its peers'
     path_z: float = 6.0  # measured traces: z of a communicator's transfer time over its own usual
 
@@ -43,6 +52,14 @@ class Thresholds:
                 raise ValueError(f"{name} must be positive and finite")
         if not 0 < self.decay <= 1:
             raise ValueError("decay must be in (0, 1]")
+        if not 1 <= self.rarity < math.inf:
+            raise ValueError("rarity must be finite and at least 1")
+        if not 0 < self.false_blame < 1:
+            raise ValueError("false_blame must be in (0, 1)")
+        if not 1 < self.max_hidden < math.inf:
+            raise ValueError("max_hidden must be finite and above 1")
+        if self.recurrent_episodes < 2 or self.power_steps < 2:
+            raise ValueError("recurrent_episodes and power_steps must be at least 2")
 
 
 @dataclass(frozen=True)
@@ -59,6 +76,13 @@ class Candidate:
     # transfers, measured (busy time from step markers and arrivals), measured-path, probe
     slowdown: float | None = None  # how many times longer it computes / transfers take (measured path)
     since: int | None = None  # the trace step the slowness began (measured path; None: throughout the window)
+    shape: str = "persistent"  # persistent, throughout, recurrent: a fault; transient, ordinary: an event
+
+    @property
+    def blamable(self) -> bool:
+        """A persistent, whole-window or recurrent slowness blames its device; a transient excursion, or one
+        that healthy members of the run show too (ordinary), is an event (:mod:`.excursions`)."""
+        return self.shape in BLAMABLE_SHAPES
 
     def strength(self, thresholds: Thresholds) -> float:
         """z over the threshold of its basis: 1 or more blames it."""

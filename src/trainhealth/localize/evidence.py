@@ -7,8 +7,9 @@ Three kinds of evidence, following Holmes's reading of collective timings:
   other data-parallel replicas) and to the rank's own other steps, averaged per
   rank and step with outliers such as GC pauses left out. A slow GPU is slow
   against its peers and its own past. Traces of collectives alone have no
-  compute records: then a rank's compute in a step is the time its records span
-  minus the time it spent inside collectives (waiting included).
+  compute records: then a rank's compute in a step is the time from the end of
+  its previous step's records to the end of this step's, minus the time it spent
+  inside collectives (waiting included).
 * **Who arrived last**: a collective ends for all members at once, so the
   member that arrived last waited least (Holmes's straggler rule): per rank, the
   share of its collectives it was last to, for the evidence text.
@@ -126,8 +127,12 @@ def gather_evidence(records: pd.DataFrame, hosts: Mapping[int, str] | None = Non
         rows = instances.rows[~op.among(("send",))[instances.rows]]
         in_collectives = covered(rank_code[rows] * n_steps + step_code[rows], start[rows], duration[rows],
                                   n_ranks * n_steps)
-        busy = np.maximum(span.reshape(-1) - in_collectives, 0.0)
-        cells = np.flatnonzero(np.isfinite(busy) & np.isfinite(span.reshape(-1)))
+        # a step computes, then communicates: from the end of the rank's previous step to the end of this one,
+        # so the compute before a step's first collective counts (the first step has no earlier end)
+        iteration = np.full((n_ranks, n_steps), np.nan)
+        iteration[:, 1:] = (first + span)[:, 1:] - (first + span)[:, :-1]
+        busy = np.maximum(iteration.reshape(-1) - in_collectives, 0.0)
+        cells = np.flatnonzero(np.isfinite(busy))
         compute, compute_change, compute_seconds = _compute(
             cells // n_steps, cells % n_steps, np.full(len(cells), "compute", dtype=object), first.reshape(-1)[cells],
             busy[cells], peer_of, replica_of, n_ranks, n_steps)

@@ -12,6 +12,7 @@ propagated to it).
 
 from __future__ import annotations
 
+import math
 import warnings
 
 import numpy as np
@@ -25,13 +26,26 @@ from trainhealth.localize.candidates import (
     stretch_effect,
 )
 from trainhealth.localize.evidence import Evidence
+from trainhealth.localize.excursions import (
+    largest_elsewhere,
+    recurrent_members,
+    shape_of,
+)
 from trainhealth.localize.segments import (
     level,
     strongest_robust_stretch,
     strongest_stretch,
 )
 
-__all__ = ["gpu_candidates"]
+__all__ = ["gpu_candidates", "gpu_noise"]
+
+
+def gpu_noise(evidence: Evidence, thresholds: Thresholds) -> float:
+    """One step's standard deviation of a rank's compute against its own usual, as the scan judges it."""
+    noise = row_noise(evidence.compute_change, thresholds.min_compute_effect / 4)
+    if evidence.compute_derived:
+        return float(np.median(np.maximum(noise, _step_noise(evidence.compute_change))))
+    return noise
 
 
 def gpu_candidates(evidence: Evidence, thresholds: Thresholds) -> list[Candidate]:
@@ -65,8 +79,41 @@ def gpu_candidates(evidence: Evidence, thresholds: Thresholds) -> list[Candidate
         if _echo(start, stop, effect, stronger, change.shape[1]):
             continue  # it changed when a far slower GPU did: the irregularity propagated to it
         stronger.append((start, stop, effect))
-        text = _gpu_evidence(evidence, index, basis, start, stop, effect, float(z[index]))
-        out.append(Candidate("gpu", f"gpu:rank-{rank}", (rank,), evidence.hosts.get(rank), float(z[index]), text, basis))
+        shape = "throughout" if not partial else shape_of(change[index], start, stop)
+        if shape != "transient":
+            elsewhere = (float(np.delete(whole.effect, index).max(initial=0.0)) if not partial
+                         else largest_elsewhere(change, index, stop - start))
+            shape = shape if effect >= thresholds.rarity * elsewhere else "ordinary"
+        text = _gpu_evidence(evidence, index, basis, start, stop, effect, float(z[index]), shape)
+        out.append(Candidate("gpu", f"gpu:rank-{rank}", (rank,), evidence.hosts.get(rank), float(z[index]), text, basis,
+                             math.exp(effect), None if not partial else int(evidence.steps[start]), shape))
+    return out + _recurrent(evidence, change, noise, threshold, thresholds, basis, {c.ranks[0] for c in out
+                                                                                    if c.blamable})
+
+
+def _recurrent(evidence: Evidence, change: np.ndarray, noise: float, threshold: float, thresholds: Thresholds,
+               basis: str, blamed: set[int]) -> list[Candidate]:
+    """GPUs slow in episode after episode (:func:`.excursions.recurrent_members`), each episode alone an event."""
+    level = max(thresholds.min_compute_effect, 4.0 * noise)
+    out = []
+    for index, found in recurrent_members(change, level, thresholds.recurrent_episodes, thresholds.false_blame,
+                                          thresholds.min_length - 1).items():
+        rank = int(evidence.ranks[index])
+        if rank in blamed:
+            continue
+        slow = np.zeros(change.shape[1], dtype=bool)
+        for start, stop in found:
+            slow[start:stop] = True
+        effect = float(np.nanmedian(change[index, slow]))
+        z = effect / noise * math.sqrt(slow.sum()) / 2.0  # discounted: the episodes are the row's largest values
+        if z < threshold:
+            continue
+        where = ", ".join(f"{evidence.steps[a]}-{evidence.steps[b - 1]}" for a, b in found[:6])
+        text = (f"computes {math.exp(effect):.2f}x as long as usual in {len(found)} separate episodes (steps {where}"
+                f"{', ...' if len(found) > 6 else ''}; z={z:.1f}), far more than episodes falling on random GPUs of "
+                f"this run would give one GPU: a recurrent fault")
+        out.append(Candidate("gpu", f"gpu:rank-{rank}", (rank,), evidence.hosts.get(rank), z, text, basis,
+                             math.exp(effect), int(evidence.steps[found[0][0]]), "recurrent"))
     return out
 
 
@@ -90,14 +137,23 @@ def _shared_by(change: np.ndarray, group_of: np.ndarray, index: int, start: int,
     return stretch_effect(change[peers], start, stop)
 
 
-def _gpu_evidence(evidence: Evidence, index: int, what: str, start: int, stop: int, effect: float, z: float) -> str:
+def _gpu_evidence(evidence: Evidence, index: int, what: str, start: int, stop: int, effect: float, z: float,
+                  shape: str = "persistent") -> str:
     steps = steps_text(evidence, start, stop)
     if what == "compute":
         head = f"computes {np.exp(effect):.2f}x as long as its data-parallel peers {steps}"
     else:
         head = f"spends {np.exp(effect):.2f}x as long outside collectives (computing) as its peers {steps}"
-    return (f"{head} (z={z:.1f}); its collectives look normal while its peers wait for it "
+    text = (f"{head} (z={z:.1f}); its collectives look normal while its peers wait for it "
             f"(last to arrive in {evidence.last_share[index]:.0%} of them)")
+    return text + _SHAPE_NOTE.get(shape, "")
+
+
+#: what an event's evidence adds: why it pages nobody
+_SHAPE_NOTE = {
+    "transient": "; it came and went: an event, not a faulty device",
+    "ordinary": "; other GPUs of this run went as far for as long: an event, not a faulty device",
+}
 
 
 def _step_noise(values: np.ndarray) -> np.ndarray:

@@ -65,6 +65,8 @@ def infer_steps(records: pd.DataFrame) -> Iterations:
     periods: dict[int, int] = {}
     boundaries = np.flatnonzero(np.r_[True, ranks[1:] != ranks[:-1], True])
     starts = communication["start"].to_numpy(dtype=np.float64)
+    ends = starts + communication["duration"].to_numpy(dtype=np.float64)
+    patterns: dict[int, tuple[int, int, int, tuple[int, ...] | None]] = {}  # rank -> (begin, period, phase, split)
     for begin, end in zip(boundaries[:-1], boundaries[1:]):
         rank = int(ranks[begin])
         # collectives of one kind and size (DDP's equal buckets) repeat every collective: the long pause before
@@ -75,11 +77,19 @@ def infer_steps(records: pd.DataFrame) -> Iterations:
         if period is None:
             return Iterations(None, {}, f"rank {rank}'s {end - begin} collectives do not repeat in a pattern "
                                         f"(no step markers: record steps with trainhealth.Monitor or mon.step())")
-        periods[rank] = period
         # a step begins where the pauses fall (collectives before the first one, at set-up, join step 0)
         phase = int(np.argmax([pauses[offset::period].sum() for offset in range(period)])) if paced else 0
-        position = np.arange(end - begin)
-        steps[begin:end] = np.where(position >= phase, (position - phase) // period + (1 if phase else 0), 0)
+        split = _iterations_in_period(signature[begin:end], starts[begin:end], ends[begin:end], period, phase)
+        patterns[rank] = (int(begin), period, phase, split)
+    # a period of several iterations (an explicit loop with a barrier every k-th) is split where its iterations
+    # begin, when every rank agrees on how many it holds
+    splits = {len(split) if split else 1 for _, _, _, split in patterns.values()}
+    for rank, (begin, period, phase, split) in patterns.items():
+        firsts = split if split and len(splits) == 1 else (0,)
+        periods[rank] = period
+        position = np.arange(int(np.sum(ranks == rank)))
+        begins = (position >= phase) & np.isin((position - phase) % period, firsts)
+        steps[begin:begin + len(position)] = np.maximum(np.cumsum(begins) - (0 if phase else 1), 0)
     counts = pd.Series(steps).groupby(ranks).max() + 1
     if counts.max() - counts.min() > 1:
         return Iterations(None, periods, f"the ranks' inferred iteration counts differ ({counts.min()}-{counts.max()}): "
@@ -87,6 +97,36 @@ def infer_steps(records: pd.DataFrame) -> Iterations:
     out = communication.copy()
     out["step"] = steps
     return Iterations(out.reset_index(drop=True), periods)
+
+
+def _iterations_in_period(signature: np.ndarray, starts: np.ndarray, ends: np.ndarray, period: int,
+                          phase: int) -> tuple[int, ...] | None:
+    """Where, within one period of the pattern, iterations begin when it holds several: the positions after
+    which the rank computes (idle between collectives) in every period, when they cut it into parts of about
+    the same length in time that begin with the same collective. None when the period is one iteration (DDP's
+    buckets: different sizes, parts of unequal length).
+
+    >>> starts = np.array([0.0, 1.0, 1.01, 2.0, 3.0, 3.01, 4.0, 5.0, 5.01, 6.0, 7.0, 7.01])  # AR | AR B | ...
+    >>> _iterations_in_period(np.tile([0, 0, 1], 4), starts, starts + 0.005, period=3, phase=0)
+    (0, 1)
+    """
+    repeats = (len(starts) - phase) // period
+    if period < 2 or repeats < _MIN_REPEATS:
+        return None
+    reach = np.maximum.accumulate(ends)
+    idle = np.maximum(starts - np.r_[-np.inf, reach[:-1]], 0.0)[phase:phase + repeats * period].reshape(repeats, period)
+    typical = np.median(idle[1:] if repeats > 1 else idle, axis=0)  # the first period may hold set-up time
+    if not np.isfinite(typical).all() or typical.max() <= 0:
+        return None
+    firsts = np.flatnonzero(typical >= 0.5 * typical.max())
+    if len(firsts) < 2 or firsts[0] != 0 or len(set(signature[phase + firsts].tolist())) > 1:
+        return None
+    began = starts[phase:phase + repeats * period].reshape(repeats, period)
+    edges = np.c_[began[:-1, firsts], began[1:, :1]]
+    lengths = np.median(np.diff(edges, axis=1), axis=0)
+    if lengths.min() <= 0 or lengths.max() > 1.5 * lengths.min():
+        return None
+    return tuple(int(f) for f in firsts)
 
 
 def _after_pause(starts: np.ndarray) -> np.ndarray:

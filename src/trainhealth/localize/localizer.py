@@ -43,11 +43,12 @@ import pandas as pd
 from trainhealth.knowledge.advice import advice_for
 from trainhealth.localize.candidates import Candidate, Thresholds
 from trainhealth.localize.evidence import gather_evidence
-from trainhealth.localize.gpus import gpu_candidates
+from trainhealth.localize.gpus import gpu_candidates, gpu_noise
 from trainhealth.localize.imbalance import imbalance_reasons
 from trainhealth.localize.iterations import needs_inference
 from trainhealth.localize.measured import MIN_STEPS, analyze_measured
 from trainhealth.localize.paths import path_candidates
+from trainhealth.localize.power import Power, detection_power, uncovered_ranks
 from trainhealth.localize.result import LocalizationResult, Suspect
 from trainhealth.traces.topology import Topology
 
@@ -63,6 +64,8 @@ class Analysis:
     irregular_steps: tuple[int, ...]
     details: dict[str, Any]
     insufficient: str | None = None  # why the window cannot support a verdict
+    power: Power | None = None  # what the window could have seen (None: not measured)
+    uncovered: tuple[int, ...] = ()  # ranks without measurements in most of the window
 
 
 def localize(records: pd.DataFrame, topology: Topology | Mapping[str, Any] | None = None,
@@ -110,7 +113,8 @@ def _measured(records: pd.DataFrame, topology: Topology | None, thresholds: Thre
     details = dict(found.details)
     if topology is not None and topology.simulated:
         details["simulated"] = True
-    return Analysis(found.candidates, found.imbalance, found.irregular_steps, details, found.insufficient)
+    return Analysis(found.candidates, found.imbalance, found.irregular_steps, details, found.insufficient,
+                    found.power, found.uncovered)
 
 
 def _with_probe(analysis: Analysis, probe: Any) -> Analysis:
@@ -152,28 +156,90 @@ def _recorded(records: pd.DataFrame, topology: Topology | None, thresholds: Thre
         details["simulated"] = True
     if network_notes:
         details["notes"] = network_notes
-    return Analysis(tuple(candidates), tuple(imbalance_reasons(evidence, thresholds)), irregular, details)
+    threshold = thresholds.collectives_z if evidence.compute_derived else thresholds.gpu_z
+    power = detection_power(evidence.compute_change, gpu_noise(evidence, thresholds), threshold,
+                            thresholds.min_compute_effect, thresholds.rarity, thresholds.power_steps)
+    uncovered = uncovered_ranks(evidence.ranks, evidence.compute, _members(topology))
+    return Analysis(tuple(candidates), tuple(imbalance_reasons(evidence, thresholds)), irregular, details, None,
+                    power, uncovered)
+
+
+def _members(topology: Topology | None) -> set[int] | None:
+    """Every rank the topology names (group members), or None without one."""
+    if topology is None or not topology.groups:
+        return None
+    return {int(r) for members in topology.groups.values() for r in members}
 
 
 def decide(analysis: Analysis, thresholds: Thresholds) -> LocalizationResult:
-    """The verdict: the strongest candidate over its threshold, else imbalance, else healthy; "insufficient
-    data" with the reason when the window cannot tell."""
+    """The verdict: the strongest fault over its threshold, else imbalance, else healthy when the window could
+    have seen a fault (:mod:`.power`); "insufficient data" with the reason when it cannot tell.
+
+    A persistent, whole-window or recurrent slowness blames its device; a transient excursion, or one that
+    healthy members of the run show too, is an event with its steps (``events``), never a suspect. Near
+    misses (half the threshold or more) are listed apart (``near_misses``), never as suspects.
+    """
     if analysis.insufficient is not None:
         details = {**analysis.details, "reasons": [analysis.insufficient]}
         return LocalizationResult("insufficient_data", (), (), advice_for("insufficient_data"), details)
     ranked = sorted(analysis.candidates, key=lambda c: c.strength(thresholds), reverse=True)
-    if ranked and ranked[0].strength(thresholds) >= 1.0:
-        verdict = "compute" if ranked[0].kind == "gpu" else "communication"
-        # the recorded path lists near misses too; the measured path only what passes its threshold (a healthy
-        # rank beside the culprit, however close, is not a suspect)
-        suspects = tuple(_suspect(c, thresholds) for c in ranked[: thresholds.max_suspects]
-                         if c.strength(thresholds) >= (1.0 if c.basis.startswith("measured") else 0.5))
-        reasons: list[str] = []
-    else:
-        verdict = "imbalance" if analysis.imbalance else "healthy"
-        suspects, reasons = (), list(analysis.imbalance)
-    details = {**analysis.details, "reasons": reasons}
-    return LocalizationResult(verdict, suspects, analysis.irregular_steps, advice_for(verdict), details)
+    faults = [c for c in ranked if c.blamable and c.strength(thresholds) >= 1.0]
+    events = [c for c in ranked if not c.blamable and c.strength(thresholds) >= 1.0]
+    near = [c for c in ranked if c.blamable and 0.5 <= c.strength(thresholds) < 1.0]
+    details = dict(analysis.details)
+    if events:
+        details["events"] = [_event(c) for c in events[: thresholds.max_suspects]]
+    if near:
+        details["near_misses"] = [{"component": c.component, "strength": round(c.strength(thresholds), 3)}
+                                  for c in near[: thresholds.max_suspects]]
+    if analysis.power is not None:
+        details["power"] = analysis.power.to_dict()
+    if analysis.uncovered:
+        details["uncovered_ranks"] = list(analysis.uncovered)
+    if faults:
+        verdict = "compute" if faults[0].kind == "gpu" else "communication"
+        suspects = tuple(_suspect(c, thresholds) for c in faults[: thresholds.max_suspects])
+        return LocalizationResult(verdict, suspects, analysis.irregular_steps, advice_for(verdict),
+                                  {**details, "reasons": []})
+    if analysis.imbalance and not events:  # one device's excursion moves its replica too: no uneven work
+        return LocalizationResult("imbalance", (), analysis.irregular_steps, advice_for("imbalance"),
+                                  {**details, "reasons": list(analysis.imbalance)})
+    unseen = _unseen(analysis, events, thresholds)
+    if unseen is not None or analysis.power is None:
+        return LocalizationResult("insufficient_data", (), analysis.irregular_steps, advice_for("insufficient_data"),
+                                  {**details, "reasons": [unseen or "no detection power to state"]})
+    return LocalizationResult("healthy", (), analysis.irregular_steps, advice_for("healthy"),
+                              {**details, "reasons": [f"healthy: {analysis.power.sentence()}"]})
+
+
+def _unseen(analysis: Analysis, events: list[Candidate], thresholds: Thresholds) -> str | None:
+    """Why the window cannot be called healthy, or None when it can."""
+    if analysis.uncovered:
+        shown = ", ".join(map(str, analysis.uncovered[:8])) + (", ..." if len(analysis.uncovered) > 8 else "")
+        return (f"rank{'s' if len(analysis.uncovered) > 1 else ''} {shown} measured in fewer than half of the "
+                f"window's steps (no records, or no step markers where other ranks have them): record every rank "
+                f"with the same tools (trainhealth.Monitor or trainhealth.comm on each)")
+    ongoing = [c for c in events if c.shape == "ordinary"]  # slow to the window's end, like the run's noise
+    if ongoing:
+        since = f"since step {ongoing[0].since}" if ongoing[0].since is not None else "all window"
+        return (f"{ongoing[0].component} is {ongoing[0].slowdown or 0:.2f}x slow {since}, and other members of this "
+                f"run went as far for as long: too soon to tell a fault from this run's noise")
+    if analysis.power is None:
+        return "the window's noise could not be measured: no detection power to state"
+    if analysis.power.slowdown > thresholds.max_hidden:
+        return (f"too noisy to call healthy: only {analysis.power.sentence().replace(' would have', ', or more, would have')}; "
+                f"a longer window (more steps) or steadier timings are needed")
+    return None
+
+
+def _event(candidate: Candidate) -> dict[str, Any]:
+    out: dict[str, Any] = {"component": candidate.component, "kind": candidate.kind, "ranks": list(candidate.ranks),
+                           "shape": candidate.shape, "evidence": candidate.evidence}
+    if candidate.slowdown is not None:
+        out["slowdown"] = round(candidate.slowdown, 4)
+    if candidate.since is not None:
+        out["since_step"] = candidate.since
+    return out
 
 
 def _suspect(candidate: Candidate, thresholds: Thresholds) -> Suspect:

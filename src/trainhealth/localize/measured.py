@@ -20,7 +20,13 @@ import pandas as pd
 from trainhealth.localize.candidates import Candidate, Thresholds
 from trainhealth.localize.iterations import infer_steps, needs_inference
 from trainhealth.localize.links import LinkSettings, find_slow_paths
-from trainhealth.localize.stragglers import Straggler, StragglerSettings, find_stragglers
+from trainhealth.localize.power import Power, detection_power, uncovered_ranks
+from trainhealth.localize.segments_scan import burst_factor
+from trainhealth.localize.stragglers import (
+    Straggler,
+    StragglerSettings,
+    find_stragglers,
+)
 from trainhealth.localize.waits import Measured, measure
 from trainhealth.traces.topology import Topology
 
@@ -46,6 +52,8 @@ class MeasuredAnalysis:
     irregular_steps: tuple[int, ...]
     details: dict[str, Any]
     insufficient: str | None = None  # why the window cannot support a verdict
+    power: Power | None = None  # what the window could have seen
+    uncovered: tuple[int, ...] = ()  # ranks without measurements in most of the window
 
 
 def analyze_measured(records: pd.DataFrame, topology: Topology | None, thresholds: Thresholds) -> MeasuredAnalysis:
@@ -71,9 +79,16 @@ def analyze_measured(records: pd.DataFrame, topology: Topology | None, threshold
     if not measured.groups:
         return MeasuredAnalysis((), (), (), details, "no collective has two or more members in the trace: there are "
                                                      "no peers to compare ranks with")
-    found, compute_noise = find_stragglers(measured, StragglerSettings(z=thresholds.straggler_z))
+    settings = StragglerSettings(z=thresholds.straggler_z, rarity=thresholds.rarity)
+    found, compute_noise = find_stragglers(measured, settings)
+    # the power of the stretch scan: its noise is the per-step noise discounted by the run's burstiness
+    stretch_noise = compute_noise * burst_factor(measured.relative, compute_noise, settings.min_length)
+    power = detection_power(measured.relative, stretch_noise, settings.z, settings.min_effect, settings.rarity,
+                            thresholds.power_steps)
+    expected = {int(r) for members in topology.groups.values() for r in members} if topology and topology.groups else None
+    uncovered = uncovered_ranks(measured.ranks, measured.busy, expected)
     candidates = [Candidate("gpu", f"gpu:rank-{s.rank}", (s.rank,), measured.hosts.get(s.rank), s.z, s.evidence,
-                            "measured", math.exp(s.effect), None if s.shape == "throughout" else s.steps[0])
+                            "measured", math.exp(s.effect), None if s.shape == "throughout" else s.steps[0], s.shape)
                   for s in found]
     paths, transfer_noise = find_slow_paths(measured, LinkSettings(z=thresholds.path_z))
     blamed = [s for s in found if s.z >= thresholds.straggler_z]
@@ -89,13 +104,15 @@ def analyze_measured(records: pd.DataFrame, topology: Topology | None, threshold
             continue
         candidates.append(Candidate("link", path.component, path.ranks,
                                     measured.hosts.get(path.ranks[0]) if len(path.ranks) == 1 else None, path.z,
-                                    path.evidence, "measured-path", math.exp(path.effect), path.since))
+                                    path.evidence, "measured-path", math.exp(path.effect), path.since,
+                                    "throughout" if path.since is None else "persistent"))
     if notes:
         details["notes"] = notes
     details["noise"] = {"compute_per_step": round(compute_noise, 4), "transfer_per_step": round(transfer_noise, 4)}
     details["compute_and_wait"] = _compute_and_wait(measured)
     irregular = _irregular_steps(measured)
-    return MeasuredAnalysis(tuple(candidates), tuple(_imbalance(measured)), irregular, details)
+    return MeasuredAnalysis(tuple(candidates), tuple(_imbalance(measured)), irregular, details, None, power,
+                            uncovered)
 
 
 def _same_time(straggler: Straggler, since: int | None, steps: np.ndarray) -> bool:
@@ -124,12 +141,14 @@ def _median(values: np.ndarray) -> float:
 
 
 def _compute_and_wait(measured: Measured) -> list[dict[str, Any]]:
-    """Per rank: median seconds per step busy (computing) and waiting for others, the live view's columns."""
+    """Per rank: median seconds per step busy (computing) and waiting for others, the live view's columns; None
+    for a rank whose steps were not measured (no step markers on it while others have them), never 0."""
     out = []
     for index, rank in enumerate(measured.ranks):
         busy, waited = measured.busy[index], measured.waited[index]
-        out.append({"rank": int(rank), "compute_seconds": round(_median(busy), 6),
-                    "wait_seconds": round(_median(waited), 6),
+        seen = bool(np.isfinite(busy).any())
+        out.append({"rank": int(rank), "compute_seconds": round(_median(busy), 6) if seen else None,
+                    "wait_seconds": round(_median(waited), 6) if seen else None,
                     "slowest_share": round(float(measured.slowest[index].mean()), 3)})
     return out
 

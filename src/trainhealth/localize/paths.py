@@ -9,7 +9,7 @@ its transfers are set aside, and the next is looked for.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pandas as pd
@@ -22,6 +22,7 @@ from trainhealth.localize.candidates import (
     stretch_effect,
 )
 from trainhealth.localize.evidence import Evidence
+from trainhealth.localize.excursions import largest_elsewhere, shape_of
 from trainhealth.localize.segments import Stretch, level, strongest_stretch
 
 __all__ = ["path_candidates"]
@@ -77,9 +78,28 @@ def path_candidates(evidence: Evidence, thresholds: Thresholds,
                     f"collectives is slow, the last to arrive too")
             candidate = Candidate("link", f"nic:rank-{rank}", (rank,), evidence.hosts.get(rank),
                                   float(nic_z[index]), text)
-        out.append(candidate)
+        # the run's other NICs, without the transfers this candidate explains (its partners' share of them)
+        others = explained.copy()
+        _explain(evidence, others, candidate.ranks)
+        _, _, elsewhere = _score_layer(evidence, layers[0], others, thresholds, noise)
+        out.append(_judged(candidate, evidence, nic_values[index], elsewhere, start, stop, effect, thresholds))
         _explain(evidence, explained, candidate.ranks)
     return out, notes
+
+
+def _judged(candidate: Candidate, evidence: Evidence, row: np.ndarray, elsewhere: np.ndarray, start: int, stop: int,
+            effect: float, thresholds: Thresholds) -> Candidate:
+    """The candidate with its shape (:mod:`.excursions`): slow all window, from an onset on, or an event (it
+    came and went, or other NICs of the run, without the transfers it explains, went as far for as long)."""
+    whole = start <= 0 and stop >= len(row)
+    shape = "throughout" if whole else shape_of(row, start, stop)
+    covered = np.flatnonzero(np.isin(evidence.ranks, candidate.ranks))  # a host's or switch's NICs are not "others"
+    if shape != "transient" and effect < thresholds.rarity * largest_elsewhere(elsewhere, covered, stop - start):
+        shape = "ordinary"
+    note = {"transient": "; it came and went: an event, not a faulty component",
+            "ordinary": "; other NICs of this run went as far for as long: an event, not a faulty component"}
+    return replace(candidate, evidence=candidate.evidence + note.get(shape, ""), shape=shape,
+                   slowdown=float(np.exp(effect)), since=None if whole else int(evidence.steps[start]))
 
 
 def _transfer_noise(excess: np.ndarray, values: np.ndarray, counts: np.ndarray, floor: float) -> float:

@@ -1,5 +1,10 @@
 """The localization result: trace format v1's public output (docs/trace-format.md).
 
+Beside the fixed fields, ``details`` may carry ``events`` (slow stretches that blame
+no device: they came and went, or healthy members of the run show the same),
+``near_misses``, ``power`` (what the window could have seen: the slowdown of one
+rank over its last steps that would have been blamed) and ``uncovered_ranks``.
+
 >>> result = LocalizationResult("compute", (Suspect("gpu", (5,), "node-b", None, 0.93, "last to arrive"),), (12,), ["..."])
 >>> sorted(result.to_dict())
 ['advice', 'irregular_steps', 'suspects', 'verdict']
@@ -76,6 +81,10 @@ class LocalizationResult:
                 label = suspect.component or f"{suspect.kind} {ranks}"
                 lines.append(f"  {position}. {label} (ranks {ranks}){where}  score {suspect.score:.2f}")
                 lines.append(f"     {suspect.evidence}")
+        events = self.details.get("events", [])
+        if events:
+            lines.append("events (not faults: they came and went, or the run's healthy members do the same):")
+            lines += [f"  - {event['component']}: {event['evidence']}" for event in events]
         for reason in self.details.get("reasons", []):
             lines.append(f"note: {reason}")
         if self.advice:

@@ -29,10 +29,17 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from trainhealth.localize.segments_scan import Shift, burst_factor, step_noise, strongest_shift, whole_level
+from trainhealth.localize.excursions import binomial_tail, largest_elsewhere
+from trainhealth.localize.segments_scan import (
+    Shift,
+    burst_factor,
+    step_noise,
+    strongest_shift,
+    whole_level,
+)
 from trainhealth.localize.waits import Measured, without
 
-__all__ = ["StragglerSettings", "Straggler", "find_stragglers", "peer_counts"]
+__all__ = ["Straggler", "StragglerSettings", "find_stragglers", "peer_counts"]
 
 
 #: stragglers looked for in one window (more than a few at once is a job-wide problem, not a device)
@@ -56,6 +63,7 @@ class StragglerSettings:
     min_spikes: int = 4  # an intermittent fault recurs: three slow steps in a window happen to healthy ranks
     spike_dominance: float = 2.0  # its single-step slowness, summed, over that of any other rank
     noise_floor: float = 0.005  # per-step noise never taken below 0.5% (timer resolution, scheduler)
+    rarity: float = 1.5  # a slow stretch counts when no other rank reaches 1/rarity of it for as long
 
 
 @dataclass(frozen=True)
@@ -64,7 +72,7 @@ class Straggler:
     z: float
     effect: float  # log(busy / peers' busy) in the stretch, against the rest of the window
     steps: tuple[int, ...]  # the slow steps (trace step numbers)
-    shape: str  # "persistent", "transient", "throughout", "intermittent"
+    shape: str  # "persistent", "throughout", "intermittent" (faults); "transient", "ordinary" (events)
     slowest_share: float
     others_waited: float  # median seconds per slow step its peers spent waiting for later arrivals
     evidence: str
@@ -165,6 +173,8 @@ def _stretch(measured: Measured, index: int, shift: Shift, sigma: float, chance:
     if not _persistently_slowest(int(slowest.sum()), len(slowest), chance, settings):
         return None
     shape = "throughout" if whole else ("persistent" if reaches_end else "transient")
+    if shape != "transient" and effect < settings.rarity * largest_elsewhere(measured.relative, index, stop - start):
+        shape = "ordinary"  # other ranks of this run went as far for as long: an event, not a faulty device
     steps = tuple(int(s) for s in measured.steps[window][measured_steps])
     return _straggler(measured, index, z, effect, steps, shape, share)
 
@@ -210,12 +220,17 @@ def _straggler(measured: Measured, index: int, z: float, effect: float, steps: t
     where = {
         "persistent": f"since step {steps[0]}",
         "transient": f"in steps {steps[0]}-{steps[-1]}",
+        "ordinary": f"since step {steps[0]}" if steps[-1] == measured.steps[-1] else f"in steps {steps[0]}-{steps[-1]}",
         "throughout": "throughout the window",
         "intermittent": f"in {len(steps)} separate steps ({_list(steps)})",
     }[shape]
     evidence = (f"rank {rank} computes {math.exp(effect):.2f}x as long as its peers {where} (z={z:.1f}); "
                 f"it was the slowest of its peers in {share:.0%} of those steps and arrived last at their "
                 f"collectives, where they waited {1e3 * others_waited:.1f} ms per step for it")
+    if shape == "transient":
+        evidence += "; it came and went: an event, not a faulty device"
+    elif shape == "ordinary":
+        evidence += "; other ranks of this run went as far for as long: an event, not a faulty device"
     return Straggler(rank, z, effect, steps, shape, share, others_waited, evidence)
 
 
@@ -236,15 +251,4 @@ def _persistently_slowest(times: int, steps: int, chance: float, settings: Strag
         return False
     if steps < 8:
         return times == steps
-    return _binomial_tail(times, steps, chance) <= settings.chance
-
-
-def _binomial_tail(successes: int, trials: int, p: float) -> float:
-    """P(X >= successes) for X ~ Binomial(trials, p).
-
-    >>> round(_binomial_tail(3, 3, 0.5), 3)
-    0.125
-    """
-    if trials <= 0 or successes <= 0:
-        return 1.0
-    return float(sum(math.comb(trials, k) * p**k * (1 - p) ** (trials - k) for k in range(successes, trials + 1)))
+    return binomial_tail(times, steps, chance) <= settings.chance

@@ -8,8 +8,9 @@ the clocks of the hosts, and the member with the shortest duration arrived last.
 Per rank and step:
 
 * **step time**: the ``step`` marker's duration (the Monitor writes one per step);
-  without markers, the time from the rank's first collective of the step to its
-  first of the next (iterations inferred, see :mod:`.iterations`);
+  without markers, the time from the end of the rank's last collective of the
+  previous step to the end of its last of this one (an iteration computes, then
+  communicates; iterations inferred, see :mod:`.iterations`);
 * **blocked**: time the rank could not compute because it was in communication —
   all of a send or receive, all of a collective that blocks the training thread;
   of asynchronous collectives (DDP's bucket all-reduces run beside backward; the
@@ -76,12 +77,12 @@ def measure(records: pd.DataFrame, hosts: Mapping[int, str] | None = None) -> Me
     markers = op == "step"
     if markers.any():
         step_time = _per_cell(cell[markers], duration[markers], n_ranks * n_steps, np.maximum)
-    else:
-        first: np.ndarray = np.full(n_ranks * n_steps, np.inf)
-        np.minimum.at(first, cell, start)
-        first = first.reshape(n_ranks, n_steps)
+    else:  # an iteration computes, then communicates: it ends when its last collective does
+        last: np.ndarray = np.full(n_ranks * n_steps, -np.inf)
+        np.maximum.at(last, cell, start + duration)
+        last = last.reshape(n_ranks, n_steps)
         step_time = np.full((n_ranks, n_steps), np.nan)
-        step_time[:, :-1] = first[:, 1:] - first[:, :-1]  # the last step has no next start to end it
+        step_time[:, 1:] = last[:, 1:] - last[:, :-1]  # the first step has no earlier end to begin from
         step_time = step_time.reshape(-1)
     step_time[~np.isfinite(step_time) | (step_time <= 0)] = np.nan
 

@@ -113,14 +113,21 @@ class Outcome:
     naive_rank: int
     seconds: float
     analysis: Analysis
+    events: tuple[str, ...] = ()  # events (slow stretches that came and went), strongest first
 
     @property
     def top1(self) -> bool:
+        """The suspect is the injected component; for a fault that came and went, the first event is, with
+        nobody blamed (a transient excursion is reported as an event, not as a faulty device)."""
+        if self.case.pattern == "transient" and not self.components and self.expected_component is not None:
+            return self.events[:1] == (self.expected_component,)
         return (self.verdict == self.expected_verdict
                 and (self.expected_component is None or self.components[:1] == (self.expected_component,)))
 
     @property
     def top3(self) -> bool:
+        if self.case.pattern == "transient" and not self.components and self.expected_component is not None:
+            return self.expected_component in self.events[:3]
         return self.expected_component in self.components[:3] if self.expected_component else self.top1
 
     @property
@@ -152,7 +159,8 @@ def evaluate(case: Case, thresholds: Thresholds, collectives_only: bool = False)
 def judge(outcome: Outcome, thresholds: Thresholds) -> Outcome:
     """The outcome under other thresholds, from the same analysis (for choosing thresholds)."""
     result = decide(outcome.analysis, thresholds)
-    return replace(outcome, verdict=result.verdict, components=tuple(s.component or "" for s in result.suspects))
+    return replace(outcome, verdict=result.verdict, components=tuple(s.component or "" for s in result.suspects),
+                   events=tuple(e["component"] for e in result.details.get("events", [])))
 
 
 def summarize(outcomes: Sequence[Outcome], by: str) -> pd.DataFrame:

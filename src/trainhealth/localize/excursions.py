@@ -1,0 +1,159 @@
+"""Judging one member's slow stretch against the whole run: its shape, its rarity here, its recurrence.
+
+A threshold that is right for one comparison blames somebody in nearly every
+long healthy run: a 1,024-rank job of 5,000 steps makes millions of rank x
+stretch comparisons, and production noise is not Gaussian (GC pauses,
+checkpoints, a slow data shard, congestion on a random NIC). So a slow stretch
+found by the scans of :mod:`.segments` and :mod:`.segments_scan` blames its
+device only when
+
+* it is **persistent**: it lasts from its onset to the end of the window and
+  most of its steps are slow (or the member is slow all window, against its
+  peers); a stretch that came and went is an *event* with its steps, reported
+  but never paged on; and
+* it is **rare in this run**: no other member shows an excursion as long that
+  reaches ``rarity`` times as far (:func:`largest_elsewhere`). Healthy members
+  are the run's own negative controls: when one of them went as far for as long,
+  the run's noise makes excursions like it, and nobody is blamed for it;
+
+or it is **recurrent**: the same member is slow in episode after episode, far
+more often than episodes falling on random members would make it
+(:func:`recurrent_members`).
+
+>>> import numpy as np
+>>> values = np.zeros((4, 30)); values[1, 5:8] = 0.3; values[3, 12:15] = 0.2; values[2, 20:] = 0.3
+>>> round(largest_elsewhere(values, row=2, length=10), 3)  # the second largest 3-step pause, over 10 steps
+0.06
+>>> shape_of(values[2], 20, 30), shape_of(values[1], 5, 8)
+('persistent', 'transient')
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import numpy as np
+
+__all__ = ["detectable_effect", "episodes", "largest_elsewhere", "recurrent_members", "shape_of"]
+
+#: share of a persistent stretch's steps that must be slow (above half its effect)
+_SLOW_SHARE = 0.6
+#: other members that must have gone as far for as long to make a stretch ordinary in this run
+_SEEN = 2
+
+
+def shape_of(row: np.ndarray, start: int, stop: int) -> str:
+    """``persistent`` (from ``start`` to the row's last measured step, mostly slow), ``throughout`` (the whole
+    row) or ``transient`` (it ended, or too few of its steps are slow)."""
+    finite = np.flatnonzero(np.isfinite(row))
+    if not len(finite) or stop <= start:
+        return "transient"
+    if start <= finite[0] and stop > finite[-1]:
+        return "throughout"
+    if stop <= finite[-1]:
+        return "transient"
+    inside = row[start:stop]
+    inside = inside[np.isfinite(inside)]
+    outside = np.r_[row[:start], row[stop:]]
+    outside = outside[np.isfinite(outside)]
+    base = float(np.median(outside)) if len(outside) else 0.0
+    effect = float(np.mean(inside)) - base if len(inside) else 0.0
+    slow = np.mean(inside - base >= 0.5 * effect) if len(inside) and effect > 0 else 0.0
+    return "persistent" if slow >= _SLOW_SHARE else "transient"
+
+
+def rolling_peaks(values: np.ndarray, length: int) -> np.ndarray:
+    """Per row, the largest mean over ``length`` consecutive steps (NaN steps skipped; windows with fewer than
+    half their steps measured are not counted); -inf for rows without such a window."""
+    rows, steps = values.shape
+    length = max(1, min(length, steps))
+    finite = np.isfinite(values)
+    sums = np.zeros((rows, steps + 1))
+    counts = np.zeros((rows, steps + 1))
+    sums[:, 1:] = np.cumsum(np.where(finite, values, 0.0), axis=1)
+    counts[:, 1:] = np.cumsum(finite, axis=1)
+    inside_sum = sums[:, length:] - sums[:, :-length]
+    inside_n = counts[:, length:] - counts[:, :-length]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        means = np.where(inside_n >= max(1, length // 2), inside_sum / np.maximum(inside_n, 1), -np.inf)
+    return means.max(axis=1) if means.shape[1] else np.full(rows, -np.inf)
+
+
+def largest_elsewhere(values: np.ndarray, row: int | np.ndarray, length: int, seen: int = _SEEN) -> float:
+    """How far members of this run go for ``length`` consecutive steps: the ``seen``-th largest peak mean of the
+    other rows (rows in ``row`` left out; 0 when fewer rows have such a window). The second, not the largest:
+    one other member's own event (a genuine fault elsewhere) must not hide this one."""
+    peaks = rolling_peaks(values, length)
+    others = np.delete(peaks, np.atleast_1d(row))
+    others = np.sort(others[np.isfinite(others)])
+    return max(float(others[-seen]), 0.0) if len(others) >= seen else 0.0
+
+
+def episodes(values: np.ndarray, level: float, min_length: int = 2) -> list[list[tuple[int, int]]]:
+    """Per row, its episodes: maximal runs of at least ``min_length`` consecutive steps above ``level``, as
+    (start, stop) step indices."""
+    above = np.nan_to_num(values, nan=-np.inf) > level
+    padded = np.zeros((above.shape[0], above.shape[1] + 2), dtype=np.int8)
+    padded[:, 1:-1] = above
+    edges = np.diff(padded, axis=1)
+    out: list[list[tuple[int, int]]] = [[] for _ in range(above.shape[0])]
+    for row, start in zip(*np.nonzero(edges == 1)):
+        stop = int(np.flatnonzero(edges[row, start:] == -1)[0]) + int(start)
+        if stop - start >= min_length:
+            out[int(row)].append((int(start), stop))
+    return out
+
+
+def recurrent_members(values: np.ndarray, level: float, min_episodes: int = 3, false_blame: float = 0.01,
+                      min_length: int = 2) -> dict[int, list[tuple[int, int]]]:
+    """Rows slow in ``min_episodes`` or more separate episodes, more than chance allows: with K episodes in
+    the run falling on N rows at random, a row gets k or more with probability P(Binomial(K, 1/N) >= k); a
+    row is recurrent when that is at most ``false_blame / N`` (so a healthy run names one with probability at
+    most ``false_blame``).
+
+    >>> values = np.zeros((16, 60)); values[3, [5, 6, 20, 21, 40, 41, 50, 51]] = 1.0; values[5, 30:32] = 1.0
+    >>> sorted(recurrent_members(values, level=0.5))
+    [3]
+    """
+    found = episodes(values, level, min_length)
+    rows = len(found)
+    total = sum(len(e) for e in found)
+    out = {}
+    for row, own in enumerate(found):
+        if len(own) >= min_episodes and binomial_tail(len(own), total, 1.0 / max(rows, 2)) <= false_blame / rows:
+            out[row] = own
+    return out
+
+
+def binomial_tail(successes: int, trials: int, p: float) -> float:
+    """P(X >= successes) for X ~ Binomial(trials, p).
+
+    >>> round(binomial_tail(3, 3, 0.5), 3)
+    0.125
+    """
+    if successes <= 0:
+        return 1.0
+    if successes > trials:
+        return 0.0
+    if trials > 2000:  # a normal approximation with continuity correction; exact sums get slow
+        mean, sd = trials * p, math.sqrt(trials * p * (1 - p))
+        return 0.5 * math.erfc((successes - 0.5 - mean) / (sd * math.sqrt(2))) if sd > 0 else float(successes <= mean)
+    return float(min(1.0, sum(math.comb(trials, k) * p**k * (1 - p) ** (trials - k)
+                              for k in range(successes, trials + 1))))
+
+
+def detectable_effect(sigma: float, z: float, n_steps: int, length: int, min_effect: float,
+                      elsewhere: float = 0.0, rarity: float = 1.0) -> float:
+    """The smallest log slowdown of one member over its last ``length`` steps that the scan would blame: its
+    z-value against the rest of the window reaches ``z`` with per-step noise ``sigma``, it is at least
+    ``min_effect`` and ``rarity`` times what other members reach over that length here (``elsewhere``).
+
+    >>> round(math.exp(detectable_effect(0.02, 6.0, 20, 10, math.log(1.05))), 3)
+    1.055
+    """
+    outside = max(n_steps - length, 1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        by_noise = z * sigma * math.sqrt(1.0 / max(length, 1) + 1.0 / outside)
+    return max(by_noise, min_effect, rarity * elsewhere)
