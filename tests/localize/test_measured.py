@@ -161,3 +161,53 @@ def test_a_straggler_of_a_few_late_steps_does_not_explain_a_link_slow_long_befor
     result = localize(_trace(ranks=8, tp=2, link=6, link_factor=4.0, onset=15, also={6: (1.5, 35, 38)}))
     components = [s.component for s in result.suspects]
     assert result.verdict == "communication" and "nic:rank-6" in components, result.render()
+
+
+def test_step_markers_on_one_rank_only_are_no_finding_of_health():
+    # the Monitor on rank 0 alone: the other ranks' steps cannot be measured, so nothing can be called healthy
+    frame = _trace(jitter=0.01)
+    one_rank = frame[(frame["op"] != "step") | (frame["rank"] == 0)]
+    result = localize(one_rank)
+    assert result.verdict == "insufficient_data" and result.details["uncovered_ranks"] == [1, 2, 3], result.render()
+    assert "ranks 1, 2, 3 measured in fewer than half" in result.details["reasons"][0]
+    waits = {row["rank"]: row["compute_seconds"] for row in result.details["compute_and_wait"]}
+    assert waits[1] is None and waits[0] > 0  # unmeasured, never reported as 0 s of compute
+
+
+def _explicit_loop(*, ranks=4, iterations=40, slow=None, sleep=0.015, onset=10, barrier_every=5, seed=0):
+    """What a user's own loop writes through the collective logger alone (every record has step 0): compute,
+    then dist.all_reduce each iteration and dist.barrier() every ``barrier_every``-th."""
+    rng = np.random.default_rng(seed)
+    rows, clock, seq = [], np.zeros(ranks), 0
+    for iteration in range(iterations):
+        arrive = clock + 0.02 * rng.lognormal(0.0, 0.03, ranks)
+        if slow is not None and iteration >= onset:
+            arrive[slow] += sleep
+        ops = [("all_reduce", 1 << 18, 0.001)] + ([("barrier", 0, 0.0002)] if iteration % barrier_every == 4 else [])
+        for op, size, took in ops:
+            finish = arrive.max() + took
+            rows += [{"rank": r, "step": 0, "op": op, "group": "default_pg:0", "seq": seq, "start": arrive[r],
+                      "duration": finish - arrive[r], "bytes": size, "async": False} for r in range(ranks)]
+            arrive[:] = finish
+            seq += 1
+        clock = arrive.copy()
+    return pd.DataFrame(rows)
+
+
+def test_an_explicit_loop_without_markers_names_its_straggler():
+    # the issue's reproduction: a 15 ms sleep before one rank's all_reduce from iteration 10 of 40
+    result = localize(_explicit_loop(slow=3))
+    assert result.details["steps_inferred"]["collectives_per_step"] == [6]  # 5 iterations per period ...
+    assert result.details["window"]["steps"][-1] == 39  # ... split into the 40 iterations they hold
+    assert result.verdict == "compute" and [s.component for s in result.suspects] == ["gpu:rank-3"]
+    assert "since step 10" in result.suspects[0].evidence
+    clean = localize(_explicit_loop())
+    assert clean.verdict == "healthy" and clean.suspects == () and clean.details["power"]["slowdown"] < 1.5
+
+
+def test_collectives_with_numbered_steps_see_the_compute_before_the_first_collective():
+    # no markers, steps numbered, one blocking all-reduce per step: rank 3 computes 2x for 25 of 60 steps
+    frame = _trace(steps=60, slow=3, factor=2.0, onset=35)
+    result = localize(frame[frame["op"] != "step"])
+    assert result.details["evidence_source"] == "collectives"
+    assert result.verdict == "compute" and result.suspects[0].component == "gpu:rank-3", result.render()

@@ -50,6 +50,24 @@ ANALYSIS_IRREGULAR_STEPS = MetricSpec(
     "Steps of the analysed window that took delta times the window's median step time",
     availability="From trainhealth analyze.",
 )
+ANALYSIS_DETECTABLE_SLOWDOWN = MetricSpec(
+    "analysis.detectable_slowdown", _G, Unit.DIMENSIONLESS,
+    "The detection power of the last localization: the smallest slowdown of one rank over its last 10 steps "
+    "it would have blamed, from the window's own noise; a healthy verdict needs it at most 1.5",
+    availability="From trainhealth analyze, when the window was long enough to measure its noise.",
+)
+ANALYSIS_UNCOVERED_RANKS = MetricSpec(
+    "analysis.uncovered_ranks", _G, Unit.DIMENSIONLESS,
+    "Ranks the last localization could not measure in most of its window (no records, or no step markers "
+    "where other ranks have them); while above 0 the verdict is never healthy",
+    availability="From trainhealth analyze.",
+)
+ANALYSIS_EVENTS = MetricSpec(
+    "analysis.events", _G, Unit.DIMENSIONLESS,
+    "Slow stretches in the last localization's window that blame no device: they came and went, or healthy "
+    "members of the run show the same",
+    availability="From trainhealth analyze.",
+)
 ANALYSIS_RANKS = MetricSpec(
     "analysis.ranks", _G, Unit.DIMENSIONLESS, "Ranks seen in the analysed window",
     availability="From trainhealth analyze.",

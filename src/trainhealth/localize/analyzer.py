@@ -5,7 +5,8 @@ localizes it and replaces the published series: ``trainhealth_suspect_score``
 per suspect (with ``trainhealth_suspect_slowdown`` and ``trainhealth_suspect_since_step``
 where the localizer measured them), each rank's compute and wait per step
 (``trainhealth_analysis_rank_compute_seconds`` / ``_wait_seconds``), ``trainhealth_analysis_verdict`` (1 for the current verdict),
-and when and how long the last run was. It keeps no state between runs beyond
+what the window could have seen (``trainhealth_analysis_detectable_slowdown``, the ranks it could not
+measure, the events that blamed nobody), and when and how long the last run was. It keeps no state between runs beyond
 what it publishes, so it can be killed and restarted at any time: the next run
 rebuilds everything from the source.
 
@@ -164,6 +165,13 @@ class Analyzer:
             self.store.set(catalog.ANALYSIS_RANK_WAIT, float(row["wait_seconds"]), labels)
         self._ranks = set(ranks)
         self.store.set(catalog.ANALYSIS_IRREGULAR_STEPS, float(len(result.irregular_steps)))
+        power = result.details.get("power")
+        if power is None:
+            self.store.remove(catalog.ANALYSIS_DETECTABLE_SLOWDOWN, ())
+        else:
+            self.store.set(catalog.ANALYSIS_DETECTABLE_SLOWDOWN, float(power["slowdown"]))
+        self.store.set(catalog.ANALYSIS_UNCOVERED_RANKS, float(len(result.details.get("uncovered_ranks", []))))
+        self.store.set(catalog.ANALYSIS_EVENTS, float(len(result.details.get("events", []))))
         self.store.set(catalog.ANALYSIS_RANKS, float(result.details.get("window", {}).get("ranks", 0)))
         self.store.set(catalog.ANALYSIS_DURATION, seconds)
         self.store.set(catalog.ANALYSIS_LAST_RUN_TIMESTAMP, time.time())
