@@ -90,33 +90,46 @@ def largest_elsewhere(values: np.ndarray, row: int | np.ndarray, length: int, se
     return max(float(others[-seen]), 0.0) if len(others) >= seen else 0.0
 
 
-def episodes(values: np.ndarray, level: float, min_length: int = 2) -> list[list[tuple[int, int]]]:
-    """Per row, its episodes: maximal runs of at least ``min_length`` consecutive steps above ``level``, as
-    (start, stop) step indices."""
-    above = np.nan_to_num(values, nan=-np.inf) > level
+def episodes(values: np.ndarray, level: float | np.ndarray, min_length: int = 2) -> list[list[tuple[int, int]]]:
+    """Per row, its episodes as (start, stop) step indices: maximal runs of at least ``min_length`` consecutive
+    steps above half of ``level`` (one for all rows, or one per row) that reach ``level`` (hysteresis: noise
+    inside an episode does not cut it in two).
+
+    >>> episodes(np.array([[0.0, 0.6, 1.2, 0.6, 0.9, 0.0, 0.7, 0.0]]), level=1.0)
+    [[(1, 5)]]
+    """
+    high = np.reshape(level, (-1, 1))
+    filled = np.nan_to_num(values, nan=-np.inf)
+    above = filled > 0.5 * high
     padded = np.zeros((above.shape[0], above.shape[1] + 2), dtype=np.int8)
     padded[:, 1:-1] = above
     edges = np.diff(padded, axis=1)
     out: list[list[tuple[int, int]]] = [[] for _ in range(above.shape[0])]
     for row, start in zip(*np.nonzero(edges == 1)):
         stop = int(np.flatnonzero(edges[row, start:] == -1)[0]) + int(start)
-        if stop - start >= min_length:
+        if stop - start >= min_length and filled[row, start:stop].max() >= high[min(row, len(high) - 1), 0]:
             out[int(row)].append((int(start), stop))
     return out
 
 
-def recurrent_members(values: np.ndarray, level: float, min_episodes: int = 3, false_blame: float = 0.01,
-                      min_length: int = 2) -> dict[int, list[tuple[int, int]]]:
+def recurrent_members(values: np.ndarray, level: float | np.ndarray, min_episodes: int = 3, false_blame: float = 0.01,
+                      min_length: int = 2, partners: dict[int, set[int]] | None = None) -> dict[int, list[tuple[int, int]]]:
     """Rows slow in ``min_episodes`` or more separate episodes, more than chance allows: with K episodes in
     the run falling on N rows at random, a row gets k or more with probability P(Binomial(K, 1/N) >= k); a
     row is recurrent when that is at most ``false_blame / N`` (so a healthy run names one with probability at
-    most ``false_blame``).
+    most ``false_blame``). An episode of a row that overlaps a stronger one of its ``partners`` (the NICs at the
+    other end of its transfers) is that one's echo, and counts for neither K nor the row.
 
     >>> values = np.zeros((16, 60)); values[3, [5, 6, 20, 21, 40, 41, 50, 51]] = 1.0; values[5, 30:32] = 1.0
     >>> sorted(recurrent_members(values, level=0.5))
     [3]
+    >>> values[4] = 0.6 * values[3]  # rank 4 shares rank 3's slow transfers: its episodes are echoes
+    >>> sorted(recurrent_members(values, level=0.5, partners={3: {4}, 4: {3}}))
+    [3]
     """
     found = episodes(values, level, min_length)
+    if partners:
+        found = _without_echoes(values, found, partners)
     rows = len(found)
     total = sum(len(e) for e in found)
     out = {}
@@ -124,6 +137,19 @@ def recurrent_members(values: np.ndarray, level: float, min_episodes: int = 3, f
         if len(own) >= min_episodes and binomial_tail(len(own), total, 1.0 / max(rows, 2)) <= false_blame / rows:
             out[row] = own
     return out
+
+
+def _without_echoes(values: np.ndarray, found: list[list[tuple[int, int]]],
+                    partners: dict[int, set[int]]) -> list[list[tuple[int, int]]]:
+    """Episodes kept strongest first; one that overlaps a kept episode of a partner row is dropped."""
+    ranked = sorted(((float(np.nanmean(values[row, a:b])), row, a, b) for row, own in enumerate(found)
+                     for a, b in own), reverse=True)
+    kept: list[list[tuple[int, int]]] = [[] for _ in found]
+    for _, row, a, b in ranked:
+        if any(a < stop and start < b for other in partners.get(row, ()) for start, stop in kept[other]):
+            continue
+        kept[row].append((a, b))
+    return [sorted(own) for own in kept]
 
 
 def binomial_tail(successes: int, trials: int, p: float) -> float:

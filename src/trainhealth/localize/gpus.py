@@ -87,17 +87,24 @@ def gpu_candidates(evidence: Evidence, thresholds: Thresholds) -> list[Candidate
         text = _gpu_evidence(evidence, index, basis, start, stop, effect, float(z[index]), shape)
         out.append(Candidate("gpu", f"gpu:rank-{rank}", (rank,), evidence.hosts.get(rank), float(z[index]), text, basis,
                              math.exp(effect), None if not partial else int(evidence.steps[start]), shape))
-    return out + _recurrent(evidence, change, noise, threshold, thresholds, basis, {c.ranks[0] for c in out
-                                                                                    if c.blamable})
+    return out + _recurrent(evidence, change, threshold, thresholds, basis, {c.ranks[0] for c in out if c.blamable})
 
 
-def _recurrent(evidence: Evidence, change: np.ndarray, noise: float, threshold: float, thresholds: Thresholds,
-               basis: str, blamed: set[int]) -> list[Candidate]:
+def _recurrent(evidence: Evidence, change: np.ndarray, threshold: float, thresholds: Thresholds, basis: str,
+               blamed: set[int]) -> list[Candidate]:
     """GPUs slow in episode after episode (:func:`.excursions.recurrent_members`), each episode alone an event."""
-    level = max(thresholds.min_compute_effect, 4.0 * noise)
+    # episodes of two-step means, each GPU's standing out from its own noise (MoE routing skew and uneven packs
+    # make some noisier): four standard errors of a two-step mean
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # rows without values
+        own = 1.4826 * np.nanmedian(np.abs(change - np.nanmedian(change, axis=1, keepdims=True)), axis=1)
+        paired = np.nanmean(np.stack([change[:, :-1], change[:, 1:]]), axis=0)
+    own = np.maximum(np.nan_to_num(own, nan=np.inf), thresholds.min_compute_effect / 4)
+    level = np.maximum(thresholds.min_compute_effect, 4.0 * own / math.sqrt(2))
     out = []
-    for index, found in recurrent_members(change, level, thresholds.recurrent_episodes, thresholds.false_blame,
+    for index, found in recurrent_members(paired, level, thresholds.recurrent_episodes, thresholds.false_blame,
                                           thresholds.min_length - 1).items():
+        found = [(start, stop + 1) for start, stop in found]  # a two-step mean covers its next step too
         rank = int(evidence.ranks[index])
         if rank in blamed:
             continue
@@ -105,7 +112,7 @@ def _recurrent(evidence: Evidence, change: np.ndarray, noise: float, threshold: 
         for start, stop in found:
             slow[start:stop] = True
         effect = float(np.nanmedian(change[index, slow]))
-        z = effect / noise * math.sqrt(slow.sum()) / 2.0  # discounted: the episodes are the row's largest values
+        z = effect / own[index] * math.sqrt(slow.sum()) / 2.0  # discounted: the episodes are the row's largest
         if z < threshold:
             continue
         where = ", ".join(f"{evidence.steps[a]}-{evidence.steps[b - 1]}" for a, b in found[:6])

@@ -9,6 +9,7 @@ its transfers are set aside, and the next is looked for.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -18,11 +19,12 @@ from trainhealth.localize.candidates import (
     Candidate,
     Thresholds,
     best,
+    row_noise,
     steps_text,
     stretch_effect,
 )
 from trainhealth.localize.evidence import Evidence
-from trainhealth.localize.excursions import largest_elsewhere, shape_of
+from trainhealth.localize.excursions import largest_elsewhere, recurrent_members, shape_of
 from trainhealth.localize.segments import Stretch, level, strongest_stretch
 
 __all__ = ["path_candidates"]
@@ -54,9 +56,11 @@ def path_candidates(evidence: Evidence, thresholds: Thresholds,
     layers = _layers(evidence)
     explained = np.zeros(len(transfers.excess), dtype=bool)
     _explain(evidence, explained, slow_gpus)
-    out: list[Candidate] = []
-    notes: list[str] = []
     noise: dict[str, float] = {}  # per layer, measured once: explaining a few components away barely moves it
+    out: list[Candidate] = _recurrent(evidence, layers[0], explained, thresholds, noise)
+    for recurrent in out:  # its episodes are one finding, not events of their own
+        _explain(evidence, explained, recurrent.ranks)
+    notes: list[str] = []
     for _ in range(min(thresholds.max_suspects, 3)):  # a network fault rarely comes with more than a second
         scores = {layer.name: _score_layer(evidence, layer, explained, thresholds, noise) for layer in layers}
         nic_z, nic_stretch, nic_values = scores["nic"]
@@ -85,6 +89,47 @@ def path_candidates(evidence: Evidence, thresholds: Thresholds,
         out.append(_judged(candidate, evidence, nic_values[index], elsewhere, start, stop, effect, thresholds))
         _explain(evidence, explained, candidate.ranks)
     return out, notes
+
+
+def _recurrent(evidence: Evidence, nics: _Layer, explained: np.ndarray, thresholds: Thresholds,
+               noise: dict[str, float]) -> list[Candidate]:
+    """The NIC slow in episode after episode, far more often than episodes falling on random NICs of this run
+    would make one (:func:`.excursions.recurrent_members`); its partners' share of its episodes is left out by
+    taking the NIC whose episodes are strongest."""
+    _, _, values = _score_layer(evidence, nics, explained, thresholds, noise)
+    sigma = row_noise(values, thresholds.min_transfer_effect / 4)
+    level = max(thresholds.min_transfer_effect, 4.0 * sigma)
+    found = recurrent_members(values, level, thresholds.recurrent_episodes, thresholds.false_blame,
+                              thresholds.min_length - 1, _partners(evidence))
+    best: Candidate | None = None
+    for index, episodes in found.items():
+        slow = np.zeros(values.shape[1], dtype=bool)
+        for start, stop in episodes:
+            slow[start:stop] = True
+        effect = float(np.nanmedian(values[index, slow]))
+        z = effect / sigma * math.sqrt(slow.sum()) / 2.0  # discounted: the episodes are the row's largest values
+        if z < thresholds.link_z or (best is not None and z <= best.z):
+            continue
+        rank = int(evidence.ranks[index])
+        where = ", ".join(f"{evidence.steps[a]}-{evidence.steps[b - 1]}" for a, b in episodes[:6])
+        text = (f"inter-host transfers through its NIC take {math.exp(effect):.2f}x their usual time in "
+                f"{len(episodes)} separate episodes (steps {where}{', ...' if len(episodes) > 6 else ''}; z={z:.1f}), "
+                f"far more than episodes falling on random NICs of this run would give one NIC: a recurrent fault")
+        best = Candidate("link", f"nic:rank-{rank}", (rank,), evidence.hosts.get(rank), z, text, "transfers",
+                         math.exp(effect), int(evidence.steps[episodes[0][0]]), "recurrent")
+    return [best] if best is not None else []
+
+
+def _partners(evidence: Evidence) -> dict[int, set[int]]:
+    """Per rank index, the rank indices at the other ends of its inter-host transfers."""
+    transfers = evidence.transfers
+    pairs = pd.DataFrame({"instance": transfers.member_instance, "rank": transfers.member_rank}).drop_duplicates()
+    joined = pairs.merge(pairs, on="instance")
+    joined = joined[joined["rank_x"] != joined["rank_y"]].drop_duplicates(["rank_x", "rank_y"])
+    out: dict[int, set[int]] = {}
+    for rank, other in zip(joined["rank_x"].to_numpy(), joined["rank_y"].to_numpy()):
+        out.setdefault(int(rank), set()).add(int(other))
+    return out
 
 
 def _judged(candidate: Candidate, evidence: Evidence, row: np.ndarray, elsewhere: np.ndarray, start: int, stop: int,
