@@ -62,7 +62,7 @@ def parse_seeds(text: str) -> tuple[int, ...]:
 
 def _cmd_run(args: argparse.Namespace) -> int:
     from trainhealth.lab.realrun.cases import suite_cases
-    from trainhealth.lab.realrun.suite import run_suite, summary, table
+    from trainhealth.lab.realrun.suite import run_suite, shape_summary, shape_table, summary, table
 
     seeds = parse_seeds(args.seeds) if args.seeds else ((0,) if args.suite == "small" else (0, 1, 2))
     kinds = tuple(k.strip() for k in (args.cases or "").split(",") if k.strip())
@@ -82,9 +82,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
     rows = run_suite(cases, out, noise=args.noise, report=report)
     print()
-    print(table(rows))
+    print(shape_table(rows) if args.suite == "shapes" else table(rows))
     print()
-    print(summary(rows))
+    print(shape_summary(rows) if args.suite == "shapes" else summary(rows))
     print(f"results: {out}/results.jsonl", file=sys.stderr)
     return 0
 
@@ -152,7 +152,9 @@ def add_commands(commands: argparse._SubParsersAction, parser_class: type) -> No
     lab_commands = lab.add_subparsers(dest="lab_command", metavar="COMMAND", parser_class=parser_class, required=True,
                                       help="run a suite, or score a finished one again")
     run = lab_commands.add_parser("run", help="run a suite of cases and print the score table")
-    run.add_argument("--suite", choices=("small", "full"), default="small", help="which cases (default small)")
+    run.add_argument("--suite", choices=("small", "full", "shapes"), default="small",
+                     help="which cases (default small; shapes: the job shapes of issue 30 — explicit collectives, "
+                          "FSDP-style, the Hugging Face Trainer and Accelerate, 2-rank jobs, faults from step 0)")
     run.add_argument("--out", help="directory for the runs and results.jsonl (default: a new temporary directory)")
     run.add_argument("--seeds", help="seeds, like 0,1,2 or 0-2 (default: 0 for small, 0-2 for full)")
     run.add_argument("--cases", help="only cases whose kind or name contains one of these (comma-separated)")

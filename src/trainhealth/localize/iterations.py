@@ -33,6 +33,8 @@ __all__ = ["Iterations", "infer_steps", "needs_inference"]
 _MATCH = 0.9
 #: iterations the pattern must repeat to count as found
 _MIN_REPEATS = 3
+#: the compute before each iteration of a period of several: within this share of the longest
+_SAME_COMPUTE = 0.67
 
 
 @dataclass(frozen=True)
@@ -101,10 +103,10 @@ def infer_steps(records: pd.DataFrame) -> Iterations:
 
 def _iterations_in_period(signature: np.ndarray, starts: np.ndarray, ends: np.ndarray, period: int,
                           phase: int) -> tuple[int, ...] | None:
-    """Where, within one period of the pattern, iterations begin when it holds several: the positions after
-    which the rank computes (idle between collectives) in every period, when they cut it into parts of about
-    the same length in time that begin with the same collective. None when the period is one iteration (DDP's
-    buckets: different sizes, parts of unequal length).
+    """Where, within one period of the pattern, iterations begin when it holds several: the positions before
+    which the rank computes (is idle between collectives) about as long in every period, each the same
+    collective. None when the period is one iteration (DDP's buckets: different sizes, backward's chunks
+    between them shorter than forward and the optimizer before the first).
 
     >>> starts = np.array([0.0, 1.0, 1.01, 2.0, 3.0, 3.01, 4.0, 5.0, 5.01, 6.0, 7.0, 7.01])  # AR | AR B | ...
     >>> _iterations_in_period(np.tile([0, 0, 1], 4), starts, starts + 0.005, period=3, phase=0)
@@ -118,14 +120,11 @@ def _iterations_in_period(signature: np.ndarray, starts: np.ndarray, ends: np.nd
     typical = np.median(idle[1:] if repeats > 1 else idle, axis=0)  # the first period may hold set-up time
     if not np.isfinite(typical).all() or typical.max() <= 0:
         return None
-    firsts = np.flatnonzero(typical >= 0.5 * typical.max())
+    firsts = np.flatnonzero(typical >= _SAME_COMPUTE * typical.max())
     if len(firsts) < 2 or firsts[0] != 0 or len(set(signature[phase + firsts].tolist())) > 1:
         return None
-    began = starts[phase:phase + repeats * period].reshape(repeats, period)
-    edges = np.c_[began[:-1, firsts], began[1:, :1]]
-    lengths = np.median(np.diff(edges, axis=1), axis=0)
-    if lengths.min() <= 0 or lengths.max() > 1.5 * lengths.min():
-        return None
+    if (typical[np.setdiff1d(np.arange(period), firsts)] >= 0.5 * typical[firsts].min()).any():
+        return None  # a gap neither like the iterations' compute nor clearly shorter: no clean cut
     return tuple(int(f) for f in firsts)
 
 

@@ -66,6 +66,7 @@ class Analysis:
     insufficient: str | None = None  # why the window cannot support a verdict
     power: Power | None = None  # what the window could have seen (None: not measured)
     uncovered: tuple[int, ...] = ()  # ranks without measurements in most of the window
+    undecided: tuple[str, ...] = ()  # why nobody is blamed and yet the window cannot be called healthy
 
 
 def localize(records: pd.DataFrame, topology: Topology | Mapping[str, Any] | None = None,
@@ -114,7 +115,7 @@ def _measured(records: pd.DataFrame, topology: Topology | None, thresholds: Thre
     if topology is not None and topology.simulated:
         details["simulated"] = True
     return Analysis(found.candidates, found.imbalance, found.irregular_steps, details, found.insufficient,
-                    found.power, found.uncovered)
+                    found.power, found.uncovered, found.undecided)
 
 
 def _with_probe(analysis: Analysis, probe: Any) -> Analysis:
@@ -219,6 +220,8 @@ def _unseen(analysis: Analysis, events: list[Candidate], thresholds: Thresholds)
         return (f"rank{'s' if len(analysis.uncovered) > 1 else ''} {shown} measured in fewer than half of the "
                 f"window's steps (no records, or no step markers where other ranks have them): record every rank "
                 f"with the same tools (trainhealth.Monitor or trainhealth.comm on each)")
+    if analysis.undecided:
+        return analysis.undecided[0]
     ongoing = [c for c in events if c.shape == "ordinary"]  # slow to the window's end, like the run's noise
     if ongoing:
         since = f"since step {ongoing[0].since}" if ongoing[0].since is not None else "all window"

@@ -26,6 +26,7 @@ from trainhealth.localize.stragglers import (
     Straggler,
     StragglerSettings,
     find_stragglers,
+    undecided_pairs,
 )
 from trainhealth.localize.waits import Measured, measure
 from trainhealth.traces.topology import Topology
@@ -54,6 +55,7 @@ class MeasuredAnalysis:
     insufficient: str | None = None  # why the window cannot support a verdict
     power: Power | None = None  # what the window could have seen
     uncovered: tuple[int, ...] = ()  # ranks without measurements in most of the window
+    undecided: tuple[str, ...] = ()  # why nobody is blamed and yet the window cannot be called healthy
 
 
 def analyze_measured(records: pd.DataFrame, topology: Topology | None, thresholds: Thresholds) -> MeasuredAnalysis:
@@ -112,7 +114,7 @@ def analyze_measured(records: pd.DataFrame, topology: Topology | None, threshold
     details["compute_and_wait"] = _compute_and_wait(measured)
     irregular = _irregular_steps(measured)
     return MeasuredAnalysis(tuple(candidates), tuple(_imbalance(measured)), irregular, details, None, power,
-                            uncovered)
+                            uncovered, tuple(undecided_pairs(measured, settings)))
 
 
 def _same_time(straggler: Straggler, since: int | None, steps: np.ndarray) -> bool:

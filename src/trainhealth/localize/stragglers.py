@@ -39,7 +39,7 @@ from trainhealth.localize.segments_scan import (
 )
 from trainhealth.localize.waits import Measured, without
 
-__all__ = ["Straggler", "StragglerSettings", "find_stragglers", "peer_counts"]
+__all__ = ["Straggler", "StragglerSettings", "find_stragglers", "peer_counts", "undecided_pairs"]
 
 
 #: stragglers looked for in one window (more than a few at once is a job-wide problem, not a device)
@@ -131,17 +131,35 @@ def _candidates(measured: Measured, sigma: float, chance: np.ndarray, skip: set[
     change = strongest_shift(relative, stretch_sigma, settings.min_length, settings.allowance, whole=False)
     level = whole_level(relative, stretch_sigma, settings.allowance)
     spikes_of = _SlowSteps.find(measured, sigma, settings)
+    paired = peer_counts(measured) <= 2  # one peer: no majority says which of the two is slow at a given step
     out = []
     for index in np.flatnonzero(np.isfinite(relative).any(axis=1)).tolist():
         if int(measured.ranks[index]) in skip:
             continue
-        # a change with its onset explains more than a level, unless only the level is strong enough
-        use_change = change.z[index] >= min(settings.z, level.z[index])
+        # a change with its onset explains more than a level, unless only the level is strong enough; a rank
+        # with one peer is judged only against its own past (a change), never by its level or single steps
+        use_change = paired[index] or change.z[index] >= min(settings.z, level.z[index])
         candidate = _stretch(measured, index, change if use_change else level, sigma, chance[index], settings)
-        spikes = spikes_of.straggler(measured, index, sigma, settings)
+        spikes = None if paired[index] else spikes_of.straggler(measured, index, sigma, settings)
         best = max((c for c in (candidate, spikes) if c is not None), key=lambda c: c.z, default=None)
         if best is not None:
             out.append(best)
+    return out
+
+
+def undecided_pairs(measured: Measured, settings: StragglerSettings) -> list[str]:
+    """Ranks with a single peer whose busy time differs from it all window by more than the allowance: with two,
+    there is no majority to say which one is slow."""
+    sigma = step_noise(measured.relative, settings.noise_floor)
+    level = whole_level(measured.relative, sigma, settings.allowance)
+    paired = peer_counts(measured) <= 2
+    out = []
+    for index in np.flatnonzero(paired & (level.z >= settings.z)).tolist():
+        peers = _peer_rows(measured, index)
+        other = int(measured.ranks[peers[0]]) if len(peers) else -1
+        out.append(f"rank {int(measured.ranks[index])} is busy {math.exp(level.effect[index]):.2f}x as long as its only "
+                   f"peer, rank {other}, all window: with two ranks there is no majority to say which one is slow "
+                   f"(run `trainhealth probe`, or compare with a third rank doing the same work)")
     return out
 
 

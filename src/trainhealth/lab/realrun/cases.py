@@ -6,6 +6,10 @@
 72
 >>> suite_cases("full", seeds=(1,)) == suite_cases("full", seeds=(1,))
 True
+>>> [c.name for c in suite_cases("shapes", seeds=(0,))][:2]
+['s0-explicit-compute-persistent-nomarkers-r4', 's0-explicit-compute-persistent-start-nomarkers-r4']
+>>> min(c.fault.severity for c in suite_cases("shapes", seeds=(0, 1, 2)) if c.fault.target is not None) >= 1.5
+True
 """
 
 from __future__ import annotations
@@ -15,9 +19,17 @@ from typing import NamedTuple
 
 import numpy as np
 
-from trainhealth.lab.realrun.spec import CONTROL_KINDS, CaseSpec, Fault, RealRunFaultKind, Parallelism, Pattern
+from trainhealth.lab.realrun.spec import (
+    CONTROL_KINDS,
+    CaseSpec,
+    Driver,
+    Fault,
+    Parallelism,
+    Pattern,
+    RealRunFaultKind,
+)
 
-__all__ = ["SUITES", "Entry", "make_case", "suite_cases"]
+__all__ = ["SHAPES", "SUITES", "Entry", "issue30_repro", "make_case", "suite_cases"]
 
 STEPS = 40
 #: Kernel seconds per step (forward, backward, optimizer): long beside the host's own work per step (~6 ms of CPU
@@ -39,6 +51,8 @@ class Entry(NamedTuple):
     mid_run: bool = True
     ranks: int | None = None
     markers: bool = True
+    driver: Driver = Driver.LAB
+    min_severity: float = 1.1  # a compute fault's severity is drawn from [min_severity, 3] (log-uniform)
 
 
 _C, _P, _L = RealRunFaultKind, Pattern, Parallelism
@@ -78,7 +92,35 @@ _SMALL: tuple[Entry, ...] = (
     Entry(_C.LINK_RATE, _P.PERSISTENT, _L.DDP),
     Entry(_C.STAGE_IMBALANCE, _P.PERSISTENT, _L.DP_PP, mid_run=False),
 )
-SUITES = {"small": _SMALL, "full": _FULL}
+#: The shapes of issue 30 (driver, layout, ranks, markers): explicit collectives with the collective logger
+#: alone, FSDP-style per-layer gathers and reduce-scatters (with and without the Monitor), the Hugging Face
+#: Trainer and Accelerate with trainhealth's integrations, 2-rank jobs of the lab's layouts and of the explicit
+#: loop (no majority to compare the slow rank with), and torch's own FSDP2.
+SHAPES: tuple[tuple[Driver, Parallelism, int, bool], ...] = (
+    (Driver.EXPLICIT, Parallelism.DDP, 4, False),
+    (Driver.FSDP, Parallelism.DDP, 4, True),
+    (Driver.FSDP, Parallelism.DDP, 4, False),
+    (Driver.HF_TRAINER, Parallelism.DDP, 4, True),
+    (Driver.ACCELERATE, Parallelism.DDP, 4, True),
+    (Driver.LAB, Parallelism.DDP, 2, True),
+    (Driver.LAB, Parallelism.DP_PP, 2, True),
+    (Driver.LAB, Parallelism.DP_TP, 2, True),
+    (Driver.EXPLICIT, Parallelism.DDP, 2, False),
+    (Driver.FSDP2, Parallelism.DDP, 4, True),  # last: the draws of the shapes above stay those of the first runs
+)
+#: Each shape with a compute straggler (>= 1.5x) from mid-run, the same from step 0, and a clean control.
+_SHAPE_ENTRIES: tuple[Entry, ...] = tuple(
+    entry
+    for driver, layout, ranks, markers in SHAPES
+    for entry in (
+        Entry(_C.COMPUTE, _P.PERSISTENT, layout, True, ranks, markers, driver, 1.5),
+        Entry(_C.COMPUTE, _P.PERSISTENT, layout, False, ranks, markers, driver, 1.5),
+        Entry(_C.CLEAN, _P.PERSISTENT, layout, False, ranks, markers, driver),
+    )
+)
+SUITES = {"small": _SMALL, "full": _FULL, "shapes": _SHAPE_ENTRIES}
+#: Issue 30's reproduction: kernel seconds per step of the other ranks, and the slow rank's factor (~15 ms more).
+REPRO_COMPUTE_S, REPRO_SEVERITY, REPRO_ONSET = 0.001, 16.0, 10
 
 
 def _bits_per_step(layout: Parallelism, ranks: int) -> float:
@@ -95,12 +137,13 @@ def _bits_per_step(layout: Parallelism, ranks: int) -> float:
 
 
 def make_case(kind: RealRunFaultKind, pattern: Pattern, layout: Parallelism, ranks: int, seed: int, *, mid_run: bool = True,
-              index: int = 0, steps: int = STEPS, markers: bool = True) -> CaseSpec:
+              index: int = 0, steps: int = STEPS, markers: bool = True, driver: Driver = Driver.LAB,
+              min_severity: float = 1.1) -> CaseSpec:
     """One case with onset, target and severity drawn from ``(seed, index)``."""
     rng = np.random.default_rng([seed, index, 1515])
     onset = int(rng.integers(steps // 4, steps // 2 + 1)) if mid_run else 0
     target = int(rng.integers(0, ranks))
-    severity = float(np.exp(rng.uniform(np.log(1.1), np.log(3.0))))
+    severity = float(np.exp(rng.uniform(np.log(min_severity), np.log(3.0))))
     fields: dict[str, int] = {}  # the pattern's length or period
     if pattern is Pattern.TRANSIENT:
         fields["length"] = int(rng.integers(3, 9))
@@ -126,15 +169,32 @@ def make_case(kind: RealRunFaultKind, pattern: Pattern, layout: Parallelism, ran
                       **fields)
     else:
         fault = Fault(kind, pattern, target, onset, round(severity, 3), **fields)
-    name = f"s{seed}-{layout.value}-{kind.value}" + ("" if kind in CONTROL_KINDS else f"-{pattern.value}") + (
+    shape = layout.value if driver is Driver.LAB else driver.value
+    name = f"s{seed}-{shape}-{kind.value}" + ("" if kind in CONTROL_KINDS else f"-{pattern.value}") + (
         "-start" if kind not in CONTROL_KINDS and not mid_run else "") + ("" if markers else "-nomarkers") + f"-r{ranks}"
     cpu_share = CONTENTION_CPU_SHARE if kind is RealRunFaultKind.CPU_CONTENTION else 0.0
     return CaseSpec(name, layout, ranks, steps, seed, fault, compute_s=COMPUTE_S, width=WIDTH, layers=LAYERS,
-                    batch=BATCH, cpu_share=cpu_share, markers=markers)
+                    batch=BATCH, cpu_share=cpu_share, markers=markers, driver=driver)
+
+
+def issue30_repro(seed: int) -> CaseSpec:
+    """Issue 30's failing job: 4 ranks call ``dist.all_reduce`` themselves every iteration and ``dist.barrier()``
+    every 5th, the collective logger alone; one rank spends ~15 ms more before its all-reduce from iteration 10
+    of 40 (the others ~1 ms). The slow rank is drawn from the seed.
+
+    >>> issue30_repro(0).name, issue30_repro(0).fault.onset, issue30_repro(0).driver.value
+    ('s0-issue30-repro-explicit-r4', 10, 'explicit')
+    """
+    target = int(np.random.default_rng([seed, 30]).integers(0, 4))
+    fault = Fault(RealRunFaultKind.COMPUTE, Pattern.PERSISTENT, target, REPRO_ONSET, REPRO_SEVERITY)
+    return CaseSpec(f"s{seed}-issue30-repro-explicit-r4", Parallelism.DDP, 4, STEPS, seed, fault,
+                    compute_s=REPRO_COMPUTE_S, width=WIDTH, layers=LAYERS, batch=BATCH, markers=False,
+                    driver=Driver.EXPLICIT)
 
 
 def suite_cases(suite: str, seeds: Sequence[int] = (0, 1, 2), kinds: Sequence[str] = ()) -> list[CaseSpec]:
-    """The cases of ``suite`` (small or full) for ``seeds``, optionally only those whose kind or name matches."""
+    """The cases of ``suite`` (small, full or shapes) for ``seeds``, optionally only those whose kind or name
+    matches. ``shapes`` ends each seed with :func:`issue30_repro`."""
     if suite not in SUITES:
         raise ValueError(f"unknown suite {suite!r}; expected one of {', '.join(SUITES)}")
     cases = []
@@ -142,7 +202,11 @@ def suite_cases(suite: str, seeds: Sequence[int] = (0, 1, 2), kinds: Sequence[st
         for index, entry in enumerate(SUITES[suite]):
             ranks = entry.ranks or (4 if suite == "small" or (seed + index) % 2 == 0 else 8)
             case = make_case(entry.kind, entry.pattern, entry.layout, ranks, seed, mid_run=entry.mid_run, index=index,
-                             markers=entry.markers)
+                             markers=entry.markers, driver=entry.driver, min_severity=entry.min_severity)
             if not kinds or any(k == entry.kind.value or k in case.name for k in kinds):
                 cases.append(case)
+        if suite == "shapes":
+            repro = issue30_repro(seed)
+            if not kinds or any(k == repro.fault.kind.value or k in repro.name for k in kinds):
+                cases.append(repro)
     return cases

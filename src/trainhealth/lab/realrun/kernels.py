@@ -25,7 +25,8 @@ from typing import Any
 
 from trainhealth.lab.realrun.spec import CaseSpec
 
-__all__ = ["BACKWARD_SHARE", "FORWARD_SHARE", "OPTIMIZER_SHARE", "Clock", "build_model"]
+__all__ = ["BACKWARD_SHARE", "FORWARD_SHARE", "OPTIMIZER_SHARE", "Clock", "build_model", "kernel_function",
+           "pace_blocks"]
 
 FORWARD_SHARE, BACKWARD_SHARE, OPTIMIZER_SHARE = 0.3, 0.6, 0.1
 
@@ -37,11 +38,17 @@ class Clock:
     began (:meth:`begin_step`): the host's own work before a kernel is absorbed into its sleep. Time in
     :meth:`blocked` (this rank's collectives) does not count, and neither does the wall time of the
     CPU-bound share, which is measured in CPU time so that a rank that loses its core computes longer.
+
+    With ``paced=False`` each kernel simply sleeps its time, on top of the host's work: for code whose
+    collectives the lab cannot mark as :meth:`blocked` (they run inside a library's hooks, as FSDP2's do),
+    where pacing would fold the wait for a slow peer into the next kernel's sleep.
     """
 
-    def __init__(self, forward_s: float, backward_s: float, optimizer_s: float, cpu_share: float = 0.0) -> None:
+    def __init__(self, forward_s: float, backward_s: float, optimizer_s: float, cpu_share: float = 0.0,
+                 paced: bool = True) -> None:
         self.base = (forward_s, backward_s, optimizer_s)
         self.cpu_share = cpu_share
+        self.paced = paced
         self.factor = 1.0
         self._began = 0.0
         self._blocked = 0.0  # seconds in collectives this step
@@ -70,18 +77,22 @@ class Clock:
 
     def kernel(self, seconds: float) -> None:
         """One kernel of ``seconds`` (already scaled by the factor): a CPU-bound share, then a paced sleep."""
+        began = time.perf_counter()
         spin = seconds * self.cpu_share
         if spin > 0:
-            began, cpu_began = time.perf_counter(), time.thread_time()
+            cpu_began = time.thread_time()
             while time.thread_time() - cpu_began < spin:
                 pass
             self._spun += time.perf_counter() - began
-        self._owed += seconds - spin
-        elapsed = self._elapsed() - self._spun
-        if self._owed > elapsed:
-            time.sleep(self._owed - elapsed)
+        if self.paced:
+            self._owed += seconds - spin
+            elapsed = self._elapsed() - self._spun
+            if self._owed > elapsed:
+                time.sleep(self._owed - elapsed)
+        else:
+            time.sleep(seconds - spin)
         self.last_kernel_end = time.perf_counter()
-        self._busy = self._elapsed()
+        self._busy = self._elapsed() if self.paced else self._busy + self.last_kernel_end - began
 
     def _elapsed(self) -> float:
         return time.perf_counter() - self._began - self._blocked
@@ -99,13 +110,13 @@ class Clock:
             self.add_blocked(time.perf_counter() - began)
 
     def busy_s(self) -> float:
-        """Seconds this step computed: from its start to its last kernel's end, less the time blocked."""
+        """Seconds this step computed: from its start to its last kernel's end, less the time blocked (unpaced:
+        the kernels' own seconds)."""
         return self._busy
 
 
-def build_model(torch: Any, spec: CaseSpec, layers: int, clock: Clock) -> Any:
-    """A stack of ``layers`` Linear+ReLU layers whose forward and backward each sleep like a kernel."""
-    nn: Any = torch.nn
+def kernel_function(torch: Any, clock: Clock, layers: int) -> Any:
+    """An identity autograd function whose forward is one layer's forward kernel and whose backward its backward."""
 
     class Kernel(torch.autograd.Function):
         @staticmethod
@@ -117,6 +128,31 @@ def build_model(torch: Any, spec: CaseSpec, layers: int, clock: Clock) -> Any:
         def backward(ctx: Any, grad: Any) -> Any:
             clock.kernel(clock.backward_s / layers)
             return grad
+
+    return Kernel
+
+
+def pace_blocks(torch: Any, blocks: Any, clock: Clock) -> list[Any]:
+    """Forward hooks that pass each block's output (a tensor, or a tuple's first) through one layer's kernels.
+
+    For models the lab does not build (a ``transformers`` model's decoder blocks): the hooks change no value,
+    only when it is ready. Returns the hook handles.
+    """
+    blocks = list(blocks)
+    kernel = kernel_function(torch, clock, len(blocks))
+
+    def paced(module: Any, args: Any, output: Any) -> Any:
+        if isinstance(output, tuple):
+            return (kernel.apply(output[0]),) + output[1:]
+        return kernel.apply(output)
+
+    return [block.register_forward_hook(paced) for block in blocks]
+
+
+def build_model(torch: Any, spec: CaseSpec, layers: int, clock: Clock) -> Any:
+    """A stack of ``layers`` Linear+ReLU layers whose forward and backward each sleep like a kernel."""
+    nn: Any = torch.nn
+    Kernel = kernel_function(torch, clock, layers)
 
     class Layer(nn.Module):
         def __init__(self) -> None:

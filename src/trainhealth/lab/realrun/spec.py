@@ -16,6 +16,11 @@ True
 ('compute', ('gpu:rank-2',))
 >>> truth(replace(spec, markers=False)).accepted_verdicts
 ('compute', 'insufficient_data')
+>>> truth(replace(spec, ranks=2, fault=replace(fault, target=1))).accepted_verdicts  # no majority to compare with
+('compute', 'insufficient_data')
+>>> explicit = CaseSpec("explicit", Parallelism.DDP, 4, 40, 0, fault, driver=Driver.EXPLICIT, markers=False)
+>>> CaseSpec.from_dict(explicit.to_dict()).driver
+<Driver.EXPLICIT: 'explicit'>
 """
 
 from __future__ import annotations
@@ -27,8 +32,8 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-__all__ = ["CONTROL_KINDS", "LINK_KINDS", "CaseSpec", "Fault", "RealRunFaultKind", "Parallelism", "Pattern", "Truth",
-           "host_name", "severity_band", "truth"]
+__all__ = ["CONTROL_KINDS", "LINK_KINDS", "TRAINER_DRIVERS", "CaseSpec", "Driver", "Fault", "Parallelism", "Pattern",
+           "RealRunFaultKind", "Truth", "host_name", "severity_band", "truth"]
 
 
 class Parallelism(str, enum.Enum):
@@ -37,6 +42,31 @@ class Parallelism(str, enum.Enum):
     DDP = "ddp"
     DP_PP = "dp_pp"
     DP_TP = "dp_tp"
+
+
+class Driver(str, enum.Enum):
+    """What drives the ranks' training loop and so which collectives, in which shape, reach the logger.
+
+    ``lab``: the lab's own loop per :class:`Parallelism` (DDP buckets, pipeline send/recv, TP all-reduces)
+    under the Monitor. The others are shapes users run (layout ``ddp``: every rank one data-parallel replica):
+    ``explicit``, the loop calls ``dist.all_reduce`` itself each iteration and ``dist.barrier()`` every 5th,
+    with ``trainhealth.comm.install`` alone (no Monitor, no step markers); ``fsdp``, per-layer
+    ``all_gather_into_tensor`` before each layer's forward and backward and ``reduce_scatter_tensor`` of each
+    layer's gradient on flat shards; ``fsdp2``, torch's own ``fully_shard`` per layer; ``hf_trainer``, a tiny
+    ``transformers`` model under ``Trainer`` with trainhealth's callback; ``accelerate``, an Accelerate loop
+    with trainhealth's tracker.
+    """
+
+    LAB = "lab"
+    EXPLICIT = "explicit"
+    FSDP = "fsdp"
+    FSDP2 = "fsdp2"
+    HF_TRAINER = "hf_trainer"
+    ACCELERATE = "accelerate"
+
+
+#: Drivers whose loop is a trainer's (the ranks' kernels are hooked into its model).
+TRAINER_DRIVERS = frozenset({Driver.HF_TRAINER, Driver.ACCELERATE})
 
 
 class RealRunFaultKind(str, enum.Enum):
@@ -145,8 +175,21 @@ class CaseSpec:
     pin: tuple[int, ...] = ()  # CPU per rank (cpu_contention), empty: not pinned
     cpu_share: float = 0.0  # share of the kernel time spent in a CPU-bound loop
     markers: bool = True  # the Monitor's step markers; False: the collective logger alone
+    driver: Driver = Driver.LAB  # who runs the loop (:class:`Driver`); not ``lab``: layout ``ddp``
 
     def __post_init__(self) -> None:
+        if self.driver is not Driver.LAB and self.layout is not Parallelism.DDP:
+            raise ValueError(f"driver {self.driver.value} runs one data-parallel group: layout must be ddp, "
+                             f"got {self.layout.value}")
+        if self.driver is Driver.EXPLICIT and self.markers:
+            raise ValueError("driver explicit runs the collective logger alone: markers must be False")
+        if self.driver in TRAINER_DRIVERS and not self.markers:
+            raise ValueError(f"driver {self.driver.value} runs trainhealth's integration (its Monitor): "
+                             "markers must be True")
+        if self.driver is not Driver.LAB and self.fault.kind not in (RealRunFaultKind.COMPUTE, RealRunFaultKind.CLEAN,
+                                                                     RealRunFaultKind.DATALOADER):
+            raise ValueError(f"driver {self.driver.value} takes compute, dataloader and clean cases, "
+                             f"got {self.fault.kind.value}")
         if self.ranks < 2:
             raise ValueError("ranks must be at least 2")
         if self.layout is not Parallelism.DDP and self.ranks % 2:
@@ -197,12 +240,14 @@ class CaseSpec:
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
         out["layout"], out["fault"], out["pin"] = self.layout.value, self.fault.to_dict(), list(self.pin)
+        out["driver"] = self.driver.value
         return out
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> CaseSpec:
+        """The inverse of :meth:`to_dict`; a spec written before ``driver`` existed is the lab's own loop."""
         return cls(**{**data, "layout": Parallelism(data["layout"]), "fault": Fault.from_dict(data["fault"]),
-                      "pin": tuple(data.get("pin", ()))})
+                      "pin": tuple(data.get("pin", ())), "driver": Driver(data.get("driver", "lab"))})
 
     @classmethod
     def load(cls, path: str | Path) -> CaseSpec:
@@ -235,6 +280,8 @@ class Truth:
     components: tuple[str, ...]  # a right top-1 suspect is one of these
     fault: dict[str, Any]
     notes: tuple[str, ...] = ()
+    driver: str = "lab"  # Driver.value (absent from truth files written before it existed)
+    markers: bool = True  # whether the Monitor wrote step markers (on rank 0 only for accelerate)
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -285,12 +332,19 @@ def truth(spec: CaseSpec, hosts: dict[int, str] | None = None, *, onset: int | N
         verdict, accepted, components = "compute", ("compute",), (f"gpu:rank-{target}",)
     else:  # host-side slowness of one rank: its device is late to every collective, as a slow GPU would be
         verdict, accepted, components = "compute", ("compute",), (f"gpu:rank-{target}", f"host:{target_host}")
-    if not spec.markers:  # without step markers, "insufficient data" is an honest answer; "healthy" for a fault is not
+    if not spec.markers or spec.ranks == 2 or spec.driver in (Driver.ACCELERATE, Driver.FSDP2):
+        # without step markers (accelerate: rank 0's only), with two ranks (no majority to compare the slow one
+        # with), or without collective records (FSDP2 on torch 2.13 calls all_gather_single and
+        # reduce_scatter_single, which the logger does not wrap), "insufficient data" is an honest answer;
+        # "healthy" for a fault is not
         accepted = accepted + ("insufficient_data",)
+    if spec.driver is Driver.HF_TRAINER:
+        notes = notes + ("the trace's steps are the Trainer's state.global_step: the lab's step k is trace step k+1",)
     severity = fault.severity if kind not in (RealRunFaultKind.CLEAN, RealRunFaultKind.CPU_CONTENTION) else None
     return Truth(
         case=spec.name, layout=spec.layout.value, ranks=spec.ranks, seed=spec.seed, steps=spec.steps,
         kind=kind.value, pattern=fault.pattern.value, target=target, target_host=target_host, onset=fault.onset,
         severity=severity, severity_band=severity_band(severity), expected_verdict=verdict,
         accepted_verdicts=accepted, components=components, fault=fault.to_dict(), notes=notes,
+        driver=spec.driver.value, markers=spec.markers,
     )

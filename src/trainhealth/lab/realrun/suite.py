@@ -22,9 +22,12 @@ import numpy as np
 from trainhealth.lab.realrun.launcher import HOG_CODE, CaseOutcome, run_case, score_run
 from trainhealth.lab.realrun.spec import CaseSpec, Truth
 
-__all__ = ["RESULTS_FILE", "ResultsError", "load_results", "rescore", "run_suite", "summary", "table"]
+__all__ = ["RESULTS_FILE", "SLOW_FACTOR", "ResultsError", "load_results", "rescore", "run_suite", "shape_label",
+           "shape_summary", "shape_table", "summary", "table"]
 
 RESULTS_FILE = "results.jsonl"
+#: A rank this many times slower than planned must never be called healthy (issue 30).
+SLOW_FACTOR = 1.5
 
 
 def run_suite(cases: Sequence[CaseSpec], out: str | os.PathLike[str], *, noise: bool = False, live: bool = True,
@@ -231,3 +234,86 @@ def summary(rows: Sequence[dict[str, Any]]) -> str:
         f"wait {share(detected, lambda r: bool(r['baseline_wait']['top1_right']))}",
     ]
     return "\n".join(lines)
+
+
+def shape_label(truth: dict[str, Any]) -> str:
+    """The shape of a run from its truth: driver (or the lab's layout), markers, ranks.
+
+    >>> shape_label({"driver": "fsdp", "layout": "ddp", "markers": False, "ranks": 4})
+    'fsdp-nomarkers-r4'
+    >>> shape_label({"layout": "dp_pp", "ranks": 2})  # a truth file from before drivers: the lab's loop
+    'dp_pp-r2'
+    """
+    driver = truth.get("driver", "lab")
+    shape = truth["layout"] if driver == "lab" else driver
+    return f"{shape}{'' if truth.get('markers', True) else '-nomarkers'}-r{truth['ranks']}"
+
+
+def _fault_label(truth: dict[str, Any]) -> str:
+    if truth["target"] is None:
+        return truth["kind"]
+    if "issue30" in truth["case"]:  # cases.issue30_repro: its own line
+        return "issue30-repro"
+    return f"{truth['kind']}/{'start' if truth['onset'] == 0 else 'mid'}"
+
+
+def _slow(row: dict[str, Any]) -> bool:
+    """Whether a rank was planned at least :data:`SLOW_FACTOR` times slow (a compute fault)."""
+    truth = row["truth"]
+    return truth["kind"] == "compute" and truth["severity"] is not None and truth["severity"] >= SLOW_FACTOR
+
+
+def _right_or_insufficient(row: dict[str, Any]) -> bool:
+    verdict = row["localize"]["verdict"]
+    return bool(row["localize"]["verdict_right"]) or verdict == "insufficient_data"
+
+
+def shape_table(rows: Sequence[dict[str, Any]]) -> str:
+    """Per shape and fault (``compute/mid``, ``compute/start``, ``clean``): the verdicts given, how many are
+    right (or ``insufficient_data``), top-1, false blame and ``healthy`` answers while a rank was slow."""
+    groups: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
+    errors = []
+    for row in rows:
+        if row["status"] == "ok":
+            groups[(shape_label(row["truth"]), _fault_label(row["truth"]))].append(row)
+        elif row["status"] == "error":
+            errors.append(f"{row['case']}: {row['reason'][:160]}")
+    header = (f"{'shape':<24}{'fault':<15}{'runs':>5}{'right|insuf':>12}{'top-1':>7}{'false':>7}{'healthy&slow':>14}"
+              "  verdicts")
+    lines = [header, "-" * (len(header) + 20)]
+    for (shape, fault), members in sorted(groups.items()):
+        verdicts: dict[str, int] = defaultdict(int)
+        for r in members:
+            verdicts[str(r["localize"]["verdict"])] += 1
+        slow = [r for r in members if _slow(r)]
+        top1 = [r["localize"]["top1_right"] for r in members if r["truth"]["target"] is not None]
+        lines.append(
+            f"{shape:<24}{fault:<15}{len(members):>5}"
+            f"{sum(map(_right_or_insufficient, members)):>7}/{len(members):<4}"
+            f"{_percent(top1) if top1 else '     -':>7}"
+            f"{sum(bool(r['localize']['false_blame']) for r in members):>7}"
+            f"{sum(r['localize']['verdict'] == 'healthy' for r in slow):>9}/{len(slow):<4}  "
+            + ", ".join(f"{v} {n}" for v, n in sorted(verdicts.items()))
+        )
+    lines += [f"error: {error}" for error in errors]
+    lines.append("(right|insuf: an accepted verdict or insufficient_data; top-1: the top suspect is the slow "
+                  "rank's component; false: runs blaming anyone wrongly; healthy&slow: 'healthy' while a rank was "
+                  f"planned >= {SLOW_FACTOR}x slow)")
+    return "\n".join(lines)
+
+
+def shape_summary(rows: Sequence[dict[str, Any]]) -> str:
+    """Issue 30's acceptance lines over ``rows``."""
+    done = [r for r in rows if r["status"] == "ok"]
+    slow = [r for r in done if _slow(r)]
+    never_healthy = sum(r["localize"]["verdict"] != "healthy" for r in slow)
+    blamed = sum(bool(r["localize"]["false_blame"]) for r in done)
+    right = sum(map(_right_or_insufficient, done))
+    share = 100.0 * blamed / len(done) if done else float("nan")
+    return "\n".join([
+        (f"runs: {len(rows)} ({len(done)} scored, {sum(r['status'] == 'error' for r in rows)} failed, "
+         f"{sum(r['status'] == 'skipped' for r in rows)} skipped)"),
+        f"never `healthy` while a rank is >={SLOW_FACTOR}x slow: {never_healthy}/{len(slow)}",
+        f"false blame: {blamed}/{len(done)} runs ({share:.1f}%; target <= 1%)",
+        f"verdict right or insufficient_data: {right}/{len(done)}",
+    ])

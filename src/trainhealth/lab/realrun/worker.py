@@ -13,7 +13,10 @@ logger, appended to while it runs every ``TRAINHEALTH_TRACE_WRITE_INTERVAL``),
 ``progress/steps-rank-<R>.json`` (every step's start, wall time and compute time) at
 the end; rank 0 also writes ``topology.json`` and, in link cases, ``probe.json`` when
 the link probe is available. With ``markers=False`` there is no Monitor: the collective
-logger alone records, so there are no step markers and every record has step 0.
+logger alone records, so there are no step markers and every record has step 0. A case whose
+``driver`` is not ``lab`` runs a shape users run instead: its own collectives or FSDP-style sharding
+(:mod:`trainhealth.lab.realrun.shapes`), or a trainer with trainhealth's integration
+(:mod:`trainhealth.lab.realrun.trainers`).
 """
 
 from __future__ import annotations
@@ -28,47 +31,18 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from trainhealth.lab.realrun.kernels import BACKWARD_SHARE, FORWARD_SHARE, OPTIMIZER_SHARE, Clock, build_model
+from trainhealth.lab.realrun.kernels import (
+    BACKWARD_SHARE,
+    FORWARD_SHARE,
+    OPTIMIZER_SHARE,
+    Clock,
+    build_model,
+)
 from trainhealth.lab.realrun.parallel import STEPS, new_groups
-from trainhealth.lab.realrun.spec import CaseSpec, Parallelism
+from trainhealth.lab.realrun.rankfiles import StepLog, write_json, write_topology
+from trainhealth.lab.realrun.spec import TRAINER_DRIVERS, CaseSpec, Driver, Parallelism
 
 __all__ = ["main", "run_rank"]
-
-
-def _write_json(path: Path, data: Any) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(path.name + ".partial")
-    partial.write_text(json.dumps(data, sort_keys=True, indent=2) + "\n", encoding="utf-8")
-    os.replace(partial, path)
-
-
-def _write_topology(run_dir: Path, spec: CaseSpec, rank: int, fragment: dict[str, Any], timeout_s: float = 60.0) -> None:
-    """Each rank writes its groups and host; rank 0 merges them into ``topology.json`` (no collective needed)."""
-    parts = run_dir / "progress"
-    _write_json(parts / f"topology-rank-{rank}.json", fragment)
-    if rank != 0:
-        return
-    deadline = time.monotonic() + timeout_s
-    found: dict[int, dict[str, Any]] = {}
-    while len(found) < spec.ranks and time.monotonic() < deadline:
-        for other in range(spec.ranks):
-            path = parts / f"topology-rank-{other}.json"
-            if other not in found and path.is_file():
-                found[other] = json.loads(path.read_text(encoding="utf-8"))
-        if len(found) < spec.ranks:
-            time.sleep(0.05)
-    groups: dict[str, list[int]] = {}
-    hosts: dict[str, str] = {}
-    for other, part in sorted(found.items()):
-        groups.update(part["groups"])
-        hosts[str(other)] = part["host"]
-    parallelism = {"dp": spec.replicas}
-    if spec.layout is Parallelism.DP_PP:
-        parallelism["pp"] = 2
-    elif spec.layout is Parallelism.DP_TP:
-        parallelism["tp"] = 2
-    _write_json(run_dir / "topology.json", {"groups": dict(sorted(groups.items())), "hosts": hosts,
-                                             "parallelism": parallelism})
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -98,6 +72,12 @@ def _fork_ranks(spec_path: str, ranks: list[int]) -> int:
     import trainhealth.comm  # noqa: F401
     import trainhealth.exporters.monitor  # noqa: F401
     import trainhealth.traces.io  # noqa: F401
+
+    driver = CaseSpec.load(spec_path).driver
+    if driver in TRAINER_DRIVERS:  # the trainer and its integration: ~10 s each on 2 cores, once before the fork
+        from trainhealth.lab.realrun.trainers import integration
+
+        integration(driver)
 
     run_dir = Path(spec_path).resolve().parent
     hosts = json.loads(os.environ.get("TRAINHEALTH_LAB_HOSTS", "{}"))
@@ -167,9 +147,19 @@ def run_rank(spec_path: str, rank: int) -> int:
     torch.manual_seed(spec.seed)  # the same initial weights on every replica
     dist.init_process_group("gloo", rank=rank, world_size=spec.ranks, timeout=timedelta(seconds=90))
     try:
-        _train(torch, dist, spec, rank, run_dir)
+        if spec.driver is Driver.LAB:
+            _train(torch, dist, spec, rank, run_dir)
+        elif spec.driver in TRAINER_DRIVERS:
+            from trainhealth.lab.realrun.trainers import train_with_trainer
+
+            train_with_trainer(torch, dist, spec, rank, run_dir)
+        else:  # the shapes users run: their own collectives, FSDP-style sharding
+            from trainhealth.lab.realrun.shapes import train_shape
+
+            train_shape(torch, dist, spec, rank, run_dir)
     finally:
-        dist.destroy_process_group()
+        if dist.is_initialized():  # a trainer may have destroyed it already
+            dist.destroy_process_group()
     return 0
 
 
@@ -206,15 +196,13 @@ def _train(torch: Any, dist: Any, spec: CaseSpec, rank: int, run_dir: Path) -> N
     ids = {logger.group_id(None): list(range(spec.ranks))} if logger is not None else {}
     if logger is not None:
         ids.update({logger.group_id(pg): ranks for ranks, pg in mine.values()})
-    _write_topology(run_dir, spec, rank, {"groups": ids, "host": logger.host if logger is not None else ""})
+    write_topology(run_dir, spec, rank, {"groups": ids, "host": logger.host if logger is not None else ""})
     step_fn = STEPS[spec.layout](torch, dist, spec, rank, model, train_module, groups, clock)
 
-    timings: list[list[float]] = []
-    progress = run_dir / "progress" / f"rank-{rank}.json"
+    steps = StepLog(run_dir, rank, clock)
     try:
         for step in range(spec.steps):
-            began, cpu = time.time(), time.process_time()
-            clock.begin_step(spec.work_factor(rank, step))
+            steps.begin(spec.work_factor(rank, step))
             stall = spec.fault.stall(rank, step)
             if stall > 0:  # the data fetch of every rank (inputs, or a last stage's labels) comes before forward
                 with clock.blocked():  # not the rank's compute: the pacing must not absorb it
@@ -224,8 +212,7 @@ def _train(torch: Any, dist: Any, spec: CaseSpec, rank: int, run_dir: Path) -> N
             optimizer.zero_grad(set_to_none=True)
             if monitor is not None:
                 monitor.step(loss=loss, tokens=spec.batch, step=step)
-            timings.append([step, began, time.time() - began, clock.busy_s(), time.process_time() - cpu])
-            _write_json(progress, {"step": step, "time": time.time()})
+            steps.end(step)
         if spec.netns:
             _probe(run_dir, rank)
     finally:
@@ -233,7 +220,7 @@ def _train(torch: Any, dist: Any, spec: CaseSpec, rank: int, run_dir: Path) -> N
             monitor.close()  # writes the final trace
         if comm.installed() is not None:
             comm.uninstall()
-        _write_json(run_dir / "progress" / f"steps-rank-{rank}.json", timings)
+        steps.close()
 
 
 def _probe(run_dir: Path, rank: int) -> None:
@@ -242,17 +229,17 @@ def _probe(run_dir: Path, rank: int) -> None:
         from trainhealth.exporters.collectives.probe import probe_links
     except ImportError as exc:
         if rank == 0:
-            _write_json(run_dir / "probe.json", {"unavailable": f"trainhealth.exporters.collectives.probe: {exc}"})
+            write_json(run_dir / "probe.json", {"unavailable": f"trainhealth.exporters.collectives.probe: {exc}"})
         return
     try:
         result = probe_links()
     except Exception as exc:  # the lab records it; the scoring goes on without the probe
         if rank == 0:
-            _write_json(run_dir / "probe.json", {"unavailable": f"probe_links() failed: {type(exc).__name__}: {exc}"})
+            write_json(run_dir / "probe.json", {"unavailable": f"probe_links() failed: {type(exc).__name__}: {exc}"})
         return
     if rank == 0 and result is not None:
         data = result.to_dict() if hasattr(result, "to_dict") else result
-        _write_json(run_dir / "probe.json", data)
+        write_json(run_dir / "probe.json", data)
 
 
 if __name__ == "__main__":
