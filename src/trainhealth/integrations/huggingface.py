@@ -12,7 +12,13 @@ The values are taken where the Trainer computes them, so they equal what it logs
 * the **learning rate** is the one the optimizer step applied (the Monitor reads it in its
   optimizer pre-step hook, before the scheduler moves it: the Trainer's ``learning_rate``);
 * the **step** is ``state.global_step``; saved checkpoints are reported
-  (``trainhealth_checkpoint_last_step``).
+  (``trainhealth_checkpoint_last_step``). With the collective logger on (``comm=True``), the
+  collective, ``forward`` and ``optimizer`` rows of an optimizer step carry the step number of
+  its ``step`` marker, from the first step on;
+* **DDP's bucket all-reduces**: the Trainer wraps the model in DistributedDataParallel after
+  ``on_train_begin``; at the first ``on_step_begin`` the callback registers the collective logger's
+  communication hook on the Trainer's ``model_wrapped`` (with the logger on), so a straggler's
+  peers' wait in the buckets is recorded as waiting, not computing.
 
 The callback finds the Trainer that runs it at ``on_train_begin`` (the caller of the event) and
 wraps those two methods on that instance, passing every call through unchanged (and calls
@@ -41,6 +47,7 @@ from transformers import Trainer, TrainerCallback
 
 from trainhealth.exporters.monitor import Monitor
 from trainhealth.integrations._capture import ForwardCapture
+from trainhealth.integrations._ddp import instrument
 
 __all__ = ["TrainhealthCallback"]
 
@@ -61,6 +68,8 @@ class TrainhealthCallback(TrainerCallback):
         self._taps: _TrainerTaps | None = None
         self._capture: ForwardCapture | None = None
         self._deferred: tuple[Any, int | None, int] | None = None
+        self._running: Any = None  # the Trainer of the current train()
+        self._ddp_pending = False  # whether the first on_step_begin is still to look for the DDP wrapper
 
     @classmethod
     def attach(cls, trainer: Any, **monitor_settings: Any) -> TrainhealthCallback:
@@ -74,10 +83,20 @@ class TrainhealthCallback(TrainerCallback):
         self._finish()  # a train() that raised never reached on_train_end
         trainer = _running_trainer() or self._trainer
         self.monitor = Monitor(model, optimizer, **self.monitor_settings)
+        self._running = trainer
+        comm = self.monitor.comm
+        if comm is not None:  # the rows before the first marker (global_step + 1) carry its number
+            comm.step = int(state.global_step) + 1
+            self._ddp_pending = trainer is not None
         if trainer is not None:
             self._taps = _TrainerTaps(trainer, self.monitor)
         else:
             self._capture = ForwardCapture(model)
+
+    def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self._ddp_pending and self.monitor is not None:  # the Trainer has wrapped the model by now
+            self._ddp_pending = False
+            instrument(self.monitor, getattr(self._running, "model_wrapped", None))
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         monitor = self.monitor
@@ -123,6 +142,8 @@ class TrainhealthCallback(TrainerCallback):
             self._capture = None
         if self.monitor is not None:
             self.monitor.close()
+        self._running = None
+        self._ddp_pending = False
 
 
 def _running_trainer() -> Any:

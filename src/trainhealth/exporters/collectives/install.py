@@ -34,6 +34,7 @@ from trainhealth.config import Settings
 from trainhealth.detectors.runner import SignalDetectors
 from trainhealth.exporters.collectives.logger import COMMUNICATION_FUNCTIONS, CollectiveLogger
 from trainhealth.exporters.collectives.shutdown import restore_signals, save_on_signals
+from trainhealth.exporters.collectives.wrappers import DEPRECATED_ALIASES, runs
 from trainhealth.store import MetricStore
 
 __all__ = ["CollectiveLogger", "install", "installed", "instrument_ddp", "uninstall"]
@@ -88,8 +89,17 @@ def install(trace_dir: str | os.PathLike[str] | None = None, *, store: MetricSto
             trace_write_interval_s=settings.comm.trace_write_interval,
         )
         for name in COMMUNICATION_FUNCTIONS:
-            original = getattr(c10d, name)
-            wrapper = logger.wrap(name, original)
+            original = getattr(c10d, name, None)
+            if original is None:  # a function this torch does not have (all_gather_single before 2.13)
+                continue
+            runs_instead = DEPRECATED_ALIASES.get(name)
+            if runs_instead is not None and hasattr(c10d, runs_instead) and runs(original, runs_instead):
+                continue  # it runs the wrapped function, which records the call
+            try:
+                wrapper = logger.wrap(name, original)
+            except (KeyError, TypeError, ValueError):  # something replaced it with a function of another signature
+                log.warning("trainhealth: torch.distributed.%s has an unexpected signature; it is not recorded", name)
+                continue
             _originals[name] = original
             setattr(c10d, name, wrapper)
             if getattr(dist, name, None) is original:

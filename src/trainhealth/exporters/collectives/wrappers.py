@@ -4,7 +4,9 @@ Three capture paths, because none alone sees everything:
 
 * wrappers around the explicit ``torch.distributed`` collectives (and ``isend`` /
   ``irecv``, through which ``batch_isend_irecv`` runs), timed to completion —
-  async work handles through their future;
+  async work handles through their future. torch 2.13's deprecated ``all_gather_into_tensor``
+  and ``reduce_scatter_tensor`` run ``all_gather_single`` and ``reduce_scatter_single``: there
+  only the latter are wrapped (:data:`DEPRECATED_ALIASES`), so each call is one record;
 * a DDP communication hook (:func:`instrument_ddp`), because DDP's bucket
   all-reduces bypass ``torch.distributed.all_reduce``;
 * on NCCL, the process group's completion hook, timed with CUDA events on the
@@ -25,7 +27,7 @@ from typing import Any, cast
 
 from trainhealth.exporters.collectives.recorder import CollectiveRecorder
 
-__all__ = ["COMMUNICATION_FUNCTIONS", "instrument_ddp", "wrap"]
+__all__ = ["COMMUNICATION_FUNCTIONS", "DEPRECATED_ALIASES", "instrument_ddp", "runs", "wrap"]
 
 log = logging.getLogger(__name__)
 
@@ -38,25 +40,47 @@ class _Call:
     inputs: str | None  # parameter holding the tensor (or list of tensors) sent
     peer: str | None = None  # dst / src for point-to-point
     always_async: bool = False
+    inputs_are_list: bool = False
 
 
-#: The wrapped torch.distributed functions and how their arguments are read.
+#: The wrapped torch.distributed functions and how their arguments are read; a name the installed torch
+#: lacks (``all_gather_single`` before torch 2.13) is skipped. The trace format has no ``gather`` or
+#: ``scatter``: they are recorded as the rooted collectives they resemble, ``reduce`` (many to one) and
+#: ``broadcast`` (one to many). ``all_gather_object`` and the other object collectives run the tensor
+#: collectives above, which record them.
 COMMUNICATION_FUNCTIONS: dict[str, _Call] = {
     "all_reduce": _Call("all_reduce", "tensor"),
+    "all_reduce_coalesced": _Call("all_reduce", "tensors", inputs_are_list=True),
     "all_gather": _Call("all_gather", "tensor"),
+    "all_gather_single": _Call("all_gather", "input_tensor"),  # torch >= 2.13; FSDP2 calls it
     "all_gather_into_tensor": _Call("all_gather", "input_tensor"),
-    "reduce_scatter": _Call("reduce_scatter", "input_list"),
+    "all_gather_coalesced": _Call("all_gather", "input_tensor_list", inputs_are_list=True),
+    "reduce_scatter": _Call("reduce_scatter", "input_list", inputs_are_list=True),
+    "reduce_scatter_single": _Call("reduce_scatter", "input"),  # torch >= 2.13; FSDP2 calls it
     "reduce_scatter_tensor": _Call("reduce_scatter", "input"),
-    "all_to_all": _Call("all_to_all", "input_tensor_list"),
+    "all_to_all": _Call("all_to_all", "input_tensor_list", inputs_are_list=True),
     "all_to_all_single": _Call("all_to_all", "input"),
     "broadcast": _Call("broadcast", "tensor"),
+    "scatter": _Call("broadcast", "tensor"),
     "reduce": _Call("reduce", "tensor"),
+    "gather": _Call("reduce", "tensor"),
     "barrier": _Call("barrier", None),
+    "monitored_barrier": _Call("barrier", None),
     "send": _Call("send", "tensor", peer="dst"),
     "recv": _Call("recv", "tensor", peer="src"),
     "isend": _Call("send", "tensor", peer="dst", always_async=True),
     "irecv": _Call("recv", "tensor", peer="src", always_async=True),
 }
+
+#: torch 2.13's deprecated names and the functions they run: where they run them (looked up by name in
+#: torch's module, so the wrapper records the call), the deprecated name is left unwrapped.
+DEPRECATED_ALIASES = {"all_gather_into_tensor": "all_gather_single", "reduce_scatter_tensor": "reduce_scatter_single"}
+
+
+def runs(function: Any, name: str) -> bool:
+    """Whether ``function`` (under its decorators) calls the module-level function ``name``."""
+    code = getattr(inspect.unwrap(function), "__code__", None)
+    return code is not None and name in code.co_names
 
 
 def _nbytes(value: Any) -> int:
@@ -84,7 +108,7 @@ def _wrap_collective(logger: CollectiveRecorder, call: _Call, original: Callable
     # against local references (see benchmarks/comm_overhead.py for its cost).
     op, inputs = call.op, call.inputs
     input_index = position.get(inputs, 1 << 30) if inputs else 1 << 30
-    input_is_list = inputs in ("input_list", "input_tensor_list")
+    input_is_list = call.inputs_are_list
     group_index = position["group"]
     async_index = position.get("async_op", 1 << 30)
     clock = time.perf_counter

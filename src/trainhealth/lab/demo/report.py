@@ -198,10 +198,12 @@ def _plot_gpus(path: Path, incident: Incident, culprit: int | None) -> bool:
 
 
 def _evidence(loc: dict[str, Any]) -> list[str]:
-    """The localizer's reasons and each suspect's evidence, in words."""
+    """The localizer's reasons (a healthy verdict's detection power, why the data could not tell), each
+    suspect's evidence and the events that blamed nobody, in words."""
     lines = [str(r) for r in loc.get("reasons", [])]
     lines += [f"{s.get('component', s.get('kind'))} (score {float(s.get('score', 0)):.2f}): {s.get('evidence', '')}"
               for s in loc.get("suspects", [])]
+    lines += [f"event, not a fault: {e.get('component')}: {e.get('evidence', '')}" for e in loc.get("events", [])]
     if lines and loc.get("evidence_source"):
         lines.append(f"evidence from: {loc['evidence_source']}")
     return lines

@@ -9,11 +9,11 @@ initialised (Accelerate, under both, finds it and keeps it):
   and an optimizer pre-step hook; a lab callback starts each step's pacing at ``on_step_begin``. The
   Monitor's step markers carry ``state.global_step``, one more than the lab's step index.
 * ``accelerate``: the lab's paced MLP under ``Accelerator(log_with=[TrainhealthTracker(...)])``,
-  ``accelerator.log`` once per step. Accelerate calls trackers on the main process only, so rank 0
-  alone writes step markers; the other ranks' Monitors hook the optimizer and close at ``finish()``.
+  ``accelerator.log`` once per step (Accelerate calls trackers on the main process only; the
+  integration records every rank's steps itself).
 
-Neither integration records DDP's bucket all-reduces (``trainhealth.comm.instrument_ddp`` is not
-called by them): what the trace holds is what a user of the integration gets.
+Both integrations record DDP's bucket all-reduces (they instrument the DDP model the trainer
+wraps), as the collective logger does under ``Monitor(comm=True)``.
 
 The integrations are imported when a rank of their driver starts (:func:`integration`), as a user's
 training script imports them (each imports its trainer, which the other drivers do not need).

@@ -26,7 +26,7 @@ class Recorder:
         self.chunks: list[tuple[np.ndarray, ...]] = []
         self.groups: list[str] = []
         self._group_codes: dict[str, int] = {}
-        self._seq: dict[int, int] = {}
+        self._seq = np.empty(0, dtype=np.int64)  # per group code: its last instance
 
     def group(self, name: str) -> int:
         code = self._group_codes.get(name)
@@ -36,11 +36,11 @@ class Recorder:
         return code
 
     def next_seq(self, codes: np.ndarray) -> np.ndarray:
-        """One new instance for each group code (numbered per group)."""
-        out = np.empty(len(codes), dtype=np.int64)
-        for position, code in enumerate(codes.tolist()):
-            out[position] = self._seq[code] = self._seq.get(code, -1) + 1
-        return out
+        """One new instance for each group code (numbered per group; each code at most once per call)."""
+        if len(self._seq) < len(self.groups):
+            self._seq = np.concatenate([self._seq, np.full(len(self.groups) - len(self._seq), -1, dtype=np.int64)])
+        self._seq[codes] += 1
+        return self._seq[codes].copy()
 
     def add(self, ranks: np.ndarray, step: int, op: str, start: np.ndarray, duration: np.ndarray,
             group: np.ndarray | None = None, seq: np.ndarray | None = None, nbytes: int = 0,
@@ -57,24 +57,28 @@ class Recorder:
         ))
 
     def frame(self, layout: ClusterLayout) -> pd.DataFrame:
-        columns = [np.concatenate(parts) for parts in zip(*self.chunks)]
-        rank, step, op, group, seq, start, duration, nbytes, peer = columns
+        """Every record as one trace frame, sorted by rank and start (stably); the chunks are released."""
+        columns = []
+        for position in range(len(self.chunks[0])):  # one column at a time: at most one column is held twice
+            columns.append(np.concatenate([chunk[position] for chunk in self.chunks]))
+        self.chunks = []
+        order = np.lexsort((columns[5], columns[0]))
+        rank, step, op, group, seq, start, duration, nbytes, peer = (column[order] for column in columns)
+        del columns, order
         hosts = [layout.host_name(h) for h in range(int(layout.host_of(layout.world - 1)) + 1)]
         frame = pd.DataFrame({
             "rank": rank.astype(np.int64), "step": step.astype(np.int64),
             "op": pd.Categorical.from_codes(op, categories=list(_OPS)),
             "group": pd.Categorical.from_codes(group, categories=self.groups),
-            "seq": pd.array(np.where(seq >= 0, seq, 0), dtype="Int64"),
+            "seq": pd.arrays.IntegerArray(np.where(seq >= 0, seq, 0), seq < 0),
             "start": start, "duration": duration,
-            "bytes": pd.array(nbytes, dtype="Int64"),
+            "bytes": pd.arrays.IntegerArray(nbytes, np.zeros(len(nbytes), dtype=bool)),
             "host": pd.Categorical.from_codes((rank // layout.gpus_per_host).astype(np.int64), categories=hosts),
             "gpu": (rank % layout.gpus_per_host).astype(np.int64),
-            "peer": pd.array(peer, dtype="Int64"),
+            "peer": pd.arrays.IntegerArray(np.where(peer >= 0, peer, 0).astype(np.int64), peer < 0),
         })
-        frame.loc[seq < 0, "seq"] = pd.NA
-        frame.loc[peer < 0, "peer"] = pd.NA
         frame["simulated"] = True
-        return frame.sort_values(["rank", "start"], kind="stable").reset_index(drop=True)
+        return frame
 
 
 class GroupNames:

@@ -3,19 +3,24 @@
 Injected faults, with ground truth: a slow GPU (compute x severity), a slow NIC
 or link of one rank (its inter-host transfers x severity), every NIC of one host,
 a slow leaf switch (every inter-host transfer of its hosts x severity) — transient or persistent,
-severity 1.02 to 3. Negative controls: fault-free, a longer last pipeline stage,
-and varying sequence lengths.
+severity 1.02 to 3, or recurrent (:func:`recurrent_fault`: one device slow in separate episodes).
+Negative controls: fault-free, a longer last pipeline stage, and varying
+sequence lengths; production noise (:mod:`trainhealth.lab.simulator.noise`) on
+top of any of them.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, replace
 from enum import Enum
+from itertools import pairwise
 from typing import Any
 
 from trainhealth.lab.simulator.cluster import ClusterLayout
+from trainhealth.lab.simulator.noise import ProductionNoise
 
-__all__ = ["ClusterFaultKind", "Control", "InjectedFault", "Scenario", "Timing", "with_fault"]
+__all__ = ["ClusterFaultKind", "Control", "InjectedFault", "Scenario", "Timing", "recurrent_fault", "with_fault"]
 
 
 class ClusterFaultKind(str, Enum):
@@ -82,6 +87,7 @@ class Scenario:
     faults: tuple[InjectedFault, ...] = ()
     control: Control = Control.NONE
     timing: Timing = field(default_factory=Timing)
+    noise: ProductionNoise | None = None  # production noise on top of the timing model's own
 
     def __post_init__(self) -> None:
         if self.steps < 1 or self.microbatches < 1:
@@ -114,9 +120,27 @@ class Scenario:
             verdict = "compute" if self.faults[0].kind is ClusterFaultKind.GPU else "communication"  # the first is the one to find
         else:
             verdict = "imbalance" if self.control is not Control.NONE else "healthy"
-        return {"simulated": True, "verdict": verdict, "control": self.control.value, "faults": faults,
-                "layout": asdict(layout), "steps": self.steps, "microbatches": self.microbatches, "seed": self.seed}
+        truth = {"simulated": True, "verdict": verdict, "control": self.control.value, "faults": faults,
+                 "layout": asdict(layout), "steps": self.steps, "microbatches": self.microbatches, "seed": self.seed}
+        if self.noise is not None:
+            truth["noise"] = asdict(self.noise)
+        return truth
 
 
 def with_fault(scenario: Scenario, fault: InjectedFault) -> Scenario:
     return replace(scenario, faults=scenario.faults + (fault,))
+
+
+def recurrent_fault(kind: ClusterFaultKind, target: int, severity: float,
+                    episodes: Iterable[tuple[int, int]]) -> tuple[InjectedFault, ...]:
+    """One device slow in separate episodes ``(start_step, end_step)``: a recurrent transient fault.
+
+    >>> [(f.start_step, f.end_step) for f in recurrent_fault(ClusterFaultKind.GPU, 5, 1.5, [(40, 43), (10, 14)])]
+    [(10, 14), (40, 43)]
+    """
+    faults = tuple(InjectedFault(kind, target, severity, start_step=start, end_step=end)
+                   for start, end in sorted(episodes))
+    for before, after in pairwise(faults):
+        if before.end_step is None or after.start_step <= before.end_step:
+            raise ValueError("the episodes of a recurrent fault must be separate (a healthy step between them)")
+    return faults

@@ -7,7 +7,11 @@ travel between stages by send/recv; each step ends with the data-parallel
 gradient all-reduce and the optimizer. A collective ends at the latest member's
 arrival plus its transfer time (the ByteDance what-if model), so a member that
 waits shows it in its duration. Noise: lognormal jitter, a fixed per-GPU speed
-spread (up to 14%: PRISM's healthy fleet), rare GC pauses and a slow drift.
+spread (up to 14%: PRISM's healthy fleet), rare GC pauses and a slow drift; a
+scenario with :class:`~trainhealth.lab.simulator.noise.ProductionNoise` adds
+uneven work and transient hiccups (drawn from their own stream of the seed, so
+everything else is drawn as without them; the hiccups are in
+:attr:`SimulatedTrace.hiccups`).
 
 The faults it injects and the controls are those of a :class:`Scenario`
 (:mod:`trainhealth.lab.simulator.scenario`). Everything it writes is marked simulated: the
@@ -35,6 +39,7 @@ import numpy as np
 import pandas as pd
 
 from trainhealth.lab.simulator.cluster import ClusterLayout
+from trainhealth.lab.simulator.noise import Hiccup, realise_noise
 from trainhealth.lab.simulator.recorder import GroupNames, Recorder, group_view
 from trainhealth.lab.simulator.scenario import (
     ClusterFaultKind,
@@ -53,6 +58,7 @@ class SimulatedTrace:
     records: pd.DataFrame
     topology: dict[str, Any]
     ground_truth: dict[str, Any]
+    hiccups: tuple[Hiccup, ...] = ()  # the production noise's transient irregularities (none without it)
 
     def write(self, directory: str | os.PathLike[str]) -> list[Path]:
         """``trace.parquet``, ``topology.json`` and ``ground_truth.json`` in ``directory``."""
@@ -93,14 +99,20 @@ def simulate(scenario: Scenario) -> SimulatedTrace:
     recorder = Recorder()
     free = [np.zeros(ranks.shape) for ranks in ranks_of]
     names = GroupNames(layout, recorder)
+    noise = None
+    if scenario.noise is not None:
+        noise = realise_noise(scenario.noise, layout, scenario.steps, scenario.microbatches, scenario.seed)
 
-    def compute(step: int, s: int, kind: str, start: np.ndarray, seqlen: np.ndarray, slow: np.ndarray) -> np.ndarray:
+    def compute(step: int, s: int, kind: str, start: np.ndarray, seqlen: np.ndarray, slow: np.ndarray,
+                extra: np.ndarray | None = None) -> np.ndarray:
         ranks = ranks_of[s]
         work = base[s] * (timing.backward_factor if kind == "backward" else 1.0)
         drift = 1.0 + timing.drift * step / max(1, scenario.steps - 1)
         duration = work * speed[ranks] * slow[ranks] * drift * seqlen[:, None, None] * np.exp(rng.normal(0, timing.jitter, ranks.shape))
         gc = rng.random(ranks.shape) < timing.gc_rate
         duration = duration + gc * rng.uniform(*timing.gc_pause, ranks.shape)
+        if extra is not None:
+            duration = duration + extra[ranks]
         recorder.add(ranks, step, kind, start, duration)
         return start + duration
 
@@ -116,10 +128,9 @@ def simulate(scenario: Scenario) -> SimulatedTrace:
         end = latest + seconds * slowdown * np.exp(rng.normal(0, timing.comm_jitter, latest.shape))
         end_each = ungroup(np.broadcast_to(end[..., None], grouped.shape))
         codes = names.codes(axis, s)
-        seq = recorder.next_seq(np.unique(codes))
-        seq_of = dict(zip(np.unique(codes).tolist(), seq.tolist()))
-        recorder.add(ranks, step, op, arrival, end_each - arrival, group=codes,
-                     seq=np.vectorize(seq_of.get)(codes), nbytes=nbytes)
+        unique, member_of = np.unique(codes, return_inverse=True)
+        seq = recorder.next_seq(unique)[member_of].reshape(codes.shape)
+        recorder.add(ranks, step, op, arrival, end_each - arrival, group=codes, seq=seq, nbytes=nbytes)
         return end_each
 
     for step in range(scenario.steps):
@@ -139,6 +150,12 @@ def simulate(scenario: Scenario) -> SimulatedTrace:
         seqlen = np.ones((scenario.microbatches, layout.dp))
         if scenario.control is Control.SEQLEN_IMBALANCE:
             seqlen = np.exp(rng.normal(0, timing.seqlen_sigma, seqlen.shape))
+        passes_slow, stalled = slow, None
+        if noise is not None:
+            seqlen = seqlen * noise.work[step]
+            passes_slow = slow * noise.compute_factor[step]
+            path = path * noise.path_factor[step]
+            stalled = noise.compute_extra[step]
         forward_done: dict[tuple[int, int], np.ndarray] = {}
         backward_done: dict[tuple[int, int], np.ndarray] = {}
         order = [_schedule(s, stages, scenario.microbatches) for s in range(stages)]
@@ -158,7 +175,8 @@ def simulate(scenario: Scenario) -> SimulatedTrace:
                         start = _transfer(recorder, names, layout, step, source[0], s, done[source], start, ranks_of,
                                           hosts, path, timing, rng)
                     pass_kind = "forward" if kind == "F" else "backward"
-                    end = compute(step, s, pass_kind, start, seqlen[m], slow)
+                    first_pass = kind == "F" and m == 0  # a stall holds up the step's first pass
+                    end = compute(step, s, pass_kind, start, seqlen[m], passes_slow, stalled if first_pass else None)
                     for axis, op, seconds in (("tp", "all_reduce", timing.tp_all_reduce),
                                               ("cp", "all_gather", timing.cp_all_gather),
                                               ("ep", "all_to_all", timing.ep_all_to_all)):
@@ -186,7 +204,11 @@ def simulate(scenario: Scenario) -> SimulatedTrace:
         "parallelism": layout.parallelism(),
         "switches": {str(r): f"leaf-{int(layout.leaf_of(r))}" for r in range(world)},
     }
-    return SimulatedTrace(records, topology, scenario.ground_truth())
+    truth = scenario.ground_truth()
+    if noise is None:
+        return SimulatedTrace(records, topology, truth)
+    truth["noise"]["hiccups"] = noise.counts()
+    return SimulatedTrace(records, topology, truth, noise.hiccups)
 
 
 def _transfer(recorder: Recorder, names: GroupNames, layout: ClusterLayout, step: int, source: int, target: int,
