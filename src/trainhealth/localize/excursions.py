@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from collections.abc import Callable
 
 import numpy as np
 
@@ -113,23 +114,27 @@ def episodes(values: np.ndarray, level: float | np.ndarray, min_length: int = 2)
 
 
 def recurrent_members(values: np.ndarray, level: float | np.ndarray, min_episodes: int = 3, false_blame: float = 0.01,
-                      min_length: int = 2, partners: dict[int, set[int]] | None = None) -> dict[int, list[tuple[int, int]]]:
+                      min_length: int = 2, partners: Callable[[], dict[int, set[int]]] | None = None,
+                      ) -> dict[int, list[tuple[int, int]]]:
     """Rows slow in ``min_episodes`` or more separate episodes, more than chance allows: with K episodes in
     the run falling on N rows at random, a row gets k or more with probability P(Binomial(K, 1/N) >= k); a
     row is recurrent when that is at most ``false_blame / N`` (so a healthy run names one with probability at
-    most ``false_blame``). An episode of a row that overlaps a stronger one of its ``partners`` (the NICs at the
-    other end of its transfers) is that one's echo, and counts for neither K nor the row.
+    most ``false_blame``). An episode of a row that overlaps a stronger one of its ``partners`` (a function
+    giving, per row, the rows at the other end of its transfers) is that one's echo, and counts for neither K
+    nor the row.
 
     >>> values = np.zeros((16, 60)); values[3, [5, 6, 20, 21, 40, 41, 50, 51]] = 1.0; values[5, 30:32] = 1.0
     >>> sorted(recurrent_members(values, level=0.5))
     [3]
     >>> values[4] = 0.6 * values[3]  # rank 4 shares rank 3's slow transfers: its episodes are echoes
-    >>> sorted(recurrent_members(values, level=0.5, partners={3: {4}, 4: {3}}))
+    >>> sorted(recurrent_members(values, level=0.5, partners=lambda: {3: {4}, 4: {3}}))
     [3]
     """
     found = episodes(values, level, min_length)
-    if partners:
-        found = _without_echoes(values, found, partners)
+    if not any(len(own) >= min_episodes for own in found):
+        return {}
+    if partners is not None:  # asked only when some row may be recurrent: it costs a pass over the transfers
+        found = _without_echoes(values, found, partners())
     rows = len(found)
     total = sum(len(e) for e in found)
     out = {}

@@ -10,6 +10,7 @@ its transfers are set aside, and the next is looked for.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -82,10 +83,12 @@ def path_candidates(evidence: Evidence, thresholds: Thresholds,
                     f"collectives is slow, the last to arrive too")
             candidate = Candidate("link", f"nic:rank-{rank}", (rank,), evidence.hosts.get(rank),
                                   float(nic_z[index]), text)
-        # the run's other NICs, without the transfers this candidate explains (its partners' share of them)
-        others = explained.copy()
-        _explain(evidence, others, candidate.ranks)
-        _, _, elsewhere = _score_layer(evidence, layers[0], others, thresholds, noise)
+        def elsewhere(candidate: Candidate = candidate) -> np.ndarray:
+            """The run's other NICs, without the transfers the candidate explains (its partners' share)."""
+            others = explained.copy()
+            _explain(evidence, others, candidate.ranks)
+            return _score_layer(evidence, layers[0], others, thresholds, noise)[2]
+
         out.append(_judged(candidate, evidence, nic_values[index], elsewhere, start, stop, effect, thresholds))
         _explain(evidence, explained, candidate.ranks)
     return out, notes
@@ -100,7 +103,7 @@ def _recurrent(evidence: Evidence, nics: _Layer, explained: np.ndarray, threshol
     sigma = row_noise(values, thresholds.min_transfer_effect / 4)
     level = max(thresholds.min_transfer_effect, 4.0 * sigma)
     found = recurrent_members(values, level, thresholds.recurrent_episodes, thresholds.false_blame,
-                              thresholds.min_length - 1, _partners(evidence))
+                              thresholds.min_length - 1, lambda: _partners(evidence))
     best: Candidate | None = None
     for index, episodes in found.items():
         slow = np.zeros(values.shape[1], dtype=bool)
@@ -132,14 +135,14 @@ def _partners(evidence: Evidence) -> dict[int, set[int]]:
     return out
 
 
-def _judged(candidate: Candidate, evidence: Evidence, row: np.ndarray, elsewhere: np.ndarray, start: int, stop: int,
-            effect: float, thresholds: Thresholds) -> Candidate:
+def _judged(candidate: Candidate, evidence: Evidence, row: np.ndarray, elsewhere: Callable[[], np.ndarray], start: int,
+            stop: int, effect: float, thresholds: Thresholds) -> Candidate:
     """The candidate with its shape (:mod:`.excursions`): slow all window, from an onset on, or an event (it
     came and went, or other NICs of the run, without the transfers it explains, went as far for as long)."""
     whole = start <= 0 and stop >= len(row)
     shape = "throughout" if whole else shape_of(row, start, stop)
     covered = np.flatnonzero(np.isin(evidence.ranks, candidate.ranks))  # a host's or switch's NICs are not "others"
-    if shape != "transient" and effect < thresholds.rarity * largest_elsewhere(elsewhere, covered, stop - start):
+    if shape != "transient" and effect < thresholds.rarity * largest_elsewhere(elsewhere(), covered, stop - start):
         shape = "ordinary"
     note = {"transient": "; it came and went: an event, not a faulty component",
             "ordinary": "; other NICs of this run went as far for as long: an event, not a faulty component"}
