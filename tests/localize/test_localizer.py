@@ -130,3 +130,16 @@ def test_thresholds_are_checked():
         Thresholds(gpu_z=0)
     with pytest.raises(ValueError, match="decay"):
         Thresholds(decay=1.5)
+
+
+def test_a_live_window_is_judged_against_the_runs_history():
+    # 60 steps: a 4-step GPU slowdown long before the judged window, a persistent one inside it
+    faults = (InjectedFault(ClusterFaultKind.GPU, 9, 1.5, start_step=10, end_step=14),
+              InjectedFault(ClusterFaultKind.GPU, 37, 1.3, start_step=48))
+    trace = simulate(Scenario(LAYOUT, steps=60, seed=11, faults=faults))
+    result = localize(trace.records, trace.topology, judge_last=20)
+    assert result.details["window"]["steps"] == [40, 59] and result.details["history"]["steps"] == [0, 59]
+    assert [s.component for s in result.suspects] == ["gpu:rank-37"] and result.suspects[0].since_step == 48
+    assert "gpu:rank-9" not in [e["component"] for e in result.details.get("events", [])]  # before the window
+    with pytest.raises(ValueError, match="judge_last"):
+        localize(trace.records, trace.topology, judge_last=0)

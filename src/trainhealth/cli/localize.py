@@ -71,9 +71,10 @@ def _cmd_localize(args: argparse.Namespace) -> int:
     trace, notes = load_any(args.traces, args.input_format, args.topology)
     records = trace.records
     if args.last is not None:
-        steps = sorted(records["step"].unique())[-args.last:]
+        steps = sorted(records["step"].unique())[-max(args.last, args.history or 0):]
         records = records[records["step"].isin(steps)].reset_index(drop=True)
-    result = localize(records, trace.topology, thresholds, _probe(args))
+    judge_last = args.last if args.last is not None and args.history and args.history > args.last else None
+    result = localize(records, trace.topology, thresholds, _probe(args), judge_last)
     if args.json:
         print(json.dumps(result.to_dict(), indent=2, sort_keys=True))
     else:
@@ -201,7 +202,7 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
                                   basic_auth_password_file=args.prometheus_basic_auth_password_file)
         source = PrometheusSource(client, job=args.job, window=args.window, step=args.step)
     else:
-        source = TraceDirectory(Path(args.traces), args.last)
+        source = TraceDirectory(Path(args.traces), args.last, args.history)
     analyzer_settings = {"addr": "prometheus_addr", "port": "prometheus_port", "tls_certfile": "tls_certfile",
                          "tls_keyfile": "tls_keyfile", "tls_client_cafile": "tls_client_cafile",
                          "basic_auth_username": "basic_auth_username",
@@ -268,6 +269,10 @@ def add_commands(commands: argparse._SubParsersAction, parser_class: type[argpar
     localize.add_argument("--from", dest="input_format", choices=kinds, default="auto", help="input format (default: detect)")
     localize.add_argument("--last", type=_LAST, metavar="STEPS",
                           help=f"only the last STEPS steps, {_LAST.range_text} (default: all)")
+    localize.add_argument("--history", type=_LAST, metavar="STEPS",
+                          help="with --last: judge the last STEPS steps against this many steps of the run before "
+                               "their end (each rank's usual, how far healthy members go, recurrence); default: "
+                               "the window alone")
     localize.add_argument("--json", action="store_true", help="the localization result as JSON")
     localize.add_argument("--probe", metavar="FILE",
                           help="a link probe result (trainhealth probe --out) that names the slow link where "
@@ -318,6 +323,10 @@ def add_commands(commands: argparse._SubParsersAction, parser_class: type[argpar
                               "(default 30)")
     analyze.add_argument("--last", type=_LAST, default=20, metavar="STEPS",
                          help=f"traces: steps per run, {_LAST.range_text} (default 20)")
+    analyze.add_argument("--history", type=_LAST, default=200, metavar="STEPS",
+                         help="traces: judge the last --last steps against this many steps of the run before their "
+                              "end, so that excursions healthy ranks and links of this run show too, and single "
+                              f"transient ones, page nobody, {_LAST.range_text} (default 200)")
     analyze.add_argument("--interval", type=_INTERVAL, default=30.0, metavar="SECONDS",
                          help=f"seconds between runs, {_INTERVAL.range_text}; after a failed run twice as long "
                               "(default 30)")

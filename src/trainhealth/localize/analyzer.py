@@ -91,7 +91,7 @@ class Analyzer:
             window = self.source.read()
             for note in window.notes:
                 log.warning("trainhealth analyze: %s", _one_line(note))
-            result = localize(window.records, window.topology, self.thresholds, window.probe)
+            result = localize(window.records, window.topology, self.thresholds, window.probe, window.judge_last)
             self.publish(result, _gpus(window.records), time.perf_counter() - began)
         except (SourceError, TraceError) as exc:
             if strict:

@@ -40,6 +40,7 @@ class Thresholds:
     max_suspects: int = 5
     rarity: float = 1.5  # a slow stretch blames only when no other member of the run reaches 1/rarity of it
     recurrent_episodes: int = 3  # episodes of the same member that make a recurrent fault
+    recurrent_effect: float = 0.095  # log-ratio: episodes below 10% slower make no recurrent fault worth a page
     false_blame: float = 0.01  # chance of naming a recurrent member in a healthy run
     power_steps: int = 10  # detection power is stated for a member slow in this many last steps
     max_hidden: float = 1.5  # "healthy" needs a member this many times slower (power_steps steps) to be blamed

@@ -29,14 +29,14 @@ from __future__ import annotations
 import re
 import warnings
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pandas as pd
 
 from trainhealth.traces.format import COMMUNICATION_OPS
 
-__all__ = ["COMPUTE_OPS", "Evidence", "Transfers", "covered", "gather_evidence", "group_kind", "rank_hosts"]
+__all__ = ["COMPUTE_OPS", "Evidence", "Transfers", "covered", "gather_evidence", "group_kind", "last_steps", "rank_hosts"]
 
 _KIND = re.compile(r"^(tp|dp|pp|ep|cp|emb|sp)(?=[-:_.]|\d|$)")
 COMPUTE_OPS = ("forward", "backward", "optimizer", "compute")
@@ -149,6 +149,26 @@ def gather_evidence(records: pd.DataFrame, hosts: Mapping[int, str] | None = Non
         compute_seconds=compute_seconds, compute_derived=derived,
         last_share=np.where(taken > 0, last_count / np.maximum(taken, 1), 0.0), transfers=transfers,
         hosts={int(r): str(h) for r, h in zip(ranks, host_names) if h}, switches=switch_of,
+    )
+
+
+def last_steps(evidence: Evidence, count: int) -> Evidence:
+    """The evidence of the last ``count`` steps only (the window a live analyzer judges), cut from evidence
+    gathered over a longer history, so that each rank's usual comes from the history."""
+    first = max(len(evidence.steps) - count, 0)
+    columns = slice(first, None)
+    transfers = evidence.transfers
+    kept = transfers.step >= first
+    renumber = np.full(len(kept), -1)
+    renumber[kept] = np.arange(int(kept.sum()))
+    members = kept[transfers.member_instance]
+    return replace(
+        evidence, steps=evidence.steps[columns], step_time=evidence.step_time[columns],
+        compute=evidence.compute[:, columns], compute_change=evidence.compute_change[:, columns],
+        compute_seconds=evidence.compute_seconds[:, columns],
+        transfers=Transfers(excess=transfers.excess[kept], step=transfers.step[kept] - first,
+                            member_instance=renumber[transfers.member_instance[members]],
+                            member_rank=transfers.member_rank[members]),
     )
 
 

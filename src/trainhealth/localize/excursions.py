@@ -130,7 +130,7 @@ def recurrent_members(values: np.ndarray, level: float | np.ndarray, min_episode
     >>> sorted(recurrent_members(values, level=0.5, partners=lambda: {3: {4}, 4: {3}}))
     [3]
     """
-    found = episodes(values, level, min_length)
+    found = [_merged(own, min_length + 1) for own in episodes(values, level, min_length)]
     if not any(len(own) >= min_episodes for own in found):
         return {}
     if partners is not None:  # asked only when some row may be recurrent: it costs a pass over the transfers
@@ -141,6 +141,17 @@ def recurrent_members(values: np.ndarray, level: float | np.ndarray, min_episode
     for row, own in enumerate(found):
         if len(own) >= min_episodes and binomial_tail(len(own), total, 1.0 / max(rows, 2)) <= false_blame / rows:
             out[row] = own
+    return out
+
+
+def _merged(found: list[tuple[int, int]], gap: int) -> list[tuple[int, int]]:
+    """Episodes less than ``gap`` steps apart joined: one slow stretch with a dip is one episode, not several."""
+    out: list[tuple[int, int]] = []
+    for start, stop in found:
+        if out and start - out[-1][1] < gap:
+            out[-1] = (out[-1][0], stop)
+        else:
+            out.append((start, stop))
     return out
 
 

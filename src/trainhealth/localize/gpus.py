@@ -48,8 +48,11 @@ def gpu_noise(evidence: Evidence, thresholds: Thresholds) -> float:
     return noise
 
 
-def gpu_candidates(evidence: Evidence, thresholds: Thresholds) -> list[Candidate]:
+def gpu_candidates(evidence: Evidence, thresholds: Thresholds, history: Evidence | None = None) -> list[Candidate]:
+    """GPUs slow in ``evidence``'s window, judged against the run (``history``: the same ranks over more steps,
+    ending with the window; the window itself without one): how far the others go, and recurrence."""
     versus_peers, change = evidence.compute, evidence.compute_change
+    census = (history or evidence).compute_change
     basis = "derived" if evidence.compute_derived else "compute"
     minimum = thresholds.min_compute_effect
     noise = row_noise(change, minimum / 4)
@@ -82,12 +85,13 @@ def gpu_candidates(evidence: Evidence, thresholds: Thresholds) -> list[Candidate
         shape = "throughout" if not partial else shape_of(change[index], start, stop)
         if shape != "transient":
             elsewhere = (float(np.delete(whole.effect, index).max(initial=0.0)) if not partial
-                         else largest_elsewhere(change, index, stop - start))
+                         else largest_elsewhere(census, index, stop - start))
             shape = shape if effect >= thresholds.rarity * elsewhere else "ordinary"
         text = _gpu_evidence(evidence, index, basis, start, stop, effect, float(z[index]), shape)
         out.append(Candidate("gpu", f"gpu:rank-{rank}", (rank,), evidence.hosts.get(rank), float(z[index]), text, basis,
                              math.exp(effect), None if not partial else int(evidence.steps[start]), shape))
-    return out + _recurrent(evidence, change, threshold, thresholds, basis, {c.ranks[0] for c in out if c.blamable})
+    return out + _recurrent(history or evidence, census, threshold, thresholds, basis,
+                            {c.ranks[0] for c in out if c.blamable})
 
 
 def _recurrent(evidence: Evidence, change: np.ndarray, threshold: float, thresholds: Thresholds, basis: str,
@@ -100,7 +104,7 @@ def _recurrent(evidence: Evidence, change: np.ndarray, threshold: float, thresho
         own = 1.4826 * np.nanmedian(np.abs(change - np.nanmedian(change, axis=1, keepdims=True)), axis=1)
         paired = np.nanmean(np.stack([change[:, :-1], change[:, 1:]]), axis=0)
     own = np.maximum(np.nan_to_num(own, nan=np.inf), thresholds.min_compute_effect / 4)
-    level = np.maximum(thresholds.min_compute_effect, 4.0 * own / math.sqrt(2))
+    level = np.maximum(thresholds.recurrent_effect, 4.0 * own / math.sqrt(2))
     out = []
     for index, found in recurrent_members(paired, level, thresholds.recurrent_episodes, thresholds.false_blame,
                                           thresholds.min_length - 1).items():

@@ -42,7 +42,7 @@ import pandas as pd
 
 from trainhealth.knowledge.advice import advice_for
 from trainhealth.localize.candidates import Candidate, Thresholds
-from trainhealth.localize.evidence import gather_evidence
+from trainhealth.localize.evidence import gather_evidence, last_steps
 from trainhealth.localize.gpus import gpu_candidates, gpu_noise
 from trainhealth.localize.imbalance import imbalance_reasons
 from trainhealth.localize.iterations import needs_inference
@@ -70,14 +70,18 @@ class Analysis:
 
 
 def localize(records: pd.DataFrame, topology: Topology | Mapping[str, Any] | None = None,
-             thresholds: Thresholds | None = None, probe: Any = None) -> LocalizationResult:
+             thresholds: Thresholds | None = None, probe: Any = None,
+             judge_last: int | None = None) -> LocalizationResult:
     """Localize the cause of irregular steps in ``records`` (trace format v1, canonical dtypes).
 
     ``probe`` is a :class:`trainhealth.exporters.collectives.probe.ProbeResult` (or ``None``): a pairwise link
-    measurement that names the slow link where timings alone can only say "communication".
+    measurement that names the slow link where timings alone can only say "communication". With
+    ``judge_last``, only the last ``judge_last`` steps are judged, and the steps before them are the run's
+    history: each rank's usual, how far healthy members go, and recurrence come from all of them (what a live
+    analyzer does: ``trainhealth analyze --last 20 --history 200``).
     """
     thresholds = thresholds or Thresholds()
-    return decide(analyze(records, topology, thresholds, probe), thresholds)
+    return decide(analyze(records, topology, thresholds, probe, judge_last), thresholds)
 
 
 def recorded_passes(records: pd.DataFrame) -> bool:
@@ -96,16 +100,21 @@ def recorded_passes(records: pd.DataFrame) -> bool:
 
 
 def analyze(records: pd.DataFrame, topology: Topology | Mapping[str, Any] | None,
-            thresholds: Thresholds, probe: Any = None) -> Analysis:
-    """Score every candidate GPU and network component, and look for uneven work."""
+            thresholds: Thresholds, probe: Any = None, judge_last: int | None = None) -> Analysis:
+    """Score every candidate GPU and network component, and look for uneven work (in the last ``judge_last``
+    steps against the history before them, when given; see :func:`localize`)."""
     if isinstance(topology, Mapping):
         topology = Topology.from_dict(dict(topology))
     if records.empty:
         return Analysis((), (), (), {}, "the trace window is empty")
+    if judge_last is not None and judge_last < 1:
+        raise ValueError("judge_last must be at least 1")
     if not recorded_passes(records):
+        if judge_last is not None:  # the measured path judges its window alone
+            records = records[records["step"].isin(np.sort(records["step"].unique())[-judge_last:])]
         analysis = _measured(records, topology, thresholds)
     else:
-        analysis = _recorded(records, topology, thresholds)
+        analysis = _recorded(records, topology, thresholds, judge_last)
     return _with_probe(analysis, probe) if probe is not None else analysis
 
 
@@ -132,8 +141,12 @@ def _with_probe(analysis: Analysis, probe: Any) -> Analysis:
     return Analysis((named,) + others, analysis.imbalance, analysis.irregular_steps, details, None)
 
 
-def _recorded(records: pd.DataFrame, topology: Topology | None, thresholds: Thresholds) -> Analysis:
+def _recorded(records: pd.DataFrame, topology: Topology | None, thresholds: Thresholds,
+              judge_last: int | None = None) -> Analysis:
     evidence = gather_evidence(records, topology.hosts if topology else None, topology.switches if topology else None)
+    history = None
+    if judge_last is not None and len(evidence.steps) > judge_last:
+        history, evidence = evidence, last_steps(evidence, judge_last)
     median_step = float(np.median(evidence.step_time)) if len(evidence.step_time) else 0.0
     window = {"steps": [int(evidence.steps[0]), int(evidence.steps[-1])] if len(evidence.steps) else [],
               "ranks": len(evidence.ranks), "median_step_seconds": round(median_step, 6)}
@@ -143,9 +156,9 @@ def _recorded(records: pd.DataFrame, topology: Topology | None, thresholds: Thre
                         f"{what} in the trace; at least {MIN_STEPS} steps of 2 or more ranks are needed to tell a "
                         f"slow device or uneven work from noise")
     irregular = tuple(int(s) for s in evidence.steps[evidence.step_time > thresholds.irregular * median_step])
-    gpus = gpu_candidates(evidence, thresholds)
+    gpus = gpu_candidates(evidence, thresholds, history)
     clearly_slow = tuple(c.ranks[0] for c in gpus if c.z >= thresholds.explain_z)
-    paths, network_notes = path_candidates(evidence, thresholds, clearly_slow)
+    paths, network_notes = path_candidates(evidence, thresholds, clearly_slow, history)
     candidates = gpus + paths
     simulated = bool(topology and topology.simulated) or bool(
         "simulated" in records.columns and records["simulated"].fillna(False).astype(bool).any())
@@ -159,7 +172,10 @@ def _recorded(records: pd.DataFrame, topology: Topology | None, thresholds: Thre
         details["notes"] = network_notes
     threshold = thresholds.collectives_z if evidence.compute_derived else thresholds.gpu_z
     power = detection_power(evidence.compute_change, gpu_noise(evidence, thresholds), threshold,
-                            thresholds.min_compute_effect, thresholds.rarity, thresholds.power_steps)
+                            thresholds.min_compute_effect, thresholds.rarity, thresholds.power_steps,
+                            history.compute_change if history is not None else None)
+    if history is not None:
+        details["history"] = {"steps": [int(history.steps[0]), int(history.steps[-1])]}
     uncovered = uncovered_ranks(evidence.ranks, evidence.compute, _members(topology))
     return Analysis(tuple(candidates), tuple(imbalance_reasons(evidence, thresholds)), irregular, details, None,
                     power, uncovered)

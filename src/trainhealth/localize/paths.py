@@ -42,8 +42,8 @@ class _Layer:
     component: np.ndarray
 
 
-def path_candidates(evidence: Evidence, thresholds: Thresholds,
-                     slow_gpus: tuple[int, ...]) -> tuple[list[Candidate], list[str]]:
+def path_candidates(evidence: Evidence, thresholds: Thresholds, slow_gpus: tuple[int, ...],
+                    history: Evidence | None = None) -> tuple[list[Candidate], list[str]]:
     """Greedy explaining-away: name the strongest component, drop the transfers it explains, repeat.
 
     Transfers of a clearly slow GPU are explained by it (in real pipelines a
@@ -58,7 +58,13 @@ def path_candidates(evidence: Evidence, thresholds: Thresholds,
     explained = np.zeros(len(transfers.excess), dtype=bool)
     _explain(evidence, explained, slow_gpus)
     noise: dict[str, float] = {}  # per layer, measured once: explaining a few components away barely moves it
-    out: list[Candidate] = _recurrent(evidence, layers[0], explained, thresholds, noise)
+    # the run the window is judged against: its NICs over the history (the window itself without one)
+    run = history or evidence
+    run_nics = _layers(run)[0] if history is not None else layers[0]
+    run_noise: dict[str, float] = {} if history is not None else noise
+    run_explained = np.zeros(len(run.transfers.excess), dtype=bool)
+    _explain(run, run_explained, slow_gpus)
+    out: list[Candidate] = _recurrent(run, run_nics, run_explained, thresholds, run_noise)
     for recurrent in out:  # its episodes are one finding, not events of their own
         _explain(evidence, explained, recurrent.ranks)
     notes: list[str] = []
@@ -85,9 +91,9 @@ def path_candidates(evidence: Evidence, thresholds: Thresholds,
                                   float(nic_z[index]), text)
         def elsewhere(candidate: Candidate = candidate) -> np.ndarray:
             """The run's other NICs, without the transfers the candidate explains (its partners' share)."""
-            others = explained.copy()
-            _explain(evidence, others, candidate.ranks)
-            return _score_layer(evidence, layers[0], others, thresholds, noise)[2]
+            others = run_explained.copy()
+            _explain(run, others, candidate.ranks)
+            return _score_layer(run, run_nics, others, thresholds, run_noise)[2]
 
         out.append(_judged(candidate, evidence, nic_values[index], elsewhere, start, stop, effect, thresholds))
         _explain(evidence, explained, candidate.ranks)
@@ -101,7 +107,7 @@ def _recurrent(evidence: Evidence, nics: _Layer, explained: np.ndarray, threshol
     taking the NIC whose episodes are strongest."""
     _, _, values = _score_layer(evidence, nics, explained, thresholds, noise)
     sigma = row_noise(values, thresholds.min_transfer_effect / 4)
-    level = max(thresholds.min_transfer_effect, 4.0 * sigma)
+    level = max(thresholds.recurrent_effect, 4.0 * sigma)
     found = recurrent_members(values, level, thresholds.recurrent_episodes, thresholds.false_blame,
                               thresholds.min_length - 1, lambda: _partners(evidence))
     best: Candidate | None = None

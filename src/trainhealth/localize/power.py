@@ -50,13 +50,14 @@ class Power:
 
 
 def detection_power(values: np.ndarray, sigma: float, z: float, min_effect: float, rarity: float,
-                    steps: int) -> Power:
+                    steps: int, census: np.ndarray | None = None) -> Power:
     """The power of a scan over ``values`` (member x step, log relative times) with per-step noise ``sigma``:
     the last ``steps`` steps (at most half the window) against the rest, at threshold ``z``, at least
-    ``min_effect``, and ``rarity`` times what members of this window reach over that many steps."""
+    ``min_effect``, and ``rarity`` times what members of the run (``census``: their values over a longer
+    history; else the window's) reach over that many steps."""
     n_steps = values.shape[1]
     length = max(2, min(steps, n_steps // 2))
-    elsewhere = largest_elsewhere(values, np.array([], dtype=np.int64), length)
+    elsewhere = largest_elsewhere(values if census is None else census, np.array([], dtype=np.int64), length)
     effect = detectable_effect(sigma, z, n_steps, length, min_effect, elsewhere, rarity)
     return Power(math.exp(effect), length, sigma)
 

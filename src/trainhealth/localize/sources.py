@@ -62,14 +62,17 @@ class Window:
     topology: Topology | None
     notes: tuple[str, ...] = ()
     probe: Any = None  # a ProbeResult found beside the traces (probe.json), naming a slow link
+    judge_last: int | None = None  # judge only the last steps; those before are the run's history
 
 
 @dataclass(frozen=True)
 class TraceDirectory:
-    """The last ``window`` steps of the trace files in ``directory``."""
+    """The last ``window`` steps of the trace files in ``directory``, judged against up to ``history`` steps
+    (the window included) of the run before them: each rank's usual and how far healthy members go."""
 
     directory: Path
     window: int = 20
+    history: int = 0
 
     def describe(self) -> str:
         return f"trace files in {self.directory}"
@@ -92,7 +95,7 @@ class TraceDirectory:
         if not frames:
             raise SourceError(f"{self.directory}: no readable trace files yet")
         records = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
-        steps = np.sort(records["step"].unique())[-self.window:]
+        steps = np.sort(records["step"].unique())[-max(self.window, self.history):]
         records = records[records["step"].isin(steps)].reset_index(drop=True)
         topology = None
         if (self.directory / TOPOLOGY_FILE).is_file():
@@ -105,7 +108,8 @@ class TraceDirectory:
         probe, problem = load_probe(self.directory / PROBE_FILE)
         if problem:
             notes.append(problem)
-        return Window(records, topology, tuple(notes), probe)
+        return Window(records, topology, tuple(notes), probe,
+                      self.window if self.history > self.window else None)
 
 
 def load_probe(path: Path) -> tuple[Any, str | None]:

@@ -59,6 +59,7 @@ __all__ = [
     "LAYOUTS",
     "SCALE_RUNS",
     "TARGETS",
+    "HISTORY",
     "WINDOW",
     "Headline",
     "Pattern",
@@ -79,6 +80,8 @@ CALIBRATION_SEEDS = range(100)
 HELD_OUT_SEEDS = range(1000, 1100)
 #: steps in a live window (``trainhealth analyze --last 20``)
 WINDOW = 20
+#: steps of the running job a live window is judged against (trainhealth analyze --history)
+HISTORY = 200
 #: lean layouts (one micro-batch, 8 to 10 records per rank and step), with and without expert parallelism
 LAYOUTS: dict[int, tuple[ClusterLayout, ...]] = {
     64: (ClusterLayout(dp=4, pp=2, tp=8), ClusterLayout(dp=8, pp=2, tp=4, ep=2)),
@@ -275,10 +278,16 @@ class ProductionOutcome:
 
 
 def evaluate(
-    case: ProductionCase, thresholds: Thresholds | None = None, window: int = WINDOW, max_windows: int | None = 50
+    case: ProductionCase,
+    thresholds: Thresholds | None = None,
+    window: int = WINDOW,
+    max_windows: int | None = 50,
+    history: int = HISTORY,
 ) -> ProductionOutcome:
     """Simulate ``case``, localize the whole run and (controls) each live window, and compare with the truth.
 
+    A window is judged as ``trainhealth analyze --last 20 --history 200`` judges it on a running job: its 20
+    steps, against the up to ``history`` steps the job had run by its end (``history`` 0: the window alone).
     ``max_windows`` caps the windows judged in runs of more than 256 ranks (evenly spaced); ``None`` judges all.
     """
     began = time.perf_counter()
@@ -293,8 +302,8 @@ def evaluate(
     began = time.perf_counter()
     if case.pattern.is_control:
         cap = max_windows if max_windows is not None and case.layout.world > 256 else None
-        for first, rows in _windows(records["step"].to_numpy(), case.steps, window, cap):
-            found = localize(records.iloc[rows], trace.topology, thresholds)
+        for first, rows in _windows(records["step"].to_numpy(), case.steps, window, cap, history):
+            found = localize(records.iloc[rows], trace.topology, thresholds, judge_last=window if history else None)
             top = found.suspects[0] if found.suspects else None
             explained = _explained_by(trace.hiccups, top.ranks, first, first + window, case.layout) if top else "-"
             windows.append(
@@ -323,15 +332,18 @@ def evaluate(
     )
 
 
-def _windows(steps: np.ndarray, count: int, window: int, cap: int | None) -> Iterator[tuple[int, np.ndarray]]:
-    """(first step, row indices in the trace's order) of each non-overlapping window, evenly thinned to ``cap``."""
+def _windows(
+    steps: np.ndarray, count: int, window: int, cap: int | None, history: int = 0
+) -> Iterator[tuple[int, np.ndarray]]:
+    """(first step, row indices in the trace's order) of each non-overlapping window, evenly thinned to ``cap``;
+    the rows include up to ``history`` steps before the window's end (the window itself at least)."""
     order = np.argsort(steps, kind="stable")
     firsts = np.arange(0, count, window)
     if cap is not None and len(firsts) > cap:
         firsts = firsts[np.unique(np.linspace(0, len(firsts) - 1, cap).round().astype(np.int64))]
     ordered = steps[order]
     for first in firsts.tolist():
-        low, high = np.searchsorted(ordered, [first, first + window])
+        low, high = np.searchsorted(ordered, [min(first, first + window - history), first + window])
         yield first, np.sort(order[low:high])
 
 
