@@ -12,9 +12,9 @@ congestion), of one of four patterns:
 * ``recurrent`` — a GPU or NIC slow by 1.2 to 3x in 3 to 5 separate episodes of 3 to 6 steps.
 
 Controls are judged twice: the whole run localized at once, and every
-non-overlapping 20-step window localized on its own, as ``trainhealth analyze
---last 20`` judges a running job (runs above 256 ranks judge at most
-``max_windows`` windows, evenly spaced). A control run or window is **falsely
+non-overlapping 20-step window, judged against the (up to) 200 steps the job had
+run by its end, as ``trainhealth analyze --last 20 --history 200`` judges a
+running job (at most ``max_windows`` windows per run, evenly spaced). A control run or window is **falsely
 blamed** when any suspect is named. A fault run is **top-1 correct** when the
 verdict names the fault's class and the first suspect is the faulty device.
 
@@ -77,7 +77,7 @@ __all__ = [
 #: seeds the thresholds may be chosen on
 CALIBRATION_SEEDS = range(100)
 #: seeds the figures are reported on (never looked at while choosing thresholds)
-HELD_OUT_SEEDS = range(1000, 1100)
+HELD_OUT_SEEDS = range(1100, 1200)  # 1000-1007 were seen while the rules were written: not held out
 #: steps in a live window (``trainhealth analyze --last 20``)
 WINDOW = 20
 #: steps of the running job a live window is judged against (trainhealth analyze --history)
@@ -288,7 +288,7 @@ def evaluate(
 
     A window is judged as ``trainhealth analyze --last 20 --history 200`` judges it on a running job: its 20
     steps, against the up to ``history`` steps the job had run by its end (``history`` 0: the window alone).
-    ``max_windows`` caps the windows judged in runs of more than 256 ranks (evenly spaced); ``None`` judges all.
+    ``max_windows`` caps the windows judged per run (evenly spaced); ``None`` judges all.
     """
     began = time.perf_counter()
     trace = simulate(case.scenario())
@@ -301,7 +301,7 @@ def evaluate(
     total = math.ceil(case.steps / window)
     began = time.perf_counter()
     if case.pattern.is_control:
-        cap = max_windows if max_windows is not None and case.layout.world > 256 else None
+        cap = max_windows
         for first, rows in _windows(records["step"].to_numpy(), case.steps, window, cap, history):
             found = localize(records.iloc[rows], trace.topology, thresholds, judge_last=window if history else None)
             top = found.suspects[0] if found.suspects else None
