@@ -152,7 +152,8 @@ def test_the_demo_prints_its_wall_time_and_the_report_carries_it(demo: Path) -> 
     wall = _report(demo)["wall_s"]
     assert wall > 40  # the training alone is 40 s
     printed = re.search(r"wall time: (\d+) s", (demo / "stdout.txt").read_text())
-    assert printed is not None and abs(int(printed.group(1)) - wall) <= 2
+    # printed after the report is written: on a busy machine writing it takes a few seconds of the total
+    assert printed is not None and abs(int(printed.group(1)) - wall) <= max(2.0, 0.1 * wall)
     assert f"the demo took {wall:.0f} s" in (demo / "report.md").read_text()
 
 

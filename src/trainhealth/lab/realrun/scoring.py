@@ -57,9 +57,13 @@ def _covers(truth: Truth, component: str | None, ranks: Sequence[int]) -> bool:
         component is None or not component.startswith("gpu:"))
 
 
-def score_answer(truth: Truth, verdict: str, suspects: Iterable[tuple[str | None, Sequence[int], float]]) -> AnswerScore:
-    """Score ``verdict`` and ``suspects`` ((component, ranks, score), best first) against ``truth``."""
+def score_answer(truth: Truth, verdict: str, suspects: Iterable[tuple[str | None, Sequence[int], float]],
+                 events: Iterable[tuple[str | None, Sequence[int]]] = ()) -> AnswerScore:
+    """Score ``verdict`` and ``suspects`` ((component, ranks, score), best first) against ``truth``; for a fault
+    that came and went (transient), the first of ``events`` ((component, ranks)) naming it is top-1 when nobody
+    is blamed."""
     suspects = list(suspects)
+    events = list(events)
     blamed = []
     if verdict in ("compute", "communication"):  # the top suspect of a blaming verdict is blamed whatever its score
         blamed = [(c, r) for i, (c, r, s) in enumerate(suspects) if i == 0 or s >= BLAME_SCORE]
@@ -68,6 +72,8 @@ def score_answer(truth: Truth, verdict: str, suspects: Iterable[tuple[str | None
     if truth.target is None:
         return AnswerScore(verdict, top, tuple(str(c) for c, _ in blamed), verdict_right, None, bool(blamed))
     top1 = bool(blamed) and _covers(truth, blamed[0][0], blamed[0][1])
+    if not blamed and events and (truth.fault or {}).get("pattern") == "transient":
+        top1 = _covers(truth, events[0][0], events[0][1])
     wrong = any(truth.target not in tuple(r) for _, r in blamed)
     return AnswerScore(verdict, top, tuple(str(c) for c, _ in blamed), verdict_right, top1, wrong)
 
@@ -75,7 +81,8 @@ def score_answer(truth: Truth, verdict: str, suspects: Iterable[tuple[str | None
 def score_result(truth: Truth, result: Any) -> AnswerScore:
     """Score a :class:`~trainhealth.localize.result.LocalizationResult`."""
     suspects = [(s.component, tuple(s.ranks), float(s.score)) for s in result.suspects]
-    return score_answer(truth, str(result.verdict), suspects)
+    events = [(e.get("component"), tuple(e.get("ranks", ()))) for e in result.details.get("events", [])]
+    return score_answer(truth, str(result.verdict), suspects, events)
 
 
 def _per_rank_step(records: pd.DataFrame) -> tuple[pd.Series, pd.Series]:

@@ -333,11 +333,15 @@ def truth(spec: CaseSpec, hosts: dict[int, str] | None = None, *, onset: int | N
     else:  # host-side slowness of one rank: its device is late to every collective, as a slow GPU would be
         verdict, accepted, components = "compute", ("compute",), (f"gpu:rank-{target}", f"host:{target_host}")
     if not spec.markers or spec.ranks == 2 or spec.driver in (Driver.ACCELERATE, Driver.FSDP2):
-        # without step markers (accelerate: rank 0's only), with two ranks (no majority to compare the slow one
-        # with), or without collective records (FSDP2 on torch 2.13 calls all_gather_single and
-        # reduce_scatter_single, which the logger does not wrap), "insufficient data" is an honest answer;
+        # without step markers, with two ranks (no majority to compare the slow one with), and for the drivers
+        # whose traces were incomplete when the suite was written (Accelerate's markers on rank 0 only; FSDP2's
+        # all_gather_single and reduce_scatter_single not logged), "insufficient data" is an honest answer;
         # "healthy" for a fault is not
         accepted = accepted + ("insufficient_data",)
+    if fault.pattern is Pattern.TRANSIENT and kind not in CONTROL_KINDS | {RealRunFaultKind.CLEAN}:
+        # a slowness that came and went is an event with its steps, not a faulty device: once it is over the
+        # window may read healthy (or insufficient data), with the event naming the rank (scoring.py)
+        accepted = tuple(dict.fromkeys(accepted + ("healthy", "insufficient_data")))
     if spec.driver is Driver.HF_TRAINER:
         notes = notes + ("the trace's steps are the Trainer's state.global_step: the lab's step k is trace step k+1",)
     severity = fault.severity if kind not in (RealRunFaultKind.CLEAN, RealRunFaultKind.CPU_CONTENTION) else None
