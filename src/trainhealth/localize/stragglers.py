@@ -140,6 +140,8 @@ def _candidates(measured: Measured, sigma: float, chance: np.ndarray, skip: set[
         # with one peer is judged only against its own past (a change), never by its level or single steps
         use_change = paired[index] or change.z[index] >= min(settings.z, level.z[index])
         candidate = _stretch(measured, index, change if use_change else level, sigma, chance[index], settings)
+        if candidate is None and use_change and not paired[index]:  # a small change inside a slow-all-window row
+            candidate = _stretch(measured, index, level, sigma, chance[index], settings)
         spikes = None if paired[index] else spikes_of.straggler(measured, index, sigma, settings)
         best = max((c for c in (candidate, spikes) if c is not None), key=lambda c: c.z, default=None)
         if best is not None:
