@@ -136,7 +136,7 @@ def main() -> None:
     capped = [o for o in outcomes if o.windows and len(o.windows) < o.windows_in_run]
     if capped:
         print(
-            f"windows subsampled in {len(capped)} run(s) above 256 ranks: at most {args.max_windows} of each "
+            f"windows subsampled in {len(capped)} run(s): at most {args.max_windows} of each "
             f"run's 20-step windows judged, evenly spaced"
         )
 

@@ -64,7 +64,7 @@ def shape_of(row: np.ndarray, start: int, stop: int) -> str:
     return "persistent" if slow >= _SLOW_SHARE else "transient"
 
 
-def rolling_peaks(values: np.ndarray, length: int) -> np.ndarray:
+def _rolling_peaks(values: np.ndarray, length: int) -> np.ndarray:
     """Per row, the largest mean over ``length`` consecutive steps (NaN steps skipped; windows with fewer than
     half their steps measured are not counted); -inf for rows without such a window."""
     rows, steps = values.shape
@@ -85,7 +85,7 @@ def largest_elsewhere(values: np.ndarray, row: int | np.ndarray, length: int, se
     """How far members of this run go for ``length`` consecutive steps: the ``seen``-th largest peak mean of the
     other rows (rows in ``row`` left out; 0 when fewer rows have such a window). The second, not the largest:
     one other member's own event (a genuine fault elsewhere) must not hide this one."""
-    peaks = rolling_peaks(values, length)
+    peaks = _rolling_peaks(values, length)
     others = np.delete(peaks, np.atleast_1d(row))
     others = np.sort(others[np.isfinite(others)])
     return max(float(others[-seen]), 0.0) if len(others) >= seen else 0.0
