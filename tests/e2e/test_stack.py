@@ -251,8 +251,12 @@ def test_every_injected_fault_alerts_with_its_labels_and_mitigation(tmp_path, ca
         _assert_metrics_present(options.prometheus_port)
         _assert_every_panel_has_data(options.prometheus_port, began, ended)
         report = json.loads((options.directory / "demo" / "report.json").read_text())
-        assert report["localization"]["verdict"] == "compute"
-        assert report["localization"]["suspects"][0]["ranks"] == [slow["rank"]]
+        localization = report["localization"]
+        # the straggler slows steps 30-60% of the run and recovers: judged over the whole run it is an event that
+        # names its rank (a stretch that came and went pages nobody), or a suspect if still ongoing
+        named = localization["suspects"] if localization["verdict"] == "compute" else localization["events"]
+        assert localization["verdict"] in ("compute", "healthy"), localization
+        assert named[0]["ranks"] == [slow["rank"]], localization
     finally:
         stack_down(options.directory)
 
