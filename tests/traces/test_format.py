@@ -148,3 +148,22 @@ def test_step_markers_are_an_optional_op_without_group_or_seq(tmp_path):
     assert marker["group"] is None and pd.isna(marker["seq"]) and marker["duration"] == 2.5
     write_trace(sample(), tmp_path / "old.parquet")  # a trace without markers stays valid
     assert "step" not in set(read_trace_file(tmp_path / "old.parquet")["op"])
+
+
+def test_reading_a_parquet_trace_lets_the_process_exit_cleanly(tmp_path):
+    """Arrow's threaded reader aborted the interpreter at exit ("terminate called without an active exception",
+    apache/arrow#34314): refusing an empty StragglerAnalysis trace ended with status -6 in 9 of 20 runs."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from trainhealth.traces.straggler_analysis import COLUMNS
+
+    pq.write_table(pa.table({name: pa.array([], pa.float64()) for name in COLUMNS}), tmp_path / "trace-E.parquet")
+    script = ("from trainhealth.traces import TraceError\n"
+              "from trainhealth.traces.straggler_analysis import import_straggler_analysis\n"
+              f"try:\n    import_straggler_analysis({str(tmp_path / 'trace-E.parquet')!r})\n"
+              "except TraceError as exc:\n    print(exc)\n")
+    for _ in range(8):  # with the threaded reader, eight clean exits in a row happened about one time in a hundred
+        result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+        assert result.returncode == 0 and "terminate" not in result.stderr, (result.returncode, result.stderr)
+        assert "no records" in result.stdout

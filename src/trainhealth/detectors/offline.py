@@ -57,7 +57,7 @@ def load_series(path: str | os.PathLike[str]) -> pd.DataFrame:
         raise SeriesError(f"{path}: not a regular file")
     try:
         if path.suffix.lower() == ".parquet":
-            frame = pd.read_parquet(path)
+            frame = pd.read_parquet(path, use_threads=False)  # Arrow's threads can abort at exit (apache/arrow#34314)
         elif path.name.lower().endswith((".csv", ".csv.gz")):
             frame = pd.read_csv(path)
             header = pd.read_csv(path, nrows=1, header=None, dtype=str).iloc[0].tolist()

@@ -76,7 +76,8 @@ def read_trace_file(path: str | os.PathLike[str]) -> pd.DataFrame:
     try:
         if suffix == ".parquet":
             with open(path, "rb") as handle:  # opened once: a trace replaced meanwhile is read whole, old or new
-                frame = pq.read_table(handle).to_pandas()
+                # one thread: Arrow's reader threads can abort the interpreter at exit (apache/arrow#34314)
+                frame = pq.read_table(handle, use_threads=False).to_pandas()
         else:
             text = _read_text(path, suffix.endswith(".gz"))
             if suffix.startswith(".jsonl"):

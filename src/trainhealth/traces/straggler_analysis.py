@@ -147,7 +147,8 @@ def import_straggler_analysis(path: str | os.PathLike[str]) -> Trace:
         raise TraceError(source, "empty file")
     try:
         with open(path, "rb") as handle:
-            frame = pq.read_table(handle).to_pandas()
+            # one thread: Arrow's reader threads can abort the interpreter at exit (apache/arrow#34314)
+            frame = pq.read_table(handle, use_threads=False).to_pandas()
     except (pa.ArrowException, OSError) as exc:
         raise TraceError(source, f"not a readable Parquet file (truncated or corrupt?): "
                                  f"{shown(str(exc).splitlines()[0] if str(exc) else exc)}") from None
