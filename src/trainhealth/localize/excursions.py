@@ -119,9 +119,10 @@ def recurrent_members(values: np.ndarray, level: float | np.ndarray, min_episode
     """Rows slow in ``min_episodes`` or more separate episodes, more than chance allows: with K episodes in
     the run falling on N rows at random, a row gets k or more with probability P(Binomial(K, 1/N) >= k); a
     row is recurrent when that is at most ``false_blame / N`` (so a healthy run names one with probability at
-    most ``false_blame``). An episode of a row that overlaps a stronger one of its ``partners`` (a function
-    giving, per row, the rows at the other end of its transfers) is that one's echo, and counts for neither K
-    nor the row.
+    most ``false_blame``), K counting only the run's episodes at least as long, or as strong, as the row's k
+    (:func:`_more_than_chance`). An episode of a row that overlaps a stronger one of its ``partners`` (a
+    function giving, per row, the rows at the other end of its transfers) is that one's echo, and counts for
+    neither K nor the row.
 
     >>> values = np.zeros((16, 60)); values[3, [5, 6, 20, 21, 40, 41, 50, 51]] = 1.0; values[5, 30:32] = 1.0
     >>> sorted(recurrent_members(values, level=0.5))
@@ -136,12 +137,40 @@ def recurrent_members(values: np.ndarray, level: float | np.ndarray, min_episode
     if partners is not None:  # asked only when some row may be recurrent: it costs a pass over the transfers
         found = _without_echoes(values, found, partners())
     rows = len(found)
-    total = sum(len(e) for e in found)
+    sizes = [_sizes(values, row, own) for row, own in enumerate(found)]
+    run = tuple(np.sort(np.concatenate([size[axis] for size in sizes])) for axis in range(2))
     out = {}
     for row, own in enumerate(found):
-        if len(own) >= min_episodes and binomial_tail(len(own), total, 1.0 / max(rows, 2)) <= false_blame / rows:
+        if len(own) >= min_episodes and _more_than_chance(sizes[row], run, rows, min_episodes, false_blame / rows):
             out[row] = own
     return out
+
+
+def _sizes(values: np.ndarray, row: int, own: list[tuple[int, int]]) -> tuple[np.ndarray, np.ndarray]:
+    """A row's episodes' lengths and mean values."""
+    lengths = np.array([stop - start for start, stop in own], dtype=np.float64)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # an episode's steps are measured: only defensive
+        means = np.array([np.nanmean(values[row, start:stop]) for start, stop in own], dtype=np.float64)
+    return lengths, means
+
+
+def _more_than_chance(own: tuple[np.ndarray, np.ndarray], run: tuple[np.ndarray, np.ndarray], rows: int,
+                      min_episodes: int, alpha: float) -> bool:
+    """Whether a row's episodes are more than chance allows. Episodes are ranked by length and, apart, by mean
+    value; for each ``j`` from ``min_episodes`` up, the row's ``j`` largest are set against the run's episodes
+    at least as large (K of them): P(Binomial(K, 1/rows) >= j) at most ``alpha``, shared among the orders and
+    ``j`` tried. Long or strong episodes are rarer than short, shallow ones (a GC pause lasts a step or two,
+    congestion slows a NIC by a few percent), so three of them on one member stand out of many small ones
+    elsewhere."""
+    tried = 2 * (len(own[0]) - min_episodes + 1)
+    for mine, everyone in zip(own, run):
+        largest = np.sort(mine)[::-1]
+        for j in range(min_episodes, len(largest) + 1):
+            at_least = len(everyone) - int(np.searchsorted(everyone, largest[j - 1]))
+            if binomial_tail(j, at_least, 1.0 / max(rows, 2)) <= alpha / tried:
+                return True
+    return False
 
 
 def _merged(found: list[tuple[int, int]], gap: int) -> list[tuple[int, int]]:

@@ -10,6 +10,7 @@ its transfers are set aside, and the next is looked for.
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
@@ -106,8 +107,13 @@ def _recurrent(evidence: Evidence, nics: _Layer, explained: np.ndarray, threshol
     would make one (:func:`.excursions.recurrent_members`); its partners' share of its episodes is left out by
     taking the NIC whose episodes are strongest."""
     _, _, values = _score_layer(evidence, nics, explained, thresholds, noise)
-    sigma = row_noise(values, thresholds.min_transfer_effect / 4)
-    level = max(thresholds.recurrent_effect, 4.0 * sigma)
+    # each NIC's episodes stand out from its own noise too: one whose transfers were partly explained (a slow
+    # GPU's) is measured on fewer of them and is noisier than the rest
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # rows without values
+        own = 1.4826 * np.nanmedian(np.abs(values - np.nanmedian(values, axis=1, keepdims=True)), axis=1)
+    sigma = np.maximum(np.nan_to_num(own, nan=np.inf), row_noise(values, thresholds.min_transfer_effect / 4))
+    level = np.maximum(thresholds.recurrent_effect, 4.0 * sigma)
     found = recurrent_members(values, level, thresholds.recurrent_episodes, thresholds.false_blame,
                               thresholds.min_length - 1, lambda: _partners(evidence))
     best: Candidate | None = None
@@ -116,7 +122,7 @@ def _recurrent(evidence: Evidence, nics: _Layer, explained: np.ndarray, threshol
         for start, stop in episodes:
             slow[start:stop] = True
         effect = float(np.nanmedian(values[index, slow]))
-        z = effect / sigma * math.sqrt(slow.sum()) / 2.0  # discounted: the episodes are the row's largest values
+        z = effect / sigma[index] * math.sqrt(slow.sum()) / 2.0  # discounted: the episodes are the row's largest
         if z < thresholds.link_z or (best is not None and z <= best.z):
             continue
         rank = int(evidence.ranks[index])
