@@ -115,12 +115,12 @@ def episodes(values: np.ndarray, level: float | np.ndarray, min_length: int = 2)
 
 def recurrent_members(values: np.ndarray, level: float | np.ndarray, min_episodes: int = 3, false_blame: float = 0.01,
                       min_length: int = 2, partners: Callable[[], dict[int, set[int]]] | None = None,
-                      ) -> dict[int, list[tuple[int, int]]]:
+                      rarity: float = 1.5) -> dict[int, list[tuple[int, int]]]:
     """Rows slow in ``min_episodes`` or more separate episodes, more than chance allows: with K episodes in
     the run falling on N rows at random, a row gets k or more with probability P(Binomial(K, 1/N) >= k); a
     row is recurrent when that is at most ``false_blame / N`` (so a healthy run names one with probability at
-    most ``false_blame``), K counting only the run's episodes at least as long, or as strong, as the row's k
-    (:func:`_more_than_chance`). An episode of a row that overlaps a stronger one of its ``partners`` (a
+    most ``false_blame``), K counting only the run's episodes at least 1/``rarity`` as long, or as strong, as
+    the row's k (:func:`_more_than_chance`). An episode of a row that overlaps a stronger one of its ``partners`` (a
     function giving, per row, the rows at the other end of its transfers) is that one's echo, and counts for
     neither K nor the row.
 
@@ -141,7 +141,8 @@ def recurrent_members(values: np.ndarray, level: float | np.ndarray, min_episode
     run = tuple(np.sort(np.concatenate([size[axis] for size in sizes])) for axis in range(2))
     out = {}
     for row, own in enumerate(found):
-        if len(own) >= min_episodes and _more_than_chance(sizes[row], run, rows, min_episodes, false_blame / rows):
+        if len(own) >= min_episodes and _more_than_chance(sizes[row], run, rows, min_episodes, false_blame / rows,
+                                                          rarity):
             out[row] = own
     return out
 
@@ -156,18 +157,20 @@ def _sizes(values: np.ndarray, row: int, own: list[tuple[int, int]]) -> tuple[np
 
 
 def _more_than_chance(own: tuple[np.ndarray, np.ndarray], run: tuple[np.ndarray, np.ndarray], rows: int,
-                      min_episodes: int, alpha: float) -> bool:
+                      min_episodes: int, alpha: float, rarity: float) -> bool:
     """Whether a row's episodes are more than chance allows. Episodes are ranked by length and, apart, by mean
     value; for each ``j`` from ``min_episodes`` up, the row's ``j`` largest are set against the run's episodes
-    at least as large (K of them): P(Binomial(K, 1/rows) >= j) at most ``alpha``, shared among the orders and
-    ``j`` tried. Long or strong episodes are rarer than short, shallow ones (a GC pause lasts a step or two,
-    congestion slows a NIC by a few percent), so three of them on one member stand out of many small ones
-    elsewhere."""
+    that reach 1/``rarity`` of them (K of them): P(Binomial(K, 1/rows) >= j) at most ``alpha``, shared among
+    the orders and ``j`` tried. Long or strong episodes are rarer than short, shallow ones (a GC pause lasts a
+    step or two, congestion slows a NIC by a few percent), so three far longer or stronger ones on one member
+    stand out of many small ones elsewhere. The margin is there because members measure the same hiccup a
+    little differently (a NIC with fewer transfers averages fewer of them): three ordinary congestion
+    episodes that happen to read longest and strongest on one NIC must not stand out."""
     tried = 2 * (len(own[0]) - min_episodes + 1)
     for mine, everyone in zip(own, run):
         largest = np.sort(mine)[::-1]
         for j in range(min_episodes, len(largest) + 1):
-            at_least = len(everyone) - int(np.searchsorted(everyone, largest[j - 1]))
+            at_least = len(everyone) - int(np.searchsorted(everyone, largest[j - 1] / rarity))
             if binomial_tail(j, at_least, 1.0 / max(rows, 2)) <= alpha / tried:
                 return True
     return False

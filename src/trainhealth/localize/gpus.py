@@ -107,7 +107,7 @@ def _recurrent(evidence: Evidence, change: np.ndarray, threshold: float, thresho
     level = np.maximum(thresholds.recurrent_effect, 4.0 * own / math.sqrt(2))
     out = []
     for index, found in recurrent_members(paired, level, thresholds.recurrent_episodes, thresholds.false_blame,
-                                          thresholds.min_length - 1).items():
+                                          thresholds.min_length - 1, rarity=thresholds.rarity).items():
         found = [(start, stop + 1) for start, stop in found]  # a two-step mean covers its next step too
         rank = int(evidence.ranks[index])
         if rank in blamed:

@@ -115,7 +115,7 @@ def _recurrent(evidence: Evidence, nics: _Layer, explained: np.ndarray, threshol
     sigma = np.maximum(np.nan_to_num(own, nan=np.inf), row_noise(values, thresholds.min_transfer_effect / 4))
     level = np.maximum(thresholds.recurrent_effect, 4.0 * sigma)
     found = recurrent_members(values, level, thresholds.recurrent_episodes, thresholds.false_blame,
-                              thresholds.min_length - 1, lambda: _partners(evidence))
+                              thresholds.min_length - 1, lambda: _partners(evidence), thresholds.rarity)
     best: Candidate | None = None
     for index, episodes in found.items():
         slow = np.zeros(values.shape[1], dtype=bool)

@@ -64,6 +64,21 @@ def is_trace_file(path: Path) -> bool:
     return _suffix(path) is not None
 
 
+#: the format's text columns: few distinct values (op, group, host names) in millions of rows
+_TEXT_COLUMNS = frozenset(column.name for column in COLUMNS if column.kind == "str")
+
+
+def _read_parquet(handle: Any) -> pd.DataFrame:
+    """A Parquet trace as a frame. The text columns are read dictionary-encoded (pandas categoricals), which
+    reads an 8,192-GPU window about three times as fast as one string object per row; one thread, because
+    Arrow's reader threads can abort the interpreter at exit (apache/arrow#34314)."""
+    schema = pq.read_schema(handle)
+    handle.seek(0)
+    text = [field.name for field in schema if field.name in _TEXT_COLUMNS
+            and (pa.types.is_string(field.type) or pa.types.is_large_string(field.type))]
+    return pq.read_table(handle, use_threads=False, read_dictionary=text or None).to_pandas()
+
+
 def read_trace_file(path: str | os.PathLike[str]) -> pd.DataFrame:
     """One trace file, validated."""
     path = Path(path)
@@ -76,8 +91,7 @@ def read_trace_file(path: str | os.PathLike[str]) -> pd.DataFrame:
     try:
         if suffix == ".parquet":
             with open(path, "rb") as handle:  # opened once: a trace replaced meanwhile is read whole, old or new
-                # one thread: Arrow's reader threads can abort the interpreter at exit (apache/arrow#34314)
-                frame = pq.read_table(handle, use_threads=False).to_pandas()
+                frame = _read_parquet(handle)
         else:
             text = _read_text(path, suffix.endswith(".gz"))
             if suffix.startswith(".jsonl"):
