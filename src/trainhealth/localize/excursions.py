@@ -138,7 +138,7 @@ def recurrent_members(values: np.ndarray, level: float | np.ndarray, min_episode
         found = _without_echoes(values, found, partners())
     rows = len(found)
     sizes = [_sizes(values, row, own) for row, own in enumerate(found)]
-    run = tuple(np.sort(np.concatenate([size[axis] for size in sizes])) for axis in range(2))
+    run = (np.sort(np.concatenate([length for length, _ in sizes])), np.sort(np.concatenate([mean for _, mean in sizes])))
     out = {}
     for row, own in enumerate(found):
         if len(own) >= min_episodes and _more_than_chance(sizes[row], run, rows, min_episodes, false_blame / rows,

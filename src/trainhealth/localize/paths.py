@@ -13,6 +13,7 @@ import math
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from itertools import pairwise
 
 import numpy as np
 import pandas as pd
@@ -26,7 +27,11 @@ from trainhealth.localize.candidates import (
     stretch_effect,
 )
 from trainhealth.localize.evidence import Evidence
-from trainhealth.localize.excursions import largest_elsewhere, recurrent_members, shape_of
+from trainhealth.localize.excursions import (
+    largest_elsewhere,
+    recurrent_members,
+    shape_of,
+)
 from trainhealth.localize.segments import Stretch, level, strongest_stretch
 
 __all__ = ["path_candidates"]
@@ -143,7 +148,7 @@ def _partners(evidence: Evidence) -> dict[int, set[int]]:
     order = np.lexsort((transfers.member_rank, transfers.member_instance))
     instance, rank = transfers.member_instance[order], transfers.member_rank[order]
     bounds = np.flatnonzero(np.r_[True, instance[1:] != instance[:-1], True])
-    member_sets = {rank[a:b].tobytes(): rank[a:b] for a, b in zip(bounds[:-1], bounds[1:])}
+    member_sets = {rank[a:b].tobytes(): rank[a:b] for a, b in pairwise(bounds)}
     out: dict[int, set[int]] = {}
     for members in member_sets.values():
         for member in members.tolist():
