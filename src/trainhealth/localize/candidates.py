@@ -11,7 +11,7 @@ import numpy as np
 from trainhealth.localize.evidence import Evidence
 from trainhealth.localize.segments import Stretch
 
-__all__ = ["BLAMABLE_SHAPES", "Candidate", "Thresholds", "best", "ranks_text", "row_noise", "steps_text", "stretch_effect"]
+__all__ = ["BLAMABLE_SHAPES", "Candidate", "Thresholds", "best", "ranks_text", "row_noise", "rows_noise", "steps_text", "stretch_effect"]
 
 
 #: the shapes of slowness that blame a device (a measured intermittent fault is recurrent too)
@@ -104,6 +104,15 @@ def row_noise(values: np.ndarray, floor: float = 1e-6) -> float:
         centered = values - np.nanmedian(values, axis=1, keepdims=True)
     finite = np.abs(centered[np.isfinite(centered)])
     return max(1.4826 * float(np.median(finite)) if len(finite) else 0.0, floor)
+
+
+def rows_noise(values: np.ndarray, floor: float | np.ndarray = 1e-6) -> np.ndarray:
+    """Each row's own :func:`row_noise` (1.4826 * MAD around its median), at least ``floor``; infinite for a row
+    without values (nothing in it can stand out)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # rows without values
+        own = 1.4826 * np.nanmedian(np.abs(values - np.nanmedian(values, axis=1, keepdims=True)), axis=1)
+    return np.maximum(np.nan_to_num(own, nan=np.inf), floor)
 
 
 def best(stretch: Stretch, whole: Stretch) -> tuple[np.ndarray, Stretch]:

@@ -22,6 +22,7 @@ from trainhealth.localize.candidates import (
     Thresholds,
     best,
     row_noise,
+    rows_noise,
     steps_text,
     stretch_effect,
 )
@@ -99,11 +100,10 @@ def _recurrent(evidence: Evidence, change: np.ndarray, threshold: float, thresho
     """GPUs slow in episode after episode (:func:`.excursions.recurrent_members`), each episode alone an event."""
     # episodes of two-step means, each GPU's standing out from its own noise (MoE routing skew and uneven packs
     # make some noisier): four standard errors of a two-step mean
+    own = rows_noise(change, thresholds.min_compute_effect / 4)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # rows without values
-        own = 1.4826 * np.nanmedian(np.abs(change - np.nanmedian(change, axis=1, keepdims=True)), axis=1)
         paired = np.nanmean(np.stack([change[:, :-1], change[:, 1:]]), axis=0)
-    own = np.maximum(np.nan_to_num(own, nan=np.inf), thresholds.min_compute_effect / 4)
     level = np.maximum(thresholds.recurrent_effect, 4.0 * own / math.sqrt(2))
     out = []
     for index, found in recurrent_members(paired, level, thresholds.recurrent_episodes, thresholds.false_blame,

@@ -10,7 +10,6 @@ its transfers are set aside, and the next is looked for.
 from __future__ import annotations
 
 import math
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from itertools import pairwise
@@ -23,6 +22,7 @@ from trainhealth.localize.candidates import (
     Thresholds,
     best,
     row_noise,
+    rows_noise,
     steps_text,
     stretch_effect,
 )
@@ -114,10 +114,7 @@ def _recurrent(evidence: Evidence, nics: _Layer, explained: np.ndarray, threshol
     _, _, values = _score_layer(evidence, nics, explained, thresholds, noise)
     # each NIC's episodes stand out from its own noise too: one whose transfers were partly explained (a slow
     # GPU's) is measured on fewer of them and is noisier than the rest
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)  # rows without values
-        own = 1.4826 * np.nanmedian(np.abs(values - np.nanmedian(values, axis=1, keepdims=True)), axis=1)
-    sigma = np.maximum(np.nan_to_num(own, nan=np.inf), row_noise(values, thresholds.min_transfer_effect / 4))
+    sigma = rows_noise(values, row_noise(values, thresholds.min_transfer_effect / 4))
     level = np.maximum(thresholds.recurrent_effect, 4.0 * sigma)
     found = recurrent_members(values, level, thresholds.recurrent_episodes, thresholds.false_blame,
                               thresholds.min_length - 1, lambda: _partners(evidence), thresholds.rarity)
