@@ -3,6 +3,7 @@
     python benchmarks/localization.py                       # everything (about 15 minutes on 2 cores)
     python benchmarks/localization.py --scales 64 512 --no-latency
     python benchmarks/localization.py --latency-only --latency-gpus 16384 --repeats 1   # the analyzer at 16k GPUs
+    python benchmarks/localization.py --latency-only --compare-with /tmp/base   # alternating with another checkout
 
 Cases come from trainhealth.lab.bench.localization (seeded simulator windows: 20
 steps, 4 layouts per scale from 3-D to 5-D parallelism, GPU / NIC / host /
@@ -21,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import subprocess
 import sys
 import tempfile
@@ -33,10 +33,13 @@ import pandas as pd
 
 from trainhealth.lab.bench.localization import Outcome, cases, evaluate, summarize
 from trainhealth.lab.simulator.cluster import ClusterLayout
-from trainhealth.lab.simulator.simulate import ClusterFaultKind, InjectedFault, Scenario, simulate
+from trainhealth.lab.simulator.simulate import (
+    ClusterFaultKind,
+    InjectedFault,
+    Scenario,
+    simulate,
+)
 from trainhealth.localize.localizer import Thresholds
-
-TRAINHEALTH = str(Path(sys.executable).parent / "trainhealth")
 
 
 def _evaluate(job: tuple) -> Outcome:
@@ -65,7 +68,9 @@ def _table(title: str, outcomes: list[Outcome], by: str, minimum_severity: float
     print(_percent(summarize(chosen, by)))
 
 
-def _latency(repeats: int, gpus: int = 8192) -> None:
+def _latency(repeats: int, gpus: int = 8192, compare_with: str | None = None) -> None:
+    """``trainhealth localize`` end to end on one core; with ``compare_with`` (another checkout's root), each run
+    alternates with the same command importing that checkout's ``src``, so both see the same machine load."""
     layout = ClusterLayout(dp=gpus // 128, pp=16, tp=8)
     target = gpus // 2 + 146  # 4242 at 8192 GPUs
     fault = InjectedFault(ClusterFaultKind.GPU, target, 1.2, start_step=8)
@@ -77,19 +82,32 @@ def _latency(repeats: int, gpus: int = 8192) -> None:
               f"{time.perf_counter() - began:.1f} s ({os.path.getsize(Path(directory) / 'trace.parquet') / 2**20:.0f} MiB Parquet)")
         del trace
         env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
-        walls, peaks = [], []
+        codes = {"this checkout": env}
+        if compare_with:
+            codes[compare_with] = dict(env, PYTHONPATH=str(Path(compare_with) / "src"))
+        walls: dict[str, list[float]] = {name: [] for name in codes}
+        peaks: dict[str, list[float]] = {name: [] for name in codes}
+        tops: dict[str, set[str]] = {name: set() for name in codes}
         for _ in range(repeats):
-            before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-            began = time.perf_counter()
-            result = subprocess.run(["taskset", "-c", "0", TRAINHEALTH, "localize", directory, "--json"],
-                                    capture_output=True, text=True, env=env, check=True)
-            walls.append(time.perf_counter() - began)
-            peaks.append(max(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, before) / 1024)
-        top = json.loads(result.stdout)["suspects"][0]["component"]
-        walls.sort()
-        print(f"trainhealth localize, {layout.world} GPUs x 20 steps on one core: median {walls[len(walls) // 2]:.2f} s "
-              f"(runs: {', '.join(f'{w:.2f}' for w in walls)}), peak RSS {max(peaks):.0f} MiB, top suspect {top} "
-              f"(injected gpu:rank-{target})")
+            for name, code_env in codes.items():
+                with tempfile.TemporaryFile() as out:
+                    began = time.perf_counter()
+                    process = subprocess.Popen(["taskset", "-c", "0", sys.executable, "-m", "trainhealth.cli",
+                                                "localize", directory, "--json"], stdout=out, env=code_env)
+                    _, status, usage = os.wait4(process.pid, 0)  # this run's own peak memory
+                    walls[name].append(time.perf_counter() - began)
+                    process.returncode = os.waitstatus_to_exitcode(status)
+                    if process.returncode != 0:
+                        raise SystemExit(f"localize ({name}) exited {process.returncode}")
+                    peaks[name].append(usage.ru_maxrss / 1024)
+                    out.seek(0)
+                    tops[name].add(json.loads(out.read())["suspects"][0]["component"])
+        for name in codes:
+            runs = sorted(walls[name])
+            print(f"trainhealth localize ({name}), {layout.world} GPUs x 20 steps on one core: median "
+                  f"{runs[len(runs) // 2]:.2f} s (runs in order: {', '.join(f'{w:.2f}' for w in walls[name])}), "
+                  f"peak RSS {max(peaks[name]):.0f} MiB, top suspect {', '.join(sorted(tops[name]))} "
+                  f"(injected gpu:rank-{target})")
 
 
 def main() -> None:
@@ -104,10 +122,12 @@ def main() -> None:
     parser.add_argument("--latency-gpus", type=int, nargs="+", default=[8192],
                         help="GPU counts of the latency runs (multiples of 128; 16384 for the analyzer's cost at 16k)")
     parser.add_argument("--latency-only", action="store_true", help="skip the accuracy cases")
+    parser.add_argument("--compare-with", metavar="CHECKOUT",
+                        help="another checkout's root (git worktree add DIR REV): its localize alternates with this one")
     args = parser.parse_args()
     if args.latency_only:
         for gpus in args.latency_gpus:
-            _latency(args.repeats, gpus)
+            _latency(args.repeats, gpus, args.compare_with)
         return
 
     jobs = [(case, False) for scale in args.scales
@@ -138,7 +158,7 @@ def main() -> None:
           + ", ".join(f"{scale} GPUs {group['seconds'].median():.2f} s" for scale, group in seconds.groupby("scale")))
     if not args.no_latency:
         for gpus in args.latency_gpus:
-            _latency(args.repeats, gpus)
+            _latency(args.repeats, gpus, args.compare_with)
 
 
 if __name__ == "__main__":
