@@ -95,6 +95,17 @@ def test_uneven_batches_from_collectives_alone_blame_no_device(seed):
     assert result.verdict in ("imbalance", "healthy") and result.suspects == ()
 
 
+@pytest.mark.parametrize("collectives_only", [False, True])
+def test_uneven_batches_stay_imbalance_when_one_gpu_also_came_and_went(collectives_only):
+    # one GPU's excursion moves its replica's compute for a few steps; the run's uneven batches move every
+    # replica in every step: the imbalance is still named, the excursion listed as an event beside it
+    excursion = InjectedFault(ClusterFaultKind.GPU, 21, 1.5, start_step=8, end_step=13)
+    result, _ = _run(excursion, control=Control.SEQLEN_IMBALANCE, collectives_only=collectives_only, seed=2)
+    assert result.verdict == "imbalance" and result.suspects == ()
+    assert result.details["reasons"][0].startswith("uneven batches")
+    assert result.details["events"][0]["component"] == "gpu:rank-21"
+
+
 @pytest.mark.parametrize("seed", [1, 2, 11])
 def test_a_clean_run_from_collectives_alone_blames_no_device(seed):
     result, _ = _run(collectives_only=True, seed=seed)

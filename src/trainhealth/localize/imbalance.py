@@ -15,7 +15,12 @@ __all__ = ["imbalance_reasons"]
 
 def imbalance_reasons(evidence: Evidence, thresholds: Thresholds) -> list[str]:
     """Reasons to call the window's irregularity uneven work: stages whose peer groups compute
-    longer in every replica, or replicas whose compute moves together from step to step."""
+    longer in every replica, or replicas whose compute moves together from step to step.
+
+    Both are robust to one member's slow stretch: the stage test takes each peer group's median, the
+    batch test the median absolute spread of every replica's steps, which a few slow cells (one GPU
+    that came and went) leave where the run's uneven work puts it.
+    """
     reasons = []
     n_peer_groups = int(evidence.peer_of.max()) + 1
     if n_peer_groups >= 2:
@@ -31,8 +36,8 @@ def imbalance_reasons(evidence: Evidence, thresholds: Thresholds) -> list[str]:
         per_replica = pd.DataFrame(evidence.compute).groupby(evidence.replica_of).median().to_numpy()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
-            varying = per_replica - np.nanmean(per_replica, axis=1, keepdims=True)
-            spread = float(np.nanstd(varying)) if np.isfinite(varying).any() else 0.0
+            varying = per_replica - np.nanmedian(per_replica, axis=1, keepdims=True)
+            spread = 1.4826 * float(np.nanmedian(np.abs(varying))) if np.isfinite(varying).any() else 0.0
         if spread > thresholds.replica_imbalance:
             reasons.append(f"uneven batches: whole replicas compute {np.exp(spread) - 1:.1%} longer or shorter from "
                            f"step to step (sequence lengths vary), every GPU of a replica alike")

@@ -201,7 +201,9 @@ def decide(analysis: Analysis, thresholds: Thresholds) -> LocalizationResult:
         return LocalizationResult("insufficient_data", (), (), advice_for("insufficient_data"), details)
     ranked = sorted(analysis.candidates, key=lambda c: c.strength(thresholds), reverse=True)
     faults = [c for c in ranked if c.blamable and c.strength(thresholds) >= 1.0]
-    events = [c for c in ranked if not c.blamable and c.strength(thresholds) >= 1.0]
+    # an excursion no other member matched (transient) tells more than one as common as the run's noise
+    events = sorted((c for c in ranked if not c.blamable and c.strength(thresholds) >= 1.0),
+                    key=lambda c: c.shape == "ordinary")
     near = [c for c in ranked if c.blamable and 0.5 <= c.strength(thresholds) < 1.0]
     details = dict(analysis.details)
     if events:
@@ -218,7 +220,7 @@ def decide(analysis: Analysis, thresholds: Thresholds) -> LocalizationResult:
         suspects = tuple(_suspect(c, thresholds) for c in faults[: thresholds.max_suspects])
         return LocalizationResult(verdict, suspects, analysis.irregular_steps, advice_for(verdict),
                                   {**details, "reasons": []})
-    if analysis.imbalance and not events:  # one device's excursion moves its replica too: no uneven work
+    if analysis.imbalance:  # robust to one device's excursion (:func:`.imbalance.imbalance_reasons`)
         return LocalizationResult("imbalance", (), analysis.irregular_steps, advice_for("imbalance"),
                                   {**details, "reasons": list(analysis.imbalance)})
     unseen = _unseen(analysis, events, thresholds)
