@@ -24,10 +24,29 @@ class Case:
     firing: list[Firing]
     quiet: dict[str, str]  # series that must not fire it
     quiet_eval_time: str
+    also_quiet: tuple[dict[str, str], ...] = ()  # more near misses, judged at quiet_eval_time
 
 
 def _gpu(metric: str, extra: str = "") -> str:
     return f'{metric}{{{L},gpu="2",backend="nvml"{extra}}}'
+
+
+def _positions(seq: int, lagging_at: int, *, inflight: str, lagging: str | None = None,
+               leading: str | None = None) -> dict[str, str]:
+    """Ranks 0-2 of default_pg:0 at sequence ``seq`` (values ``leading``) and waiting in it (``inflight``), rank 3
+    at ``lagging_at`` (values ``lagging``)."""
+    group = 'group="default_pg:0"'
+    series = {f'trainhealth_comm_started_seq{{job="train",host="node-1",rank="{r}",{group}}}': leading or f"{seq}x10"
+              for r in range(3)}
+    series[f'trainhealth_comm_started_seq{{job="train",host="node-1",rank="3",{group}}}'] = lagging or f"{lagging_at}x10"
+    series.update({f'trainhealth_comm_inflight_duration_seconds{{job="train",host="node-1",rank="{r}",'
+                   f'op="all_reduce",{group}}}': inflight for r in range(3)})
+    return series
+
+
+def _thresholds(values: str) -> dict[str, str]:
+    return {f'trainhealth_comm_hang_threshold_seconds{{job="train",host="node-1",rank="{r}"}}': values
+            for r in range(3)}
 
 
 XID = "trainhealth_gpu_xid_errors_total"
@@ -144,7 +163,9 @@ CASES: dict[str, Case] = {
         [Firing({f"trainhealth_train_throughput_tokens_per_second{{{L}}}": "1000x80 500x30"}, "100m",
                 {"job": "train"}, "Throughput of train dropped",
                 "train processes 500 tokens/s, under 70% of its last hour.")],
-        {f"trainhealth_train_throughput_tokens_per_second{{{L}}}": "1000x110"}, "100m"),
+        # a drop in the job's first hour: the baseline hour is not full yet
+        {f"trainhealth_train_throughput_tokens_per_second{{{L}}}": "1000x10 500x20"}, "25m",
+        also_quiet=({f"trainhealth_train_throughput_tokens_per_second{{{L}}}": "1000x110"},)),
     "ThroughputDegraded": Case(
         [Firing({f"trainhealth_train_throughput_tokens_per_second{{{L}}}": "1000x360 800x240"}, "560m",
                 {"job": "train"}, "Throughput of train degraded for an hour",
@@ -157,19 +178,38 @@ CASES: dict[str, Case] = {
         {f"trainhealth_train_last_step_timestamp_seconds{{{L}}}": "0+60x40",
          f"trainhealth_train_last_step_duration_seconds{{{L}}}": "1x40"}, "20m"),
     "HungCollective": Case(
-        [Firing({**{f'trainhealth_comm_started_seq{{job="train",host="node-1",rank="{r}",group="default_pg:0"}}':
-                    "41x10" for r in range(3)},
-                 'trainhealth_comm_started_seq{job="train",host="node-1",rank="3",group="default_pg:0"}': "40x10",
-                 **{f'trainhealth_comm_inflight_duration_seconds{{job="train",host="node-1",rank="{r}",'
-                    f'op="all_reduce",group="default_pg:0"}}': "400x10" for r in range(3)}},
-                "5m", {**RANK, "group": "default_pg:0"}, "Collective in default_pg:0 waits for rank 3 on node-1",
-                "Ranks of train have waited over 5 minutes in a default_pg:0 collective that rank 3 on node-1 never "
-                "entered (it is at sequence 40).")],
-        {**{f'trainhealth_comm_started_seq{{job="train",host="node-1",rank="{r}",group="default_pg:0"}}': "41x10"
-            for r in range(3)},
-         'trainhealth_comm_started_seq{job="train",host="node-1",rank="3",group="default_pg:0"}': "40x10",
-         'trainhealth_comm_inflight_duration_seconds{job="train",host="node-1",rank="0",op="all_reduce",'
-         'group="default_pg:0"}': "100x10"}, "5m"),
+        [Firing({**_positions(41, 40, inflight="30x10"), **_thresholds("12x10")}, "5m",
+                {**RANK, "group": "default_pg:0"}, "Collective in default_pg:0 waits for rank 3 on node-1",
+                "Ranks of train wait in a default_pg:0 collective that rank 3 on node-1 never entered (it is at "
+                "sequence 40); its stack: trainhealth_comm_stuck_duration_seconds and the stacks/ files beside its "
+                "trace."),
+         # ranks of an older version export no threshold: a minute
+         Firing(_positions(41, 40, inflight="90x10"), "5m", {**RANK, "group": "default_pg:0"},
+                "Collective in default_pg:0 waits for rank 3 on node-1",
+                "Ranks of train wait in a default_pg:0 collective that rank 3 on node-1 never entered (it is at "
+                "sequence 40); its stack: trainhealth_comm_stuck_duration_seconds and the stacks/ files beside its "
+                "trace.")],
+        # the same wait while rank 0 is in an announced pause (a checkpoint save)
+        {**_positions(41, 40, inflight="30x10"), **_thresholds("12x10"),
+         'trainhealth_comm_paused{job="train",host="node-1",rank="0",reason="checkpoint"}': "1x10"}, "5m",
+        also_quiet=(
+            {**_positions(41, 40, inflight="8x10"), **_thresholds("2x10")},  # under the floor (10 s)
+            {**_positions(41, 40, inflight="30x10"), **_thresholds("40x10")},  # a job whose steps take 13 s
+            {**_positions(41, 40, inflight="30x10")},  # no threshold exported: a minute
+        )),
+    "RankMissing": Case(
+        [Firing({**_positions(20, 19, inflight="30x10", lagging="19 19 19 stale"), **_thresholds("12x10")}, "6m",
+                {**RANK, "group": "default_pg:0"}, "Rank 3 of train is gone while default_pg:0 waits for it",
+                "Rank 3 on node-1 stopped reporting (last at sequence 19 of default_pg:0) while its peers wait in the "
+                "group's collective: a dead process or a lost host.")],
+        # every rank still reports
+        {**_positions(20, 19, inflight="30x10"), **_thresholds("12x10")}, "6m",
+        also_quiet=(
+            # the job ended: every rank gone, nobody waits
+            {**_positions(20, 20, inflight="0 0 0 stale", lagging="20 20 20 stale", leading="20 20 20 stale")},
+            # a rank gone while its peers compute (an elastic job shrinking)
+            {**_positions(20, 19, inflight="0x10", lagging="19 19 19 stale"), **_thresholds("12x10")},
+        )),
     "StragglerSuspect": Case(
         [Firing({'trainhealth_suspect_score{job="train",rank="5",host="node-2",gpu="1",kind="gpu",'
                  'component="gpu:rank-5"}': "0.9x10"}, "8m",

@@ -51,11 +51,12 @@ def _test_file(name: str) -> dict:
                 "exp_annotations": {"summary": firing.summary, "description": firing.description, **annotations},
             }]}],
         })
-    tests.append({
-        "interval": "1m",
-        "input_series": [{"series": s, "values": v} for s, v in case.quiet.items()],
-        "alert_rule_test": [{"eval_time": case.quiet_eval_time, "alertname": name, "exp_alerts": []}],
-    })
+    for quiet in (case.quiet, *case.also_quiet):
+        tests.append({
+            "interval": "1m",
+            "input_series": [{"series": s, "values": v} for s, v in quiet.items()],
+            "alert_rule_test": [{"eval_time": case.quiet_eval_time, "alertname": name, "exp_alerts": []}],
+        })
     return {"rule_files": ["rules.yml"], "evaluation_interval": "1m", "tests": tests}
 
 

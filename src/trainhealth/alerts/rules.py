@@ -39,7 +39,7 @@ from trainhealth.knowledge.limits import GRAFANA_URL, Limit, PanelRef
 from trainhealth.knowledge.promql import counted
 from trainhealth.knowledge.xid import known_xids
 
-__all__ = ["ALERTS", "ANALYZER_STALE_S", "GRAFANA_URL", "HUNG_COLLECTIVE_S", "IRREGULAR_SHARE", "PCIE_REPLAYS_PER_MIN",
+__all__ = ["ALERTS", "ANALYZER_STALE_S", "GRAFANA_URL", "HANG_FLOOR_S", "HUNG_COLLECTIVE_S", "IRREGULAR_SHARE", "PCIE_REPLAYS_PER_MIN",
            "RUNBOOK_BASE", "STALL_MIN_S", "STALL_STEPS", "STRAGGLER_SCORE", "THROUGHPUT_DEGRADED", "THROUGHPUT_DROP",
            "AlertRule", "Limit", "PanelRef", "by_name", "counted"]
 
@@ -57,8 +57,11 @@ THROUGHPUT_DEGRADED = 0.9
 STRAGGLER_SCORE = 0.5
 #: GpuPcieReplays: PCIe replays per minute, averaged over 10 minutes.
 PCIE_REPLAYS_PER_MIN = 1
-#: HungCollective: seconds a process group has been inside one collective.
-HUNG_COLLECTIVE_S = 300
+#: HungCollective, RankMissing: the shortest wait that is a hang. Each rank exports its own threshold (3x its
+#: longest recent step, collective or checkpoint save, trainhealth.exporters.collectives.watch); the rules use
+#: the job's largest, never under this floor, and HUNG_COLLECTIVE_S for ranks that export none.
+HANG_FLOOR_S = 10
+HUNG_COLLECTIVE_S = 60
 #: TrainingStalled: no step for this many step times, and at least STALL_MIN_S seconds.
 STALL_STEPS = 10
 STALL_MIN_S = 300
@@ -141,6 +144,15 @@ _THERMAL = "hw_thermal_slowdown|sw_thermal_slowdown|hw_slowdown"
 _POWER = "sw_power_cap|hw_power_brake_slowdown"
 _THROUGHPUT = c.TRAIN_THROUGHPUT.prometheus_name
 _LAST_STEP = c.TRAIN_LAST_STEP_TIMESTAMP.prometheus_name
+_STARTED = c.COMM_STARTED_SEQ.prometheus_name
+#: per job and group: a member has waited in a collective longer than the job's hang threshold, and no rank of
+#: the job is in an announced pause (Monitor.pause)
+_GROUP_HUNG = (
+    f"(max by (job, group) ({c.COMM_INFLIGHT_DURATION.prometheus_name}) > on (job) group_left() "
+    f"(clamp_min(max by (job) ({c.COMM_HANG_THRESHOLD.prometheus_name}), {HANG_FLOOR_S}) "
+    f"or max by (job) ({_STARTED}) * 0 + {HUNG_COLLECTIVE_S})) "
+    f"unless on (job) (max by (job) ({c.COMM_PAUSED.prometheus_name}) > 0)"
+)
 
 ALERTS: tuple[AlertRule, ...] = (
     # --- hardware ----------------------------------------------------------------------
@@ -292,13 +304,14 @@ ALERTS: tuple[AlertRule, ...] = (
     AlertRule(
         "ThroughputDrop", "training",
         f"sum by (job) (avg_over_time({_THROUGHPUT}[5m])) < {THROUGHPUT_DROP:g} * sum by (job) "
-        f"(avg_over_time({_THROUGHPUT}[1h] offset 10m))", "5m", TICKET,
+        f"(avg_over_time({_THROUGHPUT}[1h] offset 10m)) and on (job) sum by (job) "
+        f"(max_over_time({_THROUGHPUT}[5m] offset 70m))", "5m", TICKET,
         "Throughput of {{ $labels.job }} dropped",
         "{{ $labels.job }} processes {{ $value | printf \"%.0f\" }} tokens/s, under " + f"{THROUGHPUT_DROP:.0%}"
         + " of its last hour.",
         "compute",
         f"Tokens/s summed over the ranks fell below {THROUGHPUT_DROP:.0%} of the hour before (the baseline is "
-        "offset, so the drop does not lower it).",
+        "offset, so the drop does not lower it); silent until the job has a full baseline hour (70 minutes).",
         panel=PanelRef(_TRAINING, 6, "Throughput against its baseline"), limit=Limit(THROUGHPUT_DROP, "below"),
     ),
     AlertRule(
@@ -322,16 +335,31 @@ ALERTS: tuple[AlertRule, ...] = (
     ),
     AlertRule(
         "HungCollective", "training",
-        f"{c.COMM_STARTED_SEQ.prometheus_name} < on (job, group) group_left max by (job, group) "
-        f"({c.COMM_STARTED_SEQ.prometheus_name}) and on (job, group) (max by (job, group) "
-        f"({c.COMM_INFLIGHT_DURATION.prometheus_name}) > {HUNG_COLLECTIVE_S})", "1m", PAGE,
+        f"{_STARTED} < on (job, group) group_left max by (job, group) ({_STARTED}) and on (job, group) "
+        f"({_GROUP_HUNG})", "10s", PAGE,
         "Collective in {{ $labels.group }} waits for " + WHERE,
-        "Ranks of {{ $labels.job }} have waited over 5 minutes in a {{ $labels.group }} collective that "
-        + WHERE + " never entered (it is at sequence {{ $value | printf \"%.0f\" }}).", "hang",
-        "Members of a process group are inside a collective for over five minutes; the ranks whose started "
-        "sequence number is behind the group's are the ones holding it up.",
+        "Ranks of {{ $labels.job }} wait in a {{ $labels.group }} collective that " + WHERE + " never entered "
+        "(it is at sequence {{ $value | printf \"%.0f\" }}); its stack: trainhealth_comm_stuck_duration_seconds "
+        "and the stacks/ files beside its trace.", "hang",
+        "Members of a process group have waited in one collective longer than the job's hang threshold (3x the "
+        f"ranks' longest recent step, collective or checkpoint save, at least {HANG_FLOOR_S} s); the ranks whose "
+        "started sequence number is behind the group's are the ones holding it up. Silent while a rank is in an "
+        "announced pause (Monitor.pause).",
         panel=PanelRef(_COMMUNICATION, 4, "Time inside the current collective"),
-        limit=Limit(HUNG_COLLECTIVE_S, "above"),
+        limit=Limit(HANG_FLOOR_S, "above"),
+    ),
+    AlertRule(
+        "RankMissing", "training",
+        f"(last_over_time({_STARTED}[10m]) unless on (job, rank, group) {_STARTED}) and on (job, group) "
+        f"({_GROUP_HUNG})", "10s", PAGE,
+        "Rank {{ $labels.rank }} of {{ $labels.job }} is gone while {{ $labels.group }} waits for it",
+        "Rank {{ $labels.rank }} on {{ $labels.host }} stopped reporting (last at sequence "
+        "{{ $value | printf \"%.0f\" }} of {{ $labels.group }}) while its peers wait in the group's collective: "
+        "a dead process or a lost host.", "hang",
+        "A member of a process group stopped being scraped (its series went stale) while the others have waited in "
+        "a collective longer than the job's hang threshold: the rank is dead or its host lost, and the job will not "
+        "move until it is replaced.",
+        panel=PanelRef(_COMMUNICATION, 4, "Time inside the current collective"),
     ),
     AlertRule(
         "StragglerSuspect", "training", f"{c.SUSPECT_SCORE.prometheus_name} >= {STRAGGLER_SCORE:g}", "5m", TICKET,

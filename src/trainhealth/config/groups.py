@@ -204,6 +204,8 @@ class CommSettings(SettingGroup):
                              bounds=Range(1, 1 << 20))
     flush_interval: float = setting("comm_flush_interval", 1.0, parse_float, "Seconds between updates of the collective metrics, the in-flight view and the abnormal filter.",
                                     bounds=Range(MIN_INTERVAL, MAX_INTERVAL, unit="seconds"))
+    hang_floor: float = setting("comm_hang_floor", 10.0, parse_float, "The shortest wait in a collective (or stop outside them) that makes a rank stuck; its hang threshold is 3x its longest recent step, collective or checkpoint save, never under this (trainhealth_comm_hang_threshold_seconds, HungCollective, trainhealth analyze).",
+                                bounds=Range(MIN_INTERVAL, MAX_INTERVAL, unit="seconds"))
 
 
 @dataclass(frozen=True)

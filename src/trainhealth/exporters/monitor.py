@@ -36,6 +36,7 @@ from __future__ import annotations
 import atexit
 import time
 from collections.abc import Mapping
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 from trainhealth import catalog
@@ -216,17 +217,37 @@ class Monitor:
         """Report a checkpoint of training step ``step`` (``duration_s``: how long saving took). Never raises.
 
         The step whose time includes the save (the next one recorded) is not judged by the
-        step-time and throughput detectors: a save is not a straggler.
+        step-time and throughput detectors: a save is not a straggler; and the hang threshold
+        allows 1.5x the longest save reported (wrap saves in :meth:`pause` to allow any length).
         """
         if self._closed:
             return
         self._recorder.checkpoint_saved()
-        if self.health is None:
-            return
         try:
+            if self.comm is not None and duration_s is not None:
+                self.comm.watch.checkpoint_saved(float(duration_s))  # a save this long is no hang
+            if self.health is None:
+                return
             self.health.checkpoint_saved(int(step), None if duration_s is None else float(duration_s))
         except Exception as exc:
             self.store.record_error("monitor", exc)
+
+    def pause(self, reason: str = "pause") -> AbstractContextManager[None]:
+        """A context manager around a pause of the loop that is no hang: a checkpoint save, an evaluation.
+
+        While it lasts, neither this rank nor its peers waiting in a collective for it count as hung
+        (``trainhealth_comm_paused{reason}`` is 1, and the hang rules and the analyzer hold their verdict),
+        and its length stays out of the hang threshold. Without the collective logger there is no hang
+        watcher and it does nothing. Never raises.
+
+        >>> import torch
+        >>> with Monitor(torch.nn.Linear(2, 1), prometheus=False, otel=False, env={}) as mon:
+        ...     with mon.pause("checkpoint"):
+        ...         pass  # torch.save(...)
+        """
+        if self._closed or self.comm is None:
+            return nullcontext()
+        return self.comm.pause(reason)
 
     def selftest(self, size: int = 256) -> list[Any]:
         """Run ``trainhealth selftest``'s checks on this rank's device now (between steps) and publish them.

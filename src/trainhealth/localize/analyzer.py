@@ -52,6 +52,7 @@ from typing import Protocol
 import pandas as pd
 
 from trainhealth import catalog
+from trainhealth.localize.hangs import hang_result
 from trainhealth.localize.localizer import Thresholds, localize
 from trainhealth.localize.result import VERDICTS, LocalizationResult, Suspect
 from trainhealth.localize.sources import SourceError, Window
@@ -91,7 +92,13 @@ class Analyzer:
             window = self.source.read()
             for note in window.notes:
                 log.warning("trainhealth analyze: %s", _one_line(note))
-            result = localize(window.records, window.topology, self.thresholds, window.probe, window.judge_last)
+            if window.hangs is not None and window.hangs.hangs:
+                result = hang_result(window.hangs)
+            else:
+                result = localize(window.records, window.topology, self.thresholds, window.probe, window.judge_last)
+                if window.hangs is not None and window.hangs.paused:
+                    result.details.setdefault("notes", []).append(
+                        "hang verdicts held: " + "; ".join(window.hangs.paused) + " (an announced pause)")
             self.publish(result, _gpus(window.records), time.perf_counter() - began)
         except (SourceError, TraceError) as exc:
             if strict:
@@ -187,7 +194,7 @@ def _labels(suspect: Suspect, gpus: dict[int, int]) -> tuple[str, ...]:
     """(rank, host, gpu, kind, component): one rank for a GPU or NIC, a host for a host, neither for a switch."""
     component = suspect.component or f"{suspect.kind}:{','.join(map(str, suspect.ranks))}"
     kind = component.split(":", 1)[0]
-    single = len(suspect.ranks) == 1 and kind in ("gpu", "nic")
+    single = len(suspect.ranks) == 1 and kind in ("gpu", "nic", "rank")
     rank = str(suspect.ranks[0]) if single else ""
     gpu = str(gpus[suspect.ranks[0]]) if single and suspect.ranks[0] in gpus else ""
     host = suspect.host or "" if kind != "switch" else ""

@@ -17,7 +17,7 @@ from typing import Any
 
 __all__ = ["VERDICTS", "LocalizationResult", "Suspect"]
 
-VERDICTS = ("healthy", "compute", "communication", "imbalance", "insufficient_data")
+VERDICTS = ("healthy", "compute", "communication", "imbalance", "insufficient_data", "hang")
 
 
 @dataclass(frozen=True)

@@ -34,6 +34,7 @@ import pandas as pd
 
 from trainhealth import catalog
 from trainhealth.knowledge.promql import string_literal
+from trainhealth.localize.hangs import HangReport, judge_hangs, positions_from_samples
 from trainhealth.localize.prometheus_client import PrometheusClient, Series, SourceError, one_line
 from trainhealth.traces.format import TraceError, validate
 from trainhealth.traces.io import is_trace_file, read_trace_file
@@ -63,6 +64,7 @@ class Window:
     notes: tuple[str, ...] = ()
     probe: Any = None  # a ProbeResult found beside the traces (probe.json), naming a slow link
     judge_last: int | None = None  # judge only the last steps; those before are the run's history
+    hangs: HangReport | None = None  # the ranks' positions judged for hangs (Prometheus: every rank's live state)
 
 
 @dataclass(frozen=True)
@@ -142,6 +144,31 @@ class PrometheusSource:
         return f"Prometheus at {self.client.url}" + (f" (job {one_line(repr(self.job))})" if self.job else "")
 
     def read(self) -> Window:
+        hangs = self.hangs()
+        if hangs.hangs:  # the collectives stopped completing: the window before the hang is beside the point
+            return Window(pd.DataFrame(), None, hangs=hangs)
+        window = self._window()
+        return Window(window.records, window.topology, window.notes, hangs=hangs)
+
+    #: the ranks' live positions; the last ones of a rank gone (its series stale) within this many seconds
+    GONE_WITHIN_S = 600
+
+    def hangs(self) -> HangReport:
+        """Every rank's position now (and the last one of ranks that stopped reporting), judged for hangs."""
+        names = (catalog.COMM_STARTED_SEQ, catalog.COMM_COMPLETED_SEQ, catalog.COMM_INFLIGHT_DURATION,
+                 catalog.COMM_GROUP, catalog.COMM_HANG_THRESHOLD, catalog.COMM_PAUSED, catalog.COMM_STUCK_DURATION)
+        samples = [(spec.prometheus_name, series.labels, value) for spec in names
+                   for series in self.client.query(self._select(spec.prometheus_name))
+                   for _, value in series.samples[-1:]]
+        gone = []
+        for spec in (catalog.COMM_STARTED_SEQ, catalog.COMM_WATCH_TIMESTAMP, catalog.COMM_GROUP):
+            selector = self._select(spec.prometheus_name)
+            gone += [(spec.prometheus_name, series.labels, value) for series in
+                     self.client.query(f"last_over_time({selector}[{self.GONE_WITHIN_S}s]) unless {selector}")
+                     for _, value in series.samples[-1:]]
+        return judge_hangs(positions_from_samples(samples, gone))
+
+    def _window(self) -> Window:
         end = time.time()
         start = end - self.window
         comm_sum = catalog.COMM_OP_DURATION.prometheus_name + "_sum"

@@ -86,7 +86,7 @@ def install(trace_dir: str | os.PathLike[str] | None = None, *, store: MetricSto
             rank=configured_rank(settings=settings), host=identity.host, gpu=identity.local_rank,
             ring_size=settings.comm.ring_size, store=store, trace_dir=settings.comm.trace_dir,
             flush_interval_s=settings.comm.flush_interval, detectors=detectors,
-            trace_write_interval_s=settings.comm.trace_write_interval,
+            trace_write_interval_s=settings.comm.trace_write_interval, hang_floor_s=settings.comm.hang_floor,
         )
         for name in COMMUNICATION_FUNCTIONS:
             original = getattr(c10d, name, None)

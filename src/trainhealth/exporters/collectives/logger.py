@@ -22,6 +22,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
@@ -30,6 +31,7 @@ import numpy as np
 from trainhealth import catalog
 from trainhealth.exporters.collectives.abnormal import AbnormalFilter
 from trainhealth.exporters.collectives.recorder import RECORD_FIELDS, CollectiveRecorder
+from trainhealth.exporters.collectives.watch import FLOOR_S, HangWatch
 from trainhealth.exporters.collectives.wrappers import COMMUNICATION_FUNCTIONS, instrument_ddp, wrap
 from trainhealth.store import MetricStore
 from trainhealth.traces.ops import COMMUNICATION_OPS
@@ -51,6 +53,7 @@ class CollectiveLogger(CollectiveRecorder):
     ``store`` receives the metrics (none when ``None``); ``trace_dir`` receives the
     trace, appended every ``trace_write_interval_s`` (0: only when :meth:`write_trace`
     runs, at uninstall and exit) and whenever half of ``ring_size`` records wait to be written.
+    ``hang_floor_s`` is the shortest hang threshold (:mod:`~trainhealth.exporters.collectives.watch`).
     """
 
     def __init__(
@@ -67,6 +70,7 @@ class CollectiveLogger(CollectiveRecorder):
         abnormal_keep: int = 10_000,
         detectors: Any = None,
         trace_write_interval_s: float = 0.0,
+        hang_floor_s: float = FLOOR_S,
     ) -> None:
         super().__init__(rank=rank, host=host, gpu=gpu, ring_size=ring_size)
         if not trace_write_interval_s >= 0:
@@ -95,6 +99,7 @@ class CollectiveLogger(CollectiveRecorder):
         # (start, end, is_async) of collectives the flush thread has not yet given to a step marker
         self._unassigned: deque[tuple[float, float, bool]] = deque(maxlen=ring_size)
         self._marked = False  # whether a step marker has arrived: without any, keep one flush of intervals
+        self.watch = HangWatch(self, hang_floor_s)  # is this rank stuck, and where (judged on the flush thread)
 
     # --- lifecycle ------------------------------------------------------------------
     def start(self) -> None:
@@ -132,6 +137,12 @@ class CollectiveLogger(CollectiveRecorder):
                 self.store.record_error("comm_trace", exc)
             else:
                 log.warning("trainhealth: writing the collective trace failed", exc_info=True)
+
+    # --- what the loop tells ------------------------------------------------------------
+    def pause(self, reason: str = "pause") -> AbstractContextManager[None]:
+        """A context manager for a pause the loop announces (a checkpoint save, an evaluation): while it lasts,
+        neither this rank nor its peers waiting for it count as hung (``trainhealth_comm_paused``)."""
+        return self.watch.pause(reason)
 
     # --- wrapping ---------------------------------------------------------------------
     def wrap(self, name: str, original: Callable[..., Any]) -> Callable[..., Any]:
@@ -265,6 +276,7 @@ class CollectiveLogger(CollectiveRecorder):
             if overflow > 0:
                 self._unwritten_lost += overflow
             self._unwritten.extend(batch)
+        self.watch.observe(batch)
         collectives = [record for record in batch if record[1] in _COMMUNICATION]
         markers = [record for record in batch if record[1] == "step"]
         self._flushed_total += len(collectives)
@@ -276,6 +288,11 @@ class CollectiveLogger(CollectiveRecorder):
         if markers:
             self._marked = True
             self._account_steps(markers)
+        try:
+            self.watch.check(self.store, self.trace_dir)
+        except Exception as exc:  # the watcher's failure is ours: counted, never a hang
+            if self.store is not None:
+                self.store.record_error("comm_watch", exc)
         if self.store is not None:
             self._export_inflight(self.store)
             dropped = self.records_dropped

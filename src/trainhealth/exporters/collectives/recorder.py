@@ -47,6 +47,8 @@ class CollectiveRecorder:
         self._current: tuple[str, str, int, float] | None = None  # the synchronous collective in progress
         self._async: dict[tuple[str, int], tuple[str, float]] = {}  # async collectives not yet complete
         self._group_ids: dict[int, str] = {}
+        self._members: dict[str, tuple[int, ...]] = {}  # group id -> its global ranks (who should be there)
+        self.training_thread: int | None = None  # the thread that last entered a collective
         self._p2p_ids: dict[tuple[str, int, int], str] = {}
         self._device_timed: set[str] = set()  # groups recorded by the NCCL completion hook
         self._clock_offset = time.time() - time.perf_counter()
@@ -79,11 +81,17 @@ class CollectiveRecorder:
         desc = str(getattr(group, "group_desc", "") or "")
         found = f"{desc}:{name}" if desc and desc != "undefined" and desc != name else (name or "default")
         self._group_ids[key] = found
+        self._members[found] = _members(group)
         from trainhealth.exporters.collectives.nccl import time_on_device
 
         if time_on_device(self, group, found):
             self._device_timed.add(found)
         return found
+
+    @property
+    def members(self) -> dict[str, tuple[int, ...]]:
+        """Each group this rank used: the global ranks in it (empty when torch could not say)."""
+        return dict(self._members)
 
     def p2p_group_id(self, group: Any, source: int, target: int) -> str:
         base = self.group_id(group)
@@ -97,6 +105,7 @@ class CollectiveRecorder:
     def begin(self, op: str, group: str, t0: float, is_async: bool) -> int:
         """Enter a collective: its sequence number in ``group``; marks it in flight."""
         seq = self._seq[group] = self._seq.get(group, -1) + 1
+        self.training_thread = threading.get_ident()
         if is_async:
             self._async[(group, seq)] = (op, t0)
         else:
@@ -146,3 +155,13 @@ class CollectiveRecorder:
         self._ring.append(record)
         self._pending.append(record)
         self._recorded += 1
+
+
+def _members(group: Any) -> tuple[int, ...]:
+    """The global ranks of a process group, from torch.distributed (empty when it cannot say)."""
+    try:
+        import torch.distributed as dist
+
+        return tuple(int(rank) for rank in dist.get_process_group_ranks(group))
+    except Exception:  # not a c10d group (a test double), or torch without the call: the members stay unknown
+        return ()

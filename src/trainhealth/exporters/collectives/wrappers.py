@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -111,7 +112,7 @@ def _wrap_collective(logger: CollectiveRecorder, call: _Call, original: Callable
     input_is_list = call.inputs_are_list
     group_index = position["group"]
     async_index = position.get("async_op", 1 << 30)
-    clock = time.perf_counter
+    clock, thread_id = time.perf_counter, threading.get_ident
     group_ids, seqs, completed, pending_async = logger._group_ids, logger._seq, logger._completed, logger._async
     device_timed, ring_append, pending_append = logger._device_timed, logger._ring.append, logger._pending.append
 
@@ -127,6 +128,7 @@ def _wrap_collective(logger: CollectiveRecorder, call: _Call, original: Callable
                 pending_async[(group, seq)] = (op, t0)
             else:
                 logger._current = (op, group, seq, t0)
+                logger.training_thread = thread_id()  # whose stack the hang watcher reads
             if logger.injected_delay is not None:
                 _sleep(logger.injected_delay())
         except Exception:  # never let bookkeeping break a collective

@@ -1,0 +1,81 @@
+"""The hang lab's figures: real 4-rank gloo jobs that hang, or pause and recover, judged live.
+
+Each case runs a real job (trainhealth.lab.hangs.rank) with the Monitor on every
+rank, a real Prometheus (2 s scrapes and rule evaluation, trainhealth's generated
+rules) and a real Alertmanager routing with trainhealth's routing tree to a webhook.
+Every 2 s the analyzer (the code of `trainhealth analyze --prometheus URL`) is run
+once. Printed per case, and summarised: whether the right rank was named first, how
+many seconds after the onset the analyzer said `hang`, the rule fired and the page
+arrived, and where the target's watcher found it stuck. Controls must end with no
+hang verdict and no hang page.
+
+    .venv/bin/python benchmarks/hangs.py --seeds 0 1 2 --out /tmp/hanglab
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+
+from trainhealth.lab.hangs.harness import CONTROLS, HANGS, HangCase, HangOutcome, run_hang_case
+
+
+def _case(kind: str, seed: int) -> HangCase:
+    world = 4
+    target = (seed + 1) % world or 1  # vary the culprit: 2, 3, 1, ...
+    partner = (target + 1) % world
+    onset = 40 + 10 * seed
+    return HangCase(kind, seed=seed, world=world, target=target, partner=partner, onset_step=onset,
+                    pause_s=25.0 if kind in ("checkpoint", "evaluation", "startup_barrier") else 0.4)
+
+
+def _median(values: list[float]) -> str:
+    return f"{statistics.median(values):.1f}" if values else "-"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--kinds", nargs="+", default=[*HANGS, *CONTROLS], choices=[*HANGS, *CONTROLS])
+    parser.add_argument("--out", type=Path, default=Path("/tmp/hanglab"))
+    args = parser.parse_args()
+    outcomes: list[HangOutcome] = []
+    for seed in args.seeds:
+        for kind in args.kinds:
+            case = _case(kind, seed)
+            outcome = run_hang_case(case, args.out / f"{kind}-{seed}")
+            outcomes.append(outcome)
+            print(json.dumps({"kind": kind, "seed": seed, "target": case.target, "right": outcome.right,
+                              "analyzer_s": outcome.analyzer_first_s, "analyzer_named": outcome.analyzer_named,
+                              "rule_s": outcome.rule_first_s, "rule": outcome.rule_name,
+                              "rule_named": outcome.rule_named, "page_s": outcome.page_first_s,
+                              "where": outcome.where, "notes": outcome.notes}), flush=True)
+    hangs = [o for o in outcomes if o.case.is_hang]
+    controls = [o for o in outcomes if not o.case.is_hang]
+    print()
+    print("| | cases | right rank first | analyzer s (median / max) | rule fired s (median / max) | "
+          "page s (median / max) |")
+    print("|---|---|---|---|---|---|")
+    for kind in [k for k in args.kinds if k in HANGS]:
+        group = [o for o in hangs if o.case.kind == kind]
+        analyzer = [o.analyzer_first_s for o in group if o.analyzer_first_s is not None]
+        rule = [o.rule_first_s for o in group if o.rule_first_s is not None]
+        page = [o.page_first_s for o in group if o.page_first_s is not None]
+        print(f"| {kind} | {len(group)} | {sum(o.right for o in group)}/{len(group)} | {_median(analyzer)} / "
+              f"{max(analyzer, default=float('nan')):.1f} | {_median(rule)} / {max(rule, default=float('nan')):.1f} "
+              f"| {_median(page)} / {max(page, default=float('nan')):.1f} |")
+    stalls = [o for o in hangs if o.case.kind == "host_stall"]
+    print(f"\nhost stalls whose summary names the stalling function (load_batch): "
+          f"{sum('load_batch' in o.where for o in stalls)}/{len(stalls)}")
+    alarms = [o for o in controls if not o.right]
+    print(f"controls with a hang verdict or a hang page: {len(alarms)}/{len(controls)}"
+          + "".join(f"\n  {o.case.kind}-{o.case.seed}: analyzer {o.analyzer_first_s}, rule {o.rule_first_s}, "
+                    f"page {o.page_first_s}" for o in alarms))
+    right = sum(o.right for o in hangs)
+    print(f"hangs named right: {right}/{len(hangs)}")
+
+
+if __name__ == "__main__":
+    main()

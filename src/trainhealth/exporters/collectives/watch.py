@@ -1,0 +1,294 @@
+"""The hang watcher: is this rank stuck, and where? Judged on the logger's flush thread, once a second.
+
+A rank is stuck when it has waited inside one collective, or stayed outside every
+collective without finishing a step, for longer than its **hang threshold**: three
+times the longest step, collective or gap between them it took in the last ten
+minutes (1.5 times its longest reported checkpoint save, if longer), and at least
+the floor (``comm_hang_floor``, :data:`FLOOR_S` by default); before its first collective completes, :data:`STARTUP_S` (start-up
+barriers, the first compilation). A pause the loop announces (:meth:`HangWatch.pause`,
+``Monitor.pause``) is never stuck and stays out of the history.
+
+When a rank is stuck, the watcher writes the Python stacks of all its threads and its
+last records to ``<trace_dir>/stacks/rank-<rank>.<time>.txt`` (once per episode) and
+exports ``trainhealth_comm_stuck_duration_seconds`` with the top frames of the training
+thread (``where``). It issues no collective and needs nothing from the blocked thread:
+``sys._current_frames`` reads any thread's stack.
+
+>>> where_stuck([("/usr/lib/python3.11/threading.py", 320, "wait"),
+...              ("/venv/lib/python3.11/site-packages/torch/utils/data/dataloader.py", 631, "__next__"),
+...              ("/home/me/train.py", 88, "main")], stdlib="/usr/lib/python3.11")
+'torch/utils/data/dataloader.py:__next__:631 < train.py:main:88'
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import sysconfig
+import threading
+import time
+import traceback
+from collections import deque
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from trainhealth import catalog
+
+if TYPE_CHECKING:
+    from trainhealth.exporters.collectives.logger import CollectiveLogger
+    from trainhealth.store import MetricStore
+
+__all__ = ["FACTOR", "FLOOR_S", "STARTUP_S", "HangWatch", "Stuck", "ranges_text", "where_stuck"]
+
+#: the shortest hang threshold: pauses of a few seconds (a GC, a slow batch) are never stuck
+FLOOR_S = 10.0
+#: the hang threshold over the longest step, collective or gap of the recent history
+FACTOR = 3.0
+#: the hang threshold before the rank's first collective completed
+STARTUP_S = 60.0
+#: the hang threshold over the longest checkpoint save reported (Monitor.checkpoint_saved)
+SAVE_FACTOR = 1.5
+#: how many flushes (about seconds) of history the threshold remembers
+HISTORY_FLUSHES = 600
+#: records written beside the stacks
+RECORDS_KEPT = 50
+
+_OWN = str(Path(__file__).resolve().parents[1])  # trainhealth.exporters: the monitoring, never "where"
+_SKIPPED = ("torch/distributed/", "torch/_", "contextlib.py")
+
+
+@dataclass(frozen=True)
+class Stuck:
+    """A stuck episode: ``state`` in_collective (``op`` in ``group`` at ``seq``) or outside_collectives."""
+
+    state: str
+    seconds: float
+    op: str
+    group: str
+    seq: int | None
+    where: str
+
+    def labels(self) -> tuple[str, ...]:
+        return (self.state, self.op, self.group, "" if self.seq is None else str(self.seq), self.where)
+
+
+class HangWatch:
+    """Judges one rank's collective logger for hangs; :meth:`check` runs on its flush thread."""
+
+    def __init__(self, logger: CollectiveLogger, floor_s: float = FLOOR_S) -> None:
+        if not floor_s > 0:
+            raise ValueError("the hang floor must be positive")
+        self._logger = logger
+        self.floor_s = float(floor_s)
+        self._longest: deque[float] = deque(maxlen=HISTORY_FLUSHES)  # per flush: its longest step/collective/gap
+        self._last_end: float | None = None  # perf_counter end of the last record seen (a collective or a step)
+        self._saves = 0.0
+        self._lock = threading.Lock()
+        self._paused: dict[str, int] = {}
+        self._paused_since_check = False
+        self._known_reasons: set[str] = set()
+        self._groups_published: dict[str, tuple[str, ...]] = {}
+        self._stuck: Stuck | None = None
+        self._episode: tuple | None = None
+        self.dumps: list[Path] = []
+
+    # --- what the loop tells ------------------------------------------------------------
+    @contextmanager
+    def pause(self, reason: str = "pause") -> Iterator[None]:
+        """A pause the loop announces (a checkpoint save, an evaluation): never stuck, not in the history."""
+        with self._lock:
+            self._paused[reason] = self._paused.get(reason, 0) + 1
+            self._paused_since_check = True
+            self._known_reasons.add(reason)
+        self._publish_paused()
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._paused[reason] -= 1
+                if not self._paused[reason]:
+                    del self._paused[reason]
+                self._paused_since_check = True
+            self._publish_paused()
+
+    def checkpoint_saved(self, duration_s: float) -> None:
+        """A save of ``duration_s`` seconds: later saves as long are not stuck."""
+        if duration_s > 0:
+            self._saves = max(self._saves, float(duration_s))
+
+    @property
+    def paused(self) -> bool:
+        return bool(self._paused)
+
+    # --- the flush thread ---------------------------------------------------------------
+    def observe(self, batch: Sequence[tuple]) -> None:
+        """Take the longest step, collective or gap of a flush's new records into the history."""
+        if not batch:
+            return
+        longest, reach = 0.0, self._last_end
+        for record in sorted(batch, key=lambda r: r[4]):
+            start, duration = record[4], record[5]
+            if record[3] == 0:  # a group's first collective (start-up barrier, rendezvous) sets no norm
+                reach = start + duration if reach is None else max(reach, start + duration)
+                continue
+            longest = max(longest, duration, start - reach if reach is not None else 0.0)
+            reach = start + duration if reach is None else max(reach, start + duration)
+        self._last_end = reach
+        with self._lock:
+            skip = self._paused_since_check or bool(self._paused)
+            self._paused_since_check = False
+        if not skip and longest > 0:
+            self._longest.append(longest)
+
+    def threshold(self) -> float:
+        """Seconds of waiting (or of absence from collectives) that make this rank stuck."""
+        if not self._longest:
+            return max(STARTUP_S, self.floor_s, SAVE_FACTOR * self._saves)
+        return max(self.floor_s, FACTOR * max(self._longest), SAVE_FACTOR * self._saves)
+
+    def check(self, store: MetricStore | None, trace_dir: Path | None) -> Stuck | None:
+        """Is the rank stuck now? Publishes the watcher's series and writes the stacks of a new episode."""
+        now = time.perf_counter()
+        threshold = self.threshold()
+        stuck = None if self.paused else self._stuck_now(now, threshold)
+        if store is not None:
+            self._publish(store, threshold, stuck)
+        if stuck is not None and trace_dir is not None:
+            episode = (stuck.state, stuck.group, stuck.seq, self._last_end)
+            if episode != self._episode:
+                self._episode = episode
+                path = self._dump(trace_dir, stuck, threshold)
+                if path is not None:
+                    self.dumps.append(path)
+        self._stuck = stuck
+        return stuck
+
+    def _stuck_now(self, now: float, threshold: float) -> Stuck | None:
+        current = self._logger._current
+        thread = self._logger.training_thread
+        if current is not None:
+            op, group, seq, t0 = current
+            if now - t0 > threshold:
+                return Stuck("in_collective", now - t0, op, group, seq, _where(thread))
+            return None
+        if self._last_end is None or not self._longest:
+            return None  # no collective completed yet: nothing to be absent from
+        away = now - self._last_end
+        if away > threshold:
+            return Stuck("outside_collectives", away, "", "", None, _where(thread))
+        return None
+
+    def _publish(self, store: MetricStore, threshold: float, stuck: Stuck | None) -> None:
+        writes: list[tuple[catalog.MetricSpec, tuple[str, ...], float]] = [
+            (catalog.COMM_WATCH_TIMESTAMP, (), time.time()), (catalog.COMM_HANG_THRESHOLD, (), threshold)]
+        if self._stuck is not None and (stuck is None or stuck.labels() != self._stuck.labels()):
+            store.remove(catalog.COMM_STUCK_DURATION, self._stuck.labels())
+        if stuck is not None:
+            writes.append((catalog.COMM_STUCK_DURATION, stuck.labels(), stuck.seconds))
+        store.write(writes)
+        for group, members in self._logger.members.items():
+            labels = (group, ranges_text(members), str(len(members)) if members else "")
+            if self._groups_published.get(group) != labels:
+                if group in self._groups_published:
+                    store.remove(catalog.COMM_GROUP, self._groups_published[group])
+                store.set_info(catalog.COMM_GROUP, labels)
+                self._groups_published[group] = labels
+
+    def _publish_paused(self) -> None:
+        store = self._logger.store
+        if store is None:
+            return
+        with self._lock:
+            values = [(catalog.COMM_PAUSED, (reason,), 1.0 if reason in self._paused else 0.0)
+                      for reason in sorted(self._known_reasons)]
+        store.write(values)
+
+    def _dump(self, trace_dir: Path, stuck: Stuck, threshold: float) -> Path | None:
+        """Write every thread's stack and the last records; the file, or None when it could not be written."""
+        logger = self._logger
+        names = {thread.ident: thread.name for thread in threading.enumerate()}
+        lines = [f"rank {logger.rank}: {stuck.state} for {stuck.seconds:.1f} s (hang threshold {threshold:.1f} s)"
+                 + (f" in {stuck.op} #{stuck.seq} of {stuck.group}" if stuck.state == "in_collective" else ""),
+                 f"where: {stuck.where}", ""]
+        for ident, frame in sys._current_frames().items():
+            marker = "  <- training thread" if ident == logger.training_thread else ""
+            lines.append(f"Thread {names.get(ident, '?')} ({ident}){marker}:")
+            lines += [line.rstrip("\n") for line in traceback.format_stack(frame)]
+            lines.append("")
+        lines.append(f"last {RECORDS_KEPT} records:")
+        lines += [json.dumps(row) for row in logger.trace_rows(list(logger._ring)[-RECORDS_KEPT:])]
+        directory = trace_dir / "stacks"
+        path = directory / f"rank-{logger.rank}.{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}.txt"
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+            partial = path.with_suffix(".partial")
+            with open(partial, "w", encoding="utf-8") as out:
+                out.write("\n".join(lines) + "\n")
+                out.flush()
+                os.fsync(out.fileno())
+            os.replace(partial, path)
+        except OSError as exc:
+            if logger.store is not None:
+                logger.store.record_error("comm_stacks", exc)
+            return None
+        return path
+
+
+def _where(thread: int | None) -> str:
+    """The top frames of ``thread`` (the training thread; the main thread when none entered a collective)."""
+    ident = thread if thread is not None else threading.main_thread().ident
+    frame = sys._current_frames().get(ident) if ident is not None else None
+    if frame is None:
+        return "unknown (the training thread is gone)"
+    stack = [(f.filename, f.lineno or 0, f.name) for f in reversed(traceback.extract_stack(frame))]
+    return where_stuck(stack)
+
+
+def where_stuck(stack: Sequence[tuple[str, int, str]], stdlib: str | None = None, keep: int = 2) -> str:
+    """A one-line summary of a stack (innermost first): its ``keep`` innermost frames outside Python's
+    library, torch.distributed and trainhealth, as ``path:function:line``, innermost first."""
+    stdlib = stdlib or sysconfig.get_paths()["stdlib"]
+    chosen = []
+    for filename, line, function in stack:
+        normal = filename.replace(os.sep, "/")
+        packaged = "site-packages/" in normal or "dist-packages/" in normal
+        if normal.startswith(stdlib) and not packaged or normal.startswith(_OWN):
+            continue
+        short = _short(normal)
+        if any(part in short for part in _SKIPPED) or short.startswith("<"):
+            continue
+        chosen.append(f"{short}:{function}:{line}")
+        if len(chosen) == keep:
+            break
+    return " < ".join(chosen) if chosen else "python internals (no frame of the job's own code)"
+
+
+def _short(path: str) -> str:
+    """A path from its package root (``torch/utils/data/dataloader.py``), else the file name."""
+    for marker in ("site-packages/", "dist-packages/"):
+        if marker in path:
+            return path.split(marker, 1)[1]
+    return path.rsplit("/", 1)[-1]
+
+
+def ranges_text(ranks: Sequence[int]) -> str:
+    """Ranks as compact ranges.
+
+    >>> ranges_text([0, 1, 2, 3, 8, 10, 11])
+    '0-3,8,10-11'
+    """
+    out: list[str] = []
+    ordered = sorted(set(ranks))
+    start = previous = None
+    for rank in ordered + [None]:
+        if rank is not None and previous is not None and rank == previous + 1:
+            previous = rank
+            continue
+        if start is not None:
+            out.append(str(start) if start == previous else f"{start}-{previous}")
+        start = previous = rank
+    return ",".join(out)
