@@ -19,7 +19,13 @@ import json
 import statistics
 from pathlib import Path
 
-from trainhealth.lab.hangs.harness import CONTROLS, HANGS, HangCase, HangOutcome, run_hang_case
+from trainhealth.lab.hangs.harness import (
+    CONTROLS,
+    HANGS,
+    HangCase,
+    HangOutcome,
+    run_hang_case,
+)
 
 
 def _case(kind: str, seed: int) -> HangCase:

@@ -14,6 +14,7 @@ def test_a_rank_stalled_in_host_code_is_named_within_a_minute_with_its_function(
     outcome = run_hang_case(HangCase("host_stall", target=3, onset_step=40, steps=120), tmp_path / "case")
     assert outcome.onset is not None, outcome.notes
     assert outcome.analyzer_named == 3 and outcome.analyzer_first_s is not None and outcome.analyzer_first_s <= 60
+    assert (outcome.cli_verdict, outcome.cli_named) == ("hang", 3)  # trainhealth analyze --prometheus --once --json
     assert outcome.rule_named == 3 and outcome.rule_name == "HungCollective"
     assert outcome.page_first_s is not None and outcome.page_first_s <= 60
     assert "load_batch" in outcome.where and "load_batch" in outcome.analyzer_evidence + outcome.where

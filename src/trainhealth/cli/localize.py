@@ -14,7 +14,7 @@ import signal
 import sys
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
 from trainhealth._files import check_output_directory
@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from trainhealth.exporters.collectives.probe import ProbeResult
     from trainhealth.lab.simulator.simulate import InjectedFault
     from trainhealth.localize.localizer import Thresholds
+    from trainhealth.localize.result import LocalizationResult
 
 __all__ = ["add_commands"]
 
@@ -74,7 +75,9 @@ def _cmd_localize(args: argparse.Namespace) -> int:
         steps = sorted(records["step"].unique())[-max(args.last, args.history or 0):]
         records = records[records["step"].isin(steps)].reset_index(drop=True)
     judge_last = args.last if args.last is not None and args.history and args.history > args.last else None
-    result = localize(records, trace.topology, thresholds, _probe(args), judge_last)
+    result = _flight_recorder_hang(records, trace)
+    if result is None:
+        result = localize(records, trace.topology, thresholds, _probe(args), judge_last)
     if args.json:
         print(json.dumps(result.to_dict(), indent=2, sort_keys=True))
     else:
@@ -82,6 +85,20 @@ def _cmd_localize(args: argparse.Namespace) -> int:
     for note in notes:
         print(f"note: {note}", file=sys.stderr)
     return 0
+
+
+def _flight_recorder_hang(records: Any, trace: Any) -> LocalizationResult | None:
+    """Flight Recorder dumps of a job that hung: the ``hang`` verdict from every rank's last collectives (who
+    never entered the one the others wait in, or entered another); None for dumps of a job that did not."""
+    if "state" not in records.columns or records.empty:
+        return None
+    from trainhealth.localize.hangs import hang_result, judge_hangs, positions_from_records
+
+    files = [Path(source) for source in trace.sources]
+    dumped_at = max((p.stat().st_mtime for p in files if p.is_file()), default=0.0)
+    positions = positions_from_records(records, trace.topology.groups, dumped_at)
+    report = judge_hangs(positions, min_wait_s=0.0)
+    return hang_result(report) if report.hangs else None
 
 
 def _probe(args: argparse.Namespace) -> ProbeResult | None:

@@ -34,12 +34,15 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import pandas as pd
+
 from trainhealth.knowledge.advice import advice_for
 from trainhealth.localize.result import LocalizationResult, Suspect
 
 __all__ = [
     "DEFAULT_THRESHOLD_S", "GoneRank", "HangReport", "HangSuspect", "Positions", "RankCommState", "RankWatch",
-    "find_hangs", "hang_result", "judge_hangs", "positions_from_samples", "states_from_samples",
+    "find_hangs", "hang_result", "judge_hangs", "positions_from_records", "positions_from_samples",
+    "states_from_samples",
 ]
 
 #: the hang threshold for ranks that export none (older versions): a minute
@@ -56,6 +59,7 @@ class RankCommState:
     completed_seq: int
     inflight_op: str
     inflight_s: float
+    inflight_bytes: int | None = None  # the size of the collective in flight, where known (Flight Recorder)
 
 
 @dataclass(frozen=True)
@@ -187,7 +191,7 @@ def find_hangs(states: Iterable[RankCommState], *, min_wait_s: float = DEFAULT_T
             lagging_at=dict(sorted(behind.items())),
             waited_s=max(s.inflight_s for s in waiting),
             missing=tuple((gone or {}).get(rank, GoneRank(rank, None)) for rank in sorted(missing)),
-            mismatch={s.rank: s.inflight_op for s in at_seq if s.inflight_op != op},
+            mismatch=_mismatch(at_seq, op),
             doing={rank: _doing(rank, group, states, (watch or {}).get(rank)) for rank in sorted(behind)},
         ))
     return _root_first(hangs, states, members)
@@ -195,21 +199,40 @@ def find_hangs(states: Iterable[RankCommState], *, min_wait_s: float = DEFAULT_T
 
 def _root_first(hangs: list[HangSuspect], states: Sequence[RankCommState],
                 members: Mapping[str, Sequence[int]] | None) -> list[HangSuspect]:
-    """The hang that holds the others first: one whose lagging ranks are not themselves waiting in a collective
-    (stuck in host code, gone); among those, or in a cycle of groups waiting on each other, the largest group."""
+    """The hang that holds the others first: one that names someone (a lagging or mismatched rank) before one
+    where every member entered; then one whose lagging ranks are not themselves waiting in a collective (stuck
+    in host code, gone); among those, or in a cycle of groups waiting on each other, the largest group."""
     waiting = {s.rank for s in states if s.started_seq > s.completed_seq}
 
     def downstream(hang: HangSuspect) -> bool:  # a gone rank reports no state: never waiting
         return bool(hang.lagging_ranks) and all(r in waiting for r in hang.lagging_ranks)
 
-    return sorted(hangs, key=lambda h: (downstream(h), -max(len((members or {}).get(h.group, ())),
-                                                            len(h.waiting_ranks) + len(h.lagging_ranks)), h.group))
+    def size(hang: HangSuspect) -> int:
+        return max(len((members or {}).get(hang.group, ())), len(hang.waiting_ranks) + len(hang.lagging_ranks))
+
+    return sorted(hangs, key=lambda h: (not (h.lagging_ranks or h.mismatch), downstream(h), -size(h), h.group))
 
 
-def judge_hangs(positions: Positions) -> HangReport:
-    """The job's hangs under its own threshold (the largest its ranks export), none while a rank is paused."""
+def _mismatch(at_seq: Sequence[RankCommState], op: str) -> dict[int, str]:
+    """Members at the hung sequence number inside another collective, or the same one with another size."""
+    sizes = [s.inflight_bytes for s in at_seq if s.inflight_op == op and s.inflight_bytes is not None]
+    usual = max(set(sizes), key=sizes.count) if sizes else None
+    out = {}
+    for state in at_seq:
+        if state.inflight_op != op:
+            out[state.rank] = state.inflight_op
+        elif usual is not None and state.inflight_bytes is not None and state.inflight_bytes != usual:
+            out[state.rank] = f"{op} of {state.inflight_bytes} bytes (the others {usual})"
+    return out
+
+
+def judge_hangs(positions: Positions, min_wait_s: float | None = None) -> HangReport:
+    """The job's hangs under its own threshold (the largest its ranks export; ``min_wait_s`` instead, where
+    given: 0 for dumps taken because the job hung), none while a rank is paused."""
     thresholds = [w.threshold_s for w in positions.watch.values() if w.threshold_s is not None]
     threshold = max(thresholds) if thresholds else DEFAULT_THRESHOLD_S
+    if min_wait_s is not None:
+        threshold = min_wait_s
     paused = tuple(f"rank {rank}: {', '.join(w.paused)}" for rank, w in sorted(positions.watch.items()) if w.paused)
     if paused:
         return HangReport((), threshold, paused)
@@ -341,6 +364,30 @@ def positions_from_samples(samples: Iterable[tuple[str, Mapping[str, str], float
     return Positions(states, members,
                      {rank: RankWatch(w["threshold_s"], tuple(w["paused"]), w["stuck"]) for rank, w in watch.items()},
                      gone)
+
+
+def positions_from_records(records: Any, members: Mapping[str, Sequence[int]], dumped_at: float) -> Positions:
+    """Every rank's position from Flight Recorder records (trace format v1 with its ``state`` column, from
+    :func:`trainhealth.traces.flight_recorder.import_flight_recorder`): per rank and group, the last collective
+    entered and the last completed, the one in flight and how long before ``dumped_at`` (unix time) it began.
+    Members that left no dump are missing. gloo marks no entry completed (and its ``pg_status`` counts
+    disagree between members), so there each rank's last entry counts as in flight, as torch's ``fr_trace``
+    reads it: the rank behind is the one whose last entry is older."""
+    collectives = records[~records["op"].isin(("send", "recv")) & records["seq"].notna()]
+    states = []
+    for (rank, group), rows in collectives.groupby(["rank", "group"], sort=True):
+        rows = rows.sort_values("seq")
+        last = rows.iloc[-1]
+        done = rows[rows["state"] == "completed"]
+        started = int(last["seq"])
+        finished = int(done["seq"].max()) if len(done) else -1
+        inflight = started > finished
+        size = last.get("bytes")
+        states.append(RankCommState(
+            int(rank), str(group), started, finished, str(last["op"]) if inflight else "",
+            max(0.0, dumped_at - float(last["start"])) if inflight else 0.0,
+            int(size) if inflight and size is not None and not pd.isna(size) else None))
+    return Positions(tuple(states), {str(g): tuple(int(r) for r in m) for g, m in members.items()})
 
 
 def _rank(labels: Mapping[str, str]) -> int | None:

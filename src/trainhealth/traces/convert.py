@@ -24,6 +24,8 @@ INPUT_KINDS = ("auto", "v1", "flight-recorder", "straggler-analysis")
 
 
 def detect_kind(path: Path) -> str:
+    if kind_of(path) == "directory" and _flight_recorder_files(path):
+        return "flight-recorder"
     if kind_of(path) != "file":  # a directory of v1 files; anything else the v1 reader refuses by name
         return "v1"
     if looks_like_straggler_analysis(path):
@@ -46,7 +48,8 @@ def load_any(paths: Sequence[str | os.PathLike[str]], kind: str = "auto",
     traces, notes = [], []
     for found, files in by_kind.items():
         if found == "flight-recorder":
-            trace, skipped = import_flight_recorder(files)
+            dumps = [dump for file in files for dump in (_flight_recorder_files(file) if file.is_dir() else [file])]
+            trace, skipped = import_flight_recorder(dumps)
             notes += [f"skipped {count} Flight Recorder entr{'y' if count == 1 else 'ies'} of unrecognised operation {name!r}"
                       for name, count in sorted(skipped.items())]
         elif found == "straggler-analysis":
@@ -92,3 +95,12 @@ def save(trace: Trace, output: str | os.PathLike[str]) -> list[Path]:
         trace.topology.save(output / TOPOLOGY_FILE)
         written.append(output / TOPOLOGY_FILE)
     return written
+
+
+def _flight_recorder_files(directory: Path) -> list[Path]:
+    """The Flight Recorder dumps of a directory (one per rank, named ``<prefix><rank>``), when every file in it
+    that is not hidden is one; else none."""
+    files = sorted(p for p in directory.iterdir() if not p.name.startswith(".")) if directory.is_dir() else []
+    if files and all(p.is_file() and p.name[-1:].isdigit() and looks_like_flight_recorder(p) for p in files):
+        return files
+    return []

@@ -133,8 +133,8 @@ def _group_members(config: Any, path: Path) -> dict[str, tuple[int, ...]]:
                 isinstance(r, int) and not isinstance(r, bool) and 0 <= r <= MAX_RANK for r in members):
             raise TraceError(str(path), f"pg_config[{shown(name)}].ranks must list ranks from 0 to {MAX_RANK}, "
                                         f"got {shown(entry.get('ranks'))}")
-        if members:
-            groups[str(name)] = tuple(sorted(members))
+        if members:  # torch 2.13's gloo dumps file the default group (named "0") under an empty name
+            groups[str(name) or "0"] = tuple(sorted(members))
     return groups
 
 

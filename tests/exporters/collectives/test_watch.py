@@ -99,6 +99,17 @@ def test_the_threshold_follows_the_jobs_own_steps(one_rank, tmp_path):
     assert with_save == pytest.approx(6.0)
 
 
+def test_every_group_used_is_published_with_its_members(one_rank, tmp_path):
+    with _monitor(tmp_path) as monitor:
+        side = dist.new_group([0])
+        dist.all_reduce(torch.ones(4))
+        dist.all_reduce(torch.ones(4), group=side)
+        monitor.comm.flush()
+        groups = {labels[0]: labels[1:] for labels, _ in monitor.store.series(catalog.COMM_GROUP)}
+    assert len(groups) == 2 and groups["default_pg:0"] == ("0", "1")
+    assert [members for name, members in groups.items() if name != "default_pg:0"] == [("0", "1")]
+
+
 def test_member_ranges_are_compact():
     assert ranges_text([]) == ""
     assert ranges_text([5]) == "5"

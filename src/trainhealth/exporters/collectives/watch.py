@@ -11,8 +11,10 @@ barriers, the first compilation). A pause the loop announces (:meth:`HangWatch.p
 When a rank is stuck, the watcher writes the Python stacks of all its threads and its
 last records to ``<trace_dir>/stacks/rank-<rank>.<time>.txt`` (once per episode) and
 exports ``trainhealth_comm_stuck_duration_seconds`` with the top frames of the training
-thread (``where``). It issues no collective and needs nothing from the blocked thread:
-``sys._current_frames`` reads any thread's stack.
+thread (``where``); with Flight Recorder on, torch's dump too (``flight-recorder/rank_<rank>``,
+with the groups' members filled in where torch left them out).
+It issues no collective and needs nothing from the blocked thread: ``sys._current_frames``
+reads any thread's stack.
 
 >>> where_stuck([("/usr/lib/python3.11/threading.py", 320, "wait"),
 ...              ("/venv/lib/python3.11/site-packages/torch/utils/data/dataloader.py", 631, "__next__"),
@@ -24,25 +26,43 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import sys
 import sysconfig
 import threading
 import time
 import traceback
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 from trainhealth import catalog
 
 if TYPE_CHECKING:
-    from trainhealth.exporters.collectives.logger import CollectiveLogger
     from trainhealth.store import MetricStore
 
-__all__ = ["FACTOR", "FLOOR_S", "STARTUP_S", "HangWatch", "Stuck", "ranges_text", "where_stuck"]
+
+class _Watched(Protocol):
+    """What the watcher reads of the collective logger (:class:`~.logger.CollectiveLogger`)."""
+
+    store: MetricStore | None
+    training_thread: int | None
+    _current: tuple[str, str, int, float] | None
+    _ring: deque[tuple]
+
+    @property
+    def rank(self) -> int: ...
+
+    @property
+    def members(self) -> dict[str, tuple[int, ...]]: ...
+
+    def trace_rows(self, records: Iterable[tuple]) -> list[dict[str, Any]]: ...
+
+__all__ = ["FACTOR", "FLOOR_S", "STARTUP_S", "HangWatch", "Stuck", "flight_recorder_enabled", "ranges_text",
+           "where_stuck"]
 
 #: the shortest hang threshold: pauses of a few seconds (a GC, a slow batch) are never stuck
 FLOOR_S = 10.0
@@ -79,7 +99,7 @@ class Stuck:
 class HangWatch:
     """Judges one rank's collective logger for hangs; :meth:`check` runs on its flush thread."""
 
-    def __init__(self, logger: CollectiveLogger, floor_s: float = FLOOR_S) -> None:
+    def __init__(self, logger: _Watched, floor_s: float = FLOOR_S) -> None:
         if not floor_s > 0:
             raise ValueError("the hang floor must be positive")
         self._logger = logger
@@ -164,6 +184,7 @@ class HangWatch:
                 path = self._dump(trace_dir, stuck, threshold)
                 if path is not None:
                     self.dumps.append(path)
+                self._dump_flight_recorder(trace_dir)
         self._stuck = stuck
         return stuck
 
@@ -195,7 +216,7 @@ class HangWatch:
             if self._groups_published.get(group) != labels:
                 if group in self._groups_published:
                     store.remove(catalog.COMM_GROUP, self._groups_published[group])
-                store.set_info(catalog.COMM_GROUP, labels)
+                store.set(catalog.COMM_GROUP, 1.0, labels)  # one series per group
                 self._groups_published[group] = labels
 
     def _publish_paused(self) -> None:
@@ -206,6 +227,24 @@ class HangWatch:
             values = [(catalog.COMM_PAUSED, (reason,), 1.0 if reason in self._paused else 0.0)
                       for reason in sorted(self._known_reasons)]
         store.write(values)
+
+    def _dump_flight_recorder(self, trace_dir: Path) -> None:
+        """With Flight Recorder on, its dump beside the stacks (``flight-recorder/rank_<rank>``, the name torch's
+        ``fr_trace`` analyzer reads): the same hang through torch's own records (``trainhealth localize DIR``)."""
+        torch = sys.modules.get("torch")
+        if torch is None or not flight_recorder_enabled():
+            return
+        logger = self._logger
+        try:
+            blob = _with_members(torch._C._distributed_c10d._dump_fr_trace(), logger.members)
+            directory = trace_dir / "flight-recorder"
+            directory.mkdir(parents=True, exist_ok=True)
+            partial = directory / f".rank_{logger.rank}.partial"
+            partial.write_bytes(blob)
+            os.replace(partial, directory / f"rank_{logger.rank}")
+        except Exception as exc:  # torch without the call, a full disk: counted, the stacks are written anyway
+            if logger.store is not None:
+                logger.store.record_error("comm_stacks", exc)
 
     def _dump(self, trace_dir: Path, stuck: Stuck, threshold: float) -> Path | None:
         """Write every thread's stack and the last records; the file, or None when it could not be written."""
@@ -236,6 +275,30 @@ class HangWatch:
                 logger.store.record_error("comm_stacks", exc)
             return None
         return path
+
+
+def _with_members(blob: bytes, members: dict[str, tuple[int, ...]]) -> bytes:
+    """This rank's Flight Recorder dump with each group's members filled in: torch 2.13's gloo dumps leave
+    ``pg_config`` empty (one entry named "" without ranks), so neither torch's ``fr_trace`` nor anyone else
+    could tell who should have been in a collective. The entries are left as torch wrote them."""
+    dump = pickle.loads(blob)  # this process's own dump, just made by torch
+    config = {name: entry for name, entry in (dump.get("pg_config") or {}).items() if name}
+    for group, ranks in members.items():
+        desc, _, name = group.rpartition(":")
+        if ranks and name not in config:
+            config[name] = {"name": name, "desc": desc or "undefined", "ranks": str(list(ranks))}
+    dump["pg_config"] = config
+    return pickle.dumps(dump)
+
+
+def flight_recorder_enabled(env: dict[str, str] | os._Environ[str] = os.environ) -> bool:
+    """Whether torch's Flight Recorder records (``TORCH_FR_BUFFER_SIZE``, formerly
+    ``TORCH_NCCL_TRACE_BUFFER_SIZE``, above 0)."""
+    for name in ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE"):
+        value = env.get(name, "")
+        if value.strip().isdigit() and int(value) > 0:
+            return True
+    return False
 
 
 def _where(thread: int | None) -> str:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -83,6 +84,8 @@ class HangOutcome:
     analyzer_named: int | None = None  # the first suspect of that verdict
     analyzer_verdicts: list[str] = field(default_factory=list)  # every verdict seen after the onset
     analyzer_evidence: str = ""
+    cli_named: int | None = None  # `trainhealth analyze --prometheus URL --once --json`, run once at that moment
+    cli_verdict: str = ""
     rule_first_s: float | None = None  # seconds from onset to the first hang alert firing in Prometheus
     rule_named: int | None = None
     rule_name: str = ""
@@ -90,8 +93,21 @@ class HangOutcome:
     page_alerts: list[str] = field(default_factory=list)
     where: str = ""  # the target's trainhealth_comm_stuck_duration_seconds{where}
     stacks_files: int = 0
+    fr_named: int | None = None  # `trainhealth localize` on the Flight Recorder dumps the watchers wrote
+    fr_ours: list[Any] = field(default_factory=list)  # [group, seq, lagging ranks] of its first hang
+    fr_torch: list[Any] = field(default_factory=list)  # torch's fr_trace on the same dumps: [[group, seq, missing]]
+    # (group and seq None: it named ranks that left no dump and could not decide more)
     analyzer_errors: int = 0
     notes: list[str] = field(default_factory=list)
+
+    @property
+    def fr_agrees(self) -> bool | None:
+        """Whether torch's analyzer reports the hang our verdict names (None: no dumps to compare)."""
+        if not self.fr_ours or not self.fr_torch:
+            return None
+        group, seq, lagging = self.fr_ours[0], self.fr_ours[1], sorted(self.fr_ours[2])
+        return any((g is None or g == group) and (s is None or s == seq) and sorted(missing) == lagging
+                   for g, s, missing in self.fr_torch)
 
     @property
     def right(self) -> bool:
@@ -101,7 +117,7 @@ class HangOutcome:
         return self.analyzer_first_s is None and self.rule_first_s is None and self.page_first_s is None
 
     def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "right": self.right}
+        return {**asdict(self), "right": self.right, "fr_agrees": self.fr_agrees}
 
 
 class _Webhook:
@@ -218,10 +234,12 @@ def run_hang_case(case: HangCase, out: Path) -> HangOutcome:
         for rank in range(case.world):
             env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(case.world), "LOCAL_RANK": str(rank),
                    "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(master), "TRAINHEALTH_JOB": f"hang-{case.kind}",
-                   "OMP_NUM_THREADS": "1", "TRAINHEALTH_COMM_FLUSH_INTERVAL": "1"}
+                   "OMP_NUM_THREADS": "1", "TRAINHEALTH_COMM_FLUSH_INTERVAL": "1", "TORCH_FR_BUFFER_SIZE": "2000"}
             ranks.append(_start(stack, [sys.executable, "-m", "trainhealth.lab.hangs.rank", str(out / "case.json")],
                                 out / f"rank-{rank}.log", env))
         _watch(case, out, url, ranks, webhook, outcome)
+    if case.is_hang:
+        _flight_recorder(out / "traces" / "flight-recorder", outcome)
     (out / "outcome.json").write_text(json.dumps(outcome.to_dict(), indent=1))
     return outcome
 
@@ -270,6 +288,7 @@ def _look(case: HangCase, client: PrometheusClient, analyzer: Analyzer, webhook:
             outcome.analyzer_first_s = round(since, 1)
             outcome.analyzer_named = result.suspects[0].ranks[0] if result.suspects else None
             outcome.analyzer_evidence = result.suspects[0].evidence if result.suspects else ""
+            _cli(client.url, outcome)
     try:
         alerts = client.query('ALERTS{alertstate="firing"}')
         stuck = client.query(f'trainhealth_comm_stuck_duration_seconds{{rank="{case.target}"}}')
@@ -290,3 +309,54 @@ def _look(case: HangCase, client: PrometheusClient, analyzer: Analyzer, webhook:
     if pages and outcome.page_first_s is None:
         outcome.page_first_s = round(pages[0][0] - (outcome.onset or pages[0][0]), 1)
         outcome.page_alerts = sorted({labels.get("alertname", "") + ":" + labels.get("rank", "") for _, labels in pages})
+
+
+def _cli(url: str, outcome: HangOutcome) -> None:
+    """The same question through the command on-call runs: its verdict and first suspect."""
+    done = subprocess.run([sys.executable, "-m", "trainhealth.cli", "analyze", "--prometheus", url, "--once", "--json"],
+                          capture_output=True, text=True, timeout=60, check=False)
+    try:
+        answer = json.loads(done.stdout)
+    except json.JSONDecodeError:
+        outcome.notes.append(f"trainhealth analyze exited {done.returncode}: {done.stderr.strip()[-300:]}")
+        return
+    outcome.cli_verdict = answer.get("verdict", "")
+    suspects = answer.get("suspects") or [{}]
+    ranks = suspects[0].get("ranks") or [None]
+    outcome.cli_named = ranks[0]
+
+
+def _flight_recorder(dumps: Path, outcome: HangOutcome) -> None:
+    """The hang through Flight Recorder: `trainhealth localize` on the dumps the watchers wrote, and torch's
+    ``fr_trace`` on the same dumps."""
+    if not dumps.is_dir() or not list(dumps.glob("rank_*")):
+        outcome.notes.append("no Flight Recorder dumps")
+        return
+    done = subprocess.run([sys.executable, "-m", "trainhealth.cli", "localize", str(dumps), "--json"],
+                          capture_output=True, text=True, timeout=120, check=False)
+    try:
+        answer = json.loads(done.stdout)
+    except json.JSONDecodeError:
+        outcome.notes.append(f"trainhealth localize on the dumps exited {done.returncode}: {done.stderr[-300:]}")
+        return
+    if answer.get("verdict") == "hang":
+        outcome.fr_named = (answer.get("suspects") or [{}])[0].get("ranks", [None])[0]
+        first = answer["hangs"][0]
+        outcome.fr_ours = [first["group"], first["seq"], first["lagging_ranks"]]
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.flight_recorder.fr_trace", str(dumps),
+                           "--prefix", "rank_", "--allow-incomplete-ranks"],
+                          capture_output=True, text=True, timeout=120, check=False)
+    said = done.stdout + done.stderr
+    for block in said.split("Not all ranks joining collective")[1:]:
+        seq = re.search(r"sequence number: (\d+)", block)
+        group = re.search(r"group info: ([^:\s]+)", block)
+        missing = re.search(r"missing ranks: \{([\d, ]*)\}", block)
+        if seq and group and missing:
+            outcome.fr_torch.append([group.group(1), int(seq.group(1)),
+                                     sorted(int(r) for r in missing.group(1).split(",") if r.strip())])
+    # a rank that left no dump: torch's analyzer names it and says it cannot decide more
+    undecided = re.search(r"missed FR dumps from ranks \(\{([\d, ]*)\}\)", said)
+    if undecided:
+        outcome.fr_torch.append([None, None, sorted(int(r) for r in undecided.group(1).split(",") if r.strip())])
+    if not outcome.fr_torch:
+        outcome.notes.append(f"fr_trace reported no hang (exit {done.returncode}): {said.strip()[-300:]}")

@@ -57,7 +57,7 @@ def main(case_path: str) -> None:
 
     case = json.loads(Path(case_path).read_text())
     out = Path(case["out"])
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    rank = int(os.environ["RANK"])
     kind, target, onset = case["kind"], int(case["target"]), int(case["onset_step"])
     torch.set_num_threads(1)
     dist.init_process_group("gloo", timeout=timedelta(seconds=case["collective_timeout_s"]))
