@@ -1,7 +1,8 @@
 """A Prometheus HTTP API that answers badly on purpose, in front of a real Prometheus (or a fixed answer).
 
-Each analyzer run begins with the same query (the collectives' ``query_range``); that request takes the next
-answer of :attr:`Upstream.script`, and the rest of the run's requests get the same kind. ``good`` forwards
+Each analyzer run begins with the same query (every rank's position, ``trainhealth_comm_started_seq``, judged for
+hangs); that request takes the next answer of :attr:`Upstream.script`, and the rest of the run's requests get the
+same kind. ``good`` forwards
 the request to the real Prometheus unchanged; every other kind is one way an upstream answers badly.
 """
 
@@ -79,7 +80,7 @@ class Upstream:
         url = urllib.parse.urlsplit(request.path)
         query = urllib.parse.parse_qs(url.query).get("query", [""])[0]
         with self._lock:
-            if url.path == "/api/v1/query_range" and "op, group)" in query:  # a run begins
+            if url.path == "/api/v1/query" and query.startswith("trainhealth_comm_started_seq"):  # a run begins
                 self.current = self.script.popleft() if self.script else self.hold
                 self.served.append((time.time(), self.current))
             return self.current

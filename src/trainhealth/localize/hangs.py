@@ -29,6 +29,7 @@ rank 2 missing since 22:13:20 UTC (last at #6 of dp); ranks 0, 1 waiting 42 s in
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -305,7 +306,7 @@ def states_from_samples(samples: Iterable[tuple[str, Mapping[str, str], float]])
     inflight: dict[tuple[int, str], tuple[str, float]] = {}
     for name, labels, value in samples:
         rank = _rank(labels)
-        if rank is None or "group" not in labels:
+        if rank is None or "group" not in labels or not _plausible(value):
             continue
         key = (rank, labels["group"])
         if name == "trainhealth_comm_started_seq":
@@ -325,7 +326,8 @@ def positions_from_samples(samples: Iterable[tuple[str, Mapping[str, str], float
     """Every rank's position from scraped samples of the live ranks, and from the last samples of ranks that
     stopped reporting (``gone_samples``: ``trainhealth_comm_started_seq``, ``..._watch_timestamp_seconds``
     and ``..._group_info`` as Prometheus last saw them)."""
-    samples = list(samples)
+    samples = [(name, labels, value) for name, labels, value in samples if _plausible(value)]
+    gone_samples = [(name, labels, value) for name, labels, value in gone_samples if _plausible(value)]
     members: dict[str, tuple[int, ...]] = {}
     watch: dict[int, dict[str, Any]] = {}
     for name, labels, value in samples:
@@ -388,6 +390,11 @@ def positions_from_records(records: Any, members: Mapping[str, Sequence[int]], d
             max(0.0, dumped_at - float(last["start"])) if inflight else 0.0,
             int(size) if inflight and size is not None and not pd.isna(size) else None))
     return Positions(tuple(states), {str(g): tuple(int(r) for r in m) for g, m in members.items()})
+
+
+def _plausible(value: float) -> bool:
+    """A sample that can be a sequence number, a duration or a time: finite, under 2**53 in size."""
+    return math.isfinite(value) and abs(value) < 2.0**53
 
 
 def _rank(labels: Mapping[str, str]) -> int | None:
