@@ -9,7 +9,8 @@ many seconds after the onset the analyzer said `hang`, the rule fired and the pa
 arrived, and where the target's watcher found it stuck. Controls must end with no
 hang verdict and no hang page.
 
-    .venv/bin/python benchmarks/hangs.py --seeds 0 1 2 --out /tmp/hanglab
+    .venv/bin/python benchmarks/hangs.py --seeds 2 3 4 --out /tmp/hanglab
+    .venv/bin/python benchmarks/hangs.py --seeds 2 3 4 --out /tmp/hanglab --rescore   # recount, run nothing
 """
 
 from __future__ import annotations
@@ -46,18 +47,25 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--kinds", nargs="+", default=[*HANGS, *CONTROLS], choices=[*HANGS, *CONTROLS])
     parser.add_argument("--out", type=Path, default=Path("/tmp/hanglab"))
+    parser.add_argument("--rescore", action="store_true",
+                        help="summarise the outcome.json files already under --out; run nothing")
     args = parser.parse_args()
     outcomes: list[HangOutcome] = []
     for seed in args.seeds:
         for kind in args.kinds:
             case = _case(kind, seed)
-            outcome = run_hang_case(case, args.out / f"{kind}-{seed}")
+            if args.rescore:
+                outcome = _load(args.out / f"{kind}-{seed}" / "outcome.json")
+            else:
+                outcome = run_hang_case(case, args.out / f"{kind}-{seed}")
             outcomes.append(outcome)
             print(json.dumps({"kind": kind, "seed": seed, "target": case.target, "right": outcome.right,
                               "analyzer_s": outcome.analyzer_first_s, "analyzer_named": outcome.analyzer_named,
-                              "rule_s": outcome.rule_first_s, "rule": outcome.rule_name,
-                              "rule_named": outcome.rule_named, "page_s": outcome.page_first_s,
-                              "where": outcome.where, "notes": outcome.notes}), flush=True)
+                              "cli_named": outcome.cli_named, "rule_s": outcome.rule_first_s,
+                              "rule": outcome.rule_name, "rule_named": outcome.rule_named,
+                              "page_s": outcome.page_first_s, "where": outcome.where,
+                              "fr_named": outcome.fr_named, "fr_agrees": outcome.fr_agrees,
+                              "notes": outcome.notes}), flush=True)
     hangs = [o for o in outcomes if o.case.is_hang]
     controls = [o for o in outcomes if not o.case.is_hang]
     print()
@@ -80,7 +88,21 @@ def main() -> None:
           + "".join(f"\n  {o.case.kind}-{o.case.seed}: analyzer {o.analyzer_first_s}, rule {o.rule_first_s}, "
                     f"page {o.page_first_s}" for o in alarms))
     right = sum(o.right for o in hangs)
-    print(f"hangs named right: {right}/{len(hangs)}")
+    print(f"hangs named right (analyzer and rule, the target first): {right}/{len(hangs)}; "
+          f"trainhealth analyze --once --json named it in {sum(o.cli_named == o.case.target for o in hangs)}")
+    compared = [o for o in hangs if o.fr_agrees is not None]
+    print(f"Flight Recorder dumps: trainhealth localize named the target in "
+          f"{sum(o.fr_named == o.case.target for o in hangs)}/{len(hangs)}; torch's fr_trace reported the same "
+          f"group, sequence number and ranks in {sum(bool(o.fr_agrees) for o in compared)}/{len(compared)} "
+          f"compared ({len(hangs) - len(compared)} without a report to compare)")
+
+
+def _load(path: Path) -> HangOutcome:
+    data = json.loads(path.read_text())
+    data.pop("right", None)
+    data.pop("fr_agrees", None)
+    case = HangCase(**data.pop("case"))
+    return HangOutcome(case, **data)
 
 
 if __name__ == "__main__":

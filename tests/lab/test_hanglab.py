@@ -4,13 +4,15 @@ function; a checkpoint save inside ``Monitor.pause`` is named by nobody. (All ca
 
 from __future__ import annotations
 
+import shutil
+
 from tests.prometheus_server import require_binary
 from trainhealth.lab.hangs.harness import HangCase, run_hang_case
 
 
 def test_a_rank_stalled_in_host_code_is_named_within_a_minute_with_its_function(tmp_path):
     require_binary("prometheus")
-    require_binary("alertmanager")
+    require_binary("prometheus-alertmanager" if shutil.which("prometheus-alertmanager") else "alertmanager")
     outcome = run_hang_case(HangCase("host_stall", target=3, onset_step=40, steps=120), tmp_path / "case")
     assert outcome.onset is not None, outcome.notes
     assert outcome.analyzer_named == 3 and outcome.analyzer_first_s is not None and outcome.analyzer_first_s <= 60
@@ -23,7 +25,7 @@ def test_a_rank_stalled_in_host_code_is_named_within_a_minute_with_its_function(
 
 def test_a_checkpoint_save_inside_monitor_pause_pages_nobody(tmp_path):
     require_binary("prometheus")
-    require_binary("alertmanager")
+    require_binary("prometheus-alertmanager" if shutil.which("prometheus-alertmanager") else "alertmanager")
     outcome = run_hang_case(HangCase("checkpoint", target=0, onset_step=40, steps=100, pause_s=15.0),
                             tmp_path / "case")
     assert outcome.onset is not None, outcome.notes

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from trainhealth import catalog as c
 from trainhealth.events import Severity
 from trainhealth.knowledge.advice import ADVICE
-from trainhealth.knowledge.limits import GRAFANA_URL, Limit, PanelRef
+from trainhealth.knowledge.limits import GRAFANA_URL, PAUSE_HOLD_S, Limit, PanelRef
 from trainhealth.knowledge.promql import counted
 from trainhealth.knowledge.xid import known_xids
 
@@ -151,7 +151,7 @@ _GROUP_HUNG = (
     f"(max by (job, group) ({c.COMM_INFLIGHT_DURATION.prometheus_name}) > on (job) group_left() "
     f"(clamp_min(max by (job) ({c.COMM_HANG_THRESHOLD.prometheus_name}), {HANG_FLOOR_S}) "
     f"or max by (job) ({_STARTED}) * 0 + {HUNG_COLLECTIVE_S})) "
-    f"unless on (job) (max by (job) ({c.COMM_PAUSED.prometheus_name}) > 0)"
+    f"unless on (job) (max by (job) (max_over_time({c.COMM_PAUSED.prometheus_name}[{PAUSE_HOLD_S}s])) > 0)"
 )
 
 ALERTS: tuple[AlertRule, ...] = (
@@ -344,7 +344,7 @@ ALERTS: tuple[AlertRule, ...] = (
         "Members of a process group have waited in one collective longer than the job's hang threshold (3x the "
         f"ranks' longest recent step, collective or checkpoint save, at least {HANG_FLOOR_S} s); the ranks whose "
         "started sequence number is behind the group's are the ones holding it up. Silent while a rank is in an "
-        "announced pause (Monitor.pause).",
+        f"announced pause (Monitor.pause), and for {PAUSE_HOLD_S} s after it.",
         panel=PanelRef(_COMMUNICATION, 4, "Time inside the current collective"),
         limit=Limit(HANG_FLOOR_S, "above"),
     ),

@@ -13,10 +13,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["GRAFANA_URL", "Limit", "PanelRef"]
+__all__ = ["GRAFANA_URL", "PAUSE_HOLD_S", "Limit", "PanelRef"]
 
 #: The Grafana that dashboard_url points into; ``trainhealth alerts --grafana-url`` changes it.
 GRAFANA_URL = "http://127.0.0.1:3000"
+#: Seconds an announced pause (Monitor.pause) keeps holding hang verdicts after it ended: the peers' wait in
+#: Prometheus is as old as their last scrape when the pausing rank's end of pause is already scraped. Used by
+#: the hang rules and by ``trainhealth analyze``.
+PAUSE_HOLD_S = 30
 
 
 @dataclass(frozen=True)

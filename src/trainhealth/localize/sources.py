@@ -33,6 +33,7 @@ import numpy as np
 import pandas as pd
 
 from trainhealth import catalog
+from trainhealth.knowledge.limits import PAUSE_HOLD_S
 from trainhealth.knowledge.promql import string_literal
 from trainhealth.localize.hangs import HangReport, judge_hangs, positions_from_samples
 from trainhealth.localize.prometheus_client import PrometheusClient, Series, SourceError, one_line
@@ -156,10 +157,13 @@ class PrometheusSource:
     def hangs(self) -> HangReport:
         """Every rank's position now (and the last one of ranks that stopped reporting), judged for hangs."""
         names = (catalog.COMM_STARTED_SEQ, catalog.COMM_COMPLETED_SEQ, catalog.COMM_INFLIGHT_DURATION,
-                 catalog.COMM_GROUP, catalog.COMM_HANG_THRESHOLD, catalog.COMM_PAUSED, catalog.COMM_STUCK_DURATION)
-        samples = [(spec.prometheus_name, series.labels, value) for spec in names
-                   for series in self.client.query(self._select(spec.prometheus_name))
-                   for _, value in series.samples[-1:]]
+                 catalog.COMM_GROUP, catalog.COMM_HANG_THRESHOLD, catalog.COMM_STUCK_DURATION, catalog.COMM_PAUSED)
+        queries = [(spec.prometheus_name, self._select(spec.prometheus_name)) for spec in names]
+        # a pause holds the verdict a while after it ends: the peers' wait may be from an older scrape
+        paused = catalog.COMM_PAUSED.prometheus_name
+        queries[-1] = (paused, f"max_over_time({self._select(paused)}[{PAUSE_HOLD_S}s])")
+        samples = [(name, series.labels, value) for name, promql in queries
+                   for series in self.client.query(promql) for _, value in series.samples[-1:]]
         gone = []
         for spec in (catalog.COMM_STARTED_SEQ, catalog.COMM_WATCH_TIMESTAMP, catalog.COMM_GROUP):
             selector = self._select(spec.prometheus_name)

@@ -48,7 +48,13 @@ def load_any(paths: Sequence[str | os.PathLike[str]], kind: str = "auto",
     traces, notes = [], []
     for found, files in by_kind.items():
         if found == "flight-recorder":
-            dumps = [dump for file in files for dump in (_flight_recorder_files(file) if file.is_dir() else [file])]
+            dumps = []
+            for file in files:
+                found_dumps = _flight_recorder_files(file) if file.is_dir() else [file]
+                if not found_dumps:
+                    raise TraceError(str(file), "no Flight Recorder dumps in this directory (one file per rank, "
+                                                "named with the rank at its end: rank_3)")
+                dumps += found_dumps
             trace, skipped = import_flight_recorder(dumps)
             notes += [f"skipped {count} Flight Recorder entr{'y' if count == 1 else 'ies'} of unrecognised operation {name!r}"
                       for name, count in sorted(skipped.items())]
