@@ -119,10 +119,14 @@ class HangSuspect:
     doing: Mapping[int, str] = field(default_factory=dict)
 
     @property
+    def waiting(self) -> str:
+        """``ranks 0, 1 waiting 42 s in all_reduce #7``."""
+        who = f"rank {self.waiting_ranks[0]}" if len(self.waiting_ranks) == 1 else f"ranks {_ranks(self.waiting_ranks)}"
+        return f"{who} waiting {self.waited_s:.0f} s in {self.op} #{self.seq}"
+
+    @property
     def verdict(self) -> str:
-        waiting = (f"ranks {_ranks(self.waiting_ranks)} waiting {self.waited_s:.0f} s in {self.op} #{self.seq}"
-                   if len(self.waiting_ranks) != 1 else
-                   f"rank {self.waiting_ranks[0]} waiting {self.waited_s:.0f} s in {self.op} #{self.seq}")
+        waiting = self.waiting
         parts = [gone.text(self.group) for gone in self.missing]
         live = [r for r in self.lagging_ranks if r not in {g.rank for g in self.missing}]
         parts += [f"rank {r} never entered it ({self.doing.get(r) or f'last entered #{self.lagging_at.get(r, -1)}'})"
@@ -270,10 +274,7 @@ def hang_result(report: HangReport) -> LocalizationResult:
             evidence = f"rank {rank} is in {main.mismatch[rank]} #{main.seq} where its peers are in {main.op}"
         else:
             doing = main.doing.get(rank) or f"last entered #{main.lagging_at.get(rank, -1)}"
-            waiting = "ranks " + _ranks(main.waiting_ranks) if len(main.waiting_ranks) != 1 else \
-                f"rank {main.waiting_ranks[0]}"
-            evidence = f"rank {rank} never entered it ({doing}); {waiting} waiting {main.waited_s:.0f} s in " \
-                       f"{main.op} #{main.seq}"
+            evidence = f"rank {rank} never entered it ({doing}); {main.waiting}"
         suspects.append(Suspect("rank", (rank,), None, main.group, 1.0, evidence, f"rank:{rank}"))
     if not suspects:  # every member entered: the communication path between them
         suspects.append(Suspect("link", main.waiting_ranks, None, main.group, 1.0, main.verdict,

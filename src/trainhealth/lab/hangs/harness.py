@@ -311,19 +311,27 @@ def _look(case: HangCase, client: PrometheusClient, analyzer: Analyzer, webhook:
         outcome.page_alerts = sorted({labels.get("alertname", "") + ":" + labels.get("rank", "") for _, labels in pages})
 
 
+def _command(outcome: HangOutcome, *args: str) -> dict[str, Any] | None:
+    """``trainhealth ARGS`` (with ``--json``) as on-call runs it: its answer, or None (noted) when it gave none."""
+    done = subprocess.run([sys.executable, "-m", "trainhealth.cli", *args, "--json"],
+                          capture_output=True, text=True, timeout=120, check=False)
+    try:
+        return dict(json.loads(done.stdout))
+    except (json.JSONDecodeError, TypeError, ValueError):
+        outcome.notes.append(f"trainhealth {args[0]} exited {done.returncode}: {done.stderr.strip()[-300:]}")
+        return None
+
+
+def _first_rank(answer: dict[str, Any]) -> int | None:
+    return ((answer.get("suspects") or [{}])[0].get("ranks") or [None])[0]
+
+
 def _cli(url: str, outcome: HangOutcome) -> None:
     """The same question through the command on-call runs: its verdict and first suspect."""
-    done = subprocess.run([sys.executable, "-m", "trainhealth.cli", "analyze", "--prometheus", url, "--once", "--json"],
-                          capture_output=True, text=True, timeout=60, check=False)
-    try:
-        answer = json.loads(done.stdout)
-    except json.JSONDecodeError:
-        outcome.notes.append(f"trainhealth analyze exited {done.returncode}: {done.stderr.strip()[-300:]}")
-        return
-    outcome.cli_verdict = answer.get("verdict", "")
-    suspects = answer.get("suspects") or [{}]
-    ranks = suspects[0].get("ranks") or [None]
-    outcome.cli_named = ranks[0]
+    answer = _command(outcome, "analyze", "--prometheus", url, "--once")
+    if answer is not None:
+        outcome.cli_verdict = answer.get("verdict", "")
+        outcome.cli_named = _first_rank(answer)
 
 
 def _flight_recorder(dumps: Path, outcome: HangOutcome) -> None:
@@ -332,15 +340,11 @@ def _flight_recorder(dumps: Path, outcome: HangOutcome) -> None:
     if not dumps.is_dir() or not list(dumps.glob("rank_*")):
         outcome.notes.append("no Flight Recorder dumps")
         return
-    done = subprocess.run([sys.executable, "-m", "trainhealth.cli", "localize", str(dumps), "--json"],
-                          capture_output=True, text=True, timeout=120, check=False)
-    try:
-        answer = json.loads(done.stdout)
-    except json.JSONDecodeError:
-        outcome.notes.append(f"trainhealth localize on the dumps exited {done.returncode}: {done.stderr[-300:]}")
+    answer = _command(outcome, "localize", str(dumps))
+    if answer is None:
         return
     if answer.get("verdict") == "hang":
-        outcome.fr_named = (answer.get("suspects") or [{}])[0].get("ranks", [None])[0]
+        outcome.fr_named = _first_rank(answer)
         first = answer["hangs"][0]
         outcome.fr_ours = [first["group"], first["seq"], first["lagging_ranks"]]
     done = subprocess.run([sys.executable, "-m", "torch.distributed.flight_recorder.fr_trace", str(dumps),
