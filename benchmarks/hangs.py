@@ -7,7 +7,9 @@ Every 2 s the analyzer (the code of `trainhealth analyze --prometheus URL`) is r
 once. Printed per case, and summarised: whether the right rank was named first, how
 many seconds after the onset the analyzer said `hang`, the rule fired and the page
 arrived, and where the target's watcher found it stuck. Controls must end with no
-hang verdict and no hang page.
+hang verdict and no hang page. Crashes (a rank that exits plainly, a size mismatch)
+end the job within a second: they are named by `trainhealth localize` on the Flight
+Recorder dumps the surviving ranks wrote as their collective failed.
 
     .venv/bin/python benchmarks/hangs.py --seeds 2 3 4 --out /tmp/hanglab
     .venv/bin/python benchmarks/hangs.py --seeds 2 3 4 --out /tmp/hanglab --rescore   # recount, run nothing
@@ -22,6 +24,7 @@ from pathlib import Path
 
 from trainhealth.lab.hangs.harness import (
     CONTROLS,
+    CRASHES,
     HANGS,
     HangCase,
     HangOutcome,
@@ -45,7 +48,8 @@ def _median(values: list[float]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--kinds", nargs="+", default=[*HANGS, *CONTROLS], choices=[*HANGS, *CONTROLS])
+    parser.add_argument("--kinds", nargs="+", default=[*HANGS, *CRASHES, *CONTROLS],
+                        choices=[*HANGS, *CRASHES, *CONTROLS])
     parser.add_argument("--out", type=Path, default=Path("/tmp/hanglab"))
     parser.add_argument("--rescore", action="store_true",
                         help="summarise the outcome.json files already under --out; run nothing")
@@ -67,7 +71,8 @@ def main() -> None:
                               "fr_named": outcome.fr_named, "fr_agrees": outcome.fr_agrees,
                               "notes": outcome.notes}), flush=True)
     hangs = [o for o in outcomes if o.case.is_hang]
-    controls = [o for o in outcomes if not o.case.is_hang]
+    crashes = [o for o in outcomes if o.case.is_crash]
+    controls = [o for o in outcomes if not o.case.is_hang and not o.case.is_crash]
     print()
     print("| | cases | right rank first | analyzer s (median / max) | rule fired s (median / max) | "
           "page s (median / max) |")
@@ -83,6 +88,11 @@ def main() -> None:
     stalls = [o for o in hangs if o.case.kind == "host_stall"]
     print(f"\nhost stalls whose summary names the stalling function (load_batch): "
           f"{sum('load_batch' in o.where for o in stalls)}/{len(stalls)}")
+    for kind in [k for k in args.kinds if k in CRASHES]:
+        group = [o for o in crashes if o.case.kind == kind]
+        print(f"{kind}: trainhealth localize on the survivors' Flight Recorder dumps named the target first in "
+              f"{sum(o.right for o in group)}/{len(group)}; torch's fr_trace reported the same ranks in "
+              f"{sum(bool(o.fr_agrees) for o in group)}/{len(group)}")
     alarms = [o for o in controls if not o.right]
     print(f"controls with a hang verdict or a hang page: {len(alarms)}/{len(controls)}"
           + "".join(f"\n  {o.case.kind}-{o.case.seed}: analyzer {o.analyzer_first_s}, rule {o.rule_first_s}, "

@@ -73,3 +73,36 @@ def test_flight_recorder_dumps_of_a_hang_name_the_absent_rank_as_torch_does(tmp_
     hang = ours["hangs"][0]
     assert (hang["seq"], set(hang["lagging_ranks"])) == (torch_seq, torch_missing) == (6, {ABSENT})
     assert hang["waiting_ranks"] == [0, 1] and hang["op"] == "all_reduce"
+
+
+def _leave_early(rank: int, world: int, port: int, out: str) -> None:
+    os.environ["TORCH_FR_BUFFER_SIZE"] = "2000"
+    init_rank(rank, world, port, timeout_s=120)
+    Monitor(comm=True, gpu_backend="off", prometheus=False, otel=False, trace_dir=out, comm_flush_interval=0.2)
+    t = torch.ones(16)
+    for _ in range(5):
+        dist.all_reduce(t)
+    if rank == ABSENT:
+        return  # a plain exit: its connections close; the Monitor is closed at exit
+    time.sleep(0.5)
+    dist.all_reduce(t)  # raises in the peers ("Connection closed by peer"), which end with it
+
+
+def test_a_rank_that_exits_plainly_is_named_from_the_dumps_its_peers_wrote_as_they_failed(tmp_path):
+    context = start_ranks(_leave_early, 3, str(tmp_path))
+    for process in context.processes:  # the peers fail: nothing to join cleanly
+        process.join(timeout=120)
+    codes = [process.exitcode for process in context.processes]
+    assert codes[ABSENT] == 0 and codes[0] != 0 and codes[1] != 0, codes
+    dumps = tmp_path / "flight-recorder"
+    assert sorted(p.name for p in dumps.glob("rank_*")) == ["rank_0", "rank_1"]  # written at exit, after the error
+    failed = sorted(p.name.split(".")[0] for p in (tmp_path / "stacks").glob("*.failed.txt"))
+    assert failed == ["rank-0", "rank-1"]
+    done = subprocess.run([sys.executable, "-m", "trainhealth.cli", "localize", str(dumps), "--json"],
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    ours = json.loads(done.stdout)
+    assert ours["verdict"] == "hang" and ours["suspects"][0]["ranks"] == [ABSENT]
+    assert "missing" in ours["suspects"][0]["evidence"]
+    errors = [reason for reason in ours["reasons"] if " failed at " in reason]
+    assert len(errors) == 2 and all("all_reduce #5 of" in e and "RuntimeError" in e for e in errors), errors

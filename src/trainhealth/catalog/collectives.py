@@ -54,6 +54,12 @@ COMM_STUCK_DURATION = MetricSpec(
     "top frames of its training thread (where); absent while it is not",
     labels=("state", "op", "group", "seq", "where"),
 )
+COMM_FAILURES = MetricSpec(
+    "comm.failures", _C, Unit.OPERATIONS,
+    "Collectives that raised on this rank (a peer gone, a timeout, an aborted communicator); the first one's error "
+    "heads the stacks file the hang watcher writes",
+    labels=("op", "group"),
+)
 COMM_ABNORMAL_OPS = MetricSpec(
     "comm.abnormal_ops", _C, Unit.OPERATIONS,
     "Collectives far slower than their recent baseline on this rank (the records kept for shipping)",

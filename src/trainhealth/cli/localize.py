@@ -98,7 +98,28 @@ def _flight_recorder_hang(records: Any, trace: Any) -> LocalizationResult | None
     dumped_at = max((p.stat().st_mtime for p in files if p.is_file()), default=0.0)
     positions = positions_from_records(records, trace.topology.groups, dumped_at)
     report = judge_hangs(positions, min_wait_s=0.0)
-    return hang_result(report) if report.hangs else None
+    if not report.hangs:
+        return None
+    result = hang_result(report)
+    failed = _failures_beside({p.parent for p in files})
+    if failed:  # the dumps were written as the collective failed: the errors say how the job ended
+        result.details["reasons"] = failed + list(result.details.get("reasons", []))
+    return result
+
+
+def _failures_beside(directories: set[Path]) -> list[str]:
+    """The first line of each ``stacks/*.failed.txt`` the hang watchers wrote beside these Flight Recorder
+    dumps (``<trace_dir>/flight-recorder``): each rank's failed collective and its error."""
+    lines = []
+    for directory in sorted(directories):
+        for path in sorted((directory.parent / "stacks").glob("*.failed.txt")):
+            try:
+                with open(path, encoding="utf-8", errors="replace") as handle:
+                    first = handle.readline(1000).strip()
+            except OSError:
+                continue
+            lines.append(first.split(". This is typically")[0][:300])  # gloo's advice is in every one of them
+    return lines
 
 
 def _probe(args: argparse.Namespace) -> ProbeResult | None:

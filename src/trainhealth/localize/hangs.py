@@ -156,12 +156,14 @@ class HangReport:
 
     @property
     def culprits(self) -> tuple[int, ...]:
-        """The ranks to look at first: those the largest hung group waits for (gone ones first)."""
+        """The ranks to look at first: in the largest hung group, a member inside another collective (or the same
+        one with another size: a bug in the program, and with gloo the peer that received it aborts, so it
+        explains a rank gone too), then the gone ranks, then those behind."""
         if not self.hangs:
             return ()
         main = self.hangs[0]
         gone = [g.rank for g in main.missing]
-        return tuple(gone + [r for r in main.lagging_ranks if r not in gone] + list(main.mismatch))
+        return tuple(list(main.mismatch) + gone + [r for r in main.lagging_ranks if r not in gone])
 
 
 def find_hangs(states: Iterable[RankCommState], *, min_wait_s: float = DEFAULT_THRESHOLD_S,
@@ -271,7 +273,8 @@ def hang_result(report: HangReport) -> LocalizationResult:
         if rank in gone:
             evidence = f"{gone[rank].text(main.group)}; its peers wait in {main.op} #{main.seq}"
         elif rank in main.mismatch:
-            evidence = f"rank {rank} is in {main.mismatch[rank]} #{main.seq} where its peers are in {main.op}"
+            evidence = (f"mismatch: rank {rank} is in {main.mismatch[rank]} #{main.seq} of {main.group}, its peers "
+                        f"in {main.op}")
         else:
             doing = main.doing.get(rank) or f"last entered #{main.lagging_at.get(rank, -1)}"
             evidence = f"rank {rank} never entered it ({doing}); {main.waiting}"

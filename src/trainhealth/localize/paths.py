@@ -70,12 +70,24 @@ def path_candidates(evidence: Evidence, thresholds: Thresholds, slow_gpus: tuple
     run_noise: dict[str, float] = {} if history is not None else noise
     run_explained = np.zeros(len(run.transfers.excess), dtype=bool)
     _explain(run, run_explained, slow_gpus)
-    out: list[Candidate] = _recurrent(run, run_nics, run_explained, thresholds, run_noise)
+    remembered: dict[tuple[int, bytes], tuple[np.ndarray, Stretch, np.ndarray]] = {}
+
+    def score(of: Evidence, layer: _Layer, marked: np.ndarray,
+              layer_noise: dict[str, float]) -> tuple[np.ndarray, Stretch, np.ndarray]:
+        """:func:`_score_layer`, once per layer and set of explained transfers (the recurrence test, the first
+        round and a candidate's comparison with the run's other NICs often ask the same)."""
+        key = (id(layer), np.packbits(marked).tobytes())
+        if key not in remembered:
+            remembered[key] = _score_layer(of, layer, marked, thresholds, layer_noise)
+        return remembered[key]
+
+    _, _, run_values = score(run, run_nics, run_explained, run_noise)
+    out: list[Candidate] = _recurrent(run, run_values, thresholds)
     for recurrent in out:  # its episodes are one finding, not events of their own
         _explain(evidence, explained, recurrent.ranks)
     notes: list[str] = []
     for _ in range(min(thresholds.max_suspects, 3)):  # a network fault rarely comes with more than a second
-        scores = {layer.name: _score_layer(evidence, layer, explained, thresholds, noise) for layer in layers}
+        scores = {layer.name: score(evidence, layer, explained, noise) for layer in layers}
         nic_z, nic_stretch, nic_values = scores["nic"]
         index = int(np.argmax(nic_z))
         if nic_z[index] < 0.5 * thresholds.link_z:
@@ -99,19 +111,18 @@ def path_candidates(evidence: Evidence, thresholds: Thresholds, slow_gpus: tuple
             """The run's other NICs, without the transfers the candidate explains (its partners' share)."""
             others = run_explained.copy()
             _explain(run, others, candidate.ranks)
-            return _score_layer(run, run_nics, others, thresholds, run_noise)[2]
+            return score(run, run_nics, others, run_noise)[2]
 
         out.append(_judged(candidate, evidence, nic_values[index], elsewhere, start, stop, effect, thresholds))
         _explain(evidence, explained, candidate.ranks)
     return out, notes
 
 
-def _recurrent(evidence: Evidence, nics: _Layer, explained: np.ndarray, thresholds: Thresholds,
-               noise: dict[str, float]) -> list[Candidate]:
+def _recurrent(evidence: Evidence, values: np.ndarray, thresholds: Thresholds) -> list[Candidate]:
     """The NIC slow in episode after episode, far more often than episodes falling on random NICs of this run
     would make one (:func:`.excursions.recurrent_members`); its partners' share of its episodes is left out by
-    taking the NIC whose episodes are strongest."""
-    _, _, values = _score_layer(evidence, nics, explained, thresholds, noise)
+    taking the NIC whose episodes are strongest. ``values``: per NIC and step, the mean excess of its transfers
+    not yet explained."""
     # each NIC's episodes stand out from its own noise too: one whose transfers were partly explained (a slow
     # GPU's) is measured on fewer of them and is noisier than the rest
     sigma = rows_noise(values, row_noise(values, thresholds.min_transfer_effect / 4))

@@ -100,6 +100,7 @@ def validate(frame: pd.DataFrame, path: str, lines: Sequence[int] | None = None)
         raise fail("no records (empty trace)")
     out = frame.copy(deep=False)  # columns are replaced below, never changed in place
     out.index = pd.RangeIndex(len(out))
+    text: dict[str, _Text] = {}
     for column in COLUMNS:
         if column.name not in out.columns:
             continue
@@ -109,25 +110,25 @@ def validate(frame: pd.DataFrame, path: str, lines: Sequence[int] | None = None)
         elif column.kind == "float":
             out[column.name] = _floats(raw, column, fail)
         else:
-            out[column.name] = _strings(raw, column, fail)
-    bad_op = ~out["op"].isin(OPS)
-    if bad_op.any():
-        position = int(np.flatnonzero(bad_op.to_numpy())[0])
+            text[column.name] = _strings(raw, column, fail)
+            out[column.name] = text[column.name].series
+    op = text["op"]
+    position = _first_bad(op.where(~np.isin(op.distinct, OPS)))
+    if position is not None:
         raise fail(f"unknown op {shown(out['op'][position])}; expected one of {', '.join(OPS)}", position, "op")
     negative = out["duration"].to_numpy() < 0
     if negative.any():
         position = int(np.flatnonzero(negative)[0])
         raise fail(f"negative value {out['duration'][position]:g}", position, "duration")
-    communication = out["op"].isin(COMMUNICATION_OPS).to_numpy()
+    communication = op.where(np.isin(op.distinct, COMMUNICATION_OPS))
     for name in ("group", "seq"):
         if name not in out.columns:
             if communication.any():
                 raise fail(f"communication operations need '{name}'", int(np.flatnonzero(communication)[0]), name)
             out[name] = pd.Series([None] * len(out), dtype=object if name == "group" else "Int64")
             continue
-        absent = out[name].isna().to_numpy(copy=True)
-        if name == "group":
-            absent = absent | (out[name].fillna("") == "").to_numpy()
+        # text is None where it was missing or blank (see _strings)
+        absent = text[name].missing if name == "group" else out[name].isna().to_numpy()
         bad = communication & absent
         if bad.any():
             position = int(np.flatnonzero(bad)[0])
@@ -156,13 +157,14 @@ def _integers(raw: pd.Series, column: Column, fail: _Fail) -> pd.Series:
         position = _first_bad(values > column.limit)
         if position is not None:
             raise fail(f"value {raw[position]} out of range (at most {column.limit:.0f})", position, column.name)
-        values = values.astype(np.int64)
         if column.required:
             position = _first_bad(missing)
             if position is not None:
                 raise fail("missing value", position, column.name)
-            return pd.Series(values, index=raw.index)
-        return pd.Series(pd.array(values, dtype="Int64"), index=raw.index).where(~missing, pd.NA)
+            return raw if raw.dtype == np.int64 else pd.Series(values.astype(np.int64), index=raw.index)
+        if raw.dtype == "Int64":  # already canonical: kept, not copied
+            return raw
+        return pd.Series(pd.arrays.IntegerArray(values.astype(np.int64), missing), index=raw.index)
     present = _present(raw)
     numbers = _to_numbers(raw.where(present))
     position = _first_bad((present & numbers.isna()).to_numpy())
@@ -253,28 +255,55 @@ def _number_or_nan(value: object) -> float:
         return math.nan
 
 
-def _strings(raw: pd.Series, column: Column, fail: _Fail) -> pd.Series:
+@dataclass(frozen=True)
+class _Text:
+    """A validated text column, and the codes into its few distinct values that it was made from."""
+
+    series: pd.Series  # str, None where missing or blank
+    codes: np.ndarray  # per row: index into distinct, -1 where missing or blank
+    distinct: np.ndarray  # the distinct values (a categorical's unused categories too)
+
+    def where(self, chosen: np.ndarray) -> np.ndarray:
+        """Per row: whether its value is one of the ``chosen`` distinct values (a mask over ``distinct``)."""
+        return np.append(chosen, False)[self.codes]
+
+    @property
+    def missing(self) -> np.ndarray:
+        return self.codes < 0
+
+
+def _strings(raw: pd.Series, column: Column, fail: _Fail) -> _Text:
     # distinct values first: a trace has millions of rows but few op, group and host names
     try:
-        codes, distinct = pd.factorize(raw, use_na_sentinel=True)
+        codes, distinct = _factorized(raw)
     except TypeError:  # unhashable values (lists, dictionaries): never text
         unhashable = raw.map(lambda v: not (isinstance(v, str) or _is_null(v)))
         first = int(np.flatnonzero(unhashable.to_numpy(dtype=bool))[0])
         raise fail(f"expected text, got {shown(raw[first])}", first, column.name) from None
-    distinct = np.asarray(distinct, dtype=object)
     text = np.array([isinstance(v, str) for v in distinct], dtype=bool)
     wrong = ~text & np.array([not _is_null(v) for v in distinct], dtype=bool)
-    if wrong.any():
-        position = _first_bad(np.isin(codes, np.flatnonzero(wrong)))
+    position = _first_bad(np.append(wrong, False)[codes]) if wrong.any() else None  # (an unused category: none)
+    if position is not None:
         raise fail(f"expected text, got {shown(raw[position])}", position, column.name)
     usable = text & np.array([isinstance(v, str) and v.strip() != "" for v in distinct], dtype=bool)
-    present = (codes >= 0) & usable[np.maximum(codes, 0)] if len(distinct) else np.zeros(len(codes), dtype=bool)
+    if not usable.all():  # blank and null values are missing ones: renumbered to -1
+        codes = np.append(np.where(usable, np.cumsum(usable) - 1, -1), -1)[codes]
+        distinct = distinct[usable]
     if column.required:
-        position = _first_bad(~present)
+        position = _first_bad(codes < 0)
         if position is not None:
             raise fail("missing value", position, column.name)
-    values = np.append(distinct, np.array([None], dtype=object))[np.where(present, codes, len(distinct))]
-    return pd.Series(values, index=raw.index, dtype=object)
+    values = np.append(distinct, np.array([None], dtype=object))[codes]
+    return _Text(pd.Series(values, index=raw.index, dtype=object), codes, distinct)
+
+
+def _factorized(raw: pd.Series) -> tuple[np.ndarray, np.ndarray]:
+    """Codes into the distinct values (-1 for nulls); a categorical's own codes, not hashed again."""
+    if not isinstance(raw.dtype, pd.CategoricalDtype):
+        codes, distinct = pd.factorize(raw, use_na_sentinel=True)
+        return codes, np.asarray(distinct, dtype=object)
+    # the categories as they are (an unused one may be among them), the codes in their own small integers
+    return raw.cat.codes.to_numpy(), np.asarray(raw.cat.categories, dtype=object)
 
 
 def _text(value: object) -> str:

@@ -114,3 +114,23 @@ def test_member_ranges_are_compact():
     assert ranges_text([]) == ""
     assert ranges_text([5]) == "5"
     assert ranges_text([3, 1, 2, 7, 9, 8]) == "1-3,7-9"
+
+
+def test_a_collective_that_raises_reaches_the_caller_and_is_counted_and_written_once(one_rank, tmp_path):
+    with _monitor(tmp_path) as monitor:
+        _steps(monitor, 3)
+        for _ in range(2):
+            with pytest.raises(RuntimeError, match="invalid root rank"):
+                dist.broadcast(torch.ones(4), src=3)  # gloo refuses a root outside the group
+        monitor.comm.flush()
+        assert monitor.comm._current is None  # no longer in flight
+        got = scrape(monitor.metrics_url)
+        assert got.value("trainhealth_comm_failures_total", op="broadcast", group="default_pg:0") == 2
+        written = list((tmp_path / "stacks").glob("*.failed.txt"))
+        assert len(written) == 1  # the first failure; the second is its consequence
+        first = written[0].read_text().splitlines()[0]
+        assert first.startswith("rank 0: broadcast #3 of default_pg:0 failed at ") and "invalid root rank" in first
+        _steps(monitor, 2)  # the job goes on where it can
+        monitor.comm.flush()
+        assert scrape(monitor.metrics_url).value("trainhealth_comm_failures_total", op="broadcast",
+                                                 group="default_pg:0") == 2

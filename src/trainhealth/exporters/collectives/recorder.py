@@ -17,13 +17,30 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from trainhealth.exporters.collectives.poller import CompletionPoller
 
-__all__ = ["RECORD_FIELDS", "CollectiveRecorder"]
+__all__ = ["RECORD_FIELDS", "CollectiveFailure", "CollectiveRecorder"]
 
 RECORD_FIELDS = ("step", "op", "group", "seq", "start", "duration", "bytes", "peer")
+
+
+@dataclass(frozen=True)
+class CollectiveFailure:
+    """The first collective that raised on this rank: what it was, when (unix time), and the error's first line."""
+
+    op: str
+    group: str
+    seq: int
+    time: float
+    error: str
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0][:300] if text else ''}"
 
 
 class CollectiveRecorder:
@@ -49,6 +66,8 @@ class CollectiveRecorder:
         self._group_ids: dict[int, str] = {}
         self._members: dict[str, tuple[int, ...]] = {}  # group id -> its global ranks (who should be there)
         self.training_thread: int | None = None  # the thread that last entered a collective
+        self.failure: CollectiveFailure | None = None  # the first collective that raised
+        self.failures = 0  # collectives that raised
         self._p2p_ids: dict[tuple[str, int, int], str] = {}
         self._device_timed: set[str] = set()  # groups recorded by the NCCL completion hook
         self._clock_offset = time.time() - time.perf_counter()
@@ -126,12 +145,19 @@ class CollectiveRecorder:
             self._pending.append(record)
             self._recorded += 1
 
-    def abandon(self, group: str, seq: int, is_async: bool) -> None:
-        """A collective raised (a timeout, an aborted communicator): no longer in flight, not recorded."""
+    def abandon(self, group: str, seq: int, is_async: bool, error: BaseException | None = None) -> None:
+        """A collective raised (a timeout, a peer gone, an aborted communicator) with ``error``, or its bookkeeping
+        failed (no error): no longer in flight, not recorded. The first error is kept for the hang watcher."""
         if is_async:
-            self._async.pop((group, seq), None)
+            entered = self._async.pop((group, seq), None)
+            op = entered[0] if entered else ""
         else:
+            op = self._current[0] if self._current is not None else ""
             self._current = None
+        if error is not None:
+            self.failures += 1
+            if self.failure is None:
+                self.failure = CollectiveFailure(op, group, seq, time.time(), _first_line(error))
 
     def add_device_record(self, op: str, group: str, seq: int, start_monotonic: float, duration: float) -> None:
         """A record from the NCCL completion hook (start on the monotonic clock, duration from CUDA events)."""

@@ -16,6 +16,12 @@ with the groups' members filled in where torch left them out).
 It issues no collective and needs nothing from the blocked thread: ``sys._current_frames``
 reads any thread's stack.
 
+A collective that raises (a peer that exited closes its connections; a timeout) is counted
+(``trainhealth_comm_failures_total``) and written the same way, once, headed by the error
+(``stacks/rank-<rank>.<time>.failed.txt``), with the Flight Recorder dump: where every
+surviving rank was when a peer left, even when the error then ends the process (the last
+flush, at exit, writes it).
+
 >>> where_stuck([("/usr/lib/python3.11/threading.py", 320, "wait"),
 ...              ("/venv/lib/python3.11/site-packages/torch/utils/data/dataloader.py", 631, "__next__"),
 ...              ("/home/me/train.py", 88, "main")], stdlib="/usr/lib/python3.11")
@@ -42,6 +48,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from trainhealth import catalog
 
 if TYPE_CHECKING:
+    from trainhealth.exporters.collectives.recorder import CollectiveFailure
     from trainhealth.store import MetricStore
 
 
@@ -52,6 +59,8 @@ class _Watched(Protocol):
     training_thread: int | None
     _current: tuple[str, str, int, float] | None
     _ring: deque[tuple]
+    failure: CollectiveFailure | None
+    failures: int
 
     @property
     def rank(self) -> int: ...
@@ -114,6 +123,8 @@ class HangWatch:
         self._groups_published: dict[str, tuple[str, ...]] = {}
         self._stuck: Stuck | None = None
         self._episode: tuple | None = None
+        self._failure_seen: CollectiveFailure | None = None
+        self._failures_published = 0
         self.dumps: list[Path] = []
 
     # --- what the loop tells ------------------------------------------------------------
@@ -186,7 +197,27 @@ class HangWatch:
                     self.dumps.append(path)
                 self._dump_flight_recorder(trace_dir)
         self._stuck = stuck
+        self._failed(store, trace_dir)
         return stuck
+
+    def _failed(self, store: MetricStore | None, trace_dir: Path | None) -> None:
+        """A collective that raised (a peer gone, a timeout): counted, and its error, the stacks and the Flight
+        Recorder dump written once. It often ends the process: this also runs at exit (the last flush), so the
+        peers of a rank that left record where they were when it did."""
+        logger = self._logger
+        failure = logger.failure
+        if store is not None and logger.failures > self._failures_published and failure is not None:
+            store.inc(catalog.COMM_FAILURES, logger.failures - self._failures_published, (failure.op, failure.group))
+            self._failures_published = logger.failures
+        if failure is None or failure is self._failure_seen or trace_dir is None:
+            return
+        self._failure_seen = failure
+        headline = (f"rank {logger.rank}: {failure.op} #{failure.seq} of {failure.group} failed at "
+                    f"{time.strftime('%H:%M:%S', time.gmtime(failure.time))} UTC: {failure.error}")
+        path = self._write_stacks(trace_dir, [headline, ""], ".failed")
+        if path is not None:
+            self.dumps.append(path)
+        self._dump_flight_recorder(trace_dir)
 
     def _stuck_now(self, now: float, threshold: float) -> Stuck | None:
         current = self._logger._current
@@ -248,11 +279,16 @@ class HangWatch:
 
     def _dump(self, trace_dir: Path, stuck: Stuck, threshold: float) -> Path | None:
         """Write every thread's stack and the last records; the file, or None when it could not be written."""
+        return self._write_stacks(trace_dir, [
+            f"rank {self._logger.rank}: {stuck.state} for {stuck.seconds:.1f} s (hang threshold {threshold:.1f} s)"
+            + (f" in {stuck.op} #{stuck.seq} of {stuck.group}" if stuck.state == "in_collective" else ""),
+            f"where: {stuck.where}", ""])
+
+    def _write_stacks(self, trace_dir: Path, lines: list[str], kind: str = "") -> Path | None:
+        """``lines``, then every thread's stack and the last records, to a new file under ``stacks/``; the file,
+        or None when it could not be written."""
         logger = self._logger
         names = {thread.ident: thread.name for thread in threading.enumerate()}
-        lines = [f"rank {logger.rank}: {stuck.state} for {stuck.seconds:.1f} s (hang threshold {threshold:.1f} s)"
-                 + (f" in {stuck.op} #{stuck.seq} of {stuck.group}" if stuck.state == "in_collective" else ""),
-                 f"where: {stuck.where}", ""]
         for ident, frame in sys._current_frames().items():
             marker = "  <- training thread" if ident == logger.training_thread else ""
             lines.append(f"Thread {names.get(ident, '?')} ({ident}){marker}:")
@@ -261,7 +297,7 @@ class HangWatch:
         lines.append(f"last {RECORDS_KEPT} records:")
         lines += [json.dumps(row) for row in logger.trace_rows(list(logger._ring)[-RECORDS_KEPT:])]
         directory = trace_dir / "stacks"
-        path = directory / f"rank-{logger.rank}.{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}.txt"
+        path = directory / f"rank-{logger.rank}.{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}{kind}.txt"
         try:
             directory.mkdir(parents=True, exist_ok=True)
             partial = path.with_suffix(".partial")

@@ -135,8 +135,8 @@ def _wrap_collective(logger: CollectiveRecorder, call: _Call, original: Callable
             return original(*args, **kwargs)
         try:
             work = original(*args, **kwargs)
-        except BaseException:
-            logger.abandon(group, seq, bool(is_async))
+        except BaseException as error:
+            logger.abandon(group, seq, bool(is_async), error)
             raise
         end = clock()
         try:
@@ -200,8 +200,8 @@ def _wrap_p2p(logger: CollectiveRecorder, call: _Call, original: Callable[..., A
             inside.active = True
         try:
             work = original(*args, **kwargs)
-        except BaseException:
-            logger.abandon(group, seq, always_async)
+        except BaseException as error:
+            logger.abandon(group, seq, always_async, error)
             raise
         finally:
             if not always_async:

@@ -50,6 +50,8 @@ __all__ = ["HANG_ALERTS", "HangCase", "HangOutcome", "run_hang_case"]
 #: the rules that name a hung or gone rank
 HANG_ALERTS = ("HungCollective", "RankMissing")
 HANGS = ("host_stall", "other_group", "dead_open")
+#: cases that end the job within a second (gloo fails the peers' collective): named from the peers' dumps
+CRASHES = ("exit_plain", "size_mismatch")
 CONTROLS = ("checkpoint", "evaluation", "startup_barrier", "slow_loader")
 
 
@@ -74,6 +76,10 @@ class HangCase:
     @property
     def is_hang(self) -> bool:
         return self.kind in HANGS
+
+    @property
+    def is_crash(self) -> bool:
+        return self.kind in CRASHES
 
 
 @dataclass
@@ -111,7 +117,10 @@ class HangOutcome:
 
     @property
     def right(self) -> bool:
-        """A hang named with the target first, by the analyzer and by the rules; a control with neither."""
+        """A hang named with the target first, by the analyzer and by the rules; a crash, by ``trainhealth
+        localize`` on the dumps the surviving ranks wrote as their collective failed; a control with none."""
+        if self.case.is_crash:
+            return self.fr_named == self.case.target
         if self.case.is_hang:
             return self.analyzer_named == self.case.target and self.rule_named == self.case.target
         return self.analyzer_first_s is None and self.rule_first_s is None and self.page_first_s is None
@@ -238,7 +247,7 @@ def run_hang_case(case: HangCase, out: Path) -> HangOutcome:
             ranks.append(_start(stack, [sys.executable, "-m", "trainhealth.lab.hangs.rank", str(out / "case.json")],
                                 out / f"rank-{rank}.log", env))
         _watch(case, out, url, ranks, webhook, outcome)
-    if case.is_hang:
+    if case.is_hang or case.is_crash:
         _flight_recorder(out / "traces" / "flight-recorder", outcome)
     (out / "outcome.json").write_text(json.dumps(outcome.to_dict(), indent=1))
     return outcome

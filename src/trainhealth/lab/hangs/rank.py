@@ -13,6 +13,11 @@ Behaviours (``kind``):
   it is blocked in a collective of another process group while the world waits for it.
 * ``dead_open``: the target dies, but a child it forked keeps its sockets open (a killed container whose
   connections are not closed): its peers stay blocked, its /metrics stops answering.
+* ``exit_plain``: the target returns from training early (``sys.exit(0)``, as a loop whose data ran out):
+  its connections close, and its peers' all-reduce fails with gloo's "Connection closed by peer" within a
+  second. The job ends; the peers' failure is the evidence.
+* ``size_mismatch``: the target all-reduces a tensor of another size at the onset step (a bug: a model built
+  differently on one rank). gloo aborts the rank that receives it and the others fail: a crash, not a hang.
 * controls: ``checkpoint`` (rank 0 saves for ``pause_s`` inside ``Monitor.pause``), ``evaluation`` (rank 0
   evaluates for ``pause_s`` inside ``Monitor.pause``), ``startup_barrier`` (the target reaches the first
   barrier ``pause_s`` late), ``slow_loader`` (the target's batches take ``pause_s`` for 20 steps, then recover).
@@ -81,6 +86,10 @@ def main(case_path: str) -> None:
                 load_batch(3600.0)
             elif kind == "other_group":
                 dist.all_reduce(torch.ones(4), group=side)
+            elif kind == "exit_plain":
+                sys.exit(0)
+            elif kind == "size_mismatch":
+                dist.all_reduce(torch.zeros(64 * 64 + 64))  # where its peers reduce the first weight's 64 x 64
             elif kind == "dead_open":
                 if os.fork() == 0:  # the child keeps every socket of the rank open, and does nothing
                     time.sleep(3600.0)
