@@ -18,9 +18,12 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trainhealth.exporters.collectives.poller import CompletionPoller
+
+if TYPE_CHECKING:
+    from trainhealth.store import MetricStore
 
 __all__ = ["RECORD_FIELDS", "CollectiveFailure", "CollectiveRecorder"]
 
@@ -67,6 +70,7 @@ class CollectiveRecorder:
         self._members: dict[str, tuple[int, ...]] = {}  # group id -> its global ranks (who should be there)
         self.training_thread: int | None = None  # the thread that last entered a collective
         self.failure: CollectiveFailure | None = None  # the first collective that raised
+        self.store: MetricStore | None = None  # where our own errors are counted (the logger's)
         self.failures = 0  # collectives that raised
         self._p2p_ids: dict[tuple[str, int, int], str] = {}
         self._device_timed: set[str] = set()  # groups recorded by the NCCL completion hook
@@ -158,6 +162,12 @@ class CollectiveRecorder:
             self.failures += 1
             if self.failure is None:
                 self.failure = CollectiveFailure(op, group, seq, time.time(), _first_line(error))
+
+    def bookkeeping_failed(self, error: Exception) -> None:
+        """Our own recording around a collective failed (the collective itself still ran): counted in
+        ``trainhealth_exporter_errors_total{source="comm_bookkeeping"}``, that call left unrecorded."""
+        if self.store is not None:
+            self.store.record_error("comm_bookkeeping", error)
 
     def add_device_record(self, op: str, group: str, seq: int, start_monotonic: float, duration: float) -> None:
         """A record from the NCCL completion hook (start on the monotonic clock, duration from CUDA events)."""

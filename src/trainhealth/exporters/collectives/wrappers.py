@@ -19,7 +19,6 @@ The training-path cost is a few dictionary and clock operations (see benchmarks/
 from __future__ import annotations
 
 import inspect
-import logging
 import threading
 import time
 from collections.abc import Callable
@@ -29,8 +28,6 @@ from typing import Any, cast
 from trainhealth.exporters.collectives.recorder import CollectiveRecorder
 
 __all__ = ["COMMUNICATION_FUNCTIONS", "DEPRECATED_ALIASES", "instrument_ddp", "runs", "wrap"]
-
-log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -117,6 +114,7 @@ def _wrap_collective(logger: CollectiveRecorder, call: _Call, original: Callable
     device_timed, ring_append, pending_append = logger._device_timed, logger._ring.append, logger._pending.append
 
     def recording(*args: Any, **kwargs: Any) -> Any:
+        group, seq, is_async = "", None, False
         try:
             count = len(args)
             group_object = args[group_index] if count > group_index else kwargs.get("group")
@@ -131,8 +129,8 @@ def _wrap_collective(logger: CollectiveRecorder, call: _Call, original: Callable
                 logger.training_thread = thread_id()  # whose stack the hang watcher reads
             if logger.injected_delay is not None:
                 _sleep(logger.injected_delay())
-        except Exception:  # never let bookkeeping break a collective
-            return original(*args, **kwargs)
+        except Exception as error:  # never let bookkeeping break a collective
+            return _unrecorded(logger, error, original, args, kwargs, group, seq, bool(is_async))
         try:
             work = original(*args, **kwargs)
         except BaseException as error:
@@ -155,8 +153,8 @@ def _wrap_collective(logger: CollectiveRecorder, call: _Call, original: Callable
                 ring_append(record)
                 pending_append(record)
                 logger._recorded += 1
-        except Exception:
-            logger.abandon(group, seq, bool(is_async))
+        except Exception as error:
+            _completed_unrecorded(logger, error, group, seq, bool(is_async))
         return work
 
     return recording
@@ -177,6 +175,7 @@ def _wrap_p2p(logger: CollectiveRecorder, call: _Call, original: Callable[..., A
         # send and recv run isend and irecv: those inner calls are the outer one, not records of their own
         if always_async and inside.__dict__.get("active"):
             return original(*args, **kwargs)
+        group, seq, from_any = "", None, False
         try:
             group_object = argument(args, kwargs, group_index, "group")
             peer = argument(args, kwargs, peer_index, peer_name)
@@ -186,16 +185,18 @@ def _wrap_p2p(logger: CollectiveRecorder, call: _Call, original: Callable[..., A
                 # torch types group.WORLD Optional (None before init_process_group)
                 group_or_world = cast("dist.ProcessGroup", group_object or dist.group.WORLD)
                 peer = dist.get_global_rank(group_or_world, kwargs[group_peer_name])
-            if is_recv and peer is None and not always_async:
-                return _recv_from_any(logger, original, group_object, args, kwargs, tensor_index)
-            source, target = (peer, logger.rank) if is_recv else (logger.rank, peer)
-            group = logger.p2p_group_id(group_object, -1 if source is None else source, target)
-            t0 = clock()
-            seq = logger.begin(op, group, t0, always_async)
-            if logger.injected_delay is not None:
-                _sleep(logger.injected_delay())
-        except Exception:
-            return original(*args, **kwargs)
+            from_any = is_recv and peer is None and not always_async
+            if not from_any:
+                source, target = (peer, logger.rank) if is_recv else (logger.rank, peer)
+                group = logger.p2p_group_id(group_object, -1 if source is None else source, target)
+                t0 = clock()
+                seq = logger.begin(op, group, t0, always_async)
+                if logger.injected_delay is not None:
+                    _sleep(logger.injected_delay())
+        except Exception as error:
+            return _unrecorded(logger, error, original, args, kwargs, group, seq, always_async)
+        if from_any:  # outside the try: its own failure is the receive's, raised once, never retried
+            return _recv_from_any(logger, original, group_object, args, kwargs, tensor_index)
         if not always_async:
             inside.active = True
         try:
@@ -214,11 +215,34 @@ def _wrap_p2p(logger: CollectiveRecorder, call: _Call, original: Callable[..., A
                 logger.abandon(group, seq, True)
             else:
                 logger.end(op, group, seq, t0, clock() - t0, nbytes, peer, False)
-        except Exception:
-            logger.abandon(group, seq, always_async)
+        except Exception as error:
+            _completed_unrecorded(logger, error, group, seq, always_async)
         return work
 
     return recording
+
+
+def _unrecorded(logger: CollectiveRecorder, error: Exception, original: Callable[..., Any], args: tuple,
+                kwargs: dict, group: str, seq: int | None, is_async: bool) -> Any:
+    """The collective, run unrecorded after our bookkeeping failed before it (counted). Where it had already
+    been numbered, it is no longer in flight (the watcher must not see a hang) and, once done, it counts as
+    completed: the rank's sequence numbers stay the same as its peers'."""
+    logger.bookkeeping_failed(error)
+    if seq is not None:
+        logger.abandon(group, seq, is_async)
+    work = original(*args, **kwargs)
+    if seq is not None and not is_async:
+        logger._completed[group] = seq
+    return work
+
+
+def _completed_unrecorded(logger: CollectiveRecorder, error: Exception, group: str, seq: int,
+                          is_async: bool) -> None:
+    """Our bookkeeping failed after the collective completed (counted): not in flight, completed, unrecorded."""
+    logger.bookkeeping_failed(error)
+    logger.abandon(group, seq, is_async)
+    if not is_async:
+        logger._completed[group] = seq
 
 
 def _recv_from_any(logger: CollectiveRecorder, original: Callable[..., Any], group_object: Any, args: tuple,
@@ -231,6 +255,9 @@ def _recv_from_any(logger: CollectiveRecorder, original: Callable[..., Any], gro
     logger._inside.active = True
     try:
         source = original(*args, **kwargs)
+    except BaseException as error:
+        logger.abandon(waiting, logger._seq.get(waiting, -1) + 1, False, error)
+        raise
     finally:
         logger._current = None
         logger._inside.active = False
@@ -239,8 +266,8 @@ def _recv_from_any(logger: CollectiveRecorder, original: Callable[..., Any], gro
         seq = logger.begin("recv", group, t0, False)
         tensor = args[tensor_index] if tensor_index < len(args) else kwargs.get("tensor")
         logger.end("recv", group, seq, t0, clock() - t0, _nbytes(tensor), int(source), False)
-    except Exception:
-        log.debug("trainhealth: recording a recv failed", exc_info=True)
+    except Exception as error:
+        logger.bookkeeping_failed(error)
     return source
 
 
@@ -271,8 +298,8 @@ def instrument_ddp(logger: CollectiveRecorder, model: Any) -> Any:
         def reduced(done):
             try:
                 logger.end("all_reduce", group, seq, t0, clock() - t0, nbytes, None, True)
-            except Exception:
-                log.debug("trainhealth: recording a DDP bucket failed", exc_info=True)
+            except Exception as error:
+                logger.bookkeeping_failed(error)
             return done.value()[0]
 
         return future.then(reduced)
@@ -288,8 +315,8 @@ def _end_when_done(logger: CollectiveRecorder, work: Any, op: str, group: str, s
     def done(_: Any) -> None:
         try:
             logger.end(op, group, seq, t0, clock() - t0, nbytes, peer, True)
-        except Exception:
-            log.debug("trainhealth: recording an async collective failed", exc_info=True)
+        except Exception as error:
+            logger.bookkeeping_failed(error)
 
     try:
         future = work.get_future()
