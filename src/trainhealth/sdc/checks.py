@@ -63,7 +63,7 @@ class ReplicaChecks:
         self.disabled: str | None = None
         self._fingerprints: FingerprintCheck | None = None
         parameters = [p for p in model.parameters() if p.requires_grad]
-        self._grad_norm = LocalGradientNorm(torch, parameters) if grad_check_every else None
+        self._grad_norm = LocalGradientNorm(torch, parameters, store) if grad_check_every else None
         self.results: list[ReplicaCheckResult] = []  # the last findings, newest last (bounded)
         self.arm(0)
 
@@ -122,15 +122,16 @@ class ReplicaChecks:
     def _check_grad_norm(self, step: int) -> ReplicaCheckResult:
         assert self._grad_norm is not None
         mine = float(self._grad_norm.take())
-        norms = self._grad_norm.gather(mine, self._group)
+        norms = self._grad_norm.gather(mine, self._group)  # every rank takes part, measured or not
         members = self._members()
         outliers = compare(norms)
         me = members.index(self._torch.distributed.get_rank())
-        others = sorted(n for i, n in enumerate(norms) if i != me and math.isfinite(n))
+        others = sorted(n for i, n in enumerate(norms) if i != me and math.isfinite(n) and n >= 0)
         median = others[len(others) // 2] if others else math.nan
-        ratio = mine / median if others and median > 0 else None
+        known = mine >= 0  # UNKNOWN: our own measurement failed, which is no finding
+        ratio = mine / median if known and others and median > 0 else None
         return ReplicaCheckResult(GRAD_NORM, step, tuple(members[i] for i in outliers),
-                           local_grad_norm=mine, peer_ratio=ratio)
+                                  local_grad_norm=mine if known else None, peer_ratio=ratio)
 
     def _check_fingerprints(self, step: int) -> ReplicaCheckResult:
         if self._fingerprints is None:

@@ -79,3 +79,30 @@ def test_the_monitor_exports_the_signals_and_names_the_block_that_first_went_non
         assert store.value(catalog.TRAIN_NONFINITE_FIRST_STEP, ("local",)) == 4.0
         event = mon.events.recent("nonfinite_origin")[0]
         assert event.attributes == {"block": "layers.1", "step": 4, "where": "local", "stage": "output"}
+
+
+class _TorchWithoutLogsumexp:
+    """torch, except that ``logsumexp`` raises, as an output type the head's hook cannot read makes it."""
+
+    def __getattr__(self, name: str):
+        return getattr(torch, name)
+
+    def logsumexp(self, *args, **kwargs):
+        raise RuntimeError("logsumexp: unsupported output")
+
+
+def test_a_signal_whose_hook_raises_is_counted_once_and_turned_off_alone():
+    from trainhealth.store import MetricStore
+
+    torch.manual_seed(1)
+    model = TinyGPT(vocab=32, width=16, layers=2, heads=2, context=8)
+    store = MetricStore()
+    signals = ModelSignals(_TorchWithoutLogsumexp(), model, blocks=["layers.0", "layers.1"], sample_tokens=8,
+                           store=store)
+    for seed in range(3):
+        signals.sampling = True
+        model(synthetic_batch(32, 8, batch=2, seed=seed)[:, :-1])  # never raises into the forward pass
+        tensors, _ = signals.take()
+        names = {name for name, _, _ in tensors}
+        assert "log_z" not in names and {"activation_rms/layers.0", "activation_rms/layers.1"} <= names
+    assert store.value(catalog.EXPORTER_ERRORS, ("model_signals",)) == 1.0  # once: then that signal is off

@@ -65,3 +65,43 @@ def test_the_output_check_comes_first_then_the_gradients_in_backward_order_then_
                                                                                                  Stage.GRADIENT)
     received = locate({**clean, "grad_norm": math.inf}, order)
     assert received == Origin("all_reduce", Stage.ALL_REDUCE) and received.where is Where.RECEIVED
+
+
+class _SparseEmbeddingModel(torch.nn.Module):
+    """An embedding with sparse gradients (``torch.aminmax`` refuses them) before two ordinary blocks."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = torch.nn.Embedding(64, 16, sparse=True)
+        self.layers = torch.nn.ModuleList([torch.nn.Linear(16, 16), torch.nn.Linear(16, 16)])
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        x = self.embed(tokens)
+        for layer in self.layers:
+            x = torch.tanh(layer(x))
+        return x.pow(2).mean()
+
+
+def test_a_gradient_that_cannot_be_measured_is_counted_and_never_read_as_received():
+    torch.manual_seed(0)
+    model = _SparseEmbeddingModel()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with Monitor(model, optimizer, prometheus=False, otel=False, gpu_backend="off", stats_every=1,
+                 env={}) as monitor:
+        for step in range(5):
+            loss = model(torch.randint(0, 64, (4, 8), generator=torch.Generator().manual_seed(step)))
+            loss.backward()
+            if step == 3:  # this rank's own embedding gradient goes bad, where no hook could look
+                model.embed.weight.grad = torch.sparse_coo_tensor(
+                    model.embed.weight.grad._indices(), torch.full_like(model.embed.weight.grad._values(),
+                                                                        math.nan), (64, 16))
+            grad_norm = torch.stack([(p.grad._values() if p.grad.is_sparse else p.grad).pow(2).sum()
+                                     for p in model.parameters()]).sum().sqrt()  # clip_grad_norm_ refuses sparse
+            optimizer.step()
+            optimizer.zero_grad()
+            monitor.step(loss=loss, step=step, grad_norm=grad_norm)
+        monitor.flush()
+    assert monitor.store.value(catalog.EXPORTER_ERRORS, ("provenance",)) == 1.0  # counted once, then off
+    origins = [event.attributes for event in monitor.events.recent("nonfinite_origin")]
+    assert all(origin["where"] != "received" for origin in origins), origins  # it was made here, unseen
+    assert monitor.store.value(catalog.TRAIN_NONFINITE_FIRST_STEP, ("received",)) is None

@@ -60,7 +60,7 @@ class ModelHealth:
         health = settings.model
         if health.signals:
             self.signals = ModelSignals(torch, model, transformer_blocks(torch, model),
-                                        sample_tokens=health.signal_tokens)
+                                        sample_tokens=health.signal_tokens, store=store)
         self.checks: ReplicaChecks | None = None
         if health.sdc_group != "off" and (health.sdc_interval or health.grad_check_every):
             self.checks = ReplicaChecks(torch, model, store, events, sdc_interval=health.sdc_interval,

@@ -37,9 +37,12 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trainhealth.exporters.training.provenance import BlockOrder, Origin, Provenance, locate
+
+if TYPE_CHECKING:
+    from trainhealth.store import MetricStore
 
 __all__ = ["ModelSignals", "SignalValues"]
 
@@ -59,8 +62,10 @@ class ModelSignals:
     """Hooks on ``model``: attention modules, the output head and the blocks named in ``blocks``."""
 
     def __init__(self, torch: Any, model: Any, blocks: Iterable[str], *, sample_tokens: int = 64,
-                 head: str | None = None) -> None:
+                 head: str | None = None, store: MetricStore | None = None) -> None:
         self._torch = torch
+        self._store = store
+        self._off: set[str] = set()  # hooks that raised (by signal and label): no longer measured
         self._sample = sample_tokens
         self.sampling = False  # set for the steps whose signals are read
         self._handles: list[Any] = []
@@ -87,7 +92,7 @@ class ModelSignals:
         traced = embeddings + [name for name in self.block_names if name not in embeddings]
         if self.head_name is not None and self.head_name not in traced:
             traced.append(self.head_name)
-        self.provenance = Provenance(torch, modules, traced, model.named_parameters(), _label)
+        self.provenance = Provenance(torch, modules, traced, model.named_parameters(), _label, store)
 
     # --- per step -------------------------------------------------------------------
     def take(self) -> tuple[list[tuple[str, Any, int]], BlockOrder]:
@@ -137,9 +142,10 @@ class ModelSignals:
 
     def _mha_hook(self, label: str, module: Any) -> Any:
         torch = self._torch
+        signal = f"attention/{label}"
 
         def hook(mod: Any, args: tuple, kwargs: dict) -> None:
-            if not self.sampling:
+            if not self.sampling or signal in self._off:
                 return
             try:
                 query = args[0] if args else kwargs["query"]
@@ -164,8 +170,8 @@ class ModelSignals:
                     probabilities = torch.softmax(logits.float(), dim=-1)
                     entropy = -(probabilities * torch.log(probabilities.clamp_min(1e-30))).sum(-1).mean()
                 self._attention[label] = [max_logit.float(), entropy.float()]
-            except Exception:  # a signal must never break the forward pass
-                return
+            except Exception as error:  # a signal must never break the forward pass
+                self._turn_off(signal, error)
 
         return hook
 
@@ -173,10 +179,11 @@ class ModelSignals:
         torch = self._torch
         heads = _heads(module)
         captured: dict[str, Any] = {}
+        signal = f"attention/{label}"
 
         def capture(name: str) -> Any:
             def hook(mod: Any, inputs: tuple, output: Any) -> None:
-                if not self.sampling or heads is None:
+                if not self.sampling or heads is None or signal in self._off:
                     return
                 try:
                     with torch.no_grad():
@@ -189,8 +196,9 @@ class ModelSignals:
                             k_norm = k.reshape(k.shape[0], k_heads, -1).norm(dim=-1).amax(dim=0)
                             k_norm = k_norm.repeat_interleave(heads // k_heads) if k_heads != heads else k_norm
                             self._attention[label] = [(q_norm * k_norm).amax() / math.sqrt(d), None]
-                except Exception:
-                    return
+                except Exception as error:
+                    captured.clear()
+                    self._turn_off(signal, error)
 
             return hook
 
@@ -199,17 +207,18 @@ class ModelSignals:
 
     def _block_hook(self, label: str) -> Any:
         torch = self._torch
+        signal = f"activation_rms/{label}"
 
         def hook(mod: Any, inputs: tuple, output: Any) -> None:
-            if not self.sampling:
+            if not self.sampling or signal in self._off:
                 return
             try:
                 tensor = output[0] if isinstance(output, (tuple, list)) else output
                 if isinstance(tensor, torch.Tensor) and tensor.is_floating_point():
                     with torch.no_grad():
                         self._rms[label] = tensor.detach().float().pow(2).mean().sqrt()
-            except Exception:
-                return
+            except Exception as error:
+                self._turn_off(signal, error)
 
         return hook
 
@@ -217,17 +226,24 @@ class ModelSignals:
         torch = self._torch
 
         def hook(mod: Any, inputs: tuple, output: Any) -> None:
-            if not self.sampling:
+            if not self.sampling or "log_z" in self._off:
                 return
             try:
                 logits = output[0] if isinstance(output, (tuple, list)) else output
                 with torch.no_grad():
                     sample = self._slice(logits.detach(), True).float()
                     self._log_z = torch.logsumexp(sample, dim=-1).mean()
-            except Exception:
-                return
+            except Exception as error:
+                self._turn_off("log_z", error)
 
         return hook
+
+    def _turn_off(self, key: str, error: Exception) -> None:
+        """A signal's hook raised: counted in ``trainhealth_exporter_errors_total{source="model_signals"}`` (a
+        warning the first time) and that signal no longer measured; the others go on."""
+        self._off.add(key)
+        if self._store is not None:
+            self._store.record_error("model_signals", error)
 
 
 def _label(name: str) -> str:

@@ -25,7 +25,10 @@ The origin of a step (:func:`locate`) is, in this order:
    corrupted gradient, or a corrupted weight whose effect the forward absorbed (a saturated
    softmax) and which backward meets before the blocks upstream of it;
 3. else, when the gradient norm after the all-reduce was bad: it was received through the
-   all-reduce (block ``all_reduce``); another rank produced it.
+   all-reduce (block ``all_reduce``); another rank produced it — unless a measurement of this
+   rank is off (a hook that raised: counted in ``trainhealth_exporter_errors_total{source="provenance"}``
+   and turned off for that block or parameter): then this rank may have made it unseen, and the
+   origin is unknown (None), never "received".
 
 1 and 2 are :attr:`Where.LOCAL`: this rank produced the value before any exchange.
 
@@ -41,7 +44,10 @@ from __future__ import annotations
 import enum
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from trainhealth.store import MetricStore
 
 __all__ = ["OVERFLOW_BOUND", "BlockOrder", "Origin", "Provenance", "Stage", "Where", "locate"]
 
@@ -82,10 +88,12 @@ class Origin:
 @dataclass(frozen=True)
 class BlockOrder:
     """The blocks of one step's peaks: ``forward`` in forward order, ``gradients`` in the order backward
-    reached them (one entry per parameter, named by its block)."""
+    reached them (one entry per parameter, named by its block); ``complete`` is False while a block or
+    parameter goes unmeasured (its hook raised and was turned off)."""
 
     forward: tuple[str, ...] = ()
     gradients: tuple[str, ...] = ()
+    complete: bool = True
 
 
 def _bad(value: float | None) -> bool:
@@ -103,7 +111,7 @@ def locate(read: Mapping[str, Any], order: BlockOrder) -> Origin | None:
         for block, peak in zip(blocks, peaks if isinstance(peaks, list) else [peaks]):
             if _bad(peak):
                 return Origin(block, stage)
-    if _bad(read.get("grad_norm")):
+    if _bad(read.get("grad_norm")) and order.complete:  # incomplete: this rank may have made it unseen
         return Origin("all_reduce", Stage.ALL_REDUCE)
     return None
 
@@ -113,8 +121,10 @@ class Provenance:
     ``parameters`` (name, parameter), each gradient named by the block holding it."""
 
     def __init__(self, torch: Any, modules: Mapping[str, Any], blocks: Iterable[str],
-                 parameters: Iterable[tuple[str, Any]], label: Any) -> None:
+                 parameters: Iterable[tuple[str, Any]], label: Any, store: MetricStore | None = None) -> None:
         self._torch = torch
+        self._store = store
+        self._off: set[object] = set()  # blocks and parameters (by id) whose hook raised: no longer measured
         self._block_peaks: dict[str, Any] = {}  # block -> device (min, max), in forward order
         self._grad_peaks: dict[int, tuple[str, Any]] = {}  # parameter id -> (block, device (min, max)), backward order
         names = list(blocks)
@@ -128,7 +138,8 @@ class Provenance:
     def take(self) -> tuple[list[tuple[str, Any, int]], BlockOrder]:
         """This step's peaks (name, device tensor, length) and their blocks; clears them."""
         out: list[tuple[str, Any, int]] = []
-        order = BlockOrder(tuple(self._block_peaks), tuple(block for block, _ in self._grad_peaks.values()))
+        order = BlockOrder(tuple(self._block_peaks), tuple(block for block, _ in self._grad_peaks.values()),
+                           complete=not self._off)
         if self._block_peaks:
             out.append(("block_peak", self._magnitudes(list(self._block_peaks.values())), len(self._block_peaks)))
         if self._grad_peaks:
@@ -152,28 +163,36 @@ class Provenance:
         torch = self._torch
 
         def hook(module: Any, inputs: tuple, output: Any) -> None:
-            if block in self._block_peaks:  # the step's first call (gradient checkpointing recomputes)
+            if block in self._block_peaks or block in self._off:  # the step's first call (checkpointing recomputes)
                 return
             try:
                 tensor = output[0] if isinstance(output, (tuple, list)) else output
                 if isinstance(tensor, torch.Tensor) and tensor.is_floating_point():
                     with torch.no_grad():
                         self._block_peaks[block] = torch.aminmax(tensor.detach())
-            except Exception:  # never break the forward pass
-                return
+            except Exception as error:  # never break the forward pass: this block goes unmeasured
+                self._turn_off(block, error)
 
         return hook
 
     def _gradient_hook(self, block: str) -> Any:
         def hook(parameter: Any) -> None:
+            if id(parameter) in self._off:
+                return
             try:
                 if parameter.grad is not None:  # with accumulation, the last micro-batch's sum counts
                     with self._torch.no_grad():
                         self._grad_peaks[id(parameter)] = (block, self._torch.aminmax(parameter.grad.detach()))
-            except Exception:  # never break backward
-                return
+            except Exception as error:  # never break backward (a sparse gradient has no aminmax)
+                self._turn_off(id(parameter), error)
 
         return hook
+
+    def _turn_off(self, key: object, error: Exception) -> None:
+        """A hook raised: counted (a warning the first time), and that block or parameter no longer measured."""
+        self._off.add(key)
+        if self._store is not None:
+            self._store.record_error("provenance", error)
 
 
 def _owner(parameter: str, blocks: list[str]) -> str:
