@@ -974,3 +974,24 @@ def test_good_commands_are_accepted():
     accept(Case(("metrics", "--json")))
     accept(Case(("config", "--json"), env=(("TRAINHEALTH_DETECTORS", "loss=zscore(threshold=5)"),)))
     accept(Case(("selftest", "--device", "cpu", "--size", "16", "--metrics-file", "{d}/selftest.prom")))
+
+
+# ------------------------------------------------------------------------------- found by the outside audit
+
+
+def test_a_flight_recorder_send_to_a_rank_beyond_any_rank_is_refused():
+    dump = fr_dump(0)
+    dump["entries"][1].update(profiling_name=f"nccl:send 0->{10 ** 30}", is_p2p=True, p2p_seq_id=1)
+    refuse(Case(("localize", "{d}/nccl_trace_rank_0", "{d}/nccl_trace_rank_1"),
+                (("nccl_trace_rank_0", plain_pickle(dump)), ("nccl_trace_rank_1", plain_pickle(fr_dump(1)))),
+                mentions=("nccl_trace_rank_0",)))
+
+
+@pytest.mark.parametrize("args", [
+    ("analyze", "--prometheus", "", "--once"),  # was a TypeError traceback
+    ("analyze", "--prometheus", "http://127.0.0.1:9", "--interval", "1e-300"),  # was accepted
+    ("analyze", "--prometheus", "http://127.0.0.1:9", "--step", "1e-300", "--once"),
+    ("analyze", "--prometheus", "http://127.0.0.1:9", "--prometheus-timeout", "1e-300", "--once"),
+])
+def test_analyze_refuses_an_empty_url_and_intervals_no_service_can_keep(args):
+    refuse(Case(args, mentions=(args[-2] if args[-1] != "--once" else args[-3],)))

@@ -34,12 +34,12 @@ ANALYZER_PORT = 9448
 #: Prometheus answers a range query with at most this many points per series.
 MAX_POINTS = 11000
 
-_INTERVAL = Bounded(float, 0, 86400, unit="seconds", low_open=True)
+_INTERVAL = Bounded(float, 1, 86400, unit="seconds")  # a run reads a window from Prometheus: not more often
 _WINDOW = Bounded(float, 0, 7 * 86400, unit="seconds", low_open=True)
-_STEP = Bounded(float, 0, 86400, unit="seconds", low_open=True)
+_STEP = Bounded(float, 0.001, 86400, unit="seconds")  # Prometheus resolves milliseconds
 _LAST = Bounded(int, 1, 1_000_000, unit="steps")
 _DURATION = Bounded(float, 0, 7 * 86400, unit="seconds", low_open=True)
-_TIMEOUT = Bounded(float, 0, 600, unit="seconds", low_open=True)
+_TIMEOUT = Bounded(float, 0.1, 600, unit="seconds")
 #: localize's and analyze's z thresholds
 _Z = Bounded(float, 0, 1000, low_open=True)
 #: ``trainhealth sim``: GPUs, and GPU micro-batches in all (world x steps x micro-batches), at most
@@ -226,7 +226,7 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     source: PrometheusSource | TraceDirectory
-    if args.prometheus:
+    if args.prometheus is not None:  # "" too: a URL that is not one is refused, not read as --traces
         url = urlparse(args.prometheus)
         if url.scheme not in ("http", "https") or not url.netloc:
             raise UsageError(f"--prometheus {args.prometheus!r}: expected an http or https URL such as "

@@ -242,7 +242,9 @@ def _row(entry: dict[str, Any], rank: int, op: str, path: str, position: int) ->
     peer = None
     if is_p2p:
         match = _PEER.search(str(entry.get("profiling_name", "")))
-        if match and max(len(match.group(1)), len(match.group(2))) <= 10:
+        if match:
+            if max(len(match.group(1)), len(match.group(2))) > 10 or max(map(int, match.groups()[:2])) > MAX_RANK:
+                raise fail(f"profiling_name {shown(entry.get('profiling_name'))} names a rank above {MAX_RANK}")
             first, second = int(match.group(1)), int(match.group(2))
             peer = second if first == rank else first
     state = entry.get("state", "")
