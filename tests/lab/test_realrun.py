@@ -134,8 +134,14 @@ def test_the_full_suite_covers_the_issue() -> None:
     assert {c.fault.pattern for c in cases if c.fault.kind is RealRunFaultKind.COMPUTE} == set(Pattern)
 
 
-def test_public_names() -> None:
+def test_public_names_are_the_labs_own_and_documented() -> None:
+    import inspect
+
     import trainhealth.lab.realrun as realrun
 
+    assert len(set(realrun.__all__)) == len(realrun.__all__)
     for name in realrun.__all__:
-        assert getattr(realrun, name) is not None, name
+        value = getattr(realrun, name)
+        if inspect.isclass(value) or inspect.isfunction(value):
+            assert value.__module__.startswith("trainhealth.lab.realrun."), (name, value.__module__)
+            assert inspect.getdoc(value), f"{name} has no docstring"
