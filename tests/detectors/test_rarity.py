@@ -23,6 +23,44 @@ def test_the_score_is_a_calibrated_probability():
     assert 0.03 < np.mean(scores >= 1.0) < 0.2  # p <= 10%
 
 
+HEAVY_AND_QUANTISED = {
+    "student_t2": lambda rng, size: rng.standard_t(2, size),
+    "lognormal": lambda rng, size: rng.lognormal(0.0, 1.0, size),
+    "pareto": lambda rng, size: rng.pareto(1.5, size) + 1.0,  # tail index 1.5: no variance
+    "poisson_mean_2": lambda rng, size: rng.poisson(2.0, size).astype(np.float64),
+}
+
+
+@pytest.mark.parametrize("name", sorted(HEAVY_AND_QUANTISED))
+def test_calibrated_on_heavy_tailed_and_quantised_series(name):
+    # 40 series, each with its own 4,096-value history, then 2,500 fresh draws each (100,000 scores): p <= 1 / 1,000
+    # happens about once in a thousand draws; a count can only be as rare as its values allow
+    draw = HEAVY_AND_QUANTISED[name]
+    rng = np.random.default_rng(11)
+    detector = learnt(Rarity(), draw(rng, (4096, 40)))
+    scores = np.concatenate([detector.score(draw(rng, 40)) for _ in range(2500)])
+    rate = np.mean(scores >= detector.default_threshold)
+    assert rate <= 0.002
+    if not name.startswith("poisson"):
+        assert rate >= 0.0005
+    assert np.mean(scores >= detector.default_critical) <= 0.0002
+
+
+def test_values_inside_the_range_score_by_their_rank():
+    # a value the history holds is judged by its rank alone: at most log10((n + 1) / 4) (the largest or smallest,
+    # p = 2 x 2 / (n + 1)), 2.10 with 500 values; the second largest stays below the threshold with 4,096
+    rng = np.random.default_rng(3)
+    history = rng.standard_t(2, (500, 20))
+    detector = learnt(Rarity(history=500), history)
+    scores = np.array([detector.score(row) for row in history])
+    assert scores.max() == pytest.approx(np.log10(501 / 4))
+    history = rng.standard_t(2, (4096, 20))
+    detector = learnt(Rarity(), history)
+    ordered = np.sort(history, axis=0)
+    assert detector.score(ordered[-1]) == pytest.approx(np.full(20, np.log10(4097 / 4)))
+    assert np.all(detector.score(ordered[-2]) < detector.default_threshold)
+
+
 def test_a_new_value_is_rare_and_a_repeated_one_becomes_common():
     detector = learnt(Rarity(history=500, warmup=50), np.array([[float(i % 10)] for i in range(500)]))
     assert detector.score([5.0])[0] < 0.5
