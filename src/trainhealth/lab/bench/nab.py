@@ -199,7 +199,7 @@ def _nab_points(file: NabFile, scores: np.ndarray, weights: dict[str, float],
                 raise ValueError(f"{file.name}: a window of one record; NAB's scorer divides by its length less one")
             after = slice(right + 1, end)
             position = (index[after] - right) / (width - 1)
-            sigmoid = np.where(position > 3.0, -1.0, 2.0 / (1.0 + np.exp(5.0 * np.minimum(position, 3.0))) - 1.0)
+            sigmoid = np.where(position >= 3.0, -1.0, 2.0 / (1.0 + np.exp(5.0 * np.minimum(position, 3.0))) - 1.0)
             weight[after] = weights["fp"] * sigmoid
     scored = slice(file.probation, None)
     return np.asarray(scores, dtype=np.float64)[scored], weight[scored], window[scored]
