@@ -156,6 +156,7 @@ class CollectiveLogger(CollectiveRecorder):
     # --- reading ----------------------------------------------------------------------
     def records(self) -> pd.DataFrame:
         """The records in the ring buffer as trace format v1 rows (start on the wall clock)."""
+        self.flush()
         return self._frame(list(self._ring))
 
     def _frame(self, rows: list[tuple]) -> pd.DataFrame:
@@ -270,6 +271,7 @@ class CollectiveLogger(CollectiveRecorder):
 
     def _flush_locked(self) -> None:
         batch = self._take(self._pending)
+        self._ring.extend(batch)  # here, not on the training thread: one append less per collective
         self._seen += len(batch)
         if self.trace_dir is not None:  # held for the next append
             overflow = len(self._unwritten) + len(batch) - cast(int, self._unwritten.maxlen)

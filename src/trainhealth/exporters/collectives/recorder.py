@@ -59,7 +59,7 @@ class CollectiveRecorder:
         self._rank = rank
         self.host = host
         self.gpu = gpu
-        self._ring: deque[tuple] = deque(maxlen=ring_size)
+        self._ring: deque[tuple] = deque(maxlen=ring_size)  # the last records, kept by the flush thread
         self._pending: deque[tuple] = deque(maxlen=ring_size)  # records the flush thread has not seen
         self._recorded = 0
         self._seq: dict[str, int] = {}
@@ -145,7 +145,6 @@ class CollectiveRecorder:
         self._completed[group] = seq
         if group not in self._device_timed:
             record = (self.step, op, group, seq, t0, duration, nbytes, peer, is_async)
-            self._ring.append(record)
             self._pending.append(record)
             self._recorded += 1
 
@@ -174,7 +173,6 @@ class CollectiveRecorder:
         self._completed[group] = max(seq, self._completed.get(group, -1))
         # the host does not wait for a device-timed collective as it runs: it counts as asynchronous
         record = (self.step, op, group, seq, start_monotonic, duration, 0, None, True)
-        self._ring.append(record)
         self._pending.append(record)
         self._recorded += 1
 
@@ -188,7 +186,6 @@ class CollectiveRecorder:
         bytes and peer stay empty. Two deque appends: cheap enough for the training path.
         """
         record = (step, op, None, None, t0, duration, None, None, False)
-        self._ring.append(record)
         self._pending.append(record)
         self._recorded += 1
 

@@ -111,9 +111,42 @@ def _wrap_collective(logger: CollectiveRecorder, call: _Call, original: Callable
     async_index = position.get("async_op", 1 << 30)
     clock, thread_id = time.perf_counter, threading.get_ident
     group_ids, seqs, completed, pending_async = logger._group_ids, logger._seq, logger._completed, logger._async
-    device_timed, ring_append, pending_append = logger._device_timed, logger._ring.append, logger._pending.append
+    device_timed, pending_append = logger._device_timed, logger._pending.append
+
+    # The default group's id, once a synchronous call on it was recorded and it is timed on the host: then
+    # ``f(tensor)`` alone (the commonest call) takes the short path below, the same records with fewer steps.
+    short: list[str | None] = [None]
+    short_ok = input_index == 0 and not input_is_list
 
     def recording(*args: Any, **kwargs: Any) -> Any:
+        group = short[0]
+        if group is None or kwargs or len(args) != 1:
+            return general(*args, **kwargs)
+        seq = None
+        try:
+            seq = seqs[group] = seqs[group] + 1
+            t0 = clock()
+            logger._current = (op, group, seq, t0)
+            if logger.injected_delay is not None:
+                _sleep(logger.injected_delay())
+        except Exception as error:  # never let bookkeeping break a collective
+            return _unrecorded(logger, error, original, args, kwargs, group, seq, False)
+        try:
+            work = original(*args)
+        except BaseException as error:
+            logger.abandon(group, seq, False, error)
+            raise
+        end = clock()
+        try:
+            logger._current = None
+            completed[group] = seq
+            pending_append((logger.step, op, group, seq, t0, end - t0, args[0].nbytes, None, False))
+            logger._recorded += 1
+        except Exception as error:
+            _completed_unrecorded(logger, error, group, seq, False)
+        return work
+
+    def general(*args: Any, **kwargs: Any) -> Any:
         group, seq, is_async = "", None, False
         try:
             count = len(args)
@@ -149,10 +182,10 @@ def _wrap_collective(logger: CollectiveRecorder, call: _Call, original: Callable
             logger._current = None
             completed[group] = seq
             if group not in device_timed:
-                record = (logger.step, op, group, seq, t0, end - t0, nbytes, None, False)
-                ring_append(record)
-                pending_append(record)
+                pending_append((logger.step, op, group, seq, t0, end - t0, nbytes, None, False))
                 logger._recorded += 1
+                if group_object is None and short_ok:  # the training thread is known: f(tensor) may go short
+                    short[0] = group
         except Exception as error:
             _completed_unrecorded(logger, error, group, seq, bool(is_async))
         return work
