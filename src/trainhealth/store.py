@@ -23,6 +23,8 @@ import threading
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from trainhealth.catalog import EXPORTER_ERRORS, MetricKind, MetricSpec
 
 __all__ = ["Family", "HistogramValue", "MetricStore", "Observer"]
@@ -106,7 +108,26 @@ class MetricStore:
 
     def observe(self, spec: MetricSpec, value: float, labels: Labels = ()) -> None:
         """Add one observation to a histogram; non-finite values are not observed."""
-        self.observe_many(spec, (value,), labels)
+        self._expect(spec, MetricKind.HISTOGRAM)
+        value = float(value)
+        if not math.isfinite(value):
+            return
+        with self._lock:
+            series = self._series_of(spec, labels)
+            if series is None:
+                return
+            histogram = series.get(labels)
+            if not isinstance(histogram, _Histogram):
+                histogram = series[labels] = _Histogram(len(spec.buckets))
+            histogram.counts[bisect.bisect_left(spec.buckets, value)] += 1
+            histogram.count += 1
+            histogram.sum += value
+            observers = tuple(self._observers)
+        for observer in observers:
+            try:
+                observer(spec, value, labels)
+            except Exception as exc:
+                self.record_error("observer", exc)
 
     def write(self, values: Iterable[tuple[MetricSpec, Labels, float]]) -> None:
         """Set many gauges under one lock; counters are set to the absolute total read from a
@@ -123,9 +144,12 @@ class MetricStore:
     def observe_many(self, spec: MetricSpec, values: Sequence[float], labels: Labels = ()) -> None:
         """Add many observations to one histogram series under one lock (non-finite ones are skipped)."""
         self._expect(spec, MetricKind.HISTOGRAM)
-        finite = [float(v) for v in values if math.isfinite(v)]
-        if not finite:
+        array = np.asarray(values, dtype=np.float64)
+        array = array[np.isfinite(array)]
+        if not len(array):
             return
+        # bisect_left per value, vectorised: the first bucket whose upper bound is >= the value
+        counts = np.bincount(np.searchsorted(spec.buckets, array, side="left"), minlength=len(spec.buckets) + 1)
         with self._lock:
             series = self._series_of(spec, labels)
             if series is None:
@@ -133,11 +157,11 @@ class MetricStore:
             histogram = series.get(labels)
             if not isinstance(histogram, _Histogram):
                 histogram = series[labels] = _Histogram(len(spec.buckets))
-            for value in finite:
-                histogram.counts[bisect.bisect_left(spec.buckets, value)] += 1
-            histogram.count += len(finite)
-            histogram.sum += sum(finite)
+            histogram.counts = [a + int(b) for a, b in zip(histogram.counts, counts)]
+            histogram.count += len(array)
+            histogram.sum += float(array.sum())
             observers = tuple(self._observers)
+        finite = array.tolist() if observers else []
         for observer in observers:
             for value in finite:
                 try:

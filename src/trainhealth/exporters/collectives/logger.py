@@ -23,6 +23,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager
+from operator import itemgetter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
@@ -279,14 +280,20 @@ class CollectiveLogger(CollectiveRecorder):
                 self._unwritten_lost += overflow
             self._unwritten.extend(batch)
         self.watch.observe(batch)
-        collectives = [record for record in batch if record[1] in _COMMUNICATION]
-        markers = [record for record in batch if record[1] == "step"]
+        if batch and set(map(itemgetter(1), batch)) <= _COMMUNICATION:  # the usual flush: collectives only
+            collectives, markers = batch, []
+        else:
+            collectives = [record for record in batch if record[1] in _COMMUNICATION]
+            markers = [record for record in batch if record[1] == "step"]
         self._flushed_total += len(collectives)
         if collectives:
             self._aggregate(collectives)
         if not markers and not self._marked:
             self._unassigned.clear()  # nobody marks steps (yet): hold only what the first marker may need
-        self._unassigned.extend((record[4], record[4] + record[5], record[8]) for record in collectives)
+        if collectives:
+            starts = np.fromiter(map(itemgetter(4), collectives), np.float64, len(collectives))
+            ends = starts + np.fromiter(map(itemgetter(5), collectives), np.float64, len(collectives))
+            self._unassigned.extend(zip(starts.tolist(), ends.tolist(), map(itemgetter(8), collectives)))
         if markers:
             self._marked = True
             self._account_steps(markers)
@@ -304,29 +311,37 @@ class CollectiveLogger(CollectiveRecorder):
                     self.store.inc(catalog.COMM_RECORDS_DROPPED, dropped - previous)
 
     def _aggregate(self, batch: list[tuple]) -> None:
-        by_key: dict[tuple[str, str], list[tuple]] = {}
-        for record in batch:
-            by_key.setdefault((record[1], record[2]), []).append(record)
-        for (op, group), records in by_key.items():
-            durations = np.fromiter((r[5] for r in records), dtype=np.float64, count=len(records))
-            sizes = [int(r[6] or 0) for r in records]
-            flagged = []
-            for size_class in sorted(set(s.bit_length() for s in sizes)):
-                members = [i for i, s in enumerate(sizes) if s.bit_length() == size_class]
+        keys = list(map(itemgetter(1, 2), batch))
+        if keys.count(keys[0]) == len(keys):  # the usual flush: one op on one group
+            by_key = {keys[0]: np.arange(len(keys))}
+        else:
+            positions: dict[tuple[str, str], list[int]] = {}
+            for index, key in enumerate(keys):
+                positions.setdefault(key, []).append(index)
+            by_key = {key: np.asarray(indices) for key, indices in positions.items()}
+        all_durations = np.fromiter(map(itemgetter(5), batch), np.float64, len(batch))
+        all_sizes = np.asarray([size or 0 for size in map(itemgetter(6), batch)], dtype=np.int64)
+        with np.errstate(divide="ignore"):  # int.bit_length, vectorised: 0 for 0, 4 for 8 to 15
+            all_classes = np.where(all_sizes > 0, np.floor(np.log2(np.maximum(all_sizes, 1))) + 1, 0).astype(np.int64)
+        for (op, group), rows in by_key.items():
+            durations, sizes, classes = all_durations[rows], all_sizes[rows], all_classes[rows]
+            flagged: list[tuple] = []
+            for size_class in np.unique(classes).tolist():
+                members = np.flatnonzero(classes == size_class)
                 hits = self._abnormal.flag((op, group, size_class), durations[members])
-                flagged += [records[members[i]] for i in hits]
+                flagged += [batch[int(rows[members[i]])] for i in hits]
             self.abnormal_records.extend(flagged)
             if self.trace_dir is not None:
                 self._unwritten_abnormal.extend(flagged)
             self._abnormal_total += len(flagged)
             if self.detectors is not None:
                 self.detectors.observe("comm_duration", float(np.median(durations)), series=f"{op}/{group}",
-                                       step=records[-1][0])
+                                       step=batch[int(rows[-1])][0])
             if self.store is not None:
                 labels = (op, group)
-                self.store.observe_many(catalog.COMM_OP_DURATION, durations.tolist(), labels)
-                self.store.inc(catalog.COMM_OPS, len(records), labels)
-                self.store.inc(catalog.COMM_BYTES, sum(sizes), labels)
+                self.store.observe_many(catalog.COMM_OP_DURATION, durations, labels)
+                self.store.inc(catalog.COMM_OPS, len(rows), labels)
+                self.store.inc(catalog.COMM_BYTES, int(sizes.sum()), labels)
                 if flagged:
                     self.store.inc(catalog.COMM_ABNORMAL_OPS, len(flagged), labels)
 

@@ -42,8 +42,11 @@ from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from operator import itemgetter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
+
+import numpy as np
 
 from trainhealth import catalog
 
@@ -160,15 +163,20 @@ class HangWatch:
         """Take the longest step, collective or gap of a flush's new records into the history."""
         if not batch:
             return
-        longest, reach = 0.0, self._last_end
-        for record in sorted(batch, key=lambda r: r[4]):
-            start, duration = record[4], record[5]
-            if record[3] == 0:  # a group's first collective (start-up barrier, rendezvous) sets no norm
-                reach = start + duration if reach is None else max(reach, start + duration)
-                continue
-            longest = max(longest, duration, start - reach if reach is not None else 0.0)
-            reach = start + duration if reach is None else max(reach, start + duration)
-        self._last_end = reach
+        count = len(batch)
+        starts = np.fromiter(map(itemgetter(4), batch), np.float64, count)
+        order = np.argsort(starts, kind="stable")
+        starts = starts[order]
+        durations = np.fromiter(map(itemgetter(5), batch), np.float64, count)[order]
+        # a group's first collective (start-up barrier, rendezvous) sets no norm, but what it covers counts
+        judged = np.fromiter((seq != 0 for seq in map(itemgetter(3), batch)), bool, count)[order]
+        reach = np.maximum.accumulate(starts + durations)
+        if self._last_end is not None:
+            reach = np.maximum(reach, self._last_end)
+        before = np.concatenate(([-np.inf if self._last_end is None else self._last_end], reach[:-1]))
+        gaps = np.where(np.isfinite(before), starts - before, 0.0)
+        longest = float(np.max(np.maximum(durations, gaps)[judged], initial=0.0))
+        self._last_end = float(reach[-1])
         with self._lock:
             skip = self._paused_since_check or bool(self._paused)
             self._paused_since_check = False

@@ -180,10 +180,14 @@ class Provenance:
             if id(parameter) in self._off:
                 return
             try:
-                if parameter.grad is not None:  # with accumulation, the last micro-batch's sum counts
+                grad = parameter.grad  # with accumulation, the last micro-batch's sum counts
+                if grad is not None:
                     with self._torch.no_grad():
-                        self._grad_peaks[id(parameter)] = (block, self._torch.aminmax(parameter.grad.detach()))
-            except Exception as error:  # never break backward (a sparse gradient has no aminmax)
+                        if grad.is_sparse:  # its stored values: the zeros it leaves out are never bad
+                            grad = grad.coalesce().values()
+                        if grad.numel():
+                            self._grad_peaks[id(parameter)] = (block, self._torch.aminmax(grad.detach()))
+            except Exception as error:  # never break backward (a complex gradient has no aminmax)
                 self._turn_off(id(parameter), error)
 
         return hook
