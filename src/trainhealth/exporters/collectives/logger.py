@@ -251,12 +251,9 @@ class CollectiveLogger(CollectiveRecorder):
 
     @staticmethod
     def _take(queue: deque[tuple]) -> list[tuple]:
-        taken = []
-        while True:
-            try:
-                taken.append(queue.popleft())
-            except IndexError:
-                return taken
+        """What ``queue`` holds now, oldest first; appends made meanwhile stay for the next take."""
+        popleft = queue.popleft
+        return [popleft() for _ in range(len(queue))]
 
     # --- the flush thread -------------------------------------------------------------
     def flush(self, timeout_s: float | None = None) -> bool:
