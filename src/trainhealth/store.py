@@ -141,7 +141,7 @@ class MetricStore:
                 if series is not None:
                     series[labels] = value
 
-    def observe_many(self, spec: MetricSpec, values: Sequence[float], labels: Labels = ()) -> None:
+    def observe_many(self, spec: MetricSpec, values: Sequence[float] | np.ndarray, labels: Labels = ()) -> None:
         """Add many observations to one histogram series under one lock (non-finite ones are skipped)."""
         self._expect(spec, MetricKind.HISTOGRAM)
         array = np.asarray(values, dtype=np.float64)

@@ -228,7 +228,7 @@ def _wrap_p2p(logger: CollectiveRecorder, call: _Call, original: Callable[..., A
                     _sleep(logger.injected_delay())
         except Exception as error:
             return _unrecorded(logger, error, original, args, kwargs, group, seq, always_async)
-        if from_any:  # outside the try: its own failure is the receive's, raised once, never retried
+        if seq is None:  # a receive from any source, outside the try: its failure is raised once, never retried
             return _recv_from_any(logger, original, group_object, args, kwargs, tensor_index)
         if not always_async:
             inside.active = True
