@@ -34,7 +34,7 @@ ANALYZER_PORT = 9448
 #: Prometheus answers a range query with at most this many points per series.
 MAX_POINTS = 11000
 
-_INTERVAL = Bounded(float, 1, 86400, unit="seconds")  # a run reads a window from Prometheus: not more often
+_INTERVAL = Bounded(float, 0.1, 86400, unit="seconds")  # a run reads a window: a tenth of a second at the least
 _WINDOW = Bounded(float, 0, 7 * 86400, unit="seconds", low_open=True)
 _STEP = Bounded(float, 0.001, 86400, unit="seconds")  # Prometheus resolves milliseconds
 _LAST = Bounded(int, 1, 1_000_000, unit="steps")
