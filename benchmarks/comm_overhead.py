@@ -39,14 +39,9 @@ from tests.distributed import free_port, init_rank, run_ranks  # noqa: E402
 from trainhealth.exporters.collectives.logger import CollectiveLogger  # noqa: E402
 
 
-def overhead(rounds: int = 7, calls: int = 20_000) -> tuple[float, float, float]:
-    init_rank(0, 1, free_port())
-    tensor = torch.ones(16)
-    unwrapped = dist.all_reduce
-    logger = trainhealth.comm.install()
-    wrapped = dist.all_reduce
-    trainhealth.comm.uninstall()
-    logger.stop = lambda: None  # keep the ring usable after uninstall; the flush thread is already stopped
+def _alternating(unwrapped, wrapped, tensor, rounds: int, calls: int, between=lambda: None) -> tuple[float, float, float]:
+    """(unwrapped, wrapped, median difference) seconds per call, in blocks of ``calls`` alternating which goes
+    first; ``between`` runs after each block."""
 
     def per_call(function) -> float:
         begin = time.perf_counter()
@@ -60,10 +55,22 @@ def overhead(rounds: int = 7, calls: int = 20_000) -> tuple[float, float, float]
         order = (unwrapped, wrapped) if index % 2 == 0 else (wrapped, unwrapped)
         for function in order:
             (base if function is unwrapped else instrumented).append(per_call(function))
-            logger._pending.clear()  # what the flush thread would have drained
-    dist.destroy_process_group()
+            between()
     differences = [w - u for w, u in zip(instrumented, base)]
     return statistics.median(base), statistics.median(instrumented), statistics.median(differences)
+
+
+def overhead(rounds: int = 7, calls: int = 20_000) -> tuple[float, float, float]:
+    init_rank(0, 1, free_port())
+    unwrapped = dist.all_reduce
+    logger = trainhealth.comm.install()
+    wrapped = dist.all_reduce
+    trainhealth.comm.uninstall()
+    logger.stop = lambda: None  # keep the ring usable after uninstall; the flush thread is already stopped
+    # the queue cleared after each block: what the flush thread would have drained
+    figures = _alternating(unwrapped, wrapped, torch.ones(16), rounds, calls, logger._pending.clear)
+    dist.destroy_process_group()
+    return figures
 
 
 def end_to_end(pairs: int = 40, calls: int = 4_000) -> tuple[float, float, float]:
@@ -72,27 +79,12 @@ def end_to_end(pairs: int = 40, calls: int = 4_000) -> tuple[float, float, float
     from trainhealth.store import MetricStore
 
     init_rank(0, 1, free_port())
-    tensor = torch.ones(1)
     unwrapped = dist.all_reduce
     trainhealth.comm.install(store=MetricStore())
-    wrapped = dist.all_reduce
-
-    def per_call(function) -> float:
-        begin = time.perf_counter()
-        for _ in range(calls):
-            function(tensor)
-        return (time.perf_counter() - begin) / calls
-
-    per_call(unwrapped), per_call(wrapped)  # warm up
-    base, instrumented = [], []
-    for index in range(pairs):
-        order = (unwrapped, wrapped) if index % 2 == 0 else (wrapped, unwrapped)
-        for function in order:
-            (base if function is unwrapped else instrumented).append(per_call(function))
+    figures = _alternating(unwrapped, dist.all_reduce, torch.ones(1), pairs, calls)
     trainhealth.comm.uninstall()
     dist.destroy_process_group()
-    differences = [w - u for w, u in zip(instrumented, base)]
-    return statistics.median(base), statistics.median(instrumented), statistics.median(differences)
+    return figures
 
 
 def bookkeeping(rounds: int = 15, calls: int = 200_000) -> float:

@@ -113,12 +113,9 @@ class MetricStore:
         if not math.isfinite(value):
             return
         with self._lock:
-            series = self._series_of(spec, labels)
-            if series is None:
+            histogram = self._histogram(spec, labels)
+            if histogram is None:
                 return
-            histogram = series.get(labels)
-            if not isinstance(histogram, _Histogram):
-                histogram = series[labels] = _Histogram(len(spec.buckets))
             histogram.counts[bisect.bisect_left(spec.buckets, value)] += 1
             histogram.count += 1
             histogram.sum += value
@@ -128,6 +125,16 @@ class MetricStore:
                 observer(spec, value, labels)
             except Exception as exc:
                 self.record_error("observer", exc)
+
+    def _histogram(self, spec: MetricSpec, labels: Labels) -> _Histogram | None:
+        """The histogram of ``labels`` (made at its first observation), or None past the series limit; under the lock."""
+        series = self._series_of(spec, labels)
+        if series is None:
+            return None
+        histogram = series.get(labels)
+        if not isinstance(histogram, _Histogram):
+            histogram = series[labels] = _Histogram(len(spec.buckets))
+        return histogram
 
     def write(self, values: Iterable[tuple[MetricSpec, Labels, float]]) -> None:
         """Set many gauges under one lock; counters are set to the absolute total read from a
@@ -151,12 +158,9 @@ class MetricStore:
         # bisect_left per value, vectorised: the first bucket whose upper bound is >= the value
         counts = np.bincount(np.searchsorted(spec.buckets, array, side="left"), minlength=len(spec.buckets) + 1)
         with self._lock:
-            series = self._series_of(spec, labels)
-            if series is None:
+            histogram = self._histogram(spec, labels)
+            if histogram is None:
                 return
-            histogram = series.get(labels)
-            if not isinstance(histogram, _Histogram):
-                histogram = series[labels] = _Histogram(len(spec.buckets))
             histogram.counts = [a + int(b) for a, b in zip(histogram.counts, counts)]
             histogram.count += len(array)
             histogram.sum += float(array.sum())

@@ -9,19 +9,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from tests.distributed import free_port, init_rank
 from tests.helpers import scrape
 from trainhealth import Monitor, catalog
 from trainhealth.exporters.collectives.watch import ranges_text
-
-
-@pytest.fixture
-def one_rank():
-    init_rank(0, 1, free_port())
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
 
 
 def _slow_host_code(seconds: float) -> None:

@@ -9,21 +9,11 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from tests.distributed import free_port, init_rank
 from tests.helpers import scrape
 from trainhealth import Monitor
 from trainhealth.exporters.collectives.recorder import CollectiveRecorder
 from trainhealth.exporters.collectives.wrappers import wrap
 from trainhealth.store import MetricStore
-
-
-@pytest.fixture
-def one_rank():
-    init_rank(0, 1, free_port())
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
 
 
 def test_a_receive_from_any_source_that_fails_is_called_once_and_recorded_as_failed(one_rank):
