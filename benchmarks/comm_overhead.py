@@ -10,7 +10,10 @@
    all_reduce's signature (15 rounds x 200,000 calls): the bookkeeping alone, steadier.
    End to end (issue 32), as a training job pays it: the logger installed with its flush
    thread running (metrics into a store, as under the Monitor), a 1-element all_reduce,
-   40 pairs of 4,000-call blocks alternating wrapped and unwrapped; the median difference.
+   40 pairs of 4,000-call blocks alternating wrapped and unwrapped; the median difference and
+   the pairs' quartiles. Measured twice: in this process, free to use every core, and in a
+   child pinned to one core, where the flush thread's work shares the caller's core. The flush
+   thread's own work per record is timed apart, on batches of 4,000.
 2. Memory: the logger's traced heap after filling its ring with 1x and 2x its size.
 3. Data reduction: a real 4-rank gloo run of 300 iterations in which one rank computes
    30 ms longer in 10% of them; the share of records the abnormal filter keeps is what
@@ -23,11 +26,13 @@ import json
 import os
 import random
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
 import tracemalloc
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -39,9 +44,18 @@ from tests.distributed import free_port, init_rank, run_ranks  # noqa: E402
 from trainhealth.exporters.collectives.logger import CollectiveLogger  # noqa: E402
 
 
-def _alternating(unwrapped, wrapped, tensor, rounds: int, calls: int, between=lambda: None) -> tuple[float, float, float]:
-    """(unwrapped, wrapped, median difference) seconds per call, in blocks of ``calls`` alternating which goes
-    first; ``between`` runs after each block."""
+class Alternation(NamedTuple):
+    """Seconds per call: the medians, and the median and quartiles of the pairs' differences."""
+
+    unwrapped: float
+    wrapped: float
+    difference: float
+    low: float
+    high: float
+
+
+def _alternating(unwrapped, wrapped, tensor, rounds: int, calls: int, between=lambda: None) -> Alternation:
+    """Blocks of ``calls`` alternating which goes first; ``between`` runs after each block."""
 
     def per_call(function) -> float:
         begin = time.perf_counter()
@@ -57,10 +71,12 @@ def _alternating(unwrapped, wrapped, tensor, rounds: int, calls: int, between=la
             (base if function is unwrapped else instrumented).append(per_call(function))
             between()
     differences = [w - u for w, u in zip(instrumented, base)]
-    return statistics.median(base), statistics.median(instrumented), statistics.median(differences)
+    low, _, high = statistics.quantiles(differences, n=4)
+    return Alternation(statistics.median(base), statistics.median(instrumented), statistics.median(differences),
+                       low, high)
 
 
-def overhead(rounds: int = 7, calls: int = 20_000) -> tuple[float, float, float]:
+def overhead(rounds: int = 7, calls: int = 20_000) -> Alternation:
     init_rank(0, 1, free_port())
     unwrapped = dist.all_reduce
     logger = trainhealth.comm.install()
@@ -73,9 +89,9 @@ def overhead(rounds: int = 7, calls: int = 20_000) -> tuple[float, float, float]
     return figures
 
 
-def end_to_end(pairs: int = 40, calls: int = 4_000) -> tuple[float, float, float]:
-    """(unwrapped, wrapped, median difference) seconds per 1-element all_reduce with the logger installed and its
-    flush thread aggregating into a store, as in a training job."""
+def end_to_end(pairs: int = 40, calls: int = 4_000) -> Alternation:
+    """Seconds per 1-element all_reduce with the logger installed and its flush thread aggregating into a store,
+    as in a training job."""
     from trainhealth.store import MetricStore
 
     init_rank(0, 1, free_port())
@@ -113,6 +129,23 @@ def bookkeeping(rounds: int = 15, calls: int = 200_000) -> float:
         differences.append(per_call(wrapped) - per_call(no_op_all_reduce))
         logger._pending.clear()
     return statistics.median(differences)
+
+
+def flush_cost(batch: int = 4_000, rounds: int = 200) -> float:
+    """Seconds the flush thread spends per record, aggregating batches of ``batch`` collectives into a store."""
+    from trainhealth.store import MetricStore
+
+    logger = CollectiveLogger(rank=0, store=MetricStore())
+    seq, times = 0, []
+    for _ in range(rounds):
+        now = time.perf_counter()
+        for _ in range(batch):
+            logger.end("all_reduce", "default_pg:0", seq, now + seq * 1e-5, 9e-6, 4, None, False)
+            seq += 1
+        begin = time.perf_counter()
+        logger.flush()
+        times.append(time.perf_counter() - begin)
+    return statistics.median(times) / batch
 
 
 def memory(ring: int = 65_536) -> tuple[float, float]:
@@ -159,17 +192,33 @@ def reduction(iterations: int = 300, world: int = 4, slow_rank: int = 2) -> tupl
     return total, kept, trace_bytes, kept_bytes
 
 
+def _end_to_end_on_one_core() -> Alternation:
+    """:func:`end_to_end` in a child process pinned to one core before torch starts its threads: the flush thread,
+    gloo's and the caller all share it, so every cycle of ours shows."""
+    cpu = min(os.sched_getaffinity(0))
+    result = subprocess.run([sys.executable, __file__, "--end-to-end"], capture_output=True, text=True, check=True,
+                            preexec_fn=lambda: os.sched_setaffinity(0, {cpu}))
+    return Alternation(*json.loads(result.stdout.splitlines()[-1]))
+
+
 def main() -> None:
     os.environ.pop("TRAINHEALTH_TRACE_DIR", None)
-    base, wrapped, difference = overhead()
+    if sys.argv[1:] == ["--end-to-end"]:
+        print(json.dumps(list(end_to_end())))
+        return
+    base, wrapped, difference, _, _ = overhead()
     print(f"all_reduce of 16 floats, 1-rank gloo: {base * 1e6:.2f} us unwrapped, {wrapped * 1e6:.2f} us wrapped; "
           f"logging overhead (median of 7 rounds x 20,000 calls): {difference * 1e6:.3f} us per operation")
-    base, wrapped, difference = end_to_end()
-    print(f"end to end, as a job pays it (installed, flush thread aggregating into a store; 1-element all_reduce, "
-          f"median of 40 pairs x 4,000 calls): {base * 1e6:.2f} us unwrapped, {wrapped * 1e6:.2f} us wrapped, "
-          f"{difference * 1e6:.2f} us per operation")
+    for cpus, figures in ((len(os.sched_getaffinity(0)), end_to_end()), (1, _end_to_end_on_one_core())):
+        print(f"end to end, as a job pays it (installed, flush thread aggregating into a store; 1-element all_reduce, "
+              f"median of 40 pairs x 4,000 calls; {cpus} core{'s' if cpus > 1 else ''}): "
+              f"{figures.unwrapped * 1e6:.2f} us unwrapped, {figures.wrapped * 1e6:.2f} us wrapped, "
+              f"{figures.difference * 1e6:.2f} us per operation (pairs' quartiles {figures.low * 1e6:.2f} to "
+              f"{figures.high * 1e6:.2f})")
     print(f"the wrapper's bookkeeping alone, around a no-op with all_reduce's signature (median of 15 rounds x "
           f"200,000 calls): {bookkeeping() * 1e9:.0f} ns per operation")
+    print(f"the flush thread's work, batches of 4,000 records aggregated into a store (median of 200): "
+          f"{flush_cost() * 1e9:.0f} ns per record")
     one, two = memory()
     print(f"memory: {one:.1f} MB with the ring (65,536 records) full, {two:.1f} MB after twice as many records "
           f"({one * 1e6 / 65_536:.0f} bytes per record; bounded by the ring size)")

@@ -237,3 +237,46 @@ def test_wait_counts_blocking_collectives_and_the_tail_of_asynchronous_ones():
     assert store.value(catalog.TRAIN_LAST_STEP_COMPUTE) == pytest.approx(0.75)
     assert store.value(catalog.TRAIN_STEP_WAIT) == pytest.approx(0.65)
     assert store.value(catalog.COMM_OPS, ("all_reduce", "g")) == 3  # markers are no collectives
+
+
+def _blocked_by_sweep(intervals, t0, t1):
+    """The waiting time by a plain sweep over the pieces: the definition step_wait is checked against."""
+    pieces = [(max(start, t0), min(end, t1)) for start, end, is_async in intervals if not is_async]
+    started = [start for start, _, is_async in intervals if is_async]
+    if started:
+        last = max(max(started), t0)
+        pieces += [(max(start, last), min(end, t1)) for start, end, is_async in intervals if is_async]
+    blocked, reach = 0.0, -float("inf")
+    for start, end in sorted(pieces):
+        start = max(start, reach)
+        if end > start:
+            blocked += end - start
+            reach = end
+    return blocked
+
+
+def test_step_wait_agrees_with_a_sweep_on_random_overlapping_intervals():
+    import random
+
+    from trainhealth.exporters.collectives.logger import step_wait
+
+    rng = random.Random(7)
+    for _ in range(500):
+        intervals = []
+        for _ in range(rng.randint(0, 12)):
+            start = rng.uniform(-0.5, 1.5)
+            intervals.append((start, start + rng.expovariate(4.0), rng.random() < 0.4))
+        assert step_wait(intervals, 0.0, 1.0) == pytest.approx(_blocked_by_sweep(intervals, 0.0, 1.0), abs=1e-12)
+
+
+def test_collectives_waiting_for_a_marker_are_bounded_by_the_ring():
+    logger = CollectiveLogger(rank=0, ring_size=100)
+    logger.add_marker("step", 0, 0.0, 0.001)  # markers arrive: collectives are held for the next one
+    logger.flush()
+    for seq in range(250):
+        logger.end("all_reduce", "g", seq, 1.0 + seq * 1e-3, 1e-4, 8, None, False)
+        if seq % 60 == 0:
+            logger.flush()
+    logger.flush()
+    starts, _, _ = logger._intervals.take()
+    assert len(starts) == 100 and starts[0] == pytest.approx(1.0 + 150e-3)  # the newest 100, oldest first

@@ -52,7 +52,7 @@ class AbnormalFilter:
             baseline = self._baselines[key] = deque(maxlen=self._window)
             self._recent_flags[key] = deque(maxlen=self._min_baseline)
         if len(baseline) < self._min_baseline:
-            baseline.extend(durations.tolist())
+            baseline.extend(durations[-self._window:].tolist())  # what the window keeps of them
             return np.array([], dtype=np.int64)
         history = np.fromiter(baseline, dtype=np.float64, count=len(baseline))
         median = float(np.median(history))
@@ -60,7 +60,7 @@ class AbnormalFilter:
         threshold = max(self._ratio * median, median + self._mad_factor * spread)
         is_flagged = durations > threshold
         recent = self._recent_flags[key]
-        recent.extend(is_flagged.tolist())
+        recent.extend(is_flagged[-self._min_baseline:].tolist())  # what the deques keep, not the whole batch
         drifting = sum(recent) > self._drift_share * len(recent)
-        baseline.extend((durations if drifting else durations[~is_flagged]).tolist())
+        baseline.extend((durations if drifting else durations[~is_flagged])[-self._window:].tolist())
         return np.flatnonzero(is_flagged)

@@ -23,7 +23,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager
-from operator import itemgetter
+from itertools import compress, repeat, starmap
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
@@ -31,6 +31,7 @@ import numpy as np
 
 from trainhealth import catalog
 from trainhealth.exporters.collectives.abnormal import AbnormalFilter
+from trainhealth.exporters.collectives.columns import RecordColumns
 from trainhealth.exporters.collectives.recorder import RECORD_FIELDS, CollectiveRecorder
 from trainhealth.exporters.collectives.watch import FLOOR_S, HangWatch
 from trainhealth.exporters.collectives.wrappers import COMMUNICATION_FUNCTIONS, instrument_ddp, wrap
@@ -98,7 +99,7 @@ class CollectiveLogger(CollectiveRecorder):
         self._unwritten_lost = 0
         self._writers: dict[Path, SegmentWriter] = {}
         # (start, end, is_async) of collectives the flush thread has not yet given to a step marker
-        self._unassigned: deque[tuple[float, float, bool]] = deque(maxlen=ring_size)
+        self._intervals = _Intervals(ring_size)
         self._marked = False  # whether a step marker has arrived: without any, keep one flush of intervals
         self.watch = HangWatch(self, hang_floor_s)  # is this rank stuck, and where (judged on the flush thread)
 
@@ -252,8 +253,7 @@ class CollectiveLogger(CollectiveRecorder):
     @staticmethod
     def _take(queue: deque[tuple]) -> list[tuple]:
         """What ``queue`` holds now, oldest first; appends made meanwhile stay for the next take."""
-        popleft = queue.popleft
-        return [popleft() for _ in range(len(queue))]
+        return list(starmap(queue.popleft, repeat((), len(queue))))
 
     # --- the flush thread -------------------------------------------------------------
     def flush(self, timeout_s: float | None = None) -> bool:
@@ -276,24 +276,8 @@ class CollectiveLogger(CollectiveRecorder):
             if overflow > 0:
                 self._unwritten_lost += overflow
             self._unwritten.extend(batch)
-        self.watch.observe(batch)
-        if batch and set(map(itemgetter(1), batch)) <= _COMMUNICATION:  # the usual flush: collectives only
-            collectives, markers = batch, []
-        else:
-            collectives = [record for record in batch if record[1] in _COMMUNICATION]
-            markers = [record for record in batch if record[1] == "step"]
-        self._flushed_total += len(collectives)
-        if collectives:
-            self._aggregate(collectives)
-        if not markers and not self._marked:
-            self._unassigned.clear()  # nobody marks steps (yet): hold only what the first marker may need
-        if collectives:
-            starts = np.fromiter(map(itemgetter(4), collectives), np.float64, len(collectives))
-            ends = starts + np.fromiter(map(itemgetter(5), collectives), np.float64, len(collectives))
-            self._unassigned.extend(zip(starts.tolist(), ends.tolist(), map(itemgetter(8), collectives)))
-        if markers:
-            self._marked = True
-            self._account_steps(markers)
+        if batch:
+            self._take_in(batch)
         try:
             self.watch.check(self.store, self.trace_dir)
         except Exception as exc:  # the watcher's failure is ours: counted, never a hang
@@ -307,17 +291,37 @@ class CollectiveLogger(CollectiveRecorder):
                 if dropped > previous:
                     self.store.inc(catalog.COMM_RECORDS_DROPPED, dropped - previous)
 
-    def _aggregate(self, batch: list[tuple]) -> None:
-        keys = list(map(itemgetter(1, 2), batch))
-        if keys.count(keys[0]) == len(keys):  # the usual flush: one op on one group
-            by_key = {keys[0]: np.arange(len(keys))}
+    def _take_in(self, batch: list[tuple]) -> None:
+        """Give a flush's new records to the watcher, the aggregates and the step accounting."""
+        columns = RecordColumns.of(batch)
+        self.watch.observe(columns)
+        if _COMMUNICATION.issuperset(columns.ops):  # the usual flush: collectives only
+            collectives, markers = batch, []
         else:
-            positions: dict[tuple[str, str], list[int]] = {}
-            for index, key in enumerate(keys):
+            is_collective = np.fromiter(map(_COMMUNICATION.__contains__, columns.ops), bool, len(batch))
+            collectives = list(compress(batch, is_collective))
+            markers = [record for record in batch if record[1] == "step"]
+            columns = columns.select(is_collective)
+        self._flushed_total += len(collectives)
+        if not markers and not self._marked:
+            self._intervals.clear()  # nobody marks steps (yet): hold only what the first marker may need
+        if collectives:
+            self._aggregate(collectives, columns)
+            self._intervals.hold(columns.starts, columns.ends, columns.is_async)
+        if markers:
+            self._marked = True
+            self._account_steps(markers)
+
+    def _aggregate(self, batch: list[tuple], columns: RecordColumns) -> None:
+        ops, groups = columns.ops, columns.groups
+        if ops.count(ops[0]) == len(ops) and groups.count(groups[0]) == len(groups):  # the usual flush
+            by_key = {(ops[0], groups[0]): np.arange(len(ops))}
+        else:
+            positions: dict[tuple[str, str | None], list[int]] = {}
+            for index, key in enumerate(zip(ops, groups)):
                 positions.setdefault(key, []).append(index)
             by_key = {key: np.asarray(indices) for key, indices in positions.items()}
-        all_durations = np.fromiter(map(itemgetter(5), batch), np.float64, len(batch))
-        all_sizes = np.asarray([size or 0 for size in map(itemgetter(6), batch)], dtype=np.int64)
+        all_durations, all_sizes = columns.durations, columns.sizes
         with np.errstate(divide="ignore"):  # int.bit_length, vectorised: 0 for 0, 4 for 8 to 15
             all_classes = np.where(all_sizes > 0, np.floor(np.log2(np.maximum(all_sizes, 1))) + 1, 0).astype(np.int64)
         for (op, group), rows in by_key.items():
@@ -335,7 +339,7 @@ class CollectiveLogger(CollectiveRecorder):
                 self.detectors.observe("comm_duration", float(np.median(durations)), series=f"{op}/{group}",
                                        step=batch[int(rows[-1])][0])
             if self.store is not None:
-                labels = (op, group)
+                labels = (op, cast(str, group))
                 self.store.observe_many(catalog.COMM_OP_DURATION, durations, labels)
                 self.store.inc(catalog.COMM_OPS, len(rows), labels)
                 self.store.inc(catalog.COMM_BYTES, int(sizes.sum()), labels)
@@ -344,21 +348,20 @@ class CollectiveLogger(CollectiveRecorder):
 
     def _account_steps(self, markers: list[tuple]) -> None:
         """Split each marked step into the time this rank waited in collectives and the time it computed."""
-        intervals = sorted(self._unassigned)
-        self._unassigned.clear()
+        starts, ends, is_async = self._intervals.take()
+        order = np.argsort(starts, kind="stable")
+        starts, ends, is_async = starts[order], ends[order], is_async[order]
         taken = 0
         wait_total = compute_total = 0.0
         wait = compute = 0.0
         for marker in sorted(markers, key=lambda record: record[4]):
             t0, t1 = marker[4], marker[4] + marker[5]
-            first = taken
-            while taken < len(intervals) and intervals[taken][0] < t1:
-                taken += 1
-            wait = step_wait(intervals[first:taken], t0, t1)
+            first, taken = taken, max(taken, int(np.searchsorted(starts, t1, side="left")))
+            wait = _blocked(starts[first:taken], ends[first:taken], is_async[first:taken], t0, t1)
             compute = max(0.0, marker[5] - wait)
             wait_total += wait
             compute_total += compute
-        self._unassigned.extend(intervals[taken:])  # collectives of steps whose marker is yet to come
+        self._intervals.hold(starts[taken:], ends[taken:], is_async[taken:])  # steps whose marker is yet to come
         if self.store is not None:
             self.store.inc(catalog.TRAIN_STEP_WAIT, wait_total)
             self.store.inc(catalog.TRAIN_STEP_COMPUTE, compute_total)
@@ -386,6 +389,39 @@ class CollectiveLogger(CollectiveRecorder):
         return self._abnormal_total / self._flushed_total if self._flushed_total else 0.0
 
 
+class _Intervals:
+    """The (start, end, is_async) columns of collectives not yet given to a step marker, the newest ``limit``."""
+
+    def __init__(self, limit: int) -> None:
+        self._limit = limit
+        self._chunks: deque[tuple[np.ndarray, np.ndarray, np.ndarray]] = deque()
+        self._held = 0
+
+    def hold(self, starts: np.ndarray, ends: np.ndarray, is_async: np.ndarray) -> None:
+        if len(starts):
+            self._chunks.append((starts, ends, is_async))
+            self._held += len(starts)
+        while self._held > self._limit:
+            oldest = self._chunks.popleft()
+            excess = self._held - self._limit
+            if excess < len(oldest[0]):
+                self._chunks.appendleft((oldest[0][excess:], oldest[1][excess:], oldest[2][excess:]))
+            self._held -= min(excess, len(oldest[0]))
+
+    def take(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """All held columns, oldest first; none held after."""
+        chunks = list(self._chunks)
+        self.clear()
+        if not chunks:
+            return np.empty(0), np.empty(0), np.empty(0, bool)
+        starts, ends, is_async = zip(*chunks)
+        return np.concatenate(starts), np.concatenate(ends), np.concatenate(is_async)
+
+    def clear(self) -> None:
+        self._chunks.clear()
+        self._held = 0
+
+
 def step_wait(intervals: list[tuple[float, float, bool]], t0: float, t1: float) -> float:
     """Seconds of the step ``[t0, t1]`` a rank was blocked in the collectives ``(start, end, is_async)``.
 
@@ -399,15 +435,20 @@ def step_wait(intervals: list[tuple[float, float, bool]], t0: float, t1: float) 
     >>> round(step_wait([(0.1, 0.6, True), (0.5, 0.8, True)], 0.0, 1.0), 6)  # buckets: waiting from 0.5 on
     0.3
     """
-    pieces = [(max(start, t0), min(end, t1)) for start, end, is_async in intervals if not is_async]
-    started = [start for start, _, is_async in intervals if is_async]
-    if started:
-        last = max(max(started), t0)
-        pieces += [(max(start, last), min(end, t1)) for start, end, is_async in intervals if is_async]
-    blocked, reach = 0.0, -float("inf")
-    for start, end in sorted(pieces):
-        start = max(start, reach)
-        if end > start:
-            blocked += end - start
-            reach = end
-    return blocked
+    columns = np.asarray(intervals, dtype=np.float64).reshape(-1, 3)
+    return _blocked(columns[:, 0], columns[:, 1], columns[:, 2] != 0, t0, t1)
+
+
+def _blocked(starts: np.ndarray, ends: np.ndarray, is_async: np.ndarray, t0: float, t1: float) -> float:
+    """:func:`step_wait` on columns."""
+    if not len(starts):
+        return 0.0
+    pieces_start = np.maximum(starts, t0)
+    if is_async.any():  # an asynchronous collective blocks from the last one's start on
+        pieces_start = np.where(is_async, np.maximum(starts, max(float(starts[is_async].max()), t0)), pieces_start)
+    pieces_end = np.minimum(ends, t1)
+    order = np.argsort(pieces_start, kind="stable")
+    pieces_start, pieces_end = pieces_start[order], pieces_end[order]
+    # the union's length: each piece counts from where the pieces before it reached
+    reach = np.maximum.accumulate(np.concatenate(([-np.inf], pieces_end[:-1])))
+    return float(np.sum(np.maximum(pieces_end - np.maximum(pieces_start, reach), 0.0)))

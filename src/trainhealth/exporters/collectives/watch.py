@@ -42,7 +42,6 @@ from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from operator import itemgetter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -51,6 +50,7 @@ import numpy as np
 from trainhealth import catalog
 
 if TYPE_CHECKING:
+    from trainhealth.exporters.collectives.columns import RecordColumns
     from trainhealth.exporters.collectives.recorder import CollectiveFailure
     from trainhealth.store import MetricStore
 
@@ -159,17 +159,12 @@ class HangWatch:
         return bool(self._paused)
 
     # --- the flush thread ---------------------------------------------------------------
-    def observe(self, batch: Sequence[tuple]) -> None:
+    def observe(self, columns: RecordColumns) -> None:
         """Take the longest step, collective or gap of a flush's new records into the history."""
-        if not batch:
-            return
-        count = len(batch)
-        starts = np.fromiter(map(itemgetter(4), batch), np.float64, count)
-        order = np.argsort(starts, kind="stable")
-        starts = starts[order]
-        durations = np.fromiter(map(itemgetter(5), batch), np.float64, count)[order]
+        order = np.argsort(columns.starts, kind="stable")
+        starts, durations = columns.starts[order], columns.durations[order]
         # a group's first collective (start-up barrier, rendezvous) sets no norm, but what it covers counts
-        judged = np.fromiter((seq != 0 for seq in map(itemgetter(3), batch)), bool, count)[order]
+        judged = columns.seqs[order] != 0
         reach = np.maximum.accumulate(starts + durations)
         if self._last_end is not None:
             reach = np.maximum(reach, self._last_end)
