@@ -23,7 +23,8 @@ chosen at random from a seeded list over the embedding, both blocks and lm_head.
 counts when the alert's rule names the injected rank (the rank whose first origin is local,
 the lowest first step if several) and that rank's origin block holds the flipped tensor.
 Flips that left the value at or below the overflow bound (a zero gradient becomes 2.0) are
-counted apart. Clean trials show false origins and the largest magnitudes seen.
+counted apart. Clean trials show false origins and the largest magnitudes measured (of a
+tensor's sum, what the hooks take).
 
 The cost of the provenance hooks is timed in this process (CPU time): the overhead model
 below, single-threaded, alternating rounds of 10 steps with and without them (they run
@@ -158,8 +159,8 @@ def provenance_report(by_trial: dict[str, list[dict]], seconds: float) -> None:
         print(_provenance_row(kind, row))
     print(_provenance_row("all", total))
     print(f"\nflips that stayed at or below the bound ({OVERFLOW_BOUND:.0e}), not counted: {total['stayed small']}")
-    print(f"clean runs: {clean}, with an origin reported (false positives): {false_origins}; largest magnitude "
-          f"seen: block output {peaks['output']:.3g}, local gradient {peaks['gradient']:.3g}")
+    print(f"clean runs: {clean}, with an origin reported (false positives): {false_origins}; largest measured "
+          f"magnitude (of a tensor's sum): block output {peaks['output']:.3g}, local gradient {peaks['gradient']:.3g}")
     print(f"wall time: {seconds:.0f} s")
     for miss in misses:
         print("miss:", miss)

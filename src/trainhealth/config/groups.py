@@ -195,7 +195,7 @@ class CommSettings(SettingGroup):
 
     TITLE = "Collective operations"
 
-    enabled: bool = setting("comm", False, parse_bool, "Record torch.distributed collectives in the Monitor (trainhealth.comm.install).")
+    enabled: bool = setting("comm", False, parse_bool, "Record torch.distributed collectives in the Monitor (trainhealth.comm.install). Off by default; turned on, each collective costs about 1 us of host time (0.95-1.04 us per gloo all-reduce with the flush thread on the same CPU core, benchmarks/comm_overhead.py) and each step a marker (6 us).")
     trace_dir: str | None = setting("trace_dir", None, parse_str, "Directory for per-rank collective traces (rank-<rank>.<n>.jsonl.gz, trace format v1), appended to while the job runs, at uninstall and at exit.")
     trace_write_interval: float = setting("trace_write_interval", 1.0, parse_float, "Seconds between appends to the trace in trace_dir while the job runs (sooner when half of comm_ring_size records wait): what a SIGKILL can lose; SIGTERM, SIGINT and exit append the rest. 0 writes only at uninstall, exit and those signals.",
                                           bounds=Range(MIN_TRACE_WRITE_INTERVAL, MAX_INTERVAL, unit="seconds", off=0,
@@ -232,7 +232,8 @@ class ModelSettings(SettingGroup):
     sdc_timeout: float = setting("sdc_timeout", 60.0, parse_float, "Seconds a cross-replica check may wait for the other ranks; past it the checks are turned off on this rank and the failure counted in trainhealth_exporter_errors_total{source=\"sdc\"}, never a hung job.",
                                  bounds=Range(1.0, 3600.0, unit="seconds"))
     sdc_group: str = setting("sdc_group", "world", parse_str, "Ranks that hold identical replicas, for the fingerprints: world (pure data parallelism) or off; other layouts pass sdc_group= a process group to Monitor.")
-    signals: bool = setting("model_signals", True, parse_bool, "Hook the model for attention max logit and entropy, output log Z, block activation RMS and the origin of non-finite activations.")
+    signals: bool = setting("model_signals", True, parse_bool, "Hook the model for attention max logit and entropy, output log Z and block activation RMS (sampled every stats_every steps).")
+    provenance: bool = setting("nan_provenance", True, parse_bool, "Hook the model for the origin of a non-finite or overflowing value: every step one float32 sum of each block's output and, when the process is one of several torch.distributed ranks, of each parameter's local gradient (whether this rank made the value or received it through the all-reduce). Cost: docs/benchmarks.md, 'What each default costs'.")
     signal_tokens: int = setting("signal_tokens", 64, parse_int, "Tokens of the first sequence that the attention signals are recomputed on (their logits take tokens squared per head).",
                                  bounds=Range(1, 1024))
     restarts: int | None = setting("restarts", None, parse_int, "Times this job was restarted; default TORCHELASTIC_RESTART_COUNT, else 0.",

@@ -47,6 +47,12 @@ def transformer_blocks(torch: Any, model: Any) -> list[str]:
     return [name for name, _ in model.named_children()]
 
 
+def _replicated(torch: Any) -> bool:
+    """Whether this process is one of several torch.distributed ranks."""
+    dist = torch.distributed
+    return bool(dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1)
+
+
 class ModelHealth:
     """Built by the Monitor when it has a model; every public method is safe to call on any step."""
 
@@ -58,9 +64,12 @@ class ModelHealth:
         self._stats_every = settings.training.stats_every
         self.signals: ModelSignals | None = None
         health = settings.model
-        if health.signals:
+        if health.signals or health.provenance:
+            # local gradients are measured where an all-reduce could bring another rank's bad value: on one
+            # process they cost a read of every gradient per step (docs/configuration.md) and can only be local
             self.signals = ModelSignals(torch, model, transformer_blocks(torch, model),
-                                        sample_tokens=health.signal_tokens, store=store)
+                                        sample_tokens=health.signal_tokens, store=store, signals=health.signals,
+                                        provenance=health.provenance, gradients=_replicated(torch))
         self.checks: ReplicaChecks | None = None
         if health.sdc_group != "off" and (health.sdc_interval or health.grad_check_every):
             self.checks = ReplicaChecks(torch, model, store, events, sdc_interval=health.sdc_interval,
@@ -131,7 +140,8 @@ class ModelHealth:
         """The model signals among step ``index``'s read values (``read``: the readout's values by name)."""
         if self.signals is None:
             return None
-        return ModelSignals.interpret(dict(read), self._order.pop(index, BlockOrder()))
+        # a step without measured peaks (NaN provenance off, no forward) cannot say what was received
+        return ModelSignals.interpret(dict(read), self._order.pop(index, BlockOrder(complete=False)))
 
     def export(self, step: int, wall_time: float, loss: float | None, signals: SignalValues | None,
                loss_spike_began: bool) -> None:

@@ -19,8 +19,8 @@ most ``sample_tokens`` positions) from the attention module's own inputs:
 
 Output log Z (``logsumexp`` of the output logits, what z-loss penalises) comes
 from the model's output head; activation RMS from each layer group's block.
-Every step the provenance hooks measure the peak magnitude of the output of
-each embedding, block and the head, and of each parameter's local gradient.
+Every step the provenance hooks measure the sum of the output of each embedding,
+block and the head, and of each parameter's local gradient (under torch.distributed).
 
 >>> import torch
 >>> model = torch.nn.Sequential(torch.nn.TransformerEncoderLayer(16, 2, 32, batch_first=True), torch.nn.Linear(16, 50))
@@ -59,10 +59,13 @@ class SignalValues:
 
 
 class ModelSignals:
-    """Hooks on ``model``: attention modules, the output head and the blocks named in ``blocks``."""
+    """Hooks on ``model``: attention modules, the output head and the blocks named in ``blocks``; ``signals``
+    and ``provenance`` choose the sampled instability signals and the every-step NaN provenance, ``gradients``
+    whether provenance also measures each parameter's local gradient."""
 
     def __init__(self, torch: Any, model: Any, blocks: Iterable[str], *, sample_tokens: int = 64,
-                 head: str | None = None, store: MetricStore | None = None) -> None:
+                 head: str | None = None, store: MetricStore | None = None, signals: bool = True,
+                 provenance: bool = True, gradients: bool = True) -> None:
         self._torch = torch
         self._store = store
         self._off: set[str] = set()  # hooks that raised (by signal and label): no longer measured
@@ -75,7 +78,7 @@ class ModelSignals:
         modules = dict(model.named_modules())
         self.block_names = [name for name in blocks if name in modules]
         self.attention_names: list[str] = []
-        for name, module in modules.items():
+        for name, module in modules.items() if signals else ():
             label = _label(name)
             if isinstance(module, torch.nn.MultiheadAttention):
                 self.attention_names.append(label)
@@ -83,16 +86,17 @@ class ModelSignals:
             elif _has_linear(module, "q_proj", torch) and _has_linear(module, "k_proj", torch):
                 self.attention_names.append(label)
                 self._hook_projections(label, module)
-        for name in self.block_names:
+        for name in self.block_names if signals else ():
             self._handles.append(modules[name].register_forward_hook(self._block_hook(_label(name))))
         self.head_name = head if head in modules else _find_head(model, torch)
-        if self.head_name is not None:
+        if self.head_name is not None and signals:
             self._handles.append(modules[self.head_name].register_forward_hook(self._head_hook()))
         embeddings = [name for name, module in modules.items() if isinstance(module, torch.nn.Embedding)]
         traced = embeddings + [name for name in self.block_names if name not in embeddings]
         if self.head_name is not None and self.head_name not in traced:
             traced.append(self.head_name)
-        self.provenance = Provenance(torch, modules, traced, model.named_parameters(), _label, store)
+        self.provenance = Provenance(torch, modules, traced if provenance else [],
+                                     model.named_parameters() if provenance and gradients else [], _label, store)
 
     # --- per step -------------------------------------------------------------------
     def take(self) -> tuple[list[tuple[str, Any, int]], BlockOrder]:
