@@ -138,3 +138,36 @@ def test_bit_positions_differ_in_damage():
     value = torch.tensor([0.5])
     flip_bits(value, [0], 30)
     assert value.item() > 1e37 and math.isfinite(value.item())  # the exponent's top bit
+
+
+def test_a_collective_delay_lands_inside_the_recorded_collectives_and_leaves_with_close():
+    # the logger checks no field for it: the injector records torch.distributed again around sleeping originals
+    import torch.distributed as dist
+
+    import trainhealth.comm
+    from tests.distributed import free_port, init_rank
+
+    init_rank(0, 1, free_port())
+    logger = trainhealth.comm.install()
+    recorded = dist.all_reduce
+    try:
+        ddp = torch.nn.parallel.DistributedDataParallel(_model())
+        trainhealth.comm.instrument_ddp(ddp)
+        injector = Injector([{"kind": "collective_delay", "seconds": 0.05, "step": 1}], rank=0)
+        for step in range(3):
+            injector.begin_step(step)
+            dist.all_reduce(torch.ones(2))
+            ddp(torch.ones(2, 8)).sum().backward()
+        injector.close()
+        assert dist.all_reduce is recorded  # the logger's own wrapper again
+        logger.flush()
+        rows = logger.records()
+        rows = rows[rows["op"] == "all_reduce"]
+        slow = rows[rows["duration"] >= 0.05]
+        # step 1's explicit all-reduce and its DDP bucket, nothing else; numbered on as before (no gap, no repeat)
+        assert len(slow) == 2 and set(slow["step"]) <= {0, 1}, rows
+        for _, by_group in rows.groupby("group"):
+            assert list(by_group["seq"]) == list(range(by_group["seq"].iloc[0], by_group["seq"].iloc[0] + len(by_group)))
+    finally:
+        trainhealth.comm.uninstall()
+        dist.destroy_process_group()

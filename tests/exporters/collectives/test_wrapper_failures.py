@@ -4,6 +4,8 @@ failure is counted and leaves no trace of a hang (nothing in flight, sequence nu
 from __future__ import annotations
 
 import inspect
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 import torch
@@ -14,6 +16,32 @@ from trainhealth import Monitor
 from trainhealth.exporters.collectives.recorder import CollectiveRecorder
 from trainhealth.exporters.collectives.wrappers import wrap
 from trainhealth.store import MetricStore
+
+
+@contextmanager
+def _failing_in_flight_marks(recorder: CollectiveRecorder, failures: int) -> Iterator[None]:
+    """``recorder`` raising on its next ``failures`` in-flight marks (``_current = (op, group, seq, t0)``), which
+    come right after a call is numbered: our own bookkeeping failing where the peers have numbered it too."""
+    left, base = [failures], type(recorder)
+
+    class Failing(base):  # type: ignore[valid-type,misc]
+        @property
+        def _current(self):
+            return self.__dict__.get("_current")
+
+        @_current.setter
+        def _current(self, value):
+            if value is not None and left[0] > 0:
+                left[0] -= 1
+                raise RuntimeError("the in-flight mark failed")
+            self.__dict__["_current"] = value
+
+    recorder.__class__ = Failing
+    try:
+        yield
+    finally:
+        recorder.__class__ = base
+    assert left[0] == 0, "fewer calls than failures"
 
 
 def test_a_receive_from_any_source_that_fails_is_called_once_and_recorded_as_failed(one_rank):
@@ -39,10 +67,9 @@ def test_our_bookkeeping_failing_is_counted_and_leaves_nothing_in_flight(one_ran
         comm = monitor.comm
         t = torch.ones(4)
         dist.all_reduce(t)
-        comm.injected_delay = lambda: 1 / 0  # our own code raising inside the wrapper, after numbering the call
-        dist.all_reduce(t)  # runs, unrecorded
-        dist.all_reduce(t)
-        comm.injected_delay = None
+        with _failing_in_flight_marks(comm, 2):  # our own code raising inside the wrapper, after numbering the call
+            dist.all_reduce(t)  # runs, unrecorded
+            dist.all_reduce(t)
         assert t.tolist() == [1.0] * 4  # each ran once (a sum over one rank)
         assert comm._current is None  # no false hang
         group = next(iter(comm._seq))
@@ -64,8 +91,8 @@ def test_a_send_whose_bookkeeping_fails_still_sends_once(one_rank):
     assert list(inspect.signature(send).parameters) == list(inspect.signature(dist.send).parameters)
     recorder = CollectiveRecorder(rank=0)
     recorder.store = MetricStore()
-    recorder.injected_delay = lambda: 1 / 0
-    wrap(recorder, "send", send)(torch.ones(2), 1)
+    with _failing_in_flight_marks(recorder, 1):
+        wrap(recorder, "send", send)(torch.ones(2), 1)
     assert sent == [1] and recorder._current is None
     group = next(iter(recorder._seq))
     assert recorder._completed[group] == recorder._seq[group] == 0

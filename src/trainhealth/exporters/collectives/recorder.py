@@ -16,7 +16,6 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -54,8 +53,6 @@ class CollectiveRecorder:
         if ring_size < 1:
             raise ValueError("ring_size must be >= 1")
         self.step = 0
-        #: Fault injection (trainhealth.lab.injectors): seconds to sleep inside each collective, as a slow link would
-        self.injected_delay: Callable[[], float] | None = None
         self._rank = rank
         self.host = host
         self.gpu = gpu
@@ -127,13 +124,22 @@ class CollectiveRecorder:
     # --- the training path ----------------------------------------------------------
     def begin(self, op: str, group: str, t0: float, is_async: bool) -> int:
         """Enter a collective: its sequence number in ``group``; marks it in flight."""
+        seq = self.number(group)
+        self.mark(op, group, seq, t0, is_async)
+        return seq
+
+    def number(self, group: str) -> int:
+        """The next sequence number in ``group`` (its peers give the same call the same number)."""
         seq = self._seq[group] = self._seq.get(group, -1) + 1
+        return seq
+
+    def mark(self, op: str, group: str, seq: int, t0: float, is_async: bool) -> None:
+        """Mark collective ``seq`` of ``group`` in flight since ``t0``."""
         self.training_thread = threading.get_ident()
         if is_async:
             self._async[(group, seq)] = (op, t0)
         else:
             self._current = (op, group, seq, t0)
-        return seq
 
     def end(self, op: str, group: str, seq: int, t0: float, duration: float, nbytes: int, peer: int | None,
             is_async: bool) -> None:

@@ -95,6 +95,7 @@ def wrap(logger: CollectiveRecorder, name: str, original: Callable[..., Any]) ->
     position = {parameter: index for index, parameter in enumerate(inspect.signature(original).parameters)}
     wrapper = _wrap_p2p(logger, call, original, position) if call.peer else _wrap_collective(logger, call, original, position)
     wrapper.__wrapped__ = original  # type: ignore[attr-defined]
+    wrapper.recorded_by = logger  # type: ignore[attr-defined]  # how a wrapper of ours is told from torch's own
     wrapper.__name__ = getattr(original, "__name__", name)
     wrapper.__doc__ = getattr(original, "__doc__", None)
     return wrapper
@@ -127,8 +128,6 @@ def _wrap_collective(logger: CollectiveRecorder, call: _Call, original: Callable
             seq = seqs[group] = seqs[group] + 1
             t0 = clock()
             logger._current = (op, group, seq, t0)
-            if logger.injected_delay is not None:
-                _sleep(logger.injected_delay())
         except Exception as error:  # never let bookkeeping break a collective
             return _unrecorded(logger, error, original, args, kwargs, group, seq, False)
         try:
@@ -160,8 +159,6 @@ def _wrap_collective(logger: CollectiveRecorder, call: _Call, original: Callable
             else:
                 logger._current = (op, group, seq, t0)
                 logger.training_thread = thread_id()  # whose stack the hang watcher reads
-            if logger.injected_delay is not None:
-                _sleep(logger.injected_delay())
         except Exception as error:  # never let bookkeeping break a collective
             return _unrecorded(logger, error, original, args, kwargs, group, seq, bool(is_async))
         try:
@@ -223,9 +220,8 @@ def _wrap_p2p(logger: CollectiveRecorder, call: _Call, original: Callable[..., A
                 source, target = (peer, logger.rank) if is_recv else (logger.rank, peer)
                 group = logger.p2p_group_id(group_object, -1 if source is None else source, target)
                 t0 = clock()
-                seq = logger.begin(op, group, t0, always_async)
-                if logger.injected_delay is not None:
-                    _sleep(logger.injected_delay())
+                seq = logger.number(group)  # known here even if marking it fails: the peers numbered it too
+                logger.mark(op, group, seq, t0, always_async)
         except Exception as error:
             return _unrecorded(logger, error, original, args, kwargs, group, seq, always_async)
         if seq is None:  # a receive from any source, outside the try: its failure is raised once, never retried
@@ -314,16 +310,18 @@ def instrument_ddp(logger: CollectiveRecorder, model: Any) -> Any:
 
     process_group = model.process_group
     group = logger.group_id(process_group)
-    all_reduce = getattr(dist.distributed_c10d.all_reduce, "__wrapped__", dist.distributed_c10d.all_reduce)
+    c10d = dist.distributed_c10d
     world = process_group.size()
     clock = time.perf_counter
 
     def hook(state, bucket):  # DDP rejects annotations other than its own
         tensor = bucket.buffer()
+        # the function under the recording wrapper, looked up per bucket: what a fault injector put there runs too
+        all_reduce = c10d.all_reduce
+        if getattr(all_reduce, "recorded_by", None) is logger:
+            all_reduce = all_reduce.__wrapped__
         t0 = clock()
         seq = logger.begin("all_reduce", group, t0, True)
-        if logger.injected_delay is not None:
-            _sleep(logger.injected_delay())
         nbytes = tensor.nbytes
         tensor.div_(world)
         future = all_reduce(tensor, group=process_group, async_op=True).get_future()
@@ -357,8 +355,3 @@ def _end_when_done(logger: CollectiveRecorder, work: Any, op: str, group: str, s
         logger._poller.watch(work, lambda: done(None))
         return
     future.add_done_callback(done)
-
-
-def _sleep(seconds: float) -> None:
-    if seconds > 0:
-        time.sleep(seconds)

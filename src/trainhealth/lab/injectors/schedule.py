@@ -17,6 +17,7 @@ The schedule's faults, fields and limits, and how it is read and checked, are in
 from __future__ import annotations
 
 import fnmatch
+import functools
 import json
 import logging
 import os
@@ -203,19 +204,54 @@ class Injector:
         self._scaled_lr = []
 
     def _install_collective_delay(self) -> None:
-        """Sleep inside this rank's collectives while a ``collective_delay`` is active."""
+        """Sleep inside this rank's collectives while a ``collective_delay`` is active, as a slow link would.
+
+        From outside the logger: every recorded torch.distributed function is recorded again around a version
+        of its original that sleeps first, so the sleep falls inside the recorded duration (DDP's bucket hook
+        looks its all-reduce up under the recording wrapper, and finds the sleeping one too). ``close`` puts
+        the logger's wrappers back.
+        """
+        import torch.distributed as dist
+        import torch.distributed.distributed_c10d as c10d
+
         import trainhealth.comm
 
         logger = trainhealth.comm.installed()
         if logger is None:
             raise ScheduleError("collective_delay faults need trainhealth.comm installed first "
                                 "(trainhealth.comm.install() or Monitor(comm=True))")
-        logger.injected_delay = lambda: self._collective_delay
+        from trainhealth.exporters.collectives.wrappers import COMMUNICATION_FUNCTIONS
+
+        recorder = logger
+
+        replaced: dict[str, tuple[Any, Any]] = {}  # name -> (the logger's wrapper, ours)
+        for name in COMMUNICATION_FUNCTIONS:
+            wrapper = getattr(c10d, name, None)
+            if getattr(wrapper, "recorded_by", None) is not recorder:  # not recorded (an alias that runs one, absent)
+                continue
+            ours = recorder.wrap(name, self._sleeping_first(cast(Any, wrapper).__wrapped__))
+            replaced[name] = (wrapper, ours)
+            setattr(c10d, name, ours)
+            if getattr(dist, name, None) is wrapper:
+                setattr(dist, name, ours)
 
         def uninstall() -> None:
-            logger.injected_delay = None
+            for name, (wrapper, ours) in replaced.items():
+                if getattr(c10d, name, None) is ours:  # not already restored by trainhealth.comm.uninstall
+                    setattr(c10d, name, wrapper)
+                if getattr(dist, name, None) is ours:
+                    setattr(dist, name, wrapper)
 
         self._delay_installed = uninstall
+
+    def _sleeping_first(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(original)  # the same signature: the logger reads its arguments by position
+        def sleeping(*args: Any, **kwargs: Any) -> Any:
+            if self._collective_delay > 0:
+                time.sleep(self._collective_delay)
+            return original(*args, **kwargs)
+
+        return sleeping
 
     def _simulated_gpu_fault(self, spec: FaultSpec, step: int) -> None:
         from trainhealth.exporters.gpu.simulated import SimulatedFaultKind, SimulatedFault
