@@ -7,7 +7,7 @@ Both return trace format v1 records, so one localizer serves both.
   last ``window`` steps. A file that cannot be read (a rank still writing with
   another tool, a corrupt file) is skipped and reported, not fatal.
 * :class:`PrometheusSource` asks Prometheus (through
-  :class:`~trainhealth.localize.prometheus_client.PrometheusClient`) for the per-rank aggregates every
+  :class:`~trainhealth.localize.prometheus_api.PrometheusClient`) for the per-rank aggregates every
   rank exports: the mean duration of each collective (op, group) over each
   ``step`` seconds — one "instance" of the group per interval, the same on every
   member — and each rank's compute per training step, as ``compute`` records:
@@ -36,7 +36,7 @@ from trainhealth import catalog
 from trainhealth.knowledge.limits import PAUSE_HOLD_S
 from trainhealth.knowledge.promql import string_literal
 from trainhealth.localize.hangs import HangReport, judge_hangs, positions_from_samples
-from trainhealth.localize.prometheus_client import PrometheusClient, Series, SourceError, one_line
+from trainhealth.localize.prometheus_api import PrometheusClient, Series, SourceError, one_line
 from trainhealth.traces.format import TraceError, validate
 from trainhealth.traces.io import is_trace_file, read_trace_file
 from trainhealth.traces.topology import TOPOLOGY_FILE, Topology

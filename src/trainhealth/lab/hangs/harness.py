@@ -41,7 +41,7 @@ import yaml
 from trainhealth.alerts.render import rule_file_yaml
 from trainhealth.lab.ports import free_port
 from trainhealth.localize.analyzer import Analyzer
-from trainhealth.localize.prometheus_client import PrometheusClient
+from trainhealth.localize.prometheus_api import PrometheusClient
 from trainhealth.localize.sources import PrometheusSource
 from trainhealth.store import MetricStore
 

@@ -131,7 +131,7 @@ def _series(body: object, kind: str, where: str = "Prometheus") -> list[Series]:
     [Series(labels={'rank': '0'}, samples=((1700000000.5, 0.25),))]
     >>> _series({"status": "success", "data": {"result": {"rank": "0"}}}, "matrix")
     Traceback (most recent call last):
-    trainhealth.localize.prometheus_client.SourceError: Prometheus answered JSON of an unexpected shape: data.resultType is None, not 'matrix'
+    trainhealth.localize.prometheus_api.SourceError: Prometheus answered JSON of an unexpected shape: data.resultType is None, not 'matrix'
     """
 
     def _shape(problem: str) -> SourceError:
