@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from trainhealth.localize.evidence import Evidence
-from trainhealth.localize.segments import Stretch
+from trainhealth.localize.stretches import Stretch
 
 __all__ = ["BLAMABLE_SHAPES", "Candidate", "Thresholds", "best", "ranks_text", "row_noise", "rows_noise", "steps_text", "stretch_effect"]
 

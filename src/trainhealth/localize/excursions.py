@@ -4,7 +4,7 @@ A threshold that is right for one comparison blames somebody in nearly every
 long healthy run: a 1,024-rank job of 5,000 steps makes millions of rank x
 stretch comparisons, and production noise is not Gaussian (GC pauses,
 checkpoints, a slow data shard, congestion on a random NIC). So a slow stretch
-found by the scans of :mod:`.segments` and :mod:`.segments_scan` blames its
+found by the scans of :mod:`.stretches` and :mod:`.stretches_scan` blames its
 device only when
 
 * it is **persistent**: it lasts from its onset to the end of the window and

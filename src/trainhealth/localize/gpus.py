@@ -32,7 +32,7 @@ from trainhealth.localize.excursions import (
     recurrent_members,
     shape_of,
 )
-from trainhealth.localize.segments import (
+from trainhealth.localize.stretches import (
     level,
     strongest_robust_stretch,
     strongest_stretch,

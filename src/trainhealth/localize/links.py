@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from trainhealth.localize.segments_scan import step_noise, strongest_shift
+from trainhealth.localize.stretches_scan import step_noise, strongest_shift
 from trainhealth.localize.waits import Measured
 
 __all__ = ["LinkSettings", "SlowPath", "find_slow_paths"]

@@ -21,7 +21,7 @@ from trainhealth.localize.candidates import Candidate, Thresholds
 from trainhealth.localize.iterations import infer_steps, needs_inference
 from trainhealth.localize.links import LinkSettings, find_slow_paths
 from trainhealth.localize.power import Power, detection_power, uncovered_ranks
-from trainhealth.localize.segments_scan import burst_factor
+from trainhealth.localize.stretches_scan import burst_factor
 from trainhealth.localize.stragglers import (
     Straggler,
     StragglerSettings,

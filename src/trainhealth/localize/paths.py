@@ -32,7 +32,7 @@ from trainhealth.localize.excursions import (
     recurrent_members,
     shape_of,
 )
-from trainhealth.localize.segments import Stretch, level, strongest_stretch
+from trainhealth.localize.stretches import Stretch, level, strongest_stretch
 
 __all__ = ["path_candidates"]
 

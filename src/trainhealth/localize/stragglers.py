@@ -30,7 +30,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from trainhealth.localize.excursions import binomial_tail, largest_elsewhere
-from trainhealth.localize.segments_scan import (
+from trainhealth.localize.stretches_scan import (
     Shift,
     burst_factor,
     step_noise,
