@@ -354,22 +354,17 @@ class StepRecorder:
             _set_if(store, catalog.TRAIN_LAYER_GRAD_NORM, layer.grad_norm, labels)
             _set_if(store, catalog.TRAIN_LAYER_PARAM_NORM, layer.param_norm, labels)
             _set_if(store, catalog.TRAIN_LAYER_UPDATE_RATIO, layer.update_ratio, labels)
-        loss_spike_began = False
         for signal, value in (("loss", stats.loss), ("grad_norm", stats.grad_norm),
                               ("step_time", stats.duration_s), ("throughput", stats.tokens_per_second)):
             if value is None or signal in stats.unjudged:
                 continue
-            try:
-                opened = self._detectors.observe(signal, value, step=stats.step)
+            try:  # a loss spike reaches model health as an event (ModelHealth listens to the event log)
+                self._detectors.observe(signal, value, step=stats.step)
             except Exception as exc:  # a failing detector leaves the metrics and the other signals
                 self._store.record_error("detectors", exc)
-                continue
-            if signal == "loss":
-                loss_spike_began = any(anomaly.detector != "nonfinite" for anomaly in opened)
         health = self._health
         if health is not None:
-            self._guard("monitor", lambda: health.export(stats.step, wall_time, stats.loss, stats.signals,
-                                                         loss_spike_began))
+            self._guard("monitor", lambda: health.export(stats.step, wall_time, stats.loss, stats.signals))
 
 
 #: The signals a checkpoint save inflates.

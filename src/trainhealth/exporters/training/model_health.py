@@ -20,7 +20,7 @@ import os
 import threading
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 from trainhealth import catalog
 from trainhealth.knowledge.advice import rewind_advice
@@ -81,6 +81,8 @@ class ModelHealth:
         self._first_nonfinite: int | None = None
         self._lost_published: dict[str, float] = {}
         self._order: dict[int, BlockOrder] = {}
+        self._spike_step: int | None = None  # the step at which a loss detector last opened an anomaly
+        events.add_listener(self._loss_anomaly)
         env = os.environ if env is None else env
         restarts = health.restarts
         if restarts is None:
@@ -143,8 +145,16 @@ class ModelHealth:
         # a step without measured peaks (NaN provenance off, no forward) cannot say what was received
         return ModelSignals.interpret(dict(read), self._order.pop(index, BlockOrder(complete=False)))
 
-    def export(self, step: int, wall_time: float, loss: float | None, signals: SignalValues | None,
-               loss_spike_began: bool) -> None:
+    def _loss_anomaly(self, event: Event) -> None:
+        """A detector on the loss opened an anomaly (a NaN is the non-finite origin's, not a spike): listened
+        to on the event log, before :meth:`export` sees the step."""
+        attributes = event.attributes
+        if (event.name == "anomaly" and attributes.get("signal") == "loss" and not attributes.get("series")
+                and attributes.get("detector") != "nonfinite" and isinstance(attributes.get("step"), int)):
+            with self._lock:
+                self._spike_step = cast(int, attributes["step"])
+
+    def export(self, step: int, wall_time: float, loss: float | None, signals: SignalValues | None) -> None:
         """Publish one step's model-health values."""
         with self._lock:
             self.goodput.step(step, wall_time)
@@ -154,8 +164,10 @@ class ModelHealth:
             self._store.inc(catalog.TRAIN_LOST_TIME, max(0.0, seconds - self._lost_published.get(reason, 0.0)),
                             (reason,))
             self._lost_published[reason] = seconds
+        with self._lock:
+            spike_began = self._spike_step == step
         if loss is not None:
-            if loss_spike_began:
+            if spike_began:
                 self.spikes.spike_began(step, loss)
             outcome = self.spikes.observe(step, loss)
             if outcome is not None:
