@@ -111,7 +111,8 @@ class CollectiveLogger(CollectiveRecorder):
             self._thread.start()
 
     def stop(self) -> None:
-        self._poller.stop()
+        """Stop the flush thread (after the recorder's own), then flush what is left."""
+        super().stop()
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=10)

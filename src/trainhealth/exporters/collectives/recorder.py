@@ -185,6 +185,10 @@ class CollectiveRecorder:
     def device_timed(self, group: str) -> None:
         self._device_timed.add(group)
 
+    def stop(self) -> None:
+        """Stop the thread that watches gloo's send and receive works for their completion."""
+        self._poller.stop()
+
     def add_marker(self, op: str, step: int, t0: float, duration: float) -> None:
         """Record a host-timed row that is no collective: a ``step`` marker, a ``forward`` or an ``optimizer``.
 
