@@ -47,12 +47,6 @@ def transformer_blocks(torch: Any, model: Any) -> list[str]:
     return [name for name, _ in model.named_children()]
 
 
-def _replicated(torch: Any) -> bool:
-    """Whether this process is one of several torch.distributed ranks."""
-    dist = torch.distributed
-    return bool(dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1)
-
-
 class ModelHealth:
     """Built by the Monitor when it has a model; every public method is safe to call on any step."""
 
@@ -65,11 +59,12 @@ class ModelHealth:
         self.signals: ModelSignals | None = None
         health = settings.model
         if health.signals or health.provenance:
-            # local gradients are measured where an all-reduce could bring another rank's bad value: on one
-            # process they cost a read of every gradient per step (docs/configuration.md) and can only be local
+            # local gradients are measured where an all-reduce could bring another rank's bad value (several
+            # ranks): on one process they cost a read of every gradient per step (docs/benchmarks.md, "What each
+            # default costs") and a bad one can only be local
             self.signals = ModelSignals(torch, model, transformer_blocks(torch, model),
                                         sample_tokens=health.signal_tokens, store=store, signals=health.signals,
-                                        provenance=health.provenance, gradients=_replicated(torch))
+                                        provenance=health.provenance, gradients=bool(ReplicaChecks.available(torch)))
         self.checks: ReplicaChecks | None = None
         if health.sdc_group != "off" and (health.sdc_interval or health.grad_check_every):
             self.checks = ReplicaChecks(torch, model, store, events, sdc_interval=health.sdc_interval,
