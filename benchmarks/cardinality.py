@@ -24,7 +24,7 @@ from trainhealth.exporters.gpu.telemetry import GpuTelemetry
 from trainhealth.exporters.monitor import Monitor
 from trainhealth.sinks.service import Sinks
 from trainhealth.identity import Identity
-from trainhealth.lab.models.tiny_gpt import TinyGPT, synthetic_batch
+from trainhealth.demo.tiny_gpt import TinyGPT, synthetic_batch
 from trainhealth.store import MetricStore
 
 

@@ -12,7 +12,7 @@ report is written, Prometheus is asked which alerts fired during the run
 
 Counted per run, from the demo's report.json: anomalies (detector events), the live
 analyzer's verdicts other than healthy, the detections no injected fault explains
-(false alarms, :func:`trainhealth.lab.demo.story.unexplained`), Alertmanager's
+(false alarms, :func:`trainhealth.demo.story.unexplained`), Alertmanager's
 notifications (page and ticket receivers) and the alerts Prometheus fired; for
 faulty runs, each fault's first detection and its delay. The demo's detector
 thresholds were chosen on seed 0 (development runs); these seeds are the report.
@@ -32,10 +32,10 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from trainhealth.cli.lab import parse_seeds
+from trainhealth_lab.cli import parse_seeds
 from trainhealth.errors import UsageError
-from trainhealth.lab.demo import story
-from trainhealth.lab.ports import free_port
+from trainhealth.demo import story
+from trainhealth._ports import free_port
 from trainhealth.stack.runner import find_binary
 
 TRAINHEALTH = str(Path(sys.executable).parent / "trainhealth")

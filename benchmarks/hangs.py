@@ -1,6 +1,6 @@
 """The hang lab's figures: real 4-rank gloo jobs that hang, or pause and recover, judged live.
 
-Each case runs a real job (trainhealth.lab.hangs.rank) with the Monitor on every
+Each case runs a real job (trainhealth_lab.hangs.rank) with the Monitor on every
 rank, a real Prometheus (2 s scrapes and rule evaluation, trainhealth's generated
 rules) and a real Alertmanager routing with trainhealth's routing tree to a webhook.
 Every 2 s the analyzer (the code of `trainhealth analyze --prometheus URL`) is run
@@ -22,7 +22,7 @@ import json
 import statistics
 from pathlib import Path
 
-from trainhealth.lab.hangs.harness import (
+from trainhealth_lab.hangs.harness import (
     CONTROLS,
     CRASHES,
     HANGS,

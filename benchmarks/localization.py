@@ -5,7 +5,7 @@
     python benchmarks/localization.py --latency-only --latency-gpus 16384 --repeats 1   # the analyzer at 16k GPUs
     python benchmarks/localization.py --latency-only --compare-with /tmp/base   # alternating with another checkout
 
-Cases come from trainhealth.lab.bench.localization (seeded simulator windows: 20
+Cases come from trainhealth_lab.bench.localization (seeded simulator windows: 20
 steps, 4 layouts per scale from 3-D to 5-D parallelism, GPU / NIC / host /
 switch faults at severity 1.02-3, persistent or transient, and three negative
 controls per layout). The thresholds are the defaults of
@@ -31,9 +31,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from trainhealth.lab.bench.localization import Outcome, cases, evaluate, summarize
-from trainhealth.lab.simulator.cluster import ClusterLayout
-from trainhealth.lab.simulator.simulate import (
+from trainhealth_lab.bench.localization import Outcome, cases, evaluate, summarize
+from trainhealth.simulator.cluster import ClusterLayout
+from trainhealth.simulator.simulate import (
     ClusterFaultKind,
     InjectedFault,
     Scenario,

@@ -7,7 +7,7 @@
 
 Seeds: thresholds are chosen on the calibration seeds (0-99) only; the figures
 are reported on the held-out seeds (1200-1299; 1000-1007 and 1100-1149 were seen while choosing). Each seed gives four runs
-(trainhealth.lab.bench.production): a control with no faulty device, an
+(trainhealth_lab.bench.production): a control with no faulty device, an
 imbalance control (a longer last stage on even seeds, varying sequence lengths
 on odd ones), a persistent GPU or NIC fault and a recurrent one (3-5 episodes),
 all at 1.2-3x inside production noise (ProductionNoise defaults), sizes drawn
@@ -29,7 +29,7 @@ from concurrent.futures.process import BrokenProcessPool
 
 import pandas as pd
 
-from trainhealth.lab.bench.production import (
+from trainhealth_lab.bench.production import (
     CALIBRATION_SEEDS,
     HELD_OUT_SEEDS,
     ProductionCase,

@@ -1,11 +1,11 @@
-"""NAB scores of the detectors: `trainhealth bench nab`, run and printed, then scored as NAB's code does.
+"""NAB scores of the detectors: `trainhealth-lab nab`, run and printed, then scored as NAB's code does.
 
     python benchmarks/nab.py [--out /tmp/nab-results] [--detector SPEC ...]
 
-Runs the shipped detectors (trainhealth.lab.bench.nab.NAB_DETECTORS) over the
+Runs the shipped detectors (trainhealth_lab.bench.nab.NAB_DETECTORS) over the
 Numenta Anomaly Benchmark in $TRAINHEALTH_DATA/nab (default ../shared/data/nab)
-and prints two tables. The first is `trainhealth bench nab --split`:
-trainhealth's normalisation (trainhealth.lab.bench.nab.score_corpus, written
+and prints two tables. The first is `trainhealth-lab nab --split`:
+trainhealth's normalisation (trainhealth_lab.bench.nab.score_corpus, written
 from NAB's description) per profile, with the split columns: the standard score
 on the files at even positions, where the threshold is chosen, and on those at
 odd positions, with that threshold. The second scores the event-level result
@@ -26,8 +26,8 @@ import os
 import sys
 from pathlib import Path
 
-from trainhealth.cli import main as trainhealth
-from trainhealth.lab.bench.nab import (NAB_DETECTORS, PROFILES, load_corpus, nab_score, read_results, result_names,
+from trainhealth_lab.cli import main as trainhealth_lab
+from trainhealth_lab.bench.nab import (NAB_DETECTORS, PROFILES, load_corpus, nab_score, read_results, result_names,
                                        split_score)
 
 CALIBRATION = "zscore(window=6400,warmup=50,protect=false)"
@@ -46,7 +46,7 @@ if __name__ == "__main__":
     root = os.environ.get("TRAINHEALTH_DATA") or Path(__file__).resolve().parents[1].parent / "shared" / "data"
     data = Path(root) / "nab"
     detectors = args.detector or [*NAB_DETECTORS, CALIBRATION]
-    code = trainhealth(["bench", "nab", "--data", str(data), "--out", args.out, "--split",
+    code = trainhealth_lab(["nab", "--data", str(data), "--out", args.out, "--split",
                         *[argument for item in detectors for argument in ("--detector", item)]])
     if code:
         sys.exit(code)

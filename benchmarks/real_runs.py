@@ -9,12 +9,12 @@
 Every run starts 4 or 8 ranks (gloo on CPU) that train a small model in one of three
 layouts (DDP; DP x 2 pipeline stages; DP x tensor-parallel pairs) under the Monitor and
 the collective logger, with a fault injected into real execution and its ground truth
-written beside the traces (see trainhealth.lab.realrun). The live analyzer is polled
+written beside the traces (see trainhealth_lab.realrun). The live analyzer is polled
 every 0.4 s while the job runs; ``localize`` judges the traces at the end. Printed:
 the table by fault kind x layout x severity band with two naive baselines, and the
 acceptance figures of issue 15. One JSON line per run in OUT/results.jsonl.
 
-``--suite shapes`` runs the shapes users run (issue 30; trainhealth.lab.realrun.shapes): explicit
+``--suite shapes`` runs the shapes users run (issue 30; trainhealth_lab.realrun.shapes): explicit
 collectives with the collective logger alone, FSDP-style per-layer gathers and reduce-scatters,
 the Hugging Face Trainer and Accelerate with trainhealth's integrations, 2-rank jobs; each with a
 compute straggler (>= 1.5x) from mid-run, the same from step 0 and a clean control, plus issue
@@ -29,10 +29,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from trainhealth.cli.lab import parse_seeds
+from trainhealth_lab.cli import parse_seeds
 from trainhealth.errors import UsageError
-from trainhealth.lab.realrun.cases import SUITES, suite_cases
-from trainhealth.lab.realrun.suite import (
+from trainhealth_lab.realrun.cases import SUITES, suite_cases
+from trainhealth_lab.realrun.suite import (
     RESULTS_FILE,
     ResultsError,
     rescore,

@@ -322,7 +322,7 @@ def report_corpus() -> None:
     commands: dict[str, int] = {}
     for argv in invocations:
         words = [word for word in argv if not str(word).startswith("-")][:2]
-        name = " ".join(str(word) for word in words[:2]) if words[:1] in (["trace"], ["stack"], ["lab"], ["bench"]) \
+        name = " ".join(str(word) for word in words[:2]) if words[:1] in (["trace"], ["stack"], ["trainhealth-lab"]) \
             else (str(words[0]) if words else "(no command)")
         commands[name] = commands.get(name, 0) + 1
     lines = done.stdout.strip().splitlines()

@@ -4,7 +4,7 @@
     python benchmarks/sdc_detection.py --seeds 1 --no-overhead
     python benchmarks/sdc_detection.py --provenance   # NaN/Inf provenance of bit-30 flips (about 5 minutes)
 
-Each trial trains trainhealth.lab.models.tiny_gpt.TinyGPT for 250 steps with the
+Each trial trains trainhealth.demo.tiny_gpt.TinyGPT for 250 steps with the
 Monitor at its default settings (fingerprints every 100 steps, local gradient
 norms every 10) and injects one fault on one rank at a step between 110 and
 190: a bit flip at a given position (31 sign, 30-23 exponent, 22-0 mantissa of
@@ -52,7 +52,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tests.distributed import init_rank, run_ranks  # noqa: E402
 from trainhealth.exporters.training.provenance import OVERFLOW_BOUND  # noqa: E402
-from trainhealth.lab.bench.sdc import Trial, run_trials  # noqa: E402
+from trainhealth_lab.bench.sdc import Trial, run_trials  # noqa: E402
 
 WORLD = 4
 BITS = {"sign": 31, "exponent-30": 30, "exponent-27": 27, "exponent-23": 23, "mantissa-22": 22, "mantissa-0": 0}
@@ -180,7 +180,7 @@ def provenance_overhead(rounds: int = 10, steps: int = 10) -> None:
 
     from trainhealth.exporters.training.model_health import transformer_blocks
     from trainhealth.exporters.training.model_signals import ModelSignals
-    from trainhealth.lab.models.tiny_gpt import TinyGPT, synthetic_batch
+    from trainhealth.demo.tiny_gpt import TinyGPT, synthetic_batch
 
     torch.set_num_threads(1)
     torch.manual_seed(0)

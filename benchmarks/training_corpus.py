@@ -2,7 +2,7 @@
 
     python benchmarks/training_corpus.py [--corpus DIR] [--calibrate]
 
-Without ``--corpus`` the corpus is generated first (``trainhealth lab corpus``,
+Without ``--corpus`` the corpus is generated first (``trainhealth-lab corpus``,
 seeds 0-5, into a temporary directory; about 20 minutes on 2 cores). Thresholds
 were chosen on the calibration seeds (0-2) and the figures that count are those
 of the held-out seeds (3-5); both tables are printed. ``--calibrate`` also prints
@@ -11,7 +11,7 @@ next value above the smallest one with no false alarm). Rows: single detectors, 
 Monitor's defaults on loss, gradient norm and both, before issue 21 and now, and
 ``trainhealth detect``'s defaults on columns named loss and grad_norm (the Monitor's; run from the
 first value). Scoring is described
-in trainhealth.lab.bench.training_corpus.
+in trainhealth_lab.bench.training_corpus.
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from trainhealth.config import DEFAULT_DETECTORS
-from trainhealth.lab.bench.training_corpus import SHARP_STEPS, CorpusScore, score_corpus
-from trainhealth.lab.corpus import CorpusRun, load_corpus
+from trainhealth_lab.bench.training_corpus import SHARP_STEPS, CorpusScore, score_corpus
+from trainhealth_lab.corpus import CorpusRun, load_corpus
 
 CALIBRATION_SEEDS = (0, 1, 2)
 HELD_OUT_SEEDS = (3, 4, 5)
@@ -105,15 +105,15 @@ def sweep(runs: Sequence[CorpusRun]) -> None:
 
 
 def generate(directory: Path) -> None:
-    command = [str(Path(sys.executable).parent / "trainhealth"), "lab", "corpus", "--out", str(directory),
+    command = [str(Path(sys.executable).parent / "trainhealth-lab"), "corpus", "--out", str(directory),
                "--seeds", "0-5", "--workers", "2"]
-    print("generating the corpus: trainhealth", " ".join(command[1:]), flush=True)
+    print("generating the corpus: trainhealth-lab", " ".join(command[1:]), flush=True)
     subprocess.run(command, check=True)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--corpus", type=Path, help="a corpus written by trainhealth lab corpus (default: make one)")
+    parser.add_argument("--corpus", type=Path, help="a corpus written by trainhealth-lab corpus (default: make one)")
     parser.add_argument("--calibrate", action="store_true", help="also print the threshold sweep")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as scratch:

@@ -2,7 +2,7 @@
 
     python benchmarks/training_signals.py [--seeds 10] [--steps 5000]
 
-The seeded generator of trainhealth.lab.bench.signals makes loss, gradient-norm and
+The seeded generator of trainhealth_lab.bench.signals makes loss, gradient-norm and
 step-time series with labelled loss spikes, gradient spikes, delta-irregular
 steps and a persistent step-time degradation; each detector runs on the signal
 it is meant for, with its default decision step. An anomaly opening within 5
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import argparse
 
-from trainhealth.lab.bench.signals import evaluate, generate
+from trainhealth_lab.bench.signals import evaluate, generate
 
 CASES = [
     ("zscore(direction=up)", "loss", "loss_spike"),

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from trainhealth.lab.bench.localization import SCALES, cases, evaluate, summarize
-from trainhealth.lab.simulator.simulate import Control, ClusterFaultKind
+from trainhealth_lab.bench.localization import SCALES, cases, evaluate, summarize
+from trainhealth.simulator.simulate import Control, ClusterFaultKind
 from trainhealth.localize.localizer import Thresholds
 
 

@@ -1,5 +1,5 @@
 """NAB scoring, trainhealth's normalisation (score_corpus) and NAB's own (nab_score), checked on hand-made cases,
-and `trainhealth bench nab` on real NAB files."""
+and `trainhealth-lab nab` on real NAB files."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import pytest
 
 from tests.data import data_dir, needs
 from trainhealth.detectors.spec import parse_item
-from trainhealth.lab.bench.nab import (NabFile, detector_scores, load_corpus, nab_score, read_results, scaled_sigmoid,
+from trainhealth_lab.bench.nab import (NabFile, detector_scores, load_corpus, nab_score, read_results, scaled_sigmoid,
                                        score_corpus, split_score)
 
 NAB = data_dir("nab")
@@ -145,7 +145,7 @@ def test_bench_nab_on_real_nab_files(tmp_path):
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(NAB / "data" / name, target)
     assert [len(f.windows) for f in load_corpus(tmp_path / "nab")] == [0, 4]  # sorted by name
-    result = subprocess.run([str(Path(sys.executable).parent / "trainhealth"), "bench", "nab", "--data", str(tmp_path / "nab"),
+    result = subprocess.run([str(Path(sys.executable).parent / "trainhealth-lab"), "nab", "--data", str(tmp_path / "nab"),
                              "--out", str(tmp_path / "out"), "--detector", "zscore(window=400,warmup=50)", "--split"],
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from trainhealth.lab.bench.signals import evaluate, generate
+from trainhealth_lab.bench.signals import evaluate, generate
 
 
 def test_generation_is_seeded_and_labelled():

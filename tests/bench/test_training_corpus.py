@@ -8,9 +8,9 @@ import pandas as pd
 import pytest
 
 from trainhealth.detectors.spec import parse_spec
-from trainhealth.lab.bench.training_corpus import detections, observable, score_corpus
-from trainhealth.lab.corpus import CorpusRun, load_corpus
-from trainhealth.lab.corpus.store import write_index, write_run
+from trainhealth_lab.bench.training_corpus import detections, observable, score_corpus
+from trainhealth_lab.corpus import CorpusRun, load_corpus
+from trainhealth_lab.corpus.store import write_index, write_run
 
 STEPS = 300
 

@@ -677,8 +677,8 @@ BAD_OUTPUTS: list[tuple[tuple[str, ...], tuple[tuple[str, Content], ...], str]] 
     (("detect", "{d}/series.csv", "--column", "loss", "--out", "{d}/series.csv"), (), "series.csv"),
     (("selftest", "--device", "cpu", "--size", "16", "--metrics-file", "{d}/missing/m.prom"), (), "missing"),
     (("selftest", "--device", "cpu", "--size", "16", "--metrics-file", "{d}/adir"), (("adir", Directory()),), "adir"),
-    (("bench", "nab", "--data", "{d}/nab", "--out", "{d}/trace.jsonl"), (), "trace.jsonl"),
-    (("bench", "nab", "--data", "{d}/nab", "--out", "{d}/missing/results"), (), "missing"),
+    (("trainhealth-lab", "nab", "--data", "{d}/nab", "--out", "{d}/trace.jsonl"), (), "trace.jsonl"),
+    (("trainhealth-lab", "nab", "--data", "{d}/nab", "--out", "{d}/missing/results"), (), "missing"),
     (("probe", "--out", "{d}/missing/probe.json"), (), "missing"),
     (("probe", "--out", "{d}/adir"), (("adir", Directory()),), "adir"),
 ]
@@ -852,7 +852,7 @@ BAD_NAB_DATA: list[tuple[str, bytes]] = [
 def test_bad_bench_inputs(data):
     kind = data.draw(st.sampled_from(["data", "data", "detector", "no data"]))
     files = nab_layout()
-    args = ("bench", "nab", "--data", "{d}/nab", "--out", "{d}/results")
+    args = ("trainhealth-lab", "nab", "--data", "{d}/nab", "--out", "{d}/results")
     if kind == "data":
         name, content = data.draw(st.sampled_from(BAD_NAB_DATA))
         files = tuple(f for f in files if f[0] != "nab/" + name) + (("nab/" + name, content),)
@@ -862,7 +862,7 @@ def test_bad_bench_inputs(data):
         refuse(Case(args + ("--detector", spec), files, mentions=(named,)))
     else:
         where = data.draw(st.sampled_from(["{d}/none", "{d}/file", "{d}/empty"]))
-        refuse(Case(("bench", "nab", "--data", where, "--out", "{d}/results"),
+        refuse(Case(("trainhealth-lab", "nab", "--data", where, "--out", "{d}/results"),
                     (("file", b"x"), ("empty", Directory())), mentions=(where,)))
 
 
@@ -878,7 +878,7 @@ def test_bad_bench_inputs(data):
     (("trace", "info"), "TRACE"),
     (("trace", "convert", "x.jsonl"), "-o/--output"),
     (("trace", "info", "x.jsonl", "--from", "pickle"), "--from"),
-    (("bench",), "bench"),
+    (("trainhealth-lab",), "COMMAND"),
     (("detect", "x.csv"), "--column"),
     (("probe",), "--out"),
     (("probe", "--out", "{d}/probe.json"), "RANK"),
@@ -969,7 +969,7 @@ def test_good_commands_are_accepted():
     accept(Case(("detect", "{d}/series.csv", "--column", "loss", "--series-column", "rank", "--time-column", "step",
                  "--detector", "zscore(window=20,warmup=5,threshold=3.5,cooldown=0)", "--out", "{d}/found.json"),
                 (SERIES,)))
-    accept(Case(("bench", "nab", "--data", "{d}/nab", "--out", "{d}/results", "--detector", "zscore(window=50)"),
+    accept(Case(("trainhealth-lab", "nab", "--data", "{d}/nab", "--out", "{d}/results", "--detector", "zscore(window=50)"),
                 nab_layout()))
     accept(Case(("metrics", "--json")))
     accept(Case(("config", "--json"), env=(("TRAINHEALTH_DETECTORS", "loss=zscore(threshold=5)"),)))

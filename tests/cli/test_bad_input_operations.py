@@ -1,7 +1,7 @@
 """Generated bad input for the operational commands: each case is refused in one line with exit status 2, with no
 traceback and no hang, and leaves the files it was given, and the directory it ran in, as they were.
 
-Commands: ``demo``, ``stack up``, ``stack down``, ``lab run``, ``lab score``, ``alerts``, ``dashboards`` and
+Commands: ``demo``, ``stack up``, ``stack down``, ``trainhealth-lab run``, ``score`` and ``corpus``, ``alerts``, ``dashboards`` and
 ``export``. Their numeric options are found in the parser, so a new option is covered (and must declare its range
 with :class:`~trainhealth.cli.numbers.Bounded`); hypothesis draws values outside each range (NaN, infinities,
 zero, negatives, huge, non-numbers). Also: fault schedule files, ``stack.json`` state files (a bystander
@@ -41,9 +41,10 @@ from hypothesis import strategies as st  # noqa: E402
 from tests.cli.badinput import REFUSAL_TIMEOUT_S, assert_refused, run_cli, snapshot  # noqa: E402
 from trainhealth.cli.main import build_parser  # noqa: E402
 from trainhealth.cli.numbers import Bounded  # noqa: E402
+from trainhealth_lab.cli import build_parser as build_lab_parser  # noqa: E402
 
 #: The commands this file covers; every subcommand under them is found in the parser.
-COMMANDS = ("demo", "stack", "lab", "alerts", "dashboards", "export")
+COMMANDS = ("demo", "stack", "trainhealth-lab", "alerts", "dashboards", "export")
 
 
 def examples(count: int) -> settings:
@@ -101,8 +102,11 @@ def _leaves(parser: argparse.ArgumentParser, path: tuple[str, ...]) -> Iterator[
         yield from _leaves(child, (*path, name))
 
 
-LEAVES = {path: parser for command in COMMANDS
-          for path, parser in _leaves(_children(build_parser())[command], (command,))}
+#: The commands by first word; the lab's own command counts as one of them (``run_cli`` runs it).
+PARSERS = {**_children(build_parser()), "trainhealth-lab": build_lab_parser()}
+#: ``trainhealth-lab nab`` reads a data set; its bad input is covered in test_bad_input_analysis.py.
+LEAVES = {path: parser for command in COMMANDS for path, parser in _leaves(PARSERS[command], (command,))
+          if path != ("trainhealth-lab", "nab")}
 
 #: Arguments that make the rest of each command's line good and cheap: a bad value added after them is the only
 #: thing wrong (argparse keeps an option's last value). ``{d}`` is the case's directory.
@@ -110,9 +114,9 @@ BASE = {
     ("demo",): ("--out", "{d}/out", "--no-analyzer", "--webhook-port", "0", "--ranks", "2", "--duration", "20"),
     ("stack", "up"): ("--dir", "{d}/stack", "--no-demo"),
     ("stack", "down"): ("--dir", "{d}/stack"),
-    ("lab", "run"): ("--out", "{d}/lab", "--cases", "compute", "--seeds", "0"),
-    ("lab", "score"): ("{d}/results.jsonl",),
-    ("lab", "corpus"): ("--out", "{d}/corpus", "--seeds", "0", "--steps", "100", "--models", "mlp",
+    ("trainhealth-lab", "run"): ("--out", "{d}/lab", "--cases", "compute", "--seeds", "0"),
+    ("trainhealth-lab", "score"): ("{d}/results.jsonl",),
+    ("trainhealth-lab", "corpus"): ("--out", "{d}/corpus", "--seeds", "0", "--steps", "100", "--models", "mlp",
                         "--scenarios", "clean", "--workers", "1"),
     ("alerts",): ("--out", "{d}/alerts"),
     ("dashboards",): ("--out", "{d}/dashboards"),
@@ -208,8 +212,8 @@ SETTINGS = {
                                                        "{d}"), "--basic-auth-password-file"),
     "demo --addr": (("demo",), ("--addr", "999.1.1.1"), "--addr"),
     "alerts --runbook-base": (("alerts",), ("--runbook-base", "ftp://example.com/runbooks"), "--runbook-base"),
-    "lab run --suite": (("lab", "run"), ("--suite", "huge"), "--suite"),
-    "lab run --cases": (("lab", "run"), ("--cases", "no-such-case"), "--cases"),
+    "lab run --suite": (("trainhealth-lab", "run"), ("--suite", "huge"), "--suite"),
+    "lab run --cases": (("trainhealth-lab", "run"), ("--cases", "no-such-case"), "--cases"),
 }
 
 
@@ -259,7 +263,7 @@ def _yaml(entries: list[dict[str, str]], wrapped: bool) -> str:
 
 
 def test_the_good_entries_are_good(tmp_path):
-    from trainhealth.lab.injectors.schedule import load_schedule
+    from trainhealth.injectors.schedule import load_schedule
 
     from trainhealth.cli.demo import _as_dict
 
@@ -527,7 +531,7 @@ def test_a_bad_lab_results_row_is_refused_naming_the_line_and_field(case):
         results = root / "results.jsonl"
         results.write_text(text)
         before = tree(root)
-        line = refused(run_cli("lab", "score", str(results), cwd=root), str(results), field)
+        line = refused(run_cli("trainhealth-lab", "score", str(results), cwd=root), str(results), field)
         assert f"line {text.count(chr(10))}" in line
         assert tree(root) == before
         results.unlink()
@@ -540,13 +544,13 @@ def test_a_file_that_is_no_lab_results_file_is_refused(content):
     with sandbox() as root:
         results = root / "results.jsonl"
         results.write_bytes(content)
-        refused(run_cli("lab", "score", str(results), cwd=root), str(results))
+        refused(run_cli("trainhealth-lab", "score", str(results), cwd=root), str(results))
         results.unlink()
-        refused(run_cli("lab", "score", str(root), cwd=root), str(root))  # no results.jsonl there
+        refused(run_cli("trainhealth-lab", "score", str(root), cwd=root), str(root))  # no results.jsonl there
 
 
 def _bad_seeds(text: str) -> bool:
-    from trainhealth.cli.lab import parse_seeds
+    from trainhealth_lab.cli import parse_seeds
     from trainhealth.errors import UsageError
 
     try:
@@ -561,7 +565,7 @@ def _bad_seeds(text: str) -> bool:
                                         str(2**31), "0-100000000000", "1,,2", "a-b"]), TEXT).filter(_bad_seeds))
 def test_bad_seeds_are_refused(seeds):
     with sandbox() as root:
-        refused(run_cli(*_args(("lab", "run"), root, f"--seeds={seeds}"), cwd=root), "--seeds")
+        refused(run_cli(*_args(("trainhealth-lab", "run"), root, f"--seeds={seeds}"), cwd=root), "--seeds")
 
 
 # ------------------------------------------------------------------------------------------ output paths
@@ -570,7 +574,7 @@ def test_bad_seeds_are_refused(seeds):
 #: whether the directory must be new or empty)
 OUTPUTS = {
     "demo --out": (("demo",), False, True),
-    "lab run --out": (("lab", "run"), False, True),
+    "lab run --out": (("trainhealth-lab", "run"), False, True),
     "stack up --dir": (("stack", "up"), False, True),
     "alerts --out": (("alerts",), False, False),
     "alerts --runbooks": (("alerts",), False, False),
@@ -672,7 +676,7 @@ def test_good_input_still_works(tmp_path):
     results = tmp_path / "results.jsonl"
     results.write_text(json.dumps({**GOOD_ROW, "status": "error", "reason": "it broke"}) + "\n" + json.dumps(GOOD_ROW)
                        + "\n")
-    score = run_cli("lab", "score", str(results), cwd=tmp_path)
+    score = run_cli("trainhealth-lab", "score", str(results), cwd=tmp_path)
     assert score.returncode == 0 and "runs: 2 (1 scored, 0 skipped, 1 failed)" in score.stdout, score.stderr
     down = run_cli("stack", "down", "--dir", str(tmp_path / "no-stack"), cwd=tmp_path)
     assert down.returncode == 0 and "nothing running" in down.stdout, down.stderr
@@ -685,7 +689,7 @@ def test_a_ranks_error_text_with_markup_is_shown_as_text():
     pytest.importorskip("rich")
     from rich.console import Console
 
-    from trainhealth.lab.demo.runner import DemoOptions, _Live, _Pages, _summary
+    from trainhealth.demo.runner import DemoOptions, _Live, _Pages, _summary
 
     for terminal in (False, True):
         console = Console(file=io.StringIO(), force_terminal=terminal, color_system=None, width=160)

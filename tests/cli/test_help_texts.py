@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 
 from trainhealth.cli import build_parser
+from trainhealth_lab.cli import build_parser as build_lab_parser
 
-COMMAND = str(Path(sys.executable).parent / "trainhealth")
+BIN = Path(sys.executable).parent
 
 
 def _subcommands(parser: argparse.ArgumentParser, words: tuple[str, ...] = ()) -> Iterator[
@@ -34,13 +35,15 @@ def _arguments(parser: argparse.ArgumentParser) -> Iterator[argparse.Action]:
             yield action
 
 
-SUBCOMMANDS = list(_subcommands(build_parser()))
+#: trainhealth's subcommands, and the lab's command (``trainhealth-lab``) with its own.
+LAB = ("trainhealth-lab",)
+SUBCOMMANDS = [*_subcommands(build_parser()), (LAB, build_lab_parser(), None), *_subcommands(build_lab_parser(), LAB)]
 COMMAND_WORDS = [words for words, _, _ in SUBCOMMANDS]
 
 
 def test_the_walk_reaches_the_nested_subcommands():
-    for nested in (("trace", "info"), ("trace", "convert"), ("stack", "up"), ("stack", "down"), ("lab", "run"),
-                   ("lab", "score"), ("bench", "nab")):
+    for nested in (("trace", "info"), ("trace", "convert"), ("stack", "up"), ("stack", "down"),
+                   ("trainhealth-lab", "run"), ("trainhealth-lab", "score"), ("trainhealth-lab", "nab")):
         assert nested in COMMAND_WORDS
     assert len(COMMAND_WORDS) == len(set(COMMAND_WORDS))
 
@@ -77,7 +80,9 @@ def test_a_default_is_stated(words):
 @pytest.mark.parametrize("words", [(), *COMMAND_WORDS], ids=lambda words: " ".join(words) or "trainhealth")
 def test_help_runs(words):
     environment = {k: v for k, v in os.environ.items() if not k.startswith("TRAINHEALTH_")}
-    result = subprocess.run([COMMAND, *words, "--help"], capture_output=True, text=True, env=environment, timeout=60)
+    program, *rest = words if words[:1] == LAB else ("trainhealth", *words)
+    result = subprocess.run([str(BIN / program), *rest, "--help"], capture_output=True, text=True, env=environment,
+                            timeout=60)
     assert result.returncode == 0, result.stderr
     assert "Traceback" not in result.stderr
-    assert result.stdout.startswith(f"usage: trainhealth {' '.join(words)}".rstrip())
+    assert result.stdout.startswith(f"usage: {program} {' '.join(rest)}".rstrip())

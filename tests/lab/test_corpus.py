@@ -1,4 +1,4 @@
-"""``trainhealth lab corpus``: a tiny real corpus made through the command, its layout, labels and causes."""
+"""``trainhealth-lab corpus``: a tiny real corpus made through the command, its layout, labels and causes."""
 
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ import math
 
 import pytest
 
-from trainhealth.cli import main
-from trainhealth.cli.lab import CORPUS_MODELS, CORPUS_SCENARIOS
-from trainhealth.lab.corpus import CorpusError, CorpusRun, load_corpus
-from trainhealth.lab.corpus.scenarios import SCENARIOS
-from trainhealth.lab.corpus.tasks import TASKS
+from trainhealth_lab.cli import main
+from trainhealth_lab.cli import CORPUS_MODELS, CORPUS_SCENARIOS
+from trainhealth_lab.corpus import CorpusError, CorpusRun, load_corpus
+from trainhealth_lab.corpus.scenarios import SCENARIOS
+from trainhealth_lab.corpus.tasks import TASKS
 
 STEPS = 150
 SCENARIOS_RUN = ("clean", "lr_divergence", "overflow", "bad_shard")
@@ -20,7 +20,7 @@ SCENARIOS_RUN = ("clean", "lr_divergence", "overflow", "bad_shard")
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
     out = tmp_path_factory.mktemp("corpus") / "out"
-    status = main(["lab", "corpus", "--out", str(out), "--seeds", "0", "--steps", str(STEPS), "--models", "mlp",
+    status = main(["corpus", "--out", str(out), "--seeds", "0", "--steps", str(STEPS), "--models", "mlp",
                    "--scenarios", ",".join(SCENARIOS_RUN), "--workers", "1"])
     assert status == 0
     return out, {run.run_id: run for run in load_corpus(out)}
@@ -30,7 +30,7 @@ def test_the_index_lists_every_run_with_its_signals(corpus):
     out, runs = corpus
     index = json.loads((out / "index.json").read_text())
     assert index["version"] == 1 and index["steps"] == STEPS and index["seeds"] == [0]
-    assert index["command"].startswith("trainhealth lab corpus --out ")
+    assert index["command"].startswith("trainhealth-lab corpus --out ")
     assert index["runs"] == ["mlp-clean_cosine-s0", "mlp-clean_step-s0", "mlp-lr_divergence-s0", "mlp-overflow-s0",
                              "mlp-bad_shard-s0"]
     for run in runs.values():
@@ -116,7 +116,7 @@ def test_a_bad_corpus_is_an_error_naming_the_file(corpus, tmp_path):
 @pytest.mark.parametrize("option", [["--models", "resnet"], ["--scenarios", "clean,meteor"], ["--steps", "5"],
                                     ["--workers", "0"], ["--seeds", "3-1"]])
 def test_a_bad_option_is_one_line_and_status_2(option, tmp_path, capsys):
-    assert main(["lab", "corpus", "--out", str(tmp_path / "out"), *option]) == 2
+    assert main(["corpus", "--out", str(tmp_path / "out"), *option]) == 2
     error = capsys.readouterr().err
     assert error.count("\n") == 1 and option[0] in error
     assert not (tmp_path / "out").exists()
@@ -124,7 +124,7 @@ def test_a_bad_option_is_one_line_and_status_2(option, tmp_path, capsys):
 
 def test_a_used_output_directory_is_refused(corpus, capsys):
     out, _ = corpus
-    assert main(["lab", "corpus", "--out", str(out), "--steps", "100"]) == 2
+    assert main(["corpus", "--out", str(out), "--steps", "100"]) == 2
     assert "already holds files" in capsys.readouterr().err
 
 

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from tests.prometheus_server import require_binary
-from trainhealth.lab.demo.story import TABLE_HEADER, Detection, match
+from trainhealth.demo.story import TABLE_HEADER, Detection, match
 
 pytest.importorskip("torch")
 pytest.importorskip("matplotlib")
@@ -158,7 +158,7 @@ def test_the_demo_prints_its_wall_time_and_the_report_carries_it(demo: Path) -> 
 
 
 def test_false_alarms_are_the_detections_no_fault_explains(demo: Path) -> None:
-    from trainhealth.lab.demo import story
+    from trainhealth.demo import story
 
     report = _report(demo)
     histories = {int(p.stem.split("-")[1]): json.loads(p.read_text())["steps"]

@@ -7,7 +7,7 @@ from __future__ import annotations
 import shutil
 
 from tests.prometheus_server import require_binary
-from trainhealth.lab.hangs.harness import HangCase, run_hang_case
+from trainhealth_lab.hangs.harness import HangCase, run_hang_case
 
 
 def test_a_rank_stalled_in_host_code_is_named_within_a_minute_with_its_function(tmp_path):

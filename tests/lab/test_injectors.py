@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from trainhealth.events import EventLog
-from trainhealth.lab.injectors.bits import flip_bits, float_layout, resolve_bit
-from trainhealth.lab.injectors.schedule import Injector, ScheduleError, load_schedule
+from trainhealth.injectors.bits import flip_bits, float_layout, resolve_bit
+from trainhealth.injectors.schedule import Injector, ScheduleError, load_schedule
 
 
 def _model() -> torch.nn.Module:

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from trainhealth.lab.netns import NetHost, NetLab, NetLabUnavailable
+from trainhealth_lab.netns import NetHost, NetLab, NetLabUnavailable
 
 REASON = NetLab.available()
 needs_lab = pytest.mark.skipif(REASON is not None, reason=f"NetLab unavailable: {REASON}")

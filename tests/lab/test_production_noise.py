@@ -6,17 +6,17 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from trainhealth.lab.bench.production import Pattern, ProductionCase, evaluate
-from trainhealth.lab.simulator.cluster import ClusterLayout
-from trainhealth.lab.simulator.noise import HiccupKind, ProductionNoise, realise_noise
-from trainhealth.lab.simulator.scenario import (
+from trainhealth_lab.bench.production import Pattern, ProductionCase, evaluate
+from trainhealth.simulator.cluster import ClusterLayout
+from trainhealth.simulator.noise import HiccupKind, ProductionNoise, realise_noise
+from trainhealth.simulator.scenario import (
     ClusterFaultKind,
     InjectedFault,
     Scenario,
     Timing,
     recurrent_fault,
 )
-from trainhealth.lab.simulator.simulate import simulate
+from trainhealth.simulator.simulate import simulate
 
 LAYOUT = ClusterLayout(dp=4, pp=2, tp=8)  # 64 GPUs, 8 hosts; no expert parallelism, so no MoE skew
 STEPS = 1000

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from trainhealth.lab.realrun.cases import suite_cases
-from trainhealth.lab.realrun.launcher import run_case
-from trainhealth.lab.realrun.scoring import baseline_wait, score_answer
-from trainhealth.lab.realrun.spec import CaseSpec, Fault, RealRunFaultKind, Parallelism, Pattern, truth
+from trainhealth_lab.realrun.cases import suite_cases
+from trainhealth_lab.realrun.launcher import run_case
+from trainhealth_lab.realrun.scoring import baseline_wait, score_answer
+from trainhealth_lab.realrun.spec import CaseSpec, Fault, RealRunFaultKind, Parallelism, Pattern, truth
 from trainhealth.localize.localizer import localize
 from trainhealth.traces.io import read_trace
 
@@ -97,8 +97,8 @@ def test_the_naive_baseline_sees_the_straggler_too(runs) -> None:  # type: ignor
 
 
 def test_a_finished_suite_is_scored_again_from_its_saved_traces(runs, tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
-    from trainhealth.cli import main
-    from trainhealth.lab.realrun.suite import RESULTS_FILE, rescore
+    from trainhealth_lab.cli import main
+    from trainhealth_lab.realrun.suite import RESULTS_FILE, rescore
 
     results = tmp_path / RESULTS_FILE
     rows = []
@@ -110,10 +110,10 @@ def test_a_finished_suite_is_scored_again_from_its_saved_traces(runs, tmp_path, 
     again = rescore(results)
     assert [r["localize"] for r in again] == [r["localize"] for r in rows]  # the same code gives the same answers
     assert [r["live_polls"] for r in again] == [r["live_polls"] for r in rows]  # what happened live is kept
-    assert main(["lab", "score", str(tmp_path)]) == 0
+    assert main(["score", str(tmp_path)]) == 0
     printed = capsys.readouterr().out
     assert "runs: 2 (2 scored, 0 skipped, 0 failed)" in printed and "false blame over all runs: 0/2" in printed
-    assert main(["lab", "score", str(tmp_path / "missing")]) == 2
+    assert main(["score", str(tmp_path / "missing")]) == 2
 
 
 def test_scoring_counts_a_wrong_rank_as_false_blame() -> None:
@@ -137,11 +137,11 @@ def test_the_full_suite_covers_the_issue() -> None:
 def test_public_names_are_the_labs_own_and_documented() -> None:
     import inspect
 
-    import trainhealth.lab.realrun as realrun
+    import trainhealth_lab.realrun as realrun
 
     assert len(set(realrun.__all__)) == len(realrun.__all__)
     for name in realrun.__all__:
         value = getattr(realrun, name)
         if inspect.isclass(value) or inspect.isfunction(value):
-            assert value.__module__.startswith("trainhealth.lab.realrun."), (name, value.__module__)
+            assert value.__module__.startswith("trainhealth_lab.realrun."), (name, value.__module__)
             assert inspect.getdoc(value), f"{name} has no docstring"

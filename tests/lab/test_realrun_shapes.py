@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from trainhealth.lab.realrun.cases import SHAPES, issue30_repro, suite_cases
-from trainhealth.lab.realrun.spec import (
+from trainhealth_lab.realrun.cases import SHAPES, issue30_repro, suite_cases
+from trainhealth_lab.realrun.spec import (
     CaseSpec,
     Driver,
     Fault,
@@ -25,7 +25,7 @@ from trainhealth.lab.realrun.spec import (
     Truth,
     truth,
 )
-from trainhealth.lab.realrun.suite import shape_label, shape_summary, shape_table
+from trainhealth_lab.realrun.suite import shape_label, shape_summary, shape_table
 
 STRAGGLER = Fault(RealRunFaultKind.COMPUTE, Pattern.PERSISTENT, target=1, onset=10, severity=2.0)
 
@@ -126,7 +126,7 @@ def test_the_acceptance_lines_count_healthy_answers_for_slow_ranks_and_false_bla
 
 def test_issue30_markerless_explicit_collectives_with_a_straggler_are_never_called_healthy(tmp_path: Path) -> None:
     pytest.importorskip("torch")
-    from trainhealth.lab.realrun.launcher import run_case
+    from trainhealth_lab.realrun.launcher import run_case
     from trainhealth.localize.localizer import localize
     from trainhealth.traces.io import read_trace
 

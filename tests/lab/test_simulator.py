@@ -7,8 +7,8 @@ import json
 import numpy as np
 import pytest
 
-from trainhealth.lab.simulator.cluster import ClusterLayout
-from trainhealth.lab.simulator.simulate import (
+from trainhealth.simulator.cluster import ClusterLayout
+from trainhealth.simulator.simulate import (
     Control,
     ClusterFaultKind,
     InjectedFault,

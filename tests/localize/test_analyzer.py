@@ -18,8 +18,8 @@ from tests.distributed import init_rank, join, start_ranks
 from tests.helpers import scrape
 from tests.prometheus_server import start_prometheus
 from trainhealth import Monitor
-from trainhealth.lab.simulator.cluster import ClusterLayout
-from trainhealth.lab.simulator.simulate import ClusterFaultKind, InjectedFault, Scenario, simulate
+from trainhealth.simulator.cluster import ClusterLayout
+from trainhealth.simulator.simulate import ClusterFaultKind, InjectedFault, Scenario, simulate
 from trainhealth.traces.io import write_trace
 
 TRAINHEALTH = str(Path(sys.executable).parent / "trainhealth")

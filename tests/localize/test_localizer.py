@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from tests.data import data_dir, needs
-from trainhealth.lab.simulator.cluster import ClusterLayout
-from trainhealth.lab.simulator.simulate import (
+from trainhealth.simulator.cluster import ClusterLayout
+from trainhealth.simulator.simulate import (
     Control,
     ClusterFaultKind,
     InjectedFault,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from tests.distributed import init_rank, run_ranks
-from trainhealth.lab.bench.sdc import Trial, run_trials
+from trainhealth_lab.bench.sdc import Trial, run_trials
 
 WORLD = 4
 

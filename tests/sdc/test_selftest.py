@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from trainhealth.lab.injectors.bits import flip_bits
+from trainhealth.injectors.bits import flip_bits
 from trainhealth.sdc.selftest import CHECKS, run_selftest
 
 TRAINHEALTH = str(Path(sys.executable).parent / "trainhealth")
@@ -67,7 +67,7 @@ def test_the_failing_exit_status_is_1(tmp_path):
     script = tmp_path / "corrupt.py"
     script.write_text(
         "import sys\n"
-        "from trainhealth.lab.injectors.bits import flip_bits\n"
+        "from trainhealth.injectors.bits import flip_bits\n"
         "import trainhealth.sdc.selftest as s\n"
         "real = s.run_selftest\n"
         "s.run_selftest = lambda devices, size, seed: real(devices, size, seed, inject=lambda d, c, r: "

@@ -24,7 +24,7 @@ SEED = Bounded(int, 0, 2**31 - 1)
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from trainhealth.lab.injectors.schedule_file import ScheduleError, load_schedule
+    from trainhealth.injectors.schedule_file import ScheduleError, load_schedule
 
     if args.port_base + args.ranks - 1 > PORT.high:
         raise UsageError(f"--port-base {args.port_base}: ranks serve on ports up to {args.port_base + args.ranks - 1}, "
@@ -63,7 +63,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         import rich  # noqa: F401
     except ImportError:
         raise UsageError("the demo needs rich and matplotlib: pip install 'trainhealth[demo]'") from None
-    from trainhealth.lab.demo.runner import DemoOptions, run_demo
+    from trainhealth.demo.runner import DemoOptions, run_demo
 
     out = output_directory(Path(args.out), "--out", empty=True) if args.out is not None else _fresh_default()
     options = DemoOptions(ranks=args.ranks, duration_s=args.duration, out=out, addr=args.addr,
@@ -76,7 +76,7 @@ def _check_tensor(path: str, number: int, target: str, glob: str) -> None:
     """Refuse a tensor fault whose glob matches nothing in the demo's model (the rank would fail at that step)."""
     from fnmatch import fnmatchcase
 
-    from trainhealth.lab.demo.worker import tensor_names
+    from trainhealth.demo.worker import tensor_names
 
     names = tensor_names(target)
     if not any(fnmatchcase(name, glob) for name in names):

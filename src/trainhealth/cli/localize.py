@@ -23,7 +23,7 @@ from trainhealth.errors import UsageError
 
 if TYPE_CHECKING:
     from trainhealth.exporters.collectives.probe import ProbeResult
-    from trainhealth.lab.simulator.simulate import InjectedFault
+    from trainhealth.simulator.simulate import InjectedFault
     from trainhealth.localize.localizer import Thresholds
     from trainhealth.localize.result import LocalizationResult
 
@@ -153,7 +153,7 @@ def _probe(args: argparse.Namespace) -> ProbeResult | None:
 
 def _parse_fault(text: str) -> InjectedFault:
     """``kind:target:severity[:start[:end]]``, e.g. ``gpu:5:1.5`` or ``nic:9:2:4:8``."""
-    from trainhealth.lab.simulator.simulate import ClusterFaultKind, InjectedFault
+    from trainhealth.simulator.simulate import ClusterFaultKind, InjectedFault
 
     parts = text.split(":")
     kinds = ", ".join(kind.value for kind in ClusterFaultKind)
@@ -179,8 +179,8 @@ def _parse_fault(text: str) -> InjectedFault:
 
 
 def _cmd_sim(args: argparse.Namespace) -> int:
-    from trainhealth.lab.simulator.cluster import ClusterLayout
-    from trainhealth.lab.simulator.simulate import Control, Scenario, simulate
+    from trainhealth.simulator.cluster import ClusterLayout
+    from trainhealth.simulator.simulate import Control, Scenario, simulate
 
     output = Path(args.output)
     check_output_directory(output, "-o")

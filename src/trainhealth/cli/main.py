@@ -26,7 +26,6 @@ from trainhealth.config import ConfigError, SettingInfo, Settings, setting_infos
 from trainhealth.cli.demo import add_commands as add_demo_commands
 from trainhealth.cli.detect import add_commands as add_detection_commands
 from trainhealth.cli.docgen import render_configuration_markdown, render_metrics_markdown
-from trainhealth.cli.lab import add_commands as add_lab_commands
 from trainhealth.cli.numbers import PORT_OR_ZERO, Bounded
 from trainhealth._extras import missing_extra
 from trainhealth._files import check_output_directory, check_output_file, same_file
@@ -314,16 +313,14 @@ def build_parser() -> argparse.ArgumentParser:
     add_alerting_commands(commands, _Parser)
     add_demo_commands(commands, _Parser)
     add_stack_commands(commands, _Parser)
-    add_lab_commands(commands, _Parser)
     add_probe_commands(commands, _Parser)
     return parser
 
 
 #: The extra each command needs beyond the core install (see trainhealth._extras).
 COMMAND_EXTRAS = {
-    "detect": "analysis", "bench": "analysis", "trace": "analysis", "localize": "analysis", "sim": "analysis",
+    "detect": "analysis", "trace": "analysis", "localize": "analysis", "sim": "analysis",
     "analyze": "analysis", "alerts": "dashboards", "dashboards": "dashboards", "stack": "demo", "demo": "demo",
-    "lab": "demo",
 }
 
 

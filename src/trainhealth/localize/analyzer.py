@@ -19,8 +19,8 @@ After a failure the next run waits twice the interval (start to start), so a
 struggling Prometheus is asked half as often, and a fresh verdict comes at most
 two intervals after it answers well again.
 
->>> from trainhealth.lab.simulator.cluster import ClusterLayout
->>> from trainhealth.lab.simulator.simulate import ClusterFaultKind, InjectedFault, Scenario, simulate
+>>> from trainhealth.simulator.cluster import ClusterLayout
+>>> from trainhealth.simulator.simulate import ClusterFaultKind, InjectedFault, Scenario, simulate
 >>> from trainhealth.localize.sources import Window
 >>> from trainhealth.store import MetricStore
 >>> trace = simulate(Scenario(ClusterLayout(dp=4, pp=2, tp=2), steps=12, seed=3,

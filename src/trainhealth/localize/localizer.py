@@ -21,8 +21,8 @@ The rules are Holmes's (NSDI'25), applied to whole windows of steps with numpy:
    compared between peers and replicas and reported as imbalance, never blamed
    on a GPU.
 
->>> from trainhealth.lab.simulator.cluster import ClusterLayout
->>> from trainhealth.lab.simulator.simulate import ClusterFaultKind, InjectedFault, Scenario, simulate
+>>> from trainhealth.simulator.cluster import ClusterLayout
+>>> from trainhealth.simulator.simulate import ClusterFaultKind, InjectedFault, Scenario, simulate
 >>> fault = InjectedFault(ClusterFaultKind.GPU, target=5, severity=1.5, start_step=6)
 >>> trace = simulate(Scenario(ClusterLayout(dp=4, pp=2, tp=2), steps=12, faults=(fault,), seed=3))
 >>> result = localize(trace.records, trace.topology)

@@ -66,7 +66,7 @@ def run_selftest(devices: Sequence[str] | None = None, size: int = 1024, seed: i
     """Every check on every device (default: all), then the cross-device comparison.
 
     ``inject(device, check, result)`` may corrupt a result in place before it is
-    judged (trainhealth.lab.injectors.bits), to prove the self-test catches what it should.
+    judged (trainhealth.injectors.bits), to prove the self-test catches what it should.
     """
     import torch
 

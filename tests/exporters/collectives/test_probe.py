@@ -22,7 +22,7 @@ from trainhealth.exporters.collectives.probe import (
     probe_links,
     round_robin,
 )
-from trainhealth.lab.netns import NetLab
+from trainhealth_lab.netns import NetLab
 
 WORLD = 4
 PAIRS = {(a, b) for a in range(WORLD) for b in range(a + 1, WORLD)}

@@ -9,7 +9,7 @@ import torch
 from trainhealth import catalog
 from trainhealth.exporters.monitor import Monitor
 from trainhealth.exporters.training.model_signals import ModelSignals
-from trainhealth.lab.models.tiny_gpt import TinyGPT, synthetic_batch
+from trainhealth.demo.tiny_gpt import TinyGPT, synthetic_batch
 
 
 def test_attention_max_logit_and_entropy_match_the_materialised_probabilities():

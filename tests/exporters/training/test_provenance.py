@@ -13,8 +13,8 @@ import torch
 from trainhealth import catalog
 from trainhealth.exporters.monitor import Monitor
 from trainhealth.exporters.training.provenance import OVERFLOW_BOUND, BlockOrder, Origin, Stage, Where, locate
-from trainhealth.lab.injectors.schedule import Injector
-from trainhealth.lab.models.tiny_gpt import TinyGPT, synthetic_batch
+from trainhealth.injectors.schedule import Injector
+from trainhealth.demo.tiny_gpt import TinyGPT, synthetic_batch
 
 
 def _train_with_flip(target: str, tensor: str, seed: int) -> tuple[Monitor, dict]:

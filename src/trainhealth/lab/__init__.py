@@ -1,3 +1,0 @@
-"""Evidence, never imported by production modules: real network faults and real-run fault labs."""
-
-__all__: list[str] = []

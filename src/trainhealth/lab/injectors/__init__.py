@@ -1,1 +1,0 @@
-"""Fault injection: the trace-driven cluster simulator (and, later, injectors for real runs)."""

@@ -1,1 +1,0 @@
-"""Small real models for the demo, the benchmarks and the tests."""

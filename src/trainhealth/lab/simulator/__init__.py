@@ -1,1 +1,0 @@
-"""The trace-driven cluster simulator: evidence, never imported by production modules."""

@@ -1,0 +1,1 @@
+"""The cluster simulator behind ``trainhealth sim``: collective traces of a cluster with injected faults and their ground truth."""
