@@ -19,12 +19,12 @@ import torch
 from prometheus_client.parser import text_string_to_metric_families
 
 from trainhealth.config import Settings
+from trainhealth.demo.tiny_gpt import TinyGPT, synthetic_batch
 from trainhealth.events import EventLog
 from trainhealth.exporters.gpu.telemetry import GpuTelemetry
 from trainhealth.exporters.monitor import Monitor
-from trainhealth.sinks.service import Sinks
 from trainhealth.identity import Identity
-from trainhealth.demo.tiny_gpt import TinyGPT, synthetic_batch
+from trainhealth.sinks.service import Sinks
 from trainhealth.store import MetricStore
 
 
@@ -40,8 +40,17 @@ def main() -> None:
     torch.manual_seed(0)
     model = TinyGPT(vocab=64, width=32, layers=2, heads=2, context=16)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    with Monitor(model, optimizer, prometheus_addr="127.0.0.1", prometheus_port=0, gpu_backend="off", comm=False,
-                 otel=False, stats_every=1, env={}) as monitor:
+    with Monitor(
+        model,
+        optimizer,
+        prometheus_addr="127.0.0.1",
+        prometheus_port=0,
+        gpu_backend="off",
+        comm=False,
+        otel=False,
+        stats_every=1,
+        env={},
+    ) as monitor:
         for step in range(30):
             loss = model.loss(synthetic_batch(64, 16, 4, seed=step))
             loss.backward()
@@ -51,8 +60,15 @@ def main() -> None:
         monitor.flush()
         rank = count(monitor.metrics_url)
 
-    settings = Settings.resolve(env={}, gpu_backend="simulated", simulated_gpus=8, gpus="all", otel=False,
-                                prometheus_addr="127.0.0.1", prometheus_port=0)
+    settings = Settings.resolve(
+        env={},
+        gpu_backend="simulated",
+        simulated_gpus=8,
+        gpus="all",
+        otel=False,
+        prometheus_addr="127.0.0.1",
+        prometheus_port=0,
+    )
     identity = Identity.node(settings=settings)
     store = MetricStore()
     sinks = Sinks.start(store, identity, settings)
@@ -69,12 +85,16 @@ def main() -> None:
 
     gpu_families = {name: n for name, n in node.items() if name.startswith("trainhealth_gpu")}
     groups = rank.get("trainhealth_train_layer_grad_norm", 0)
-    print(f"training rank (TinyGPT, 2 blocks, {groups} layer groups, model signals, no collectives): "
-          f"{sum(rank.values())} series in {len(rank)} families")
+    print(
+        f"training rank (TinyGPT, 2 blocks, {groups} layer groups, model signals, no collectives): "
+        f"{sum(rank.values())} series in {len(rank)} families"
+    )
     for name, n in rank.most_common(8):
         print(f"  {name}: {n}")
-    print(f"node exporter, 8 simulated GPUs: {sum(node.values())} series; GPU families "
-          f"{sum(gpu_families.values())} = {sum(gpu_families.values()) / 8:.0f} per GPU")
+    print(
+        f"node exporter, 8 simulated GPUs: {sum(node.values())} series; GPU families "
+        f"{sum(gpu_families.values())} = {sum(gpu_families.values()) / 8:.0f} per GPU"
+    )
     for name, n in Counter(gpu_families).most_common(6):
         print(f"  {name}: {n}")
 

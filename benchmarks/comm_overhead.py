@@ -72,8 +72,9 @@ def _alternating(unwrapped, wrapped, tensor, rounds: int, calls: int, between=la
             between()
     differences = [w - u for w, u in zip(instrumented, base)]
     low, _, high = statistics.quantiles(differences, n=4)
-    return Alternation(statistics.median(base), statistics.median(instrumented), statistics.median(differences),
-                       low, high)
+    return Alternation(
+        statistics.median(base), statistics.median(instrumented), statistics.median(differences), low, high
+    )
 
 
 def overhead(rounds: int = 7, calls: int = 20_000) -> Alternation:
@@ -175,8 +176,9 @@ def _run(rank: int, world: int, port: int, out: str, iterations: int, slow_rank:
         dist.all_reduce(tensor)
         dist.all_reduce(tensor[:256])
     logger.flush()
-    Path(out, f"counts-{rank}.json").write_text(json.dumps([logger._flushed_total, len(logger.abnormal_records),
-                                                            sorted(slow)]))
+    Path(out, f"counts-{rank}.json").write_text(
+        json.dumps([logger._flushed_total, len(logger.abnormal_records), sorted(slow)])
+    )
     trainhealth.comm.uninstall()
     dist.destroy_process_group()
 
@@ -196,8 +198,13 @@ def _end_to_end_on_one_core() -> Alternation:
     """:func:`end_to_end` in a child process pinned to one core before torch starts its threads: the flush thread,
     gloo's and the caller all share it, so every cycle of ours shows."""
     cpu = min(os.sched_getaffinity(0))
-    result = subprocess.run([sys.executable, __file__, "--end-to-end"], capture_output=True, text=True, check=True,
-                            preexec_fn=lambda: os.sched_setaffinity(0, {cpu}))
+    result = subprocess.run(
+        [sys.executable, __file__, "--end-to-end"],
+        capture_output=True,
+        text=True,
+        check=True,
+        preexec_fn=lambda: os.sched_setaffinity(0, {cpu}),
+    )
     return Alternation(*json.loads(result.stdout.splitlines()[-1]))
 
 
@@ -207,25 +214,37 @@ def main() -> None:
         print(json.dumps(list(end_to_end())))
         return
     base, wrapped, difference, _, _ = overhead()
-    print(f"all_reduce of 16 floats, 1-rank gloo: {base * 1e6:.2f} us unwrapped, {wrapped * 1e6:.2f} us wrapped; "
-          f"logging overhead (median of 7 rounds x 20,000 calls): {difference * 1e6:.3f} us per operation")
+    print(
+        f"all_reduce of 16 floats, 1-rank gloo: {base * 1e6:.2f} us unwrapped, {wrapped * 1e6:.2f} us wrapped; "
+        f"logging overhead (median of 7 rounds x 20,000 calls): {difference * 1e6:.3f} us per operation"
+    )
     for cpus, figures in ((len(os.sched_getaffinity(0)), end_to_end()), (1, _end_to_end_on_one_core())):
-        print(f"end to end, as a job pays it (installed, flush thread aggregating into a store; 1-element all_reduce, "
-              f"median of 40 pairs x 4,000 calls; {cpus} core{'s' if cpus > 1 else ''}): "
-              f"{figures.unwrapped * 1e6:.2f} us unwrapped, {figures.wrapped * 1e6:.2f} us wrapped, "
-              f"{figures.difference * 1e6:.2f} us per operation (pairs' quartiles {figures.low * 1e6:.2f} to "
-              f"{figures.high * 1e6:.2f})")
-    print(f"the wrapper's bookkeeping alone, around a no-op with all_reduce's signature (median of 15 rounds x "
-          f"200,000 calls): {bookkeeping() * 1e9:.0f} ns per operation")
-    print(f"the flush thread's work, batches of 4,000 records aggregated into a store (median of 200): "
-          f"{flush_cost() * 1e9:.0f} ns per record")
+        print(
+            f"end to end, as a job pays it (installed, flush thread aggregating into a store; 1-element all_reduce, "
+            f"median of 40 pairs x 4,000 calls; {cpus} core{'s' if cpus > 1 else ''}): "
+            f"{figures.unwrapped * 1e6:.2f} us unwrapped, {figures.wrapped * 1e6:.2f} us wrapped, "
+            f"{figures.difference * 1e6:.2f} us per operation (pairs' quartiles {figures.low * 1e6:.2f} to "
+            f"{figures.high * 1e6:.2f})"
+        )
+    print(
+        f"the wrapper's bookkeeping alone, around a no-op with all_reduce's signature (median of 15 rounds x "
+        f"200,000 calls): {bookkeeping() * 1e9:.0f} ns per operation"
+    )
+    print(
+        f"the flush thread's work, batches of 4,000 records aggregated into a store (median of 200): "
+        f"{flush_cost() * 1e9:.0f} ns per record"
+    )
     one, two = memory()
-    print(f"memory: {one:.1f} MB with the ring (65,536 records) full, {two:.1f} MB after twice as many records "
-          f"({one * 1e6 / 65_536:.0f} bytes per record; bounded by the ring size)")
+    print(
+        f"memory: {one:.1f} MB with the ring (65,536 records) full, {two:.1f} MB after twice as many records "
+        f"({one * 1e6 / 65_536:.0f} bytes per record; bounded by the ring size)"
+    )
     total, kept, trace_bytes, kept_bytes = reduction()
-    print(f"abnormal filter, 4 gloo ranks x 300 iterations x 2 all-reduces, one rank 30 ms slow in 10% of them: "
-          f"kept {kept} of {total} records ({100 * kept / total:.1f}%, {100 * (1 - kept / total):.1f}% less data; "
-          f"files {kept_bytes / 1e3:.0f} kB of {trace_bytes / 1e3:.0f} kB)")
+    print(
+        f"abnormal filter, 4 gloo ranks x 300 iterations x 2 all-reduces, one rank 30 ms slow in 10% of them: "
+        f"kept {kept} of {total} records ({100 * kept / total:.1f}%, {100 * (1 - kept / total):.1f}% less data; "
+        f"files {kept_bytes / 1e3:.0f} kB of {trace_bytes / 1e3:.0f} kB)"
+    )
 
 
 if __name__ == "__main__":

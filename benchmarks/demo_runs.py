@@ -32,11 +32,11 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from trainhealth_lab.cli import parse_seeds
-from trainhealth.errors import UsageError
-from trainhealth.demo import story
 from trainhealth._ports import free_port
+from trainhealth.demo import story
+from trainhealth.errors import UsageError
 from trainhealth.stack.runner import find_binary
+from trainhealth_lab.cli import parse_seeds
 
 TRAINHEALTH = str(Path(sys.executable).parent / "trainhealth")
 
@@ -45,9 +45,22 @@ def run_one(out: Path, seed: int, clean: bool, duration_s: float) -> dict[str, A
     """One demo under the stack; its counts and findings."""
     directory = out / f"{'clean' if clean else 'faulty'}-seed{seed}"
     prometheus, alertmanager, webhook = free_port(), free_port(), free_port()
-    command = [TRAINHEALTH, "stack", "up", "--dir", str(directory), "--prometheus-port", str(prometheus),
-               "--alertmanager-port", str(alertmanager), "--webhook-port", str(webhook),
-               "--demo-duration", str(duration_s), f"--demo-arg=--seed={seed}"]
+    command = [
+        TRAINHEALTH,
+        "stack",
+        "up",
+        "--dir",
+        str(directory),
+        "--prometheus-port",
+        str(prometheus),
+        "--alertmanager-port",
+        str(alertmanager),
+        "--webhook-port",
+        str(webhook),
+        "--demo-duration",
+        str(duration_s),
+        f"--demo-arg=--seed={seed}",
+    ]
     if clean:
         command.append("--demo-arg=--no-faults")
     began = time.time()
@@ -76,34 +89,47 @@ def _fired_alerts(port: int, seconds: float) -> list[str]:
 
 
 def _summarise(report: dict[str, Any], demo: Path, seed: int, clean: bool, fired: list[str]) -> dict[str, Any]:
-    histories = {int(p.stem.split("-")[1]): json.loads(p.read_text())["steps"]
-                 for p in sorted((demo / "history").glob("rank-*.json"))}
-    found = story.detections(report["events"], histories, report["pages"], report["localization"],
-                             report.get("verdicts", []))
+    histories = {
+        int(p.stem.split("-")[1]): json.loads(p.read_text())["steps"]
+        for p in sorted((demo / "history").glob("rank-*.json"))
+    }
+    found = story.detections(
+        report["events"], histories, report["pages"], report["localization"], report.get("verdicts", [])
+    )
     last_step = max((int(r["step"]) for rows in histories.values() for r in rows), default=0)
     false_alarms = story.unexplained(report["schedule"], found, last_step)
     anomalies = [e for e in report["events"] if e.get("event") == "anomaly"]
     live = [v for v in report.get("verdicts", []) if v.get("verdict") not in ("healthy", "insufficient_data")]
-    return {"seed": seed, "clean": clean, "steps": last_step, "wall_s": round(float(report.get("wall_s") or 0), 1),
-            "anomalies": len(anomalies), "analyzer_findings": len(live),
-            "final_verdict": (report.get("localization") or {}).get("verdict"),
-            "false_alarms": [f"{d.what} (rank {d.rank}, step {d.step})" for d in false_alarms],
-            "notifications": sorted(f"{p.get('receiver')}:{p.get('labels', {}).get('alertname')}"
-                                    for p in report["pages"]),
-            "alerts_fired": fired, "findings": report["findings"]}
+    return {
+        "seed": seed,
+        "clean": clean,
+        "steps": last_step,
+        "wall_s": round(float(report.get("wall_s") or 0), 1),
+        "anomalies": len(anomalies),
+        "analyzer_findings": len(live),
+        "final_verdict": (report.get("localization") or {}).get("verdict"),
+        "false_alarms": [f"{d.what} (rank {d.rank}, step {d.step})" for d in false_alarms],
+        "notifications": sorted(f"{p.get('receiver')}:{p.get('labels', {}).get('alertname')}" for p in report["pages"]),
+        "alerts_fired": fired,
+        "findings": report["findings"],
+    }
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    lines = [f"{'run':<16}{'steps':>6}{'wall s':>8}{'anomalies':>10}{'analyzer':>9}{'false alarms':>13}"
-             f"{'notified':>9}{'fired':>7}  final verdict"]
+    lines = [
+        f"{'run':<16}{'steps':>6}{'wall s':>8}{'anomalies':>10}{'analyzer':>9}{'false alarms':>13}"
+        f"{'notified':>9}{'fired':>7}  final verdict"
+    ]
     for row in rows:
         name = f"{'clean' if row['clean'] else 'faulty'} seed {row['seed']}"
         if "error" in row:
             lines.append(f"{name:<16}{row['error']}")
             continue
-        lines.append(f"{name:<16}{row['steps']:>6}{row['wall_s']:>8.0f}{row['anomalies']:>10}"
-                     f"{row['analyzer_findings']:>9}{len(row['false_alarms']):>13}{len(row['notifications']):>9}"
-                     f"{len(row['alerts_fired']):>7}  {row['final_verdict']}")
+        lines.append(
+            f"{name:<16}{row['steps']:>6}{row['wall_s']:>8.0f}{row['anomalies']:>10}"
+            f"{row['analyzer_findings']:>9}{len(row['false_alarms']):>13}{len(row['notifications']):>9}"
+            f"{len(row['alerts_fired']):>7}  {row['final_verdict']}"
+        )
     lines.append("")
     for row in rows:
         name = f"{'clean' if row['clean'] else 'faulty'} seed {row['seed']}"
@@ -112,8 +138,10 @@ def table(rows: list[dict[str, Any]]) -> str:
         if row.get("alerts_fired"):
             lines.append(f"{name}: alerts fired: {', '.join(row['alerts_fired'])}")
         for finding in row.get("findings", []):
-            lines.append(f"{name}: {finding['fault']} at {finding['injected']}: {finding['first detection']}"
-                         f" -> delay {finding['delay']}")
+            lines.append(
+                f"{name}: {finding['fault']} at {finding['injected']}: {finding['first detection']}"
+                f" -> delay {finding['delay']}"
+            )
     return "\n".join(lines)
 
 
@@ -123,8 +151,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", default="1-3", help="seeds, like 1,2,3 or 1-3 (default 1-3; 0 chose the thresholds)")
     parser.add_argument("--duration", type=float, default=150.0, help="seconds of training per run (default 150)")
     parser.add_argument("--only", choices=("clean", "faulty"), help="only clean or only faulty runs")
-    parser.add_argument("--rescore", action="store_true",
-                        help="run nothing: recount the runs recorded in --out with the current matching rules")
+    parser.add_argument(
+        "--rescore",
+        action="store_true",
+        help="run nothing: recount the runs recorded in --out with the current matching rules",
+    )
     args = parser.parse_args(argv)
     try:
         seeds = parse_seeds(args.seeds)
@@ -153,8 +184,11 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(row)
             with (out / "results.jsonl").open("a") as results:
                 results.write(json.dumps(row) + "\n")
-            print(f"  {'clean' if clean else 'faulty'} seed {seed}: {time.monotonic() - began:.0f} s, "
-                  f"{len(row.get('false_alarms', []))} false alarms", flush=True)
+            print(
+                f"  {'clean' if clean else 'faulty'} seed {seed}: {time.monotonic() - began:.0f} s, "
+                f"{len(row.get('false_alarms', []))} false alarms",
+                flush=True,
+            )
     return _report(rows, out)
 
 
@@ -165,8 +199,9 @@ def _rescored(out: Path) -> list[dict[str, Any]]:
         row = json.loads(line)
         demo = out / f"{'clean' if row['clean'] else 'faulty'}-seed{row['seed']}" / "demo"
         if "error" not in row and (demo / "report.json").is_file():
-            row = _summarise(json.loads((demo / "report.json").read_text()), demo, row["seed"], row["clean"],
-                             row["alerts_fired"])
+            row = _summarise(
+                json.loads((demo / "report.json").read_text()), demo, row["seed"], row["clean"], row["alerts_fired"]
+            )
         rows.append(row)
     return rows
 
@@ -178,14 +213,18 @@ def _report(rows: list[dict[str, Any]], out: Path) -> int:
     faulty_rows = [r for r in rows if not r["clean"] and "error" not in r]
     print()
     if clean_rows:
-        print(f"clean runs: {sum(r['anomalies'] + r['analyzer_findings'] for r in clean_rows)} anomalies and "
-              f"analyzer findings, {sum(len(r['notifications']) for r in clean_rows)} notifications, "
-              f"{sum(len(r['alerts_fired']) for r in clean_rows)} alerts fired over {len(clean_rows)} runs")
+        print(
+            f"clean runs: {sum(r['anomalies'] + r['analyzer_findings'] for r in clean_rows)} anomalies and "
+            f"analyzer findings, {sum(len(r['notifications']) for r in clean_rows)} notifications, "
+            f"{sum(len(r['alerts_fired']) for r in clean_rows)} alerts fired over {len(clean_rows)} runs"
+        )
     if faulty_rows:
         faults = [f for r in faulty_rows for f in r["findings"]]
         caught = [f for f in faults if f["first detection"] != "not detected"]
-        print(f"faulty runs: {len(caught)} of {len(faults)} injected faults detected; "
-              f"{sum(len(r['false_alarms']) for r in faulty_rows)} false alarms over {len(faulty_rows)} runs")
+        print(
+            f"faulty runs: {len(caught)} of {len(faults)} injected faults detected; "
+            f"{sum(len(r['false_alarms']) for r in faulty_rows)} false alarms over {len(faulty_rows)} runs"
+        )
     print(f"results: {out / 'results.jsonl'}")
     return 0 if all("error" not in r for r in rows) else 1
 

@@ -51,8 +51,10 @@ def ours(detector, data: np.ndarray, warm: int) -> float:
 def river_zscore(data: np.ndarray, kind: str) -> float:
     from river import anomaly
 
-    models = [anomaly.StandardAbsoluteDeviation() if kind == "sad" else anomaly.GaussianScorer(window_size=WINDOW)
-              for _ in range(data.shape[1])]
+    models = [
+        anomaly.StandardAbsoluteDeviation() if kind == "sad" else anomaly.GaussianScorer(window_size=WINDOW)
+        for _ in range(data.shape[1])
+    ]
     for row in data[:WINDOW]:
         for model, y in zip(models, row):
             model.learn_one(None, y)
@@ -67,7 +69,9 @@ def river_zscore(data: np.ndarray, kind: str) -> float:
 def river_iqr(data: np.ndarray) -> float:
     from river import stats
 
-    quartiles = [(stats.RollingQuantile(0.25, WINDOW), stats.RollingQuantile(0.75, WINDOW)) for _ in range(data.shape[1])]
+    quartiles = [
+        (stats.RollingQuantile(0.25, WINDOW), stats.RollingQuantile(0.75, WINDOW)) for _ in range(data.shape[1])
+    ]
     for row in data[:WINDOW]:
         for (q1, q3), y in zip(quartiles, row):
             q1.update(y)
@@ -90,7 +94,7 @@ def stl_per_point(data: np.ndarray, points: int = 200) -> float:
     series = data[:, 0]
     begin = time.perf_counter()
     for end in range(192, 192 + points):
-        STL(series[end - 192: end], period=24).fit()
+        STL(series[end - 192 : end], period=24).fit()
     return points / (time.perf_counter() - begin)
 
 
@@ -118,7 +122,7 @@ def main() -> None:
             ("trainhealth iqr", ours(IQR(window=WINDOW), data, WINDOW), quantiles),
             ("trainhealth robust_z", ours(RobustZ(window=WINDOW), data, WINDOW), None),
             ("trainhealth divergence", ours(Divergence(), data, WINDOW), None),
-            ("trainhealth bocpd (max_run 200)", ours(BOCPD(), data[:WINDOW + 30], WINDOW), None),
+            ("trainhealth bocpd (max_run 200)", ours(BOCPD(), data[: WINDOW + 30], WINDOW), None),
         ]
         for name, rate, reference in rows:
             ratio = f"{rate / reference:>9.1f}x" if reference else ""

@@ -27,12 +27,12 @@ import tracemalloc
 
 from trainhealth.config import Settings
 from trainhealth.events import EventLog
-from trainhealth.exporters.gpu.telemetry import GpuTelemetry
 from trainhealth.exporters.gpu.sampler import GpuSampler
-from trainhealth.exporters.gpu.simulated import SimulatedFaultKind, SimulatedFault, SimulatedNvml, SimulatedProfiler
-from trainhealth.sinks.service import Sinks
+from trainhealth.exporters.gpu.simulated import SimulatedFault, SimulatedFaultKind, SimulatedNvml, SimulatedProfiler
+from trainhealth.exporters.gpu.telemetry import GpuTelemetry
 from trainhealth.exporters.gpu.xid_watcher import XidWatcher
 from trainhealth.identity import Identity
+from trainhealth.sinks.service import Sinks
 from trainhealth.store import MetricStore
 
 CLIENT = r"""
@@ -71,14 +71,25 @@ def sampling_cpu(passes: int) -> list[float]:
 
 
 def scrape_latencies(interval_s: float, rate: float, seconds: float) -> tuple[list[float], int]:
-    settings = Settings.resolve(env={}, gpu_backend="simulated", gpu_sample_interval=interval_s, dcgm=True,
-                                prometheus_addr="127.0.0.1", prometheus_port=0, otel=False)
+    settings = Settings.resolve(
+        env={},
+        gpu_backend="simulated",
+        gpu_sample_interval=interval_s,
+        dcgm=True,
+        prometheus_addr="127.0.0.1",
+        prometheus_port=0,
+        otel=False,
+    )
     store, identity = MetricStore(), Identity.node({}, settings)
     sinks = Sinks.start(store, identity, settings, env={})
     telemetry = GpuTelemetry.start(store, EventLog(logger=None), settings, identity, role="node", env={})
     try:
-        result = subprocess.run([sys.executable, "-c", CLIENT, sinks.metrics_url, str(rate), str(seconds)],
-                                capture_output=True, text=True, check=True)
+        result = subprocess.run(
+            [sys.executable, "-c", CLIENT, sinks.metrics_url, str(rate), str(seconds)],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
         series = sum(len(family.samples) for family in store.snapshot())
     finally:
         telemetry.close()
@@ -94,8 +105,16 @@ def memory_growth(passes: int) -> list[tuple[int, float, float]]:
     watcher = XidWatcher(store, sim, sampler.gpus, backend="simulated", events=events, on_xid=lambda *_: None)
     watcher.start()
     chooser = random.Random(0)
-    kinds = [SimulatedFaultKind.THERMAL_THROTTLE, SimulatedFaultKind.POWER_THROTTLE, SimulatedFaultKind.SLOW_CLOCKS, SimulatedFaultKind.PCIE_REPLAYS,
-             SimulatedFaultKind.NVLINK_CRC, SimulatedFaultKind.ECC_CORRECTABLE, SimulatedFaultKind.GPU_LOST, SimulatedFaultKind.RECOVER]
+    kinds = [
+        SimulatedFaultKind.THERMAL_THROTTLE,
+        SimulatedFaultKind.POWER_THROTTLE,
+        SimulatedFaultKind.SLOW_CLOCKS,
+        SimulatedFaultKind.PCIE_REPLAYS,
+        SimulatedFaultKind.NVLINK_CRC,
+        SimulatedFaultKind.ECC_CORRECTABLE,
+        SimulatedFaultKind.GPU_LOST,
+        SimulatedFaultKind.RECOVER,
+    ]
     tracemalloc.start()
     marks = []
     for index in range(passes):
@@ -130,17 +149,23 @@ def main() -> None:
     args = parser.parse_args()
 
     cpu = sampling_cpu(1000)
-    print(f"sampling pass, 8 simulated GPUs (1000 passes): CPU median {statistics.median(cpu) * 1e3:.2f} ms, "
-          f"p99 {percentile(cpu, 0.99) * 1e3:.2f} ms, max {max(cpu) * 1e3:.2f} ms")
+    print(
+        f"sampling pass, 8 simulated GPUs (1000 passes): CPU median {statistics.median(cpu) * 1e3:.2f} ms, "
+        f"p99 {percentile(cpu, 0.99) * 1e3:.2f} ms, max {max(cpu) * 1e3:.2f} ms"
+    )
 
     for label, interval in (("default 5 s sampling", 5.0), ("sampling every 20 ms (cache defeated)", 0.02)):
         latencies, series = scrape_latencies(interval, args.rate, args.seconds)
-        print(f"/metrics, {series} series, {args.rate:g} scrapes/s for {args.seconds:g} s, {label}: "
-              f"{len(latencies)} scrapes, p50 {percentile(latencies, 0.5) * 1e3:.2f} ms, "
-              f"p99 {percentile(latencies, 0.99) * 1e3:.2f} ms, max {max(latencies) * 1e3:.2f} ms")
+        print(
+            f"/metrics, {series} series, {args.rate:g} scrapes/s for {args.seconds:g} s, {label}: "
+            f"{len(latencies)} scrapes, p50 {percentile(latencies, 0.5) * 1e3:.2f} ms, "
+            f"p99 {percentile(latencies, 0.99) * 1e3:.2f} ms, max {max(latencies) * 1e3:.2f} ms"
+        )
 
     marks = memory_growth(args.passes)
-    print(f"memory over {args.passes} passes with faults throughout (traced heap of the sampler and store, process RSS):")
+    print(
+        f"memory over {args.passes} passes with faults throughout (traced heap of the sampler and store, process RSS):"
+    )
     for done, heap, rss in marks:
         print(f"  after {done:>6} passes: heap {heap:.3f} MB, RSS {rss:.1f} MB")
 

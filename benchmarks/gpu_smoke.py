@@ -28,8 +28,10 @@ def main() -> int:
     except pynvml.NVMLError as error:
         print(f"gpu_smoke: NVML is not available here: {error}", file=sys.stderr)
         return 2
-    print(f"driver {pynvml.nvmlSystemGetDriverVersion()}, NVML {pynvml.nvmlSystemGetNVMLVersion()}, "
-          f"{pynvml.nvmlDeviceGetCount()} GPU(s)")
+    print(
+        f"driver {pynvml.nvmlSystemGetDriverVersion()}, NVML {pynvml.nvmlSystemGetNVMLVersion()}, "
+        f"{pynvml.nvmlDeviceGetCount()} GPU(s)"
+    )
     pynvml.nvmlShutdown()
 
     store, events = MetricStore(), EventLog()
@@ -43,8 +45,10 @@ def main() -> int:
             shown = value.count if isinstance(value, HistogramValue) else value
             print(f"  {family.spec.prometheus_name}{dict(zip(family.spec.labels, labels))} {shown}")
     for gpu in sampler._gpus:  # noqa: SLF001 - a diagnostic script may look inside
-        print(f"GPU {gpu.index} ({gpu.uuid}): not supported: {', '.join(sorted(gpu.unsupported)) or 'nothing'}; "
-              f"NVLink links: {list(gpu.links or [])}")
+        print(
+            f"GPU {gpu.index} ({gpu.uuid}): not supported: {', '.join(sorted(gpu.unsupported)) or 'nothing'}; "
+            f"NVLink links: {list(gpu.links or [])}"
+        )
     watcher = XidWatcher(store, pynvml, sampler.gpus, events=events)
     print(f"XID events: {'registered' if watcher.start() else 'not available'}")
     watcher.close()

@@ -63,8 +63,11 @@ def measure(requirement: str, keep: Path) -> tuple[dict[str, int], Path]:
     """Bytes per distribution that ``pip install requirement`` added to a fresh environment."""
     python = _environment(keep)
     before = _sizes(python)
-    done = subprocess.run([str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", requirement],
-                          capture_output=True, text=True)
+    done = subprocess.run(
+        [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", requirement],
+        capture_output=True,
+        text=True,
+    )
     if done.returncode:
         sys.exit(f"pip install {requirement} failed:\n{done.stderr[-4000:]}")
     after = _sizes(python)
@@ -86,14 +89,19 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as scratch:
         core, python = measure(str(REPO), Path(scratch, "core"))
         core_mb = report("pip install . (core, no extras, no torch)", core)
-        loaded = json.loads(subprocess.run([str(python), "-c", _POD_CHECK], check=True, capture_output=True,
-                                           text=True).stdout)
-        print(f"\nimport trainhealth, trainhealth.comm, Monitor, CollectiveLogger in the core environment: "
-              f"heavy modules loaded: {loaded or 'none'}")
-        command = subprocess.run([str(Path(python).parent / "trainhealth"), "trace", "info", str(REPO)],
-                                 capture_output=True, text=True)
-        print(f"trainhealth trace info without the analysis extra: exit {command.returncode}, "
-              f"{command.stderr.strip()!r}")
+        loaded = json.loads(
+            subprocess.run([str(python), "-c", _POD_CHECK], check=True, capture_output=True, text=True).stdout
+        )
+        print(
+            f"\nimport trainhealth, trainhealth.comm, Monitor, CollectiveLogger in the core environment: "
+            f"heavy modules loaded: {loaded or 'none'}"
+        )
+        command = subprocess.run(
+            [str(Path(python).parent / "trainhealth"), "trace", "info", str(REPO)], capture_output=True, text=True
+        )
+        print(
+            f"trainhealth trace info without the analysis extra: exit {command.returncode}, {command.stderr.strip()!r}"
+        )
         if args.all:
             everything, _ = measure(f"{REPO}[all]", Path(scratch, "all"))
             report("pip install '.[all]' (no torch)", everything)

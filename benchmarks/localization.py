@@ -31,7 +31,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from trainhealth_lab.bench.localization import Outcome, cases, evaluate, summarize
+from trainhealth.localize.localizer import Thresholds
 from trainhealth.simulator.cluster import ClusterLayout
 from trainhealth.simulator.simulate import (
     ClusterFaultKind,
@@ -39,7 +39,7 @@ from trainhealth.simulator.simulate import (
     Scenario,
     simulate,
 )
-from trainhealth.localize.localizer import Thresholds
+from trainhealth_lab.bench.localization import Outcome, cases, evaluate, summarize
 
 
 def _evaluate(job: tuple) -> Outcome:
@@ -57,13 +57,17 @@ def _percent(frame: pd.DataFrame) -> str:
             shown[column] = shown[column].map(lambda v: "" if pd.isna(v) else f"{int(v)}")
     header = [shown.index.name or ""] + list(shown.columns)
     rows = [[str(index)] + [str(value) for value in row] for index, row in zip(shown.index, shown.to_numpy())]
-    return "\n".join(["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-                     + ["| " + " | ".join(row) + " |" for row in rows])
+    return "\n".join(
+        ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] + ["| " + " | ".join(row) + " |" for row in rows]
+    )
 
 
 def _table(title: str, outcomes: list[Outcome], by: str, minimum_severity: float | None = None) -> None:
-    chosen = [o for o in outcomes if minimum_severity is None or o.case.fault is None
-              or o.case.fault.severity >= minimum_severity]
+    chosen = [
+        o
+        for o in outcomes
+        if minimum_severity is None or o.case.fault is None or o.case.fault.severity >= minimum_severity
+    ]
     print(f"\n### {title}\n")
     print(_percent(summarize(chosen, by)))
 
@@ -78,8 +82,10 @@ def _latency(repeats: int, gpus: int = 8192, compare_with: str | None = None) ->
         began = time.perf_counter()
         trace = simulate(Scenario(layout, steps=20, microbatches=4, seed=7, faults=(fault,)))
         trace.write(directory)
-        print(f"\nsimulated {layout.world} GPUs x 20 steps: {len(trace.records):,} records in "
-              f"{time.perf_counter() - began:.1f} s ({os.path.getsize(Path(directory) / 'trace.parquet') / 2**20:.0f} MiB Parquet)")
+        print(
+            f"\nsimulated {layout.world} GPUs x 20 steps: {len(trace.records):,} records in "
+            f"{time.perf_counter() - began:.1f} s ({os.path.getsize(Path(directory) / 'trace.parquet') / 2**20:.0f} MiB Parquet)"
+        )
         del trace
         env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
         codes = {"this checkout": env}
@@ -92,8 +98,21 @@ def _latency(repeats: int, gpus: int = 8192, compare_with: str | None = None) ->
             for name, code_env in codes.items():
                 with tempfile.TemporaryFile() as out:
                     began = time.perf_counter()
-                    process = subprocess.Popen(["taskset", "-c", "0", sys.executable, "-m", "trainhealth.cli",
-                                                "localize", directory, "--json"], stdout=out, env=code_env)
+                    process = subprocess.Popen(
+                        [
+                            "taskset",
+                            "-c",
+                            "0",
+                            sys.executable,
+                            "-m",
+                            "trainhealth.cli",
+                            "localize",
+                            directory,
+                            "--json",
+                        ],
+                        stdout=out,
+                        env=code_env,
+                    )
                     _, status, usage = os.wait4(process.pid, 0)  # this run's own peak memory
                     walls[name].append(time.perf_counter() - began)
                     process.returncode = os.waitstatus_to_exitcode(status)
@@ -104,10 +123,12 @@ def _latency(repeats: int, gpus: int = 8192, compare_with: str | None = None) ->
                     tops[name].add(json.loads(out.read())["suspects"][0]["component"])
         for name in codes:
             runs = sorted(walls[name])
-            print(f"trainhealth localize ({name}), {layout.world} GPUs x 20 steps on one core: median "
-                  f"{runs[len(runs) // 2]:.2f} s (runs in order: {', '.join(f'{w:.2f}' for w in walls[name])}), "
-                  f"peak RSS {max(peaks[name]):.0f} MiB, top suspect {', '.join(sorted(tops[name]))} "
-                  f"(injected gpu:rank-{target})")
+            print(
+                f"trainhealth localize ({name}), {layout.world} GPUs x 20 steps on one core: median "
+                f"{runs[len(runs) // 2]:.2f} s (runs in order: {', '.join(f'{w:.2f}' for w in walls[name])}), "
+                f"peak RSS {max(peaks[name]):.0f} MiB, top suspect {', '.join(sorted(tops[name]))} "
+                f"(injected gpu:rank-{target})"
+            )
 
 
 def main() -> None:
@@ -119,21 +140,36 @@ def main() -> None:
     parser.add_argument("--processes", type=int, default=2)
     parser.add_argument("--no-latency", action="store_true")
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--latency-gpus", type=int, nargs="+", default=[8192],
-                        help="GPU counts of the latency runs (multiples of 128; 16384 for the analyzer's cost at 16k)")
+    parser.add_argument(
+        "--latency-gpus",
+        type=int,
+        nargs="+",
+        default=[8192],
+        help="GPU counts of the latency runs (multiples of 128; 16384 for the analyzer's cost at 16k)",
+    )
     parser.add_argument("--latency-only", action="store_true", help="skip the accuracy cases")
-    parser.add_argument("--compare-with", metavar="CHECKOUT",
-                        help="another checkout's root (git worktree add DIR REV): its localize alternates with this one")
+    parser.add_argument(
+        "--compare-with",
+        metavar="CHECKOUT",
+        help="another checkout's root (git worktree add DIR REV): its localize alternates with this one",
+    )
     args = parser.parse_args()
     if args.latency_only:
         for gpus in args.latency_gpus:
             _latency(args.repeats, gpus, args.compare_with)
         return
 
-    jobs = [(case, False) for scale in args.scales
-            for case in cases(scale, args.seeds_8192 if scale == 8192 else args.seeds)]
-    jobs += [(case, True) for scale in args.collectives_only_scales if scale in args.scales
-             for case in cases(scale, args.seeds)]
+    jobs = [
+        (case, False)
+        for scale in args.scales
+        for case in cases(scale, args.seeds_8192 if scale == 8192 else args.seeds)
+    ]
+    jobs += [
+        (case, True)
+        for scale in args.collectives_only_scales
+        if scale in args.scales
+        for case in cases(scale, args.seeds)
+    ]
     began = time.perf_counter()
     with Pool(args.processes) as pool:
         outcomes = pool.map(_evaluate, jobs, chunksize=1)
@@ -154,8 +190,10 @@ def main() -> None:
         _table("Collectives only, by severity", collectives, "severity")
         _table("Collectives only, negative controls", collectives, "control")
     seconds = pd.DataFrame({"scale": [o.case.scale for o in full], "seconds": [o.seconds for o in full]})
-    print("\nanalysis time per window, every candidate scored (in-process, records in memory): "
-          + ", ".join(f"{scale} GPUs {group['seconds'].median():.2f} s" for scale, group in seconds.groupby("scale")))
+    print(
+        "\nanalysis time per window, every candidate scored (in-process, records in memory): "
+        + ", ".join(f"{scale} GPUs {group['seconds'].median():.2f} s" for scale, group in seconds.groupby("scale"))
+    )
     if not args.no_latency:
         for gpus in args.latency_gpus:
             _latency(args.repeats, gpus, args.compare_with)

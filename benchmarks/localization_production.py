@@ -29,6 +29,7 @@ from concurrent.futures.process import BrokenProcessPool
 
 import pandas as pd
 
+from trainhealth.localize.localizer import Thresholds
 from trainhealth_lab.bench.production import (
     CALIBRATION_SEEDS,
     HELD_OUT_SEEDS,
@@ -41,7 +42,6 @@ from trainhealth_lab.bench.production import (
     scale_cases,
     summarize,
 )
-from trainhealth.localize.localizer import Thresholds
 
 QUICK_SEEDS = 8
 QUICK_SIZES = ((64, 1000, 1.0),)
@@ -100,7 +100,9 @@ def main() -> None:
         "--quick", action="store_true", help=f"the first {QUICK_SEEDS} seeds at 64 ranks x 1,000 steps, no scale runs"
     )
     parser.add_argument("--no-scale", action="store_true", help="skip the 4,096 x 1,000 and 1,024 x 5,000 runs")
-    parser.add_argument("--max-windows", type=int, default=50, help="windows judged per run, evenly spaced (default 50)")
+    parser.add_argument(
+        "--max-windows", type=int, default=50, help="windows judged per run, evenly spaced (default 50)"
+    )
     parser.add_argument("--processes", type=int, default=2)
     parser.add_argument("--examples", type=int, default=6, help="blamed windows to quote")
     args = parser.parse_args()
@@ -128,8 +130,11 @@ def main() -> None:
                 lost.append(futures[future])
                 continue
             if len(outcomes) % 50 == 0:
-                print(f"{len(outcomes)}/{len(jobs)} runs, {time.perf_counter() - began:.0f} s", file=sys.stderr,
-                      flush=True)
+                print(
+                    f"{len(outcomes)}/{len(jobs)} runs, {time.perf_counter() - began:.0f} s",
+                    file=sys.stderr,
+                    flush=True,
+                )
     wall = time.perf_counter() - began
     outcomes.sort(key=lambda o: (o.case.seed, o.case.pattern.value, o.case.layout.world, o.case.steps))
 
@@ -139,8 +144,10 @@ def main() -> None:
     )
     print(f"\n{len(outcomes)} runs in {wall:.0f} s on {args.processes} processes; thresholds {Thresholds()}")
     if lost:
-        print(f"LOST: {len(lost)} run(s), their worker died (out of memory?): "
-              + ", ".join(f"seed {c.seed} {c.pattern.value} {c.size}" for c in lost))
+        print(
+            f"LOST: {len(lost)} run(s), their worker died (out of memory?): "
+            + ", ".join(f"seed {c.seed} {c.pattern.value} {c.size}" for c in lost)
+        )
     capped = [o for o in outcomes if o.windows and len(o.windows) < o.windows_in_run]
     if capped:
         print(

@@ -113,8 +113,9 @@ def filled_store() -> MetricStore:
 def scrape_phase(port: int, rate: float, seconds: float) -> tuple[list[float], int, int]:
     """Run the scraper process; return its latencies, its failures and the most threads seen here meanwhile."""
     most_threads = threading.active_count()
-    scraper = subprocess.Popen([sys.executable, "-c", SCRAPER, str(port), str(rate), str(seconds)],
-                               stdout=subprocess.PIPE, text=True)
+    scraper = subprocess.Popen(
+        [sys.executable, "-c", SCRAPER, str(port), str(rate), str(seconds)], stdout=subprocess.PIPE, text=True
+    )
     while scraper.poll() is None:
         most_threads = max(most_threads, threading.active_count())
         time.sleep(0.05)
@@ -147,8 +148,11 @@ def main() -> None:
     print(f"threads before the server {before}, with it idle {threading.active_count()}", flush=True)
     try:
         report("alone", *scrape_phase(server.port, args.rate, args.seconds))
-        slow = subprocess.Popen([sys.executable, "-c", SLOW_CLIENTS, str(server.port), str(args.stalled),
-                                 str(args.trickling)], stdout=subprocess.PIPE, text=True)
+        slow = subprocess.Popen(
+            [sys.executable, "-c", SLOW_CLIENTS, str(server.port), str(args.stalled), str(args.trickling)],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         try:
             assert slow.stdout is not None
             if slow.stdout.readline().strip() != "ready":

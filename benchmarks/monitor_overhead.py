@@ -48,8 +48,9 @@ SHAPES = {"transformer": (8, 128), "long": (2, 1024)}  # (batch, sequence)
 STATS_OFF = 1_000_000  # stats_every beyond the run: the layer statistics never run
 
 #: what each arm turns on over ``core``; None: no Monitor
-CORE: dict[str, Any] = dict(model_signals=False, nan_provenance=False, detectors="off", prometheus=False,
-                            stats_every=STATS_OFF)
+CORE: dict[str, Any] = dict(
+    model_signals=False, nan_provenance=False, detectors="off", prometheus=False, stats_every=STATS_OFF
+)
 ARMS: dict[str, dict[str, Any] | None] = {
     "baseline": None,
     "baseline again": None,
@@ -68,7 +69,9 @@ class SmallTransformer(torch.nn.Module):
         super().__init__()
         self.embed = torch.nn.Embedding(VOCAB, D_MODEL)
         self.layers = torch.nn.ModuleList(
-            torch.nn.TransformerEncoderLayer(D_MODEL, HEADS, 4 * D_MODEL, dropout=0.0, batch_first=True, norm_first=True)
+            torch.nn.TransformerEncoderLayer(
+                D_MODEL, HEADS, 4 * D_MODEL, dropout=0.0, batch_first=True, norm_first=True
+            )
             for _ in range(LAYERS)
         )
         self.head = torch.nn.Linear(D_MODEL, VOCAB)
@@ -127,8 +130,16 @@ def measure(model_kind: str, rounds: int, steps: int, names: list[str]) -> list[
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
         monitor = None
         if settings is not None:
-            monitor = Monitor(model, optimizer, env={}, otel=False, gpu_backend="off", prometheus_addr="127.0.0.1",
-                              prometheus_port=0, **settings)
+            monitor = Monitor(
+                model,
+                optimizer,
+                env={},
+                otel=False,
+                gpu_backend="off",
+                prometheus_addr="127.0.0.1",
+                prometheus_port=0,
+                **settings,
+            )
             if monitor.metrics_url is not None:
                 stop = threading.Event()
                 threading.Thread(target=_scrape_every_second, args=(monitor.metrics_url, stop), daemon=True).start()
@@ -156,8 +167,13 @@ def _added(arm: Arm, reference: Arm, steps: int) -> float:
     """The median over rounds of the arm's block median over the reference's block median in the same round,
     less one: each round's blocks ran minutes apart at most, so the machine's drift cancels."""
     blocks = range(0, len(arm.steps), steps)
-    return statistics.median(statistics.median(arm.steps[i:i + steps]) / statistics.median(reference.steps[i:i + steps])
-                             for i in blocks) - 1
+    return (
+        statistics.median(
+            statistics.median(arm.steps[i : i + steps]) / statistics.median(reference.steps[i : i + steps])
+            for i in blocks
+        )
+        - 1
+    )
 
 
 def table(arms: list[Arm], steps: int) -> list[str]:
@@ -181,15 +197,26 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=40)
     parser.add_argument("--steps", type=int, default=1, help="steps per block")
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--only", action="append", choices=list(ARMS), metavar="ARM",
-                        help="measure only this arm (repeatable; the baselines and core always run)")
+    parser.add_argument(
+        "--only",
+        action="append",
+        choices=list(ARMS),
+        metavar="ARM",
+        help="measure only this arm (repeatable; the baselines and core always run)",
+    )
     args = parser.parse_args()
-    names = list(ARMS) if not args.only else ["baseline", "baseline again", "core"] + [
-        name for name in ARMS if name in args.only and name not in ("baseline", "baseline again", "core")]
+    names = (
+        list(ARMS)
+        if not args.only
+        else ["baseline", "baseline again", "core"]
+        + [name for name in ARMS if name in args.only and name not in ("baseline", "baseline again", "core")]
+    )
     torch.set_num_threads(1)
     batch, sequence = SHAPES[args.model]
-    print(f"model {args.model}: {LAYERS} layers, d_model {D_MODEL}, batch {batch} x {sequence} tokens, vocabulary "
-          f"{VOCAB}; torch {torch.__version__}, 1 thread; {len(names)} arms x {args.rounds} rounds x {args.steps} steps")
+    print(
+        f"model {args.model}: {LAYERS} layers, d_model {D_MODEL}, batch {batch} x {sequence} tokens, vocabulary "
+        f"{VOCAB}; torch {torch.__version__}, 1 thread; {len(names)} arms x {args.rounds} rounds x {args.steps} steps"
+    )
     for repeat in range(args.repeats):
         arms = measure(args.model, args.rounds, args.steps, names)
         print(f"\nrepeat {repeat + 1}:")

@@ -26,9 +26,16 @@ import os
 import sys
 from pathlib import Path
 
+from trainhealth_lab.bench.nab import (
+    NAB_DETECTORS,
+    PROFILES,
+    load_corpus,
+    nab_score,
+    read_results,
+    result_names,
+    split_score,
+)
 from trainhealth_lab.cli import main as trainhealth_lab
-from trainhealth_lab.bench.nab import (NAB_DETECTORS, PROFILES, load_corpus, nab_score, read_results, result_names,
-                                       split_score)
 
 CALIBRATION = "zscore(window=6400,warmup=50,protect=false)"
 
@@ -40,23 +47,42 @@ def figure(score: float) -> str:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="/tmp/nab-results")
-    parser.add_argument("--detector", action="append", metavar="SPEC",
-                        help="a detector (repeatable; default: the shipped set and the calibration row)")
+    parser.add_argument(
+        "--detector",
+        action="append",
+        metavar="SPEC",
+        help="a detector (repeatable; default: the shipped set and the calibration row)",
+    )
     args = parser.parse_args()
     root = os.environ.get("TRAINHEALTH_DATA") or Path(__file__).resolve().parents[1].parent / "shared" / "data"
     data = Path(root) / "nab"
     detectors = args.detector or [*NAB_DETECTORS, CALIBRATION]
-    code = trainhealth_lab(["nab", "--data", str(data), "--out", args.out, "--split",
-                        *[argument for item in detectors for argument in ("--detector", item)]])
+    code = trainhealth_lab(
+        [
+            "nab",
+            "--data",
+            str(data),
+            "--out",
+            args.out,
+            "--split",
+            *[argument for item in detectors for argument in ("--detector", item)],
+        ]
+    )
     if code:
         sys.exit(code)
     files = load_corpus(data)
     width = max(len(item) for item in detectors) + 2
     print(f"\nNAB's own scoring (nab_score) of the event scores written to {args.out}")
-    print(f"{'detector':<{width}}" + "".join(f"{name:>20}" for name in PROFILES)
-          + f"{'even files (tuned)':>20}{'odd files (held out)':>22}")
+    print(
+        f"{'detector':<{width}}"
+        + "".join(f"{name:>20}" for name in PROFILES)
+        + f"{'even files (tuned)':>20}{'odd files (held out)':>22}"
+    )
     for item, name in zip(detectors, result_names(detectors)):
         scores = read_results(args.out, name, files)
         split = split_score(files, scores, scorer=nab_score)
-        print(f"{item:<{width}}" + "".join(f"{nab_score(files, scores, profile)[0]:>20.1f}" for profile in PROFILES)
-              + f"{figure(split.tuned):>20}{figure(split.held_out):>22}")
+        print(
+            f"{item:<{width}}"
+            + "".join(f"{nab_score(files, scores, profile)[0]:>20.1f}" for profile in PROFILES)
+            + f"{figure(split.tuned):>20}{figure(split.held_out):>22}"
+        )

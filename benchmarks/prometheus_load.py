@@ -33,16 +33,25 @@ def _serve(first_port: int, count: int, ready: multiprocessing.Queue, stop: mult
     from trainhealth.config import Settings
     from trainhealth.events import EventLog
     from trainhealth.exporters.gpu.telemetry import GpuTelemetry
-    from trainhealth.sinks.service import Sinks
     from trainhealth.identity import Identity
+    from trainhealth.sinks.service import Sinks
     from trainhealth.store import MetricStore
 
     running = []
     for offset in range(count):
         port = first_port + offset
-        settings = Settings.resolve(env={}, gpu_backend="simulated", simulated_gpus=8, gpus="all", otel=False,
-                                    prometheus_addr="127.0.0.1", prometheus_port=port, job="load-test",
-                                    host=f"node-{port}", gpu_sample_interval=5.0)
+        settings = Settings.resolve(
+            env={},
+            gpu_backend="simulated",
+            simulated_gpus=8,
+            gpus="all",
+            otel=False,
+            prometheus_addr="127.0.0.1",
+            prometheus_port=port,
+            job="load-test",
+            host=f"node-{port}",
+            gpu_sample_interval=5.0,
+        )
         identity = Identity.node(settings=settings)
         store = MetricStore(settings.store.max_series_per_metric)
         sinks = Sinks.start(store, identity, settings)
@@ -93,16 +102,24 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as directory:
         targets = [f"127.0.0.1:{args.first_port + i}" for i in range(args.endpoints)]
-        config = {"global": {"scrape_interval": "5s", "scrape_timeout": "4s", "evaluation_interval": "5s"},
-                  "scrape_configs": [{"job_name": "trainhealth-node", "honor_labels": True,
-                                      "static_configs": [{"targets": targets}]},
-                                     {"job_name": "prometheus", "static_configs": [
-                                         {"targets": [f"127.0.0.1:{args.prometheus_port}"]}]}]}
+        config = {
+            "global": {"scrape_interval": "5s", "scrape_timeout": "4s", "evaluation_interval": "5s"},
+            "scrape_configs": [
+                {"job_name": "trainhealth-node", "honor_labels": True, "static_configs": [{"targets": targets}]},
+                {"job_name": "prometheus", "static_configs": [{"targets": [f"127.0.0.1:{args.prometheus_port}"]}]},
+            ],
+        }
         Path(directory, "prometheus.yml").write_text(json.dumps(config))
-        server = subprocess.Popen([prometheus, f"--config.file={directory}/prometheus.yml",
-                                   f"--storage.tsdb.path={directory}/data",
-                                   f"--web.listen-address=127.0.0.1:{args.prometheus_port}"],
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        server = subprocess.Popen(
+            [
+                prometheus,
+                f"--config.file={directory}/prometheus.yml",
+                f"--storage.tsdb.path={directory}/data",
+                f"--web.listen-address=127.0.0.1:{args.prometheus_port}",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         try:
             time.sleep(args.seconds)
             port = args.prometheus_port
@@ -125,8 +142,10 @@ def main() -> None:
     print(f"scrape duration: mean {mean * 1000:.1f} ms, p99 {p99 * 1000:.1f} ms (interval 5 s)")
     print(f"samples per scrape: {samples:.0f} (8 GPUs: {samples / 8:.0f} per GPU)")
     print(f"ingestion: {ingestion:,.0f} samples/s; head series {series:,.0f}; Prometheus RSS {prometheus_rss:.0f} MiB")
-    print(f"exporter memory: {total:.0f} MiB in {len(workers)} processes = {total / args.endpoints:.1f} MiB per "
-          f"endpoint, {total / len(workers):.0f} MiB per process of {PER_PROCESS}")
+    print(
+        f"exporter memory: {total:.0f} MiB in {len(workers)} processes = {total / args.endpoints:.1f} MiB per "
+        f"endpoint, {total / len(workers):.0f} MiB per process of {PER_PROCESS}"
+    )
     print("per-process RSS (MiB): " + ", ".join(f"{r:.0f}" for r in exporters))
 
 

@@ -46,8 +46,12 @@ def rates(kind: str, seed: int, series: int, fresh: int) -> tuple[int, int, int]
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[5, 6, 7, 8, 9])
-    parser.add_argument("--kinds", nargs="+", default=["t2", "lognormal", "pareto", "poisson", "normal"],
-                        choices=["t2", "lognormal", "pareto", "poisson", "normal"])
+    parser.add_argument(
+        "--kinds",
+        nargs="+",
+        default=["t2", "lognormal", "pareto", "poisson", "normal"],
+        choices=["t2", "lognormal", "pareto", "poisson", "normal"],
+    )
     parser.add_argument("--series", type=int, default=100)
     parser.add_argument("--fresh", type=int, default=5000, help="new draws scored per series")
     args = parser.parse_args()
@@ -60,8 +64,11 @@ def main() -> None:
             a, b, n = rates(kind, seed, args.series, args.fresh)
             above3, above5, total = above3 + a, above5 + b, total + n
             per_seed.append(f"{100 * a / n:.3f}%")
-        print(f"| {kind} | {total:,} | {100 * above3 / total:.4f}% ({above3}) | {100 * above5 / total:.5f}% "
-              f"({above5}) | {', '.join(per_seed)} |", flush=True)
+        print(
+            f"| {kind} | {total:,} | {100 * above3 / total:.4f}% ({above3}) | {100 * above5 / total:.5f}% "
+            f"({above5}) | {', '.join(per_seed)} |",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -29,8 +29,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from trainhealth_lab.cli import parse_seeds
 from trainhealth.errors import UsageError
+from trainhealth_lab.cli import parse_seeds
 from trainhealth_lab.realrun.cases import SUITES, suite_cases
 from trainhealth_lab.realrun.suite import (
     RESULTS_FILE,
@@ -51,11 +51,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cases", help="only cases whose kind or name contains one of these (comma-separated)")
     parser.add_argument("--noise", action="store_true", help="after the quiet suite, repeat it beside a busy process")
     parser.add_argument("--suite", choices=tuple(SUITES), default="full", help="which cases (default full)")
-    parser.add_argument("--no-live", dest="live", action="store_false",
-                        help="no live analyzer while the jobs run (less CPU beside the ranks; no live columns)")
-    parser.add_argument("--score", metavar="RESULTS",
-                        help="run nothing: localize the saved runs of RESULTS (a results.jsonl or its directory) "
-                             "again with this code and print the suite's tables")
+    parser.add_argument(
+        "--no-live",
+        dest="live",
+        action="store_false",
+        help="no live analyzer while the jobs run (less CPU beside the ranks; no live columns)",
+    )
+    parser.add_argument(
+        "--score",
+        metavar="RESULTS",
+        help="run nothing: localize the saved runs of RESULTS (a results.jsonl or its directory) "
+        "again with this code and print the suite's tables",
+    )
     args = parser.parse_args(argv)
     if args.score:
         return _score(Path(args.score), args.suite)
@@ -72,11 +79,15 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out or tempfile.mkdtemp(prefix="trainhealth-real-runs-"))
     for noise in (False, True) if args.noise else (False,):
         began = time.monotonic()
-        rows = run_suite(cases, out / ("noise" if noise else "quiet"), noise=noise, live=args.live,
-                         report=lambda o: print(f"  {o.case:<48} {o.status:<7} {o.wall_s:5.1f}s", flush=True))
+        rows = run_suite(
+            cases,
+            out / ("noise" if noise else "quiet"),
+            noise=noise,
+            live=args.live,
+            report=lambda o: print(f"  {o.case:<48} {o.status:<7} {o.wall_s:5.1f}s", flush=True),
+        )
         title = "beside a competing CPU-bound process" if noise else "quiet machine"
-        print(f"\n== real-run lab, {len(cases)} runs, seeds {args.seeds}, {title} "
-              f"({time.monotonic() - began:.0f}s) ==")
+        print(f"\n== real-run lab, {len(cases)} runs, seeds {args.seeds}, {title} ({time.monotonic() - began:.0f}s) ==")
         if args.suite == "shapes":
             print(shape_table(rows))
             print()

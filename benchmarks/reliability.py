@@ -41,7 +41,6 @@ import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import tracemalloc
 from pathlib import Path
@@ -62,8 +61,10 @@ def _rank(rank: int, world: int, port: int, out: str, operations: int) -> None:
     from tests.distributed import init_rank
 
     init_rank(rank, world, port, timeout_s=120)
-    trainhealth.comm.install(trace_dir=out, settings=trainhealth.Settings.resolve(
-        env={}, comm_flush_interval=FLUSH_S, trace_write_interval=FLUSH_S))
+    trainhealth.comm.install(
+        trace_dir=out,
+        settings=trainhealth.Settings.resolve(env={}, comm_flush_interval=FLUSH_S, trace_write_interval=FLUSH_S),
+    )
     progress = os.open(Path(out, f"progress-{rank}.txt"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     tensor = torch.ones(256)
     logger = trainhealth.comm.installed()
@@ -104,7 +105,10 @@ def trace_recovery(ending: str, operations: int) -> tuple[int, int, int, int]:
             deadline = time.monotonic() + 300
             while time.monotonic() < deadline:  # until the job has done 5,000 operations (and a few seconds)
                 time.sleep(0.5)
-                if all(p.exists() for p in progress) and min(_completed_before(p, time.time()) for p in progress) >= 2000:
+                if (
+                    all(p.exists() for p in progress)
+                    and min(_completed_before(p, time.time()) for p in progress) >= 2000
+                ):
                     break
             moment = time.time()
             for process in context.processes:
@@ -130,13 +134,18 @@ def trace_recovery(ending: str, operations: int) -> tuple[int, int, int, int]:
 
 
 def report_traces(operations: int) -> None:
-    for ending, meaning in (("exit", "all operations, normal exit without close()"),
-                            ("sigterm", "operations older than 2 s at SIGTERM"),
-                            ("sigkill", f"operations older than the flush interval ({FLUSH_S:g} s) at SIGKILL")):
+    for ending, meaning in (
+        ("exit", "all operations, normal exit without close()"),
+        ("sigterm", "operations older than 2 s at SIGTERM"),
+        ("sigkill", f"operations older than the flush interval ({FLUSH_S:g} s) at SIGKILL"),
+    ):
         found, expected, found_all, completed = trace_recovery(ending, operations)
-        print(f"trace, {RANKS}-rank gloo job, {meaning}: {found:,} of {expected:,} in the trace "
-              f"({100 * found / max(expected, 1):.2f}%); of every operation completed: {found_all:,} of "
-              f"{completed:,} ({100 * found_all / max(completed, 1):.2f}%)", flush=True)
+        print(
+            f"trace, {RANKS}-rank gloo job, {meaning}: {found:,} of {expected:,} in the trace "
+            f"({100 * found / max(expected, 1):.2f}%); of every operation completed: {found_all:,} of "
+            f"{completed:,} ({100 * found_all / max(completed, 1):.2f}%)",
+            flush=True,
+        )
 
 
 # --- close -------------------------------------------------------------------------------------------
@@ -160,8 +169,11 @@ def report_close() -> None:
         silent.bind(("127.0.0.1", 0))
         silent.listen(16)  # accepts (the kernel does) and never answers
         answerless = close_time(f"http://127.0.0.1:{silent.getsockname()[1]}")
-    print(f"Monitor.close() with the OTLP endpoint refusing connections: {unreachable:.2f} s; "
-          f"accepting and never answering: {answerless:.2f} s (target <= 2 s)", flush=True)
+    print(
+        f"Monitor.close() with the OTLP endpoint refusing connections: {unreachable:.2f} s; "
+        f"accepting and never answering: {answerless:.2f} s (target <= 2 s)",
+        flush=True,
+    )
 
 
 # --- the training loop -------------------------------------------------------------------------------
@@ -176,8 +188,16 @@ def report_loop(steps: int) -> None:
     with socket.socket() as closed:
         closed.bind(("127.0.0.1", 0))
         os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"] = f"http://127.0.0.1:{closed.getsockname()[1]}"
-        monitor = trainhealth.Monitor(model, optimizer, env={}, otel=True, prometheus=True,
-                                      prometheus_addr="127.0.0.1", prometheus_port=0, gpu_backend="simulated")
+        monitor = trainhealth.Monitor(
+            model,
+            optimizer,
+            env={},
+            otel=True,
+            prometheus=True,
+            prometheus_addr="127.0.0.1",
+            prometheus_port=0,
+            gpu_backend="simulated",
+        )
         escaped, recorded = 0, 0
         tracemalloc.start()
         baseline = middle = 0
@@ -200,10 +220,13 @@ def report_loop(steps: int) -> None:
         growth, second_half = (end - baseline) / 1e6, (end - middle) / 1e6
         tracemalloc.stop()
         monitor.close()
-    print(f"training loop, {steps:,} steps with a missing gradient, a NaN loss every 100 steps "
-          f"and OTLP unreachable: {escaped} exceptions reached the loop, {recorded:,} steps completed, "
-          f"live memory (traced, after a full collection) {growth:+.2f} MB from step 1,000 to the end, "
-          f"{second_half:+.2f} MB over the second half", flush=True)
+    print(
+        f"training loop, {steps:,} steps with a missing gradient, a NaN loss every 100 steps "
+        f"and OTLP unreachable: {escaped} exceptions reached the loop, {recorded:,} steps completed, "
+        f"live memory (traced, after a full collection) {growth:+.2f} MB from step 1,000 to the end, "
+        f"{second_half:+.2f} MB over the second half",
+        flush=True,
+    )
 
 
 def _live_bytes() -> int:
@@ -274,14 +297,26 @@ def report_auth() -> None:
         client_cert.private_key_and_cert_chain_pem.write_to_path(str(paths["client"]))
         password = Path(directory, "password")
         password.write_text(secret)
-        security = {"tls_certfile": str(paths["cert"]), "tls_keyfile": str(paths["key"]),
-                    "tls_client_cafile": str(paths["ca"]), "basic_auth_username": "prometheus",
-                    "basic_auth_password_file": str(password)}
+        security = {
+            "tls_certfile": str(paths["cert"]),
+            "tls_keyfile": str(paths["key"]),
+            "tls_client_cafile": str(paths["ca"]),
+            "basic_auth_username": "prometheus",
+            "basic_auth_password_file": str(password),
+        }
         flags = [word for name, value in security.items() for word in (f"--{name.replace('_', '-')}", value)]
         results: dict[str, dict[str, str]] = {}
 
-        monitor = trainhealth.Monitor(None, None, env={}, otel=False, gpu_backend="off", prometheus_addr="127.0.0.1",
-                                      prometheus_port=0, **security)  # type: ignore[arg-type]
+        monitor = trainhealth.Monitor(
+            None,
+            None,
+            env={},
+            otel=False,
+            gpu_backend="off",
+            prometheus_addr="127.0.0.1",
+            prometheus_port=0,
+            **security,
+        )  # type: ignore[arg-type]
         url = str(monitor.metrics_url).replace("http://", "https://")
         results["Monitor /metrics"] = _scrape_cases(url, paths["ca"], paths["client"], secret)
         monitor.close()
@@ -293,9 +328,22 @@ def report_auth() -> None:
             "trainhealth analyze": ["analyze", "--traces", str(traces), "--interval", "1"],
         }
         for name, argv in commands.items():
-            process = subprocess.Popen([str(Path(sys.executable).with_name("trainhealth")), *argv, "--addr", "127.0.0.1",
-                                        "--port", "0", "--duration", "60", *flags],
-                                       stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+            process = subprocess.Popen(
+                [
+                    str(Path(sys.executable).with_name("trainhealth")),
+                    *argv,
+                    "--addr",
+                    "127.0.0.1",
+                    "--port",
+                    "0",
+                    "--duration",
+                    "60",
+                    *flags,
+                ],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+                text=True,
+            )
             try:
                 results[name] = _scrape_cases(_served_url(process), paths["ca"], paths["client"], secret)
             finally:
@@ -306,8 +354,11 @@ def report_auth() -> None:
 
 
 # --- the bad-input corpora ----------------------------------------------------------------------------
-CORPORA = ("tests/cli/test_bad_input_analysis.py", "tests/cli/test_bad_input_operations.py",
-           "tests/localize/test_analyzer_upstream.py")
+CORPORA = (
+    "tests/cli/test_bad_input_analysis.py",
+    "tests/cli/test_bad_input_operations.py",
+    "tests/localize/test_analyzer_upstream.py",
+)
 
 
 def report_corpus() -> None:
@@ -315,22 +366,32 @@ def report_corpus() -> None:
     root = Path(__file__).resolve().parent.parent
     began = time.monotonic()
     with tempfile.NamedTemporaryFile("r", suffix=".jsonl") as cases:
-        done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rf", *CORPORA],
-                              cwd=root, capture_output=True, text=True,
-                              env={**os.environ, "TRAINHEALTH_BADINPUT_LOG": cases.name})
+        done = subprocess.run(
+            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rf", *CORPORA],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            env={**os.environ, "TRAINHEALTH_BADINPUT_LOG": cases.name},
+        )
         invocations = [json.loads(line) for line in cases.read().splitlines() if line.strip()]
     commands: dict[str, int] = {}
     for argv in invocations:
         words = [word for word in argv if not str(word).startswith("-")][:2]
-        name = " ".join(str(word) for word in words[:2]) if words[:1] in (["trace"], ["stack"], ["trainhealth-lab"]) \
+        name = (
+            " ".join(str(word) for word in words[:2])
+            if words[:1] in (["trace"], ["stack"], ["trainhealth-lab"])
             else (str(words[0]) if words else "(no command)")
+        )
         commands[name] = commands.get(name, 0) + 1
     lines = done.stdout.strip().splitlines()
     failed = [line for line in lines if line.startswith("FAILED")]
     summary = lines[-1] if lines else done.stderr.strip()[-300:]
-    print(f"bad-input corpora: {len(invocations):,} invocations of the real command, each its own process, over "
-          f"{len(commands)} commands ({', '.join(f'{k} {v}' for k, v in sorted(commands.items()))}); "
-          f"pytest: {summary} ({time.monotonic() - began:.0f} s)", flush=True)
+    print(
+        f"bad-input corpora: {len(invocations):,} invocations of the real command, each its own process, over "
+        f"{len(commands)} commands ({', '.join(f'{k} {v}' for k, v in sorted(commands.items()))}); "
+        f"pytest: {summary} ({time.monotonic() - began:.0f} s)",
+        flush=True,
+    )
     for line in failed:
         print("  " + line, flush=True)
 
@@ -338,8 +399,9 @@ def report_corpus() -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", choices=("traces", "close", "loop", "auth", "corpus"), help="run one part")
-    parser.add_argument("--operations", type=int, default=1500,
-                        help="all-reduces per rank for the normal-exit job (x 4 ranks)")
+    parser.add_argument(
+        "--operations", type=int, default=1500, help="all-reduces per rank for the normal-exit job (x 4 ranks)"
+    )
     parser.add_argument("--steps", type=int, default=20_000, help="steps of the training-loop part")
     args = parser.parse_args()
     if args.only in (None, "traces"):

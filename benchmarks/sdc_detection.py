@@ -57,16 +57,31 @@ from trainhealth_lab.bench.sdc import Trial, run_trials  # noqa: E402
 WORLD = 4
 BITS = {"sign": 31, "exponent-30": 30, "exponent-27": 27, "exponent-23": 23, "mantissa-22": 22, "mantissa-0": 0}
 RATES = {"once": (1, 0), "burst": (64, 0), "repeated": (1, 19)}  # (elements, extra steps)
-TENSORS = {"parameter": "layers.1.mlp.0.weight", "gradient": "layers.0.attn.in_proj_weight",
-           "activation": "layers.0.mlp"}
+TENSORS = {
+    "parameter": "layers.1.mlp.0.weight",
+    "gradient": "layers.0.attn.in_proj_weight",
+    "activation": "layers.0.mlp",
+}
 DETECTORS = ("fingerprint", "grad_norm", "loss_spike", "nonfinite")
 PROVENANCE_BLOCKS = ("embed", "layers.0", "layers.1", "lm_head")
-_WEIGHTS = ("embed.weight", "layers.0.attn.in_proj_weight", "layers.0.attn.out_proj.weight", "layers.0.norm1.weight",
-            "layers.0.mlp.0.weight", "layers.0.mlp.2.weight", "layers.1.attn.in_proj_weight",
-            "layers.1.norm2.weight", "layers.1.mlp.0.weight", "layers.1.mlp.2.bias", "lm_head.weight")
-PROVENANCE_TARGETS = {"parameter": _WEIGHTS, "gradient": _WEIGHTS,
-                      "activation": ("embed", "layers.0.attn", "layers.0.mlp", "layers.0", "layers.1.attn",
-                                     "layers.1.mlp", "lm_head")}
+_WEIGHTS = (
+    "embed.weight",
+    "layers.0.attn.in_proj_weight",
+    "layers.0.attn.out_proj.weight",
+    "layers.0.norm1.weight",
+    "layers.0.mlp.0.weight",
+    "layers.0.mlp.2.weight",
+    "layers.1.attn.in_proj_weight",
+    "layers.1.norm2.weight",
+    "layers.1.mlp.0.weight",
+    "layers.1.mlp.2.bias",
+    "lm_head.weight",
+)
+PROVENANCE_TARGETS = {
+    "parameter": _WEIGHTS,
+    "gradient": _WEIGHTS,
+    "activation": ("embed", "layers.0.attn", "layers.0.mlp", "layers.0", "layers.1.attn", "layers.1.mlp", "lm_head"),
+}
 
 
 def grid(seeds: int, steps: int) -> list[Trial]:
@@ -77,8 +92,16 @@ def grid(seeds: int, steps: int) -> list[Trial]:
                 for rate, (count, extra) in RATES.items():
                     chooser = random.Random(f"{seed}-{target}-{field}-{rate}")
                     step, rank = chooser.randint(110, 190), chooser.randrange(WORLD)
-                    fault = {"kind": "bitflip", "target": target, "tensor": tensor, "bit": bit, "count": count,
-                             "step": step, "until": step + extra, "ranks": [rank]}
+                    fault = {
+                        "kind": "bitflip",
+                        "target": target,
+                        "tensor": tensor,
+                        "bit": bit,
+                        "count": count,
+                        "step": step,
+                        "until": step + extra,
+                        "ranks": [rank],
+                    }
                     trials.append(Trial(f"{target}/{field}/{rate}/{seed}", (fault,), steps, seed=seed))
     trials += [Trial(f"clean/{seed}", (), steps, seed=100 + seed) for seed in range(max(10, seeds * 5))]
     return trials
@@ -90,8 +113,14 @@ def loss_spike_trials(seeds: int, steps: int) -> list[Trial]:
     for seed in range(seeds):
         chooser = random.Random(f"lr-{seed}")
         step = chooser.randint(110, 190)
-        trials.append(Trial(f"lr_scale/x30/5-steps/{seed}", ({"kind": "lr_scale", "factor": 30.0, "step": step,
-                                                               "until": step + 4},), steps, seed=seed))
+        trials.append(
+            Trial(
+                f"lr_scale/x30/5-steps/{seed}",
+                ({"kind": "lr_scale", "factor": 30.0, "step": step, "until": step + 4},),
+                steps,
+                seed=seed,
+            )
+        )
     return trials
 
 
@@ -101,11 +130,20 @@ def provenance_trials(per_kind: int, clean: int, steps: int, first_seed: int = 0
         for seed in range(first_seed, first_seed + per_kind):
             chooser = random.Random(f"provenance-{kind}-{seed}")
             tensor, step, rank = chooser.choice(tensors), chooser.randint(20, 40), chooser.randrange(WORLD)
-            fault = {"kind": "bitflip", "target": kind, "tensor": tensor, "bit": 30, "count": 1, "step": step,
-                     "ranks": [rank]}
+            fault = {
+                "kind": "bitflip",
+                "target": kind,
+                "tensor": tensor,
+                "bit": 30,
+                "count": 1,
+                "step": step,
+                "ranks": [rank],
+            }
             trials.append(Trial(f"provenance/{kind}/{seed}", (fault,), steps, seed=seed))
-    return trials + [Trial(f"clean/{seed}", (), steps, seed=300 + seed, measure_peaks=True)
-                      for seed in range(first_seed, first_seed + clean)]
+    return trials + [
+        Trial(f"clean/{seed}", (), steps, seed=300 + seed, measure_peaks=True)
+        for seed in range(first_seed, first_seed + clean)
+    ]
 
 
 def named_rank(results: list[dict]) -> int | None:
@@ -141,14 +179,18 @@ def provenance_report(by_trial: dict[str, list[dict]], seconds: float) -> None:
             row["stayed small"] += 1
             continue
         row["overflowing"] += 1
-        truth = next(b for b in reversed(PROVENANCE_BLOCKS) if fault["tensor"] == b or fault["tensor"].startswith(b + "."))
+        truth = next(
+            b for b in reversed(PROVENANCE_BLOCKS) if fault["tensor"] == b or fault["tensor"].startswith(b + ".")
+        )
         rank = named_rank(results)
         origin = next((r["origin"] for r in results if r["rank"] == rank), None)
         row["rank"] += rank == fault["rank"]
         row["rank + block"] += rank == fault["rank"] and origin is not None and origin["block"] == truth
         if rank != fault["rank"] or origin is None or origin["block"] != truth:
-            misses.append(f"{name}: flipped {fault['tensor']} on rank {fault['rank']} at step {fault['step']}; "
-                          f"origins {[(r['rank'], r['origin']) for r in results]}")
+            misses.append(
+                f"{name}: flipped {fault['tensor']} on rank {fault['rank']} at step {fault['step']}; "
+                f"origins {[(r['rank'], r['origin']) for r in results]}"
+            )
     print("| target | trials | flips that overflowed | faulty rank named | rank and block named |")
     print("|---|---|---|---|---|")
     total: dict[str, int] = defaultdict(int)
@@ -159,8 +201,10 @@ def provenance_report(by_trial: dict[str, list[dict]], seconds: float) -> None:
         print(_provenance_row(kind, row))
     print(_provenance_row("all", total))
     print(f"\nflips that stayed at or below the bound ({OVERFLOW_BOUND:.0e}), not counted: {total['stayed small']}")
-    print(f"clean runs: {clean}, with an origin reported (false positives): {false_origins}; largest measured "
-          f"magnitude (of a tensor's sum): block output {peaks['output']:.3g}, local gradient {peaks['gradient']:.3g}")
+    print(
+        f"clean runs: {clean}, with an origin reported (false positives): {false_origins}; largest measured "
+        f"magnitude (of a tensor's sum): block output {peaks['output']:.3g}, local gradient {peaks['gradient']:.3g}"
+    )
     print(f"wall time: {seconds:.0f} s")
     for miss in misses:
         print("miss:", miss)
@@ -178,9 +222,9 @@ def _provenance_row(kind: str, row: dict[str, int]) -> str:
 def provenance_overhead(rounds: int = 10, steps: int = 10) -> None:
     import torch
 
+    from trainhealth.demo.tiny_gpt import TinyGPT, synthetic_batch
     from trainhealth.exporters.training.model_health import transformer_blocks
     from trainhealth.exporters.training.model_signals import ModelSignals
-    from trainhealth.demo.tiny_gpt import TinyGPT, synthetic_batch
 
     torch.set_num_threads(1)
     torch.manual_seed(0)
@@ -210,13 +254,14 @@ def provenance_overhead(rounds: int = 10, steps: int = 10) -> None:
         hooked.append(round_ms(True))
     base, extra = statistics.median(plain), statistics.median(hooked) - statistics.median(plain)
     parameters = sum(p.numel() for p in model.parameters())
-    print(f"\nprovenance hooks: model of {parameters / 1e6:.1f} M parameters ({len(list(model.parameters()))} tensors), "
-          f"one CPU thread, median CPU time of a step {base:.1f} ms without them, {extra:+.2f} ms with them "
-          f"({extra / base:+.1%}; medians of {rounds} alternating rounds of {steps} steps)")
+    print(
+        f"\nprovenance hooks: model of {parameters / 1e6:.1f} M parameters ({len(list(model.parameters()))} tensors), "
+        f"one CPU thread, median CPU time of a step {base:.1f} ms without them, {extra:+.2f} ms with them "
+        f"({extra / base:+.1%}; medians of {rounds} alternating rounds of {steps} steps)"
+    )
 
 
-def _rank_main(rank: int, world: int, port: int, trials: list[Trial], out: str, shape: dict | None,
-               batch: int) -> None:
+def _rank_main(rank: int, world: int, port: int, trials: list[Trial], out: str, shape: dict | None, batch: int) -> None:
     import torch
     import torch.distributed as dist
 
@@ -238,8 +283,12 @@ def run(trials: list[Trial], shape: dict | None = None, batch: int = 8) -> dict[
 
 
 def first_detection(results: list[dict], detector: str, after: int, rank: int | None) -> int | None:
-    steps = [d["step"] for r in results for d in r["detections"]
-             if d["detector"] == detector and d["step"] >= after and (rank is None or d["rank"] == rank)]
+    steps = [
+        d["step"]
+        for r in results
+        for d in r["detections"]
+        if d["detector"] == detector and d["step"] >= after and (rank is None or d["rank"] == rank)
+    ]
     return min(steps) if steps else None
 
 
@@ -278,10 +327,15 @@ def report(by_trial: dict[str, list[dict]]) -> None:
     print("|---|---|---|---|---|---|---|---|---|")
     for key in sorted(rows, key=lambda k: (k.count("*"), k)):
         delays = rows[key]
-        print(f"| {' | '.join(key)} | {len(delays['any'])} | "
-              + " | ".join(cell(delays[d]) for d in DETECTORS) + f" | {cell(delays['any'])} |")
-    print(f"\nfalse positives over {clean} clean runs (runs on which the detector fired): "
-          + ", ".join(f"{d} {clean_fired[d]}" for d in DETECTORS))
+        print(
+            f"| {' | '.join(key)} | {len(delays['any'])} | "
+            + " | ".join(cell(delays[d]) for d in DETECTORS)
+            + f" | {cell(delays['any'])} |"
+        )
+    print(
+        f"\nfalse positives over {clean} clean runs (runs on which the detector fired): "
+        + ", ".join(f"{d} {clean_fired[d]}" for d in DETECTORS)
+    )
 
 
 def overhead(steps: int) -> None:
@@ -292,9 +346,11 @@ def overhead(steps: int) -> None:
     step = statistics.median(r["step_seconds"] for r in by_trial["plain"])
     check = statistics.median(r["check_seconds"]["fingerprint"] for r in by_trial["overhead"])
     parameters = 256 * 256 * 12 * 4 + 256 * 256 * 2 + 128 * 256
-    print(f"\noverhead: model of {parameters / 1e6:.1f} M parameters, 4 ranks, median step {step * 1000:.1f} ms, "
-          f"fingerprint check {check * 1000:.2f} ms -> {check / (100 * step):.3%} of training time at "
-          f"sdc_interval=100 ({check / (10 * step):.2%} at 10)")
+    print(
+        f"\noverhead: model of {parameters / 1e6:.1f} M parameters, 4 ranks, median step {step * 1000:.1f} ms, "
+        f"fingerprint check {check * 1000:.2f} ms -> {check / (100 * step):.3%} of training time at "
+        f"sdc_interval=100 ({check / (10 * step):.2%} at 10)"
+    )
 
 
 def main() -> None:
@@ -302,14 +358,19 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=2)
     parser.add_argument("--steps", type=int, default=250)
     parser.add_argument("--no-overhead", action="store_true")
-    parser.add_argument("--loss-spikes", action="store_true",
-                        help="only the learning-rate blow-up trials (8 seeds) and 10 clean runs")
-    parser.add_argument("--provenance", action="store_true",
-                        help="only the NaN/Inf provenance trials: bit-30 flips, 60 steps (--per-kind per target kind)")
+    parser.add_argument(
+        "--loss-spikes", action="store_true", help="only the learning-rate blow-up trials (8 seeds) and 10 clean runs"
+    )
+    parser.add_argument(
+        "--provenance",
+        action="store_true",
+        help="only the NaN/Inf provenance trials: bit-30 flips, 60 steps (--per-kind per target kind)",
+    )
     parser.add_argument("--per-kind", type=int, default=10)
     parser.add_argument("--clean", type=int, default=6)
-    parser.add_argument("--first-seed", type=int, default=100,
-                        help="provenance seeds start here (0-9 were used while developing it)")
+    parser.add_argument(
+        "--first-seed", type=int, default=100, help="provenance seeds start here (0-9 were used while developing it)"
+    )
     args = parser.parse_args()
     if args.provenance:
         trials = provenance_trials(args.per_kind, args.clean, 60, args.first_seed)
@@ -320,8 +381,9 @@ def main() -> None:
         provenance_overhead()
         return
     if args.loss_spikes:
-        trials = loss_spike_trials(8, args.steps) + [Trial(f"clean/{s}", (), args.steps, seed=100 + s)
-                                                     for s in range(10)]
+        trials = loss_spike_trials(8, args.steps) + [
+            Trial(f"clean/{s}", (), args.steps, seed=100 + s) for s in range(10)
+        ]
         print(f"{len(trials)} trials of {args.steps} steps, {WORLD} ranks (gloo, CPU)", flush=True)
         report(run(trials))
         return

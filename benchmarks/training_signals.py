@@ -40,8 +40,10 @@ def main() -> None:
     print(f"{'detector':<28}{'signal':<11}{'events':<16}{'n':>5}{'recall':>8}{'precision':>11}{'median delay':>14}")
     for detector, signal, kind in CASES:
         r = evaluate(runs, detector, signal, kind)
-        print(f"{detector:<28}{signal:<11}{kind:<16}{r.events:>5}{r.recall:>8.2f}{r.precision:>11.2f}"
-              f"{r.median_delay:>12.0f} steps")
+        print(
+            f"{detector:<28}{signal:<11}{kind:<16}{r.events:>5}{r.recall:>8.2f}{r.precision:>11.2f}"
+            f"{r.median_delay:>12.0f} steps"
+        )
 
 
 if __name__ == "__main__":

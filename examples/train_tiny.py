@@ -19,7 +19,6 @@ from pathlib import Path
 import torch
 
 import trainhealth
-
 from trainhealth.demo.tiny_gpt import TinyGPT, synthetic_batch
 
 VOCAB, D_MODEL, LAYERS, HEADS, SEQ, BATCH = 256, 128, 2, 4, 64, 16
@@ -30,7 +29,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=600, help="training steps (default 600, about half a minute)")
     parser.add_argument("--port", type=int, default=None, help="/metrics port (default 9450 + LOCAL_RANK)")
-    parser.add_argument("--addr", default=None, help="address to serve on (default TRAINHEALTH_PROMETHEUS_ADDR or 0.0.0.0)")
+    parser.add_argument(
+        "--addr", default=None, help="address to serve on (default TRAINHEALTH_PROMETHEUS_ADDR or 0.0.0.0)"
+    )
     parser.add_argument("--checkpoint", default=None, help="checkpoint file (default: one in a temporary directory)")
     parser.add_argument("--linger", type=float, default=0.0, help="seconds to keep serving after training")
     args = parser.parse_args(argv)
@@ -39,14 +40,20 @@ def main(argv: list[str] | None = None) -> int:
     model = TinyGPT(vocab=VOCAB, width=D_MODEL, layers=LAYERS, heads=HEADS, context=SEQ)
     decay = [p for p in model.parameters() if p.ndim >= 2]
     no_decay = [p for p in model.parameters() if p.ndim < 2]
-    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}], lr=3e-3)
+    optimizer = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}], lr=3e-3
+    )
     schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=3e-3, total_steps=args.steps, pct_start=0.1)
     n_params = sum(p.numel() for p in model.parameters())
 
     checkpoint = args.checkpoint or str(Path(tempfile.mkdtemp(prefix="train_tiny-")) / "checkpoint.pt")
     try:
         monitor = trainhealth.Monitor(
-            model, optimizer, flops_per_token=6 * n_params, prometheus_port=args.port, prometheus_addr=args.addr,
+            model,
+            optimizer,
+            flops_per_token=6 * n_params,
+            prometheus_port=args.port,
+            prometheus_addr=args.addr,
         )
     except trainhealth.ConfigError as error:
         print(f"train_tiny: error: {error}", file=sys.stderr)
@@ -54,7 +61,9 @@ def main(argv: list[str] | None = None) -> int:
     with monitor:
         print(f"trainhealth {trainhealth.__version__}: {n_params / 1e6:.2f}M parameters, {args.steps} steps")
         if monitor.metrics_url:
-            print(f"serving metrics at {monitor.metrics_url}  (try: curl -s {monitor.metrics_url} | grep trainhealth_train_)")
+            print(
+                f"serving metrics at {monitor.metrics_url}  (try: curl -s {monitor.metrics_url} | grep trainhealth_train_)"
+            )
         for step in range(args.steps):
             tokens = synthetic_batch(VOCAB, SEQ, BATCH, seed=step)
             logits = model(tokens[:, :-1])

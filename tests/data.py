@@ -20,5 +20,6 @@ def data_dir(name: str) -> Path:
 
 def needs(name: str) -> pytest.MarkDecorator:
     """Skip unless the data set ``name`` is present under :data:`ROOT`."""
-    return pytest.mark.skipif(not data_dir(name).is_dir(),
-                              reason=f"data set {name!r} not found in {ROOT} (set TRAINHEALTH_DATA)")
+    return pytest.mark.skipif(
+        not data_dir(name).is_dir(), reason=f"data set {name!r} not found in {ROOT} (set TRAINHEALTH_DATA)"
+    )

@@ -19,8 +19,9 @@ def free_port() -> int:
 
 
 def init_rank(rank: int, world: int, port: int, timeout_s: float = 60.0) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
-                      LOCAL_RANK=str(rank))
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank)
+    )
     dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=timeout_s))
 
 
@@ -31,8 +32,9 @@ def _entry(rank: int, function: Callable, world: int, port: int, args: tuple) ->
 def start_ranks(function: Callable, world: int, *args, port: int | None = None):
     """Start ``function(rank, world, port, *args)`` in ``world`` processes; returns the process context."""
     port = port or free_port()
-    return mp.start_processes(_entry, args=(function, world, port, args), nprocs=world, join=False,
-                              start_method="spawn")
+    return mp.start_processes(
+        _entry, args=(function, world, port, args), nprocs=world, join=False, start_method="spawn"
+    )
 
 
 def join(context, timeout_s: float = 120.0) -> None:

@@ -19,8 +19,7 @@ class TinyGPT(torch.nn.Module):
         super().__init__()
         self.embed = torch.nn.Embedding(VOCAB, D_MODEL, sparse=sparse_embedding)
         self.layers = torch.nn.ModuleList(
-            torch.nn.TransformerEncoderLayer(D_MODEL, 2, 2 * D_MODEL, dropout=0.0, batch_first=True)
-            for _ in range(2)
+            torch.nn.TransformerEncoderLayer(D_MODEL, 2, 2 * D_MODEL, dropout=0.0, batch_first=True) for _ in range(2)
         )
         self.head = torch.nn.Linear(D_MODEL, VOCAB)
 
@@ -63,7 +62,8 @@ class Scrape:
 
     def value(self, name: str, **labels: str) -> float:
         matches = [
-            v for (n, lab), v in self.samples().items()
+            v
+            for (n, lab), v in self.samples().items()
             if n == name and all(dict(lab).get(k) == want for k, want in labels.items())
         ]
         if len(matches) != 1:

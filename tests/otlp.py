@@ -66,12 +66,21 @@ class OtlpReceiver:
 
     def metric_names(self) -> set[str]:
         """Every metric name of the last request."""
-        return {metric.name for resource_metrics in self.requests[-1].resource_metrics
-                for scope_metrics in resource_metrics.scope_metrics for metric in scope_metrics.metrics}
+        return {
+            metric.name
+            for resource_metrics in self.requests[-1].resource_metrics
+            for scope_metrics in resource_metrics.scope_metrics
+            for metric in scope_metrics.metrics
+        }
 
     def log_records(self) -> list:
-        return [record for request in self.log_requests for resource_logs in request.resource_logs
-                for scope_logs in resource_logs.scope_logs for record in scope_logs.log_records]
+        return [
+            record
+            for request in self.log_requests
+            for resource_logs in request.resource_logs
+            for scope_logs in resource_logs.scope_logs
+            for record in scope_logs.log_records
+        ]
 
 
 def attributes(key_values) -> dict:

@@ -36,8 +36,9 @@ class Prometheus:
     log: Path
 
     def query(self, promql: str) -> list[dict]:
-        with urllib.request.urlopen(f"{self.url}/api/v1/query?{urllib.parse.urlencode({'query': promql})}",
-                                    timeout=10) as response:
+        with urllib.request.urlopen(
+            f"{self.url}/api/v1/query?{urllib.parse.urlencode({'query': promql})}", timeout=10
+        ) as response:
             return json.loads(response.read())["data"]["result"]
 
     def wait_for(self, promql: str, timeout_s: float = 60.0) -> list[dict]:
@@ -58,15 +59,19 @@ class Prometheus:
             self.process.kill()
 
 
-def start_prometheus(directory: Path, targets: list[str], scrape_interval: str = "1s",
-                     rule_files: list[str] | None = None, extra: dict | None = None) -> Prometheus:
+def start_prometheus(
+    directory: Path,
+    targets: list[str],
+    scrape_interval: str = "1s",
+    rule_files: list[str] | None = None,
+    extra: dict | None = None,
+) -> Prometheus:
     """Start Prometheus scraping ``targets`` (host:port) as job "trainhealth"; waits until it is ready."""
     binary = require_binary("prometheus")
     directory.mkdir(parents=True, exist_ok=True)
     config = {
         "global": {"scrape_interval": scrape_interval, "evaluation_interval": scrape_interval},
-        "scrape_configs": [{"job_name": "trainhealth", "honor_labels": True,
-                            "static_configs": [{"targets": targets}]}],
+        "scrape_configs": [{"job_name": "trainhealth", "honor_labels": True, "static_configs": [{"targets": targets}]}],
         **({"rule_files": rule_files} if rule_files else {}),
         **(extra or {}),
     }
@@ -74,9 +79,15 @@ def start_prometheus(directory: Path, targets: list[str], scrape_interval: str =
     port = free_port()
     log = directory / "prometheus.log"
     process = subprocess.Popen(
-        [binary, f"--config.file={directory / 'prometheus.yml'}", f"--storage.tsdb.path={directory / 'data'}",
-         f"--web.listen-address=127.0.0.1:{port}", "--web.enable-lifecycle"],
-        stdout=log.open("w"), stderr=subprocess.STDOUT,
+        [
+            binary,
+            f"--config.file={directory / 'prometheus.yml'}",
+            f"--storage.tsdb.path={directory / 'data'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+            "--web.enable-lifecycle",
+        ],
+        stdout=log.open("w"),
+        stderr=subprocess.STDOUT,
     )
     server = Prometheus(f"http://127.0.0.1:{port}", process, log)
     deadline = time.monotonic() + 60

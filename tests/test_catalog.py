@@ -8,13 +8,13 @@ import pytest
 
 from trainhealth import catalog
 from trainhealth.catalog import (
+    ANALYSIS_RANK_COMPUTE,
+    ANALYSIS_RANK_WAIT,
     CATALOG,
     IDENTITY_LABELS,
     SELFTEST_ERROR,
     SELFTEST_PASSED,
     SELFTEST_TIMESTAMP,
-    ANALYSIS_RANK_COMPUTE,
-    ANALYSIS_RANK_WAIT,
     SUSPECT_SCORE,
     SUSPECT_SINCE_STEP,
     SUSPECT_SLOWDOWN,
@@ -28,7 +28,18 @@ from trainhealth.catalog import (
 )
 
 PROMETHEUS_NAME = re.compile(r"^trainhealth_[a-z][a-z0-9_]*$")
-NON_BASE_UNITS = ("_milliseconds", "_ms", "_percent", "_megabytes", "_mb", "_kilobytes", "_fahrenheit", "_mhz", "_mw", "_mj")
+NON_BASE_UNITS = (
+    "_milliseconds",
+    "_ms",
+    "_percent",
+    "_megabytes",
+    "_mb",
+    "_kilobytes",
+    "_fahrenheit",
+    "_mhz",
+    "_mw",
+    "_mj",
+)
 
 
 @pytest.mark.parametrize("spec", CATALOG, ids=lambda spec: spec.prometheus_name)
@@ -44,9 +55,16 @@ def test_prometheus_naming_rules(spec: MetricSpec):
     assert spec.all_labels[: len(spec.identity)] == spec.identity
     # the suspects' rank and host name the suspect, the analyzer's per-rank figures the rank analysed; a self-test
     # belongs to a host, not a rank
-    assert spec.identity == IDENTITY_LABELS or spec in (SUSPECT_SCORE, SUSPECT_SLOWDOWN, SUSPECT_SINCE_STEP,
-                                                        ANALYSIS_RANK_COMPUTE, ANALYSIS_RANK_WAIT, SELFTEST_PASSED,
-                                                        SELFTEST_ERROR, SELFTEST_TIMESTAMP)
+    assert spec.identity == IDENTITY_LABELS or spec in (
+        SUSPECT_SCORE,
+        SUSPECT_SLOWDOWN,
+        SUSPECT_SINCE_STEP,
+        ANALYSIS_RANK_COMPUTE,
+        ANALYSIS_RANK_WAIT,
+        SELFTEST_PASSED,
+        SELFTEST_ERROR,
+        SELFTEST_TIMESTAMP,
+    )
 
 
 @pytest.mark.parametrize("spec", [s for s in CATALOG if s.semconv is None], ids=lambda spec: spec.prometheus_name)
@@ -87,29 +105,59 @@ def test_names_are_unique_and_every_constant_is_in_the_catalogue():
     assert set(catalog.__all__) >= {n for n, v in vars(catalog).items() if isinstance(v, MetricSpec)}
 
 
-@pytest.mark.parametrize("kwargs, problem", [
-    ({"name": "train.steps_total", "kind": MetricKind.COUNTER}, "_total"),
-    ({"name": "Train.Loss"}, "lowercase"),
-    ({"labels": ("step",)}, "label 'step'"),
-    ({"labels": ("tensor",)}, "label 'tensor'"),
-    ({"labels": ("rank",)}, "label 'rank'"),
-    ({"labels": ("gpu", "gpu")}, "duplicate"),
-    ({"kind": MetricKind.HISTOGRAM}, "buckets"),
-    ({"buckets": (1.0, 0.5)}, "buckets"),
-    ({"help": "lowercase help."}, "help"),
-    ({"kind": MetricKind.INFO, "unit": Unit.SECONDS}, "no unit"),
-    ({"semconv": Semconv("hw.power", OtelInstrument.COUNTER, "W", "Power")}, "cannot be exported"),
-    ({"semconv": Semconv("trainhealth.x", OtelInstrument.GAUGE, "W", "X")}, "dotted name"),
-    ({"semconv": Semconv("hw.power", OtelInstrument.GAUGE, "W", "Power",
-                         attributes=(OtelAttribute("gpu", "hw.id"),))}, "unknown label 'gpu'"),
-    ({"labels": ("gpu",), "semconv": Semconv("hw.power", OtelInstrument.GAUGE, "W", "Power",
-                                             attributes=(OtelAttribute("gpu", "hw.id"),),
-                                             constants=(("hw.id", "x"),))}, "repeat"),
-    ({"kind": MetricKind.COUNTER, "labels": ("state",),
-      "semconv": Semconv("hw.errors", OtelInstrument.COUNTER, "{error}", "Errors",
-                         attributes=(OtelAttribute("state", "error.type", values=(("a", "x"), ("b", "x"))),))},
-     "state sets"),
-])
+@pytest.mark.parametrize(
+    "kwargs, problem",
+    [
+        ({"name": "train.steps_total", "kind": MetricKind.COUNTER}, "_total"),
+        ({"name": "Train.Loss"}, "lowercase"),
+        ({"labels": ("step",)}, "label 'step'"),
+        ({"labels": ("tensor",)}, "label 'tensor'"),
+        ({"labels": ("rank",)}, "label 'rank'"),
+        ({"labels": ("gpu", "gpu")}, "duplicate"),
+        ({"kind": MetricKind.HISTOGRAM}, "buckets"),
+        ({"buckets": (1.0, 0.5)}, "buckets"),
+        ({"help": "lowercase help."}, "help"),
+        ({"kind": MetricKind.INFO, "unit": Unit.SECONDS}, "no unit"),
+        ({"semconv": Semconv("hw.power", OtelInstrument.COUNTER, "W", "Power")}, "cannot be exported"),
+        ({"semconv": Semconv("trainhealth.x", OtelInstrument.GAUGE, "W", "X")}, "dotted name"),
+        (
+            {
+                "semconv": Semconv(
+                    "hw.power", OtelInstrument.GAUGE, "W", "Power", attributes=(OtelAttribute("gpu", "hw.id"),)
+                )
+            },
+            "unknown label 'gpu'",
+        ),
+        (
+            {
+                "labels": ("gpu",),
+                "semconv": Semconv(
+                    "hw.power",
+                    OtelInstrument.GAUGE,
+                    "W",
+                    "Power",
+                    attributes=(OtelAttribute("gpu", "hw.id"),),
+                    constants=(("hw.id", "x"),),
+                ),
+            },
+            "repeat",
+        ),
+        (
+            {
+                "kind": MetricKind.COUNTER,
+                "labels": ("state",),
+                "semconv": Semconv(
+                    "hw.errors",
+                    OtelInstrument.COUNTER,
+                    "{error}",
+                    "Errors",
+                    attributes=(OtelAttribute("state", "error.type", values=(("a", "x"), ("b", "x"))),),
+                ),
+            },
+            "state sets",
+        ),
+    ],
+)
 def test_bad_declarations_raise(kwargs, problem):
     base = {"name": "test.metric", "kind": MetricKind.GAUGE, "unit": Unit.SECONDS, "help": "A test metric"}
     base.update(kwargs)
@@ -130,8 +178,12 @@ def test_lookup_by_prometheus_name():
 SEMCONV = [s for s in CATALOG if s.semconv is not None]
 #: Required attributes of each convention (open-telemetry/semantic-conventions docs/hardware/common.md,
 #: gpu.md, temperature.md, fan.md): hw.id everywhere, hw.type on the common metrics, hw.state on hw.status.
-REQUIRED = {"hw.status": {"hw.id", "hw.type", "hw.state"}, "hw.errors": {"hw.id", "hw.type"},
-            "hw.power": {"hw.id", "hw.type"}, "hw.energy": {"hw.id", "hw.type"}}
+REQUIRED = {
+    "hw.status": {"hw.id", "hw.type", "hw.state"},
+    "hw.errors": {"hw.id", "hw.type"},
+    "hw.power": {"hw.id", "hw.type"},
+    "hw.energy": {"hw.id", "hw.type"},
+}
 
 
 def _semconv_instrument(name: str):
@@ -153,8 +205,11 @@ def test_semantic_convention_names_units_and_instruments(spec: MetricSpec):
     from opentelemetry import metrics as api
 
     instrument = _semconv_instrument(spec.otel_name)
-    kinds = {OtelInstrument.GAUGE: api.ObservableGauge, OtelInstrument.COUNTER: api.Counter,
-             OtelInstrument.UP_DOWN_COUNTER: api.UpDownCounter}
+    kinds = {
+        OtelInstrument.GAUGE: api.ObservableGauge,
+        OtelInstrument.COUNTER: api.Counter,
+        OtelInstrument.UP_DOWN_COUNTER: api.UpDownCounter,
+    }
     assert isinstance(instrument, kinds[spec.otel_instrument])  # observable and synchronous counters alike
     assert (spec.otel_unit, spec.otel_description) == (instrument.unit, instrument.description)
 
@@ -165,9 +220,11 @@ def test_semantic_convention_attributes(spec: MetricSpec):
     from opentelemetry.semconv.attributes import error_attributes
 
     known = {v for k, v in vars(hw_attributes).items() if k.isupper()} | {error_attributes.ERROR_TYPE}
-    values = {hw_attributes.HW_TYPE: {v.value for v in hw_attributes.HwTypeValues},
-              hw_attributes.HW_STATE: {v.value for v in hw_attributes.HwStateValues},
-              hw_attributes.HW_GPU_TASK: {v.value for v in hw_attributes.HwGpuTaskValues}}
+    values = {
+        hw_attributes.HW_TYPE: {v.value for v in hw_attributes.HwTypeValues},
+        hw_attributes.HW_STATE: {v.value for v in hw_attributes.HwStateValues},
+        hw_attributes.HW_GPU_TASK: {v.value for v in hw_attributes.HwGpuTaskValues},
+    }
     label_values = {"gpu": "3", "backend": "nvml", "state": "ok", "error_type": "corrected", "counter_type": "volatile"}
     attributes = spec.otel_attributes(tuple(label_values[label] for label in spec.labels))
     assert REQUIRED.get(spec.otel_name, {"hw.id"}) <= set(attributes)

@@ -55,14 +55,24 @@ def test_no_command_is_a_usage_error():
 def test_config_reports_a_bad_variable_in_one_line():
     result = run("config", env={"TRAINHEALTH_MAX_LAYER_GROUPS": "many"})
     assert result.returncode == 2
-    assert result.stderr == "trainhealth: error: max_layer_groups (TRAINHEALTH_MAX_LAYER_GROUPS): expected an integer, got 'many'\n"
+    assert (
+        result.stderr
+        == "trainhealth: error: max_layer_groups (TRAINHEALTH_MAX_LAYER_GROUPS): expected an integer, got 'many'\n"
+    )
 
 
 def test_config_json_shows_values_sources_and_identity_without_secrets():
-    result = run("config", "--json", env={
-        "TRAINHEALTH_STATS_EVERY": "50", "RANK": "1", "WORLD_SIZE": "2",
-        "TRAINHEALTH_BASIC_AUTH_USERNAME": "prom", "TRAINHEALTH_BASIC_AUTH_PASSWORD": "hunter2",
-    })
+    result = run(
+        "config",
+        "--json",
+        env={
+            "TRAINHEALTH_STATS_EVERY": "50",
+            "RANK": "1",
+            "WORLD_SIZE": "2",
+            "TRAINHEALTH_BASIC_AUTH_USERNAME": "prom",
+            "TRAINHEALTH_BASIC_AUTH_PASSWORD": "hunter2",
+        },
+    )
     assert result.returncode == 0, result.stderr
     assert "hunter2" not in result.stdout
     report = json.loads(result.stdout)
@@ -89,10 +99,17 @@ def _config_sections(stdout: str) -> dict[str, list[str]]:
 def test_config_text_groups_settings_with_value_and_source():
     from trainhealth.config import setting_infos
 
-    result = run("config", env={
-        "TRAINHEALTH_STATS_EVERY": "50", "TRAINHEALTH_JOB": "llm-7b", "RANK": "1", "WORLD_SIZE": "2",
-        "TRAINHEALTH_BASIC_AUTH_USERNAME": "prom", "TRAINHEALTH_BASIC_AUTH_PASSWORD": "hunter2",
-    })
+    result = run(
+        "config",
+        env={
+            "TRAINHEALTH_STATS_EVERY": "50",
+            "TRAINHEALTH_JOB": "llm-7b",
+            "RANK": "1",
+            "WORLD_SIZE": "2",
+            "TRAINHEALTH_BASIC_AUTH_USERNAME": "prom",
+            "TRAINHEALTH_BASIC_AUTH_PASSWORD": "hunter2",
+        },
+    )
     assert result.returncode == 0, result.stderr
     assert "hunter2" not in result.stdout and "None" not in result.stdout
     sections = _config_sections(result.stdout)
@@ -101,9 +118,11 @@ def test_config_text_groups_settings_with_value_and_source():
     assert list(sections) == [*titles, "Resolved identity"]
 
     settings: dict[str, tuple[str, list[str]]] = {}  # name -> (heading, its line and continuation lines)
+    name = ""  # the setting a continuation line belongs to
     for title in titles:
         for line in sections[title]:
             if line.startswith("   "):
+                assert name in settings, line
                 settings[name][1].append(line)
             else:
                 name = line.split()[0]
@@ -119,12 +138,18 @@ def test_config_text_groups_settings_with_value_and_source():
     assert fields("max_layer_groups") == ["max_layer_groups", "64", "default"]
     assert fields("peak_flops") == ["peak_flops", "unset", "default"]
     assert fields("basic_auth_password") == [
-        "basic_auth_password", "<hidden>", "env", "TRAINHEALTH_BASIC_AUTH_PASSWORD"]
+        "basic_auth_password",
+        "<hidden>",
+        "env",
+        "TRAINHEALTH_BASIC_AUTH_PASSWORD",
+    ]
 
     # the source column starts at the same place on every setting's line, a long value wrapping beneath its own
     first_lines = [lines[0] for _, lines in settings.values()]
-    columns = {line.index("  default") if line.endswith("  default") else line.index("  env TRAINHEALTH_")
-               for line in first_lines}
+    columns = {
+        line.index("  default") if line.endswith("  default") else line.index("  env TRAINHEALTH_")
+        for line in first_lines
+    }
     (column,) = columns
     detectors = settings["detectors"][1]
     assert len(detectors) > 1 and all(len(line) <= column for line in detectors[1:])

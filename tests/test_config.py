@@ -7,7 +7,9 @@ import itertools
 import math
 
 import pytest
-from hypothesis import given, settings as hypothesis_settings, strategies as st
+from hypothesis import given
+from hypothesis import settings as hypothesis_settings
+from hypothesis import strategies as st
 
 from trainhealth.config import (
     MAX_INTERVAL,
@@ -33,37 +35,74 @@ def test_explicit_beats_environment_beats_default():
     assert Settings.resolve(env={"TRAINHEALTH_STATS_EVERY": ""}).training.stats_every == 20  # empty means unset
 
 
-@pytest.mark.parametrize("raw, expected", [("1", True), ("true", True), ("YES", True), ("on", True),
-                                           ("0", False), ("False", False), ("no", False), ("off", False)])
+@pytest.mark.parametrize(
+    "raw, expected",
+    [
+        ("1", True),
+        ("true", True),
+        ("YES", True),
+        ("on", True),
+        ("0", False),
+        ("False", False),
+        ("no", False),
+        ("off", False),
+    ],
+)
 def test_booleans(raw, expected):
     assert Settings.resolve(env={"TRAINHEALTH_PROMETHEUS": raw}).prometheus.enabled is expected
 
 
-@pytest.mark.parametrize("env, message", [
-    ({"TRAINHEALTH_PROMETHEUS": "maybe"}, "prometheus (TRAINHEALTH_PROMETHEUS): expected true or false, got 'maybe'"),
-    ({"TRAINHEALTH_PEAK_FLOPS": "fast"}, "peak_flops (TRAINHEALTH_PEAK_FLOPS): expected a number, got 'fast'"),
-    ({"TRAINHEALTH_PROMETHEUS_PORT": "-1"}, "prometheus_port (TRAINHEALTH_PROMETHEUS_PORT): must be 0..65535, got -1"),
-    ({"TRAINHEALTH_RANK": "4", "TRAINHEALTH_WORLD_SIZE": "4"}, "rank (TRAINHEALTH_RANK): 4 is not below world_size 4"),
-    ({"TRAINHEALTH_TLS_CERTFILE": "/etc/hostname"}, "tls_keyfile (TRAINHEALTH_TLS_KEYFILE): tls_certfile and tls_keyfile are set together"),
-    ({"TRAINHEALTH_BASIC_AUTH_USERNAME": "prom"}, "basic_auth_password (TRAINHEALTH_BASIC_AUTH_PASSWORD): basic auth needs both"),
-    ({"TRAINHEALTH_BASIC_AUTH_PASSWORD": "x"}, "basic_auth_username (TRAINHEALTH_BASIC_AUTH_USERNAME): basic auth needs both"),
-    ({"TRAINHEALTH_BASIC_AUTH_USERNAME": "u", "TRAINHEALTH_BASIC_AUTH_PASSWORD_FILE": "/no/such/file"},
-     "basic_auth_password_file (TRAINHEALTH_BASIC_AUTH_PASSWORD_FILE): no such file: /no/such/file"),
-])
+@pytest.mark.parametrize(
+    "env, message",
+    [
+        (
+            {"TRAINHEALTH_PROMETHEUS": "maybe"},
+            "prometheus (TRAINHEALTH_PROMETHEUS): expected true or false, got 'maybe'",
+        ),
+        ({"TRAINHEALTH_PEAK_FLOPS": "fast"}, "peak_flops (TRAINHEALTH_PEAK_FLOPS): expected a number, got 'fast'"),
+        (
+            {"TRAINHEALTH_PROMETHEUS_PORT": "-1"},
+            "prometheus_port (TRAINHEALTH_PROMETHEUS_PORT): must be 0..65535, got -1",
+        ),
+        (
+            {"TRAINHEALTH_RANK": "4", "TRAINHEALTH_WORLD_SIZE": "4"},
+            "rank (TRAINHEALTH_RANK): 4 is not below world_size 4",
+        ),
+        (
+            {"TRAINHEALTH_TLS_CERTFILE": "/etc/hostname"},
+            "tls_keyfile (TRAINHEALTH_TLS_KEYFILE): tls_certfile and tls_keyfile are set together",
+        ),
+        (
+            {"TRAINHEALTH_BASIC_AUTH_USERNAME": "prom"},
+            "basic_auth_password (TRAINHEALTH_BASIC_AUTH_PASSWORD): basic auth needs both",
+        ),
+        (
+            {"TRAINHEALTH_BASIC_AUTH_PASSWORD": "x"},
+            "basic_auth_username (TRAINHEALTH_BASIC_AUTH_USERNAME): basic auth needs both",
+        ),
+        (
+            {"TRAINHEALTH_BASIC_AUTH_USERNAME": "u", "TRAINHEALTH_BASIC_AUTH_PASSWORD_FILE": "/no/such/file"},
+            "basic_auth_password_file (TRAINHEALTH_BASIC_AUTH_PASSWORD_FILE): no such file: /no/such/file",
+        ),
+    ],
+)
 def test_invalid_environment_values_name_the_setting(env, message):
     with pytest.raises(ConfigError) as error:
         Settings.resolve(env=env)
     assert str(error.value).startswith(message)
 
 
-@pytest.mark.parametrize("kwargs, setting", [
-    ({"stats_every": "5"}, "stats_every"),
-    ({"prometheus": "yes"}, "prometheus"),
-    ({"rank": True}, "rank"),
-    ({"flops_per_token": 0}, "flops_per_token"),
-    ({"tls_client_cafile": "/etc/hostname"}, "tls_client_cafile"),
-    ({"no_such_setting": 1}, "no_such_setting"),
-])
+@pytest.mark.parametrize(
+    "kwargs, setting",
+    [
+        ({"stats_every": "5"}, "stats_every"),
+        ({"prometheus": "yes"}, "prometheus"),
+        ({"rank": True}, "rank"),
+        ({"flops_per_token": 0}, "flops_per_token"),
+        ({"tls_client_cafile": "/etc/hostname"}, "tls_client_cafile"),
+        ({"no_such_setting": 1}, "no_such_setting"),
+    ],
+)
 def test_invalid_explicit_values_name_the_setting(kwargs, setting):
     with pytest.raises(ConfigError) as error:
         Settings.resolve(env={}, **kwargs)
@@ -80,7 +119,9 @@ def test_password_is_hidden_and_read_from_file(tmp_path):
     assert "hunter2" not in repr(settings)
     password_file = tmp_path / "pw"
     password_file.write_text("from-file\n")
-    settings = Settings.resolve(env={"TRAINHEALTH_BASIC_AUTH_PASSWORD_FILE": str(password_file)}, basic_auth_username="u")
+    settings = Settings.resolve(
+        env={"TRAINHEALTH_BASIC_AUTH_PASSWORD_FILE": str(password_file)}, basic_auth_username="u"
+    )
     assert settings.prometheus.read_basic_auth_password() == "from-file"
 
 
@@ -152,7 +193,10 @@ def test_a_group_validates_itself_and_names_the_setting():
     assert GpuSettings(backend="simulated", sample_interval=2).sample_interval == 2.0
     with pytest.raises(ConfigError) as error:
         GpuSettings(sample_interval=0.0)
-    assert str(error.value) == "gpu_sample_interval (TRAINHEALTH_GPU_SAMPLE_INTERVAL): must be 0.01..86400 seconds, got 0.0"
+    assert (
+        str(error.value)
+        == "gpu_sample_interval (TRAINHEALTH_GPU_SAMPLE_INTERVAL): must be 0.01..86400 seconds, got 0.0"
+    )
     with pytest.raises(ConfigError) as error:
         TrainingSettings.resolve({"TRAINHEALTH_STATS_EVERY": "often"}, {})
     assert error.value.setting == "stats_every"
@@ -171,8 +215,12 @@ def test_settings_are_documented_group_by_group():
 
 def _ranged():
     """(setting name, Range, type) of every numeric setting."""
-    return [(name, bounds_of(spec), spec.metadata["parse"].__name__.removeprefix("parse_"))
-            for group in _GROUPS.values() for name, spec in group.declared() if bounds_of(spec) is not None]
+    return [
+        (name, bounds_of(spec), spec.metadata["parse"].__name__.removeprefix("parse_"))
+        for group in _GROUPS.values()
+        for name, spec in group.declared()
+        if bounds_of(spec) is not None
+    ]
 
 
 def test_every_numeric_setting_has_a_documented_range():
@@ -253,9 +301,17 @@ def test_a_range_reads_as_its_help_says():
 
 
 def test_sizes_and_counts_have_upper_bounds():
-    for name, value in (("comm_ring_size", 1 << 21), ("max_series_per_metric", 10**6), ("max_layer_groups", 10**5),
-                        ("signal_tokens", 10**5), ("simulated_gpus", 10**4), ("world_size", 10**30),
-                        ("stats_every", 10**30), ("sdc_interval", 10**7), ("peak_flops", float("inf"))):
+    for name, value in (
+        ("comm_ring_size", 1 << 21),
+        ("max_series_per_metric", 10**6),
+        ("max_layer_groups", 10**5),
+        ("signal_tokens", 10**5),
+        ("simulated_gpus", 10**4),
+        ("world_size", 10**30),
+        ("stats_every", 10**30),
+        ("sdc_interval", 10**7),
+        ("peak_flops", float("inf")),
+    ):
         with pytest.raises(ConfigError) as error:
             Settings.resolve(env={}, **{name: value})
         assert error.value.setting == name

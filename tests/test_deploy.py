@@ -104,15 +104,21 @@ def resolve_in_container(service: dict, container_path: str) -> Path:
         if container_path == target:
             return path
         if container_path.startswith(target.rstrip("/") + "/"):
-            return path / container_path[len(target.rstrip("/")) + 1:]
+            return path / container_path[len(target.rstrip("/")) + 1 :]
     raise AssertionError(f"{container_path} is not bind-mounted into the service ({mounts(service)})")
 
 
 # --- Prometheus -----------------------------------------------------------------------------------
 
+
 def test_prometheus_config_passes_promtool():
-    result = subprocess.run([require_binary("promtool"), "check", "config", str(PROMETHEUS_CONFIG)],
-                            capture_output=True, text=True, timeout=60, check=False)
+    result = subprocess.run(
+        [require_binary("promtool"), "check", "config", str(PROMETHEUS_CONFIG)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     output = result.stdout + result.stderr
     assert result.returncode == 0, output
     assert "SUCCESS" in output and "rules found" in output, output  # the rule file was found and loaded
@@ -162,9 +168,15 @@ def test_prometheus_targets_are_compose_services(prometheus_config, services):
 
 # --- Alertmanager ---------------------------------------------------------------------------------
 
+
 def test_compose_alertmanager_config_passes_amtool():
-    result = subprocess.run([require_binary("amtool"), "check-config", str(ALERTMANAGER_COMPOSE_CONFIG)],
-                            capture_output=True, text=True, timeout=60, check=False)
+    result = subprocess.run(
+        [require_binary("amtool"), "check-config", str(ALERTMANAGER_COMPOSE_CONFIG)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     output = result.stdout + result.stderr
     assert result.returncode == 0, output
     assert "SUCCESS" in output, output
@@ -200,6 +212,7 @@ def test_compose_alertmanager_config_differs_only_in_webhook_urls(services):
 
 # --- docker-compose.yml ---------------------------------------------------------------------------
 
+
 def test_every_image_is_pinned(services):
     images = {name: service["image"] for name, service in services.items() if "image" in service}
     assert set(images) >= DEFAULT_SERVICES - {"trainer"}
@@ -213,8 +226,9 @@ def test_every_image_is_pinned(services):
 
 def test_pinned_images_are_the_ones_docs_stack_records(services):
     table = (ROOT / "docs/stack.md").read_text(encoding="utf-8").split("**Pinned images**", 1)[1].split("\n\n")[1]
-    recorded = {row.split("|")[1].strip().split(" ")[0]: row.split("|")[2].strip().strip("`")
-                for row in table.splitlines()[2:]}
+    recorded = {
+        row.split("|")[1].strip().split(" ")[0]: row.split("|")[2].strip().strip("`") for row in table.splitlines()[2:]
+    }
     pinned = {name: service["image"] for name, service in services.items() if "build" not in service}
     assert {name: recorded.get(name) for name in pinned} == pinned
 
@@ -225,12 +239,16 @@ def test_compose_file_matches_the_compose_specification_schema(compose):
     schema = json.loads(COMPOSE_SCHEMA.read_text(encoding="utf-8"))
     Draft7Validator.check_schema(schema)
     validator = Draft7Validator(schema)
-    problems = [f"{'/'.join(map(str, error.absolute_path))}: {error.message}" for error in validator.iter_errors(compose)]
+    problems = [
+        f"{'/'.join(map(str, error.absolute_path))}: {error.message}" for error in validator.iter_errors(compose)
+    ]
     assert problems == []
     # and it catches what compose would refuse
-    for service, key, value in (("prometheus", "depends_on", {"alertmanager": {"condition": "when_ready"}}),
-                                ("grafana", "healthcheck", {"test": ["CMD", "true"], "retry": 3}),
-                                ("trainer", "restart_policy", "always")):
+    for service, key, value in (
+        ("prometheus", "depends_on", {"alertmanager": {"condition": "when_ready"}}),
+        ("grafana", "healthcheck", {"test": ["CMD", "true"], "retry": 3}),
+        ("trainer", "restart_policy", "always"),
+    ):
         broken = copy.deepcopy(compose)
         broken["services"][service][key] = value
         assert list(validator.iter_errors(broken)), (service, key)
@@ -255,10 +273,17 @@ def test_every_service_has_a_healthcheck_and_dependencies_wait_for_health(servic
     assert services["grafana"]["depends_on"].keys() == {"prometheus"}
     assert waited >= 3
     # the checks ask the port each service listens on
-    for name, port in (("prometheus", 9090), ("alertmanager", 9093), ("grafana", 3000), ("trainer", 9450),
-                       ("gpu-exporter", 9449), ("dcgm-exporter", 9400)):
-        assert f"127.0.0.1:{port}/" in " ".join(services[name]["healthcheck"]["test"]) or \
-            f"127.0.0.1/{port}" in " ".join(services[name]["healthcheck"]["test"]), name
+    for name, port in (
+        ("prometheus", 9090),
+        ("alertmanager", 9093),
+        ("grafana", 3000),
+        ("trainer", 9450),
+        ("gpu-exporter", 9449),
+        ("dcgm-exporter", 9400),
+    ):
+        assert f"127.0.0.1:{port}/" in " ".join(
+            services[name]["healthcheck"]["test"]
+        ) or f"127.0.0.1/{port}" in " ".join(services[name]["healthcheck"]["test"]), name
         assert port in container_ports(services[name]), name
 
 
@@ -375,14 +400,16 @@ def test_dockerfile(services):
     users = [line.split()[1] for line in instructions if line.startswith("USER ")]
     assert users and users[-1] not in ("root", "0")
     assert 'ENTRYPOINT ["trainhealth"]' in instructions
-    exposed = container_ports({"expose": [p for line in instructions if line.startswith("EXPOSE ")
-                                          for p in line.split()[1:]]})
+    exposed = container_ports(
+        {"expose": [p for line in instructions if line.startswith("EXPOSE ") for p in line.split()[1:]]}
+    )
     assert container_ports(services["trainer"]) <= exposed
     ignored = (ROOT / ".dockerignore").read_text(encoding="utf-8").split()
     assert {".venv", ".git", "reports"} <= set(ignored)
 
 
 # --- Docker Compose itself, where installed -------------------------------------------------------
+
 
 def docker_compose() -> list[str]:
     docker = shutil.which("docker")
@@ -391,8 +418,18 @@ def docker_compose() -> list[str]:
     result = subprocess.run([docker, "compose", "version"], capture_output=True, text=True, timeout=30, check=False)
     if result.returncode != 0:
         pytest.skip("docker compose is not installed")
-    return [docker, "compose", "--project-directory", str(ROOT), "-f", str(COMPOSE_FILE),
-            "--profile", "gpu", "--profile", "otel"]
+    return [
+        docker,
+        "compose",
+        "--project-directory",
+        str(ROOT),
+        "-f",
+        str(COMPOSE_FILE),
+        "--profile",
+        "gpu",
+        "--profile",
+        "otel",
+    ]
 
 
 def test_docker_compose_config(tmp_path):
@@ -401,13 +438,24 @@ def test_docker_compose_config(tmp_path):
     empty_env_file.write_text("")
     environment = {key: value for key, value in os.environ.items() if key != "GRAFANA_ADMIN_PASSWORD"}
 
-    refused = subprocess.run([*command, "--env-file", str(empty_env_file), "config", "-q"], env=environment,
-                             capture_output=True, text=True, timeout=60, check=False)
+    refused = subprocess.run(
+        [*command, "--env-file", str(empty_env_file), "config", "-q"],
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert refused.returncode != 0 and "GRAFANA_ADMIN_PASSWORD" in refused.stderr, refused.stderr
 
-    result = subprocess.run([*command, "--env-file", str(empty_env_file), "config", "--format", "json"],
-                            env={**environment, "GRAFANA_ADMIN_PASSWORD": "test-only"},
-                            capture_output=True, text=True, timeout=60, check=False)
+    result = subprocess.run(
+        [*command, "--env-file", str(empty_env_file), "config", "--format", "json"],
+        env={**environment, "GRAFANA_ADMIN_PASSWORD": "test-only"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert result.returncode == 0, result.stderr
     rendered = json.loads(result.stdout)["services"]
     assert set(rendered) == DEFAULT_SERVICES | PROFILES["gpu"] | PROFILES["otel"]

@@ -28,8 +28,9 @@ DOCUMENTS += [Path(p) for p in os.environ.get("TRAINHEALTH_TEST_DOCS", "").split
 TIMEOUT_S = 120
 LOSS = "trainhealth.train.loss"
 
-_BLOCK = re.compile(r"^(?P<indent>[ \t]*)```python[ \t]*\n(?P<code>.*?)^(?P=indent)```[ \t]*$",
-                    re.DOTALL | re.MULTILINE)
+_BLOCK = re.compile(
+    r"^(?P<indent>[ \t]*)```python[ \t]*\n(?P<code>.*?)^(?P=indent)```[ \t]*$", re.DOTALL | re.MULTILINE
+)
 
 
 def python_blocks(markdown: Path) -> list[tuple[int, str]]:
@@ -45,13 +46,21 @@ def python_blocks(markdown: Path) -> list[tuple[int, str]]:
 
 def snippet_env(endpoint: str) -> dict[str, str]:
     """The environment a snippet runs in: this one, less distributed and trainhealth/OTel settings, plus ours."""
-    env = {key: value for key, value in os.environ.items()
-           if not key.startswith(("TRAINHEALTH_", "OTEL_"))
-           and key not in {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"}}
-    env.update(OTEL_EXPORTER_OTLP_ENDPOINT=endpoint, OTEL_METRIC_EXPORT_INTERVAL="1000",
-               TRAINHEALTH_PROMETHEUS_ADDR="127.0.0.1", TRAINHEALTH_PROMETHEUS_PORT="0",
-               TRAINHEALTH_GPU_BACKEND="off", PYTHONUNBUFFERED="1",
-               MASTER_PORT=str(free_port()))  # a snippet that starts a one-rank group takes a free port
+    env = {
+        key: value
+        for key, value in os.environ.items()
+        if not key.startswith(("TRAINHEALTH_", "OTEL_"))
+        and key not in {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"}
+    }
+    env.update(
+        OTEL_EXPORTER_OTLP_ENDPOINT=endpoint,
+        OTEL_METRIC_EXPORT_INTERVAL="1000",
+        TRAINHEALTH_PROMETHEUS_ADDR="127.0.0.1",
+        TRAINHEALTH_PROMETHEUS_PORT="0",
+        TRAINHEALTH_GPU_BACKEND="off",
+        PYTHONUNBUFFERED="1",
+        MASTER_PORT=str(free_port()),
+    )  # a snippet that starts a one-rank group takes a free port
     return env
 
 
@@ -61,8 +70,15 @@ def run_snippet(code: str, workdir: Path, timeout_s: float = TIMEOUT_S) -> tuple
     script.write_text(code, encoding="utf-8")
     receiver = OtlpReceiver()
     try:
-        process = subprocess.run([sys.executable, str(script)], check=False, cwd=workdir,
-                                 env=snippet_env(receiver.endpoint), capture_output=True, text=True, timeout=timeout_s)
+        process = subprocess.run(
+            [sys.executable, str(script)],
+            check=False,
+            cwd=workdir,
+            env=snippet_env(receiver.endpoint),
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+        )
         try:
             points = receiver.last_points(LOSS)
         except AssertionError:
@@ -97,6 +113,8 @@ def test_snippet_runs_and_exports_the_loss(code, where, tmp_path):
 
 def test_blocks_are_found(tmp_path):
     markdown = tmp_path / "doc.md"
-    markdown.write_text("text\n\n```python\nprint(1)\n```\n\n```bash\nls\n```\n\n- item\n\n  ```python\n  x = 2\n"
-                        "  print(x)\n  ```\n", encoding="utf-8")
+    markdown.write_text(
+        "text\n\n```python\nprint(1)\n```\n\n```bash\nls\n```\n\n- item\n\n  ```python\n  x = 2\n  print(x)\n  ```\n",
+        encoding="utf-8",
+    )
     assert python_blocks(markdown) == [(3, "print(1)\n"), (13, "x = 2\nprint(x)\n")]

@@ -38,4 +38,3 @@ def test_every_metric_has_its_three_names_in_one_row():
         (row,) = [r for r in rows if r.startswith(f"| `{spec.prometheus_name}` | `{spec.otel_name}` |")]
         assert f"| `{spec.translated_name}` |" in row
         assert (f"| `{spec.otel_unit}` |" if spec.otel_unit else "| — |") in row
-

@@ -14,16 +14,20 @@ import pytest
 
 def _without(modules: tuple[str, ...], code: str) -> subprocess.CompletedProcess:
     hide = "".join(f"sys.modules[{name!r}] = None; " for name in modules)
-    return subprocess.run([sys.executable, "-c", f"import sys; {hide}{code}"], capture_output=True, text=True,
-                          timeout=120)
+    return subprocess.run(
+        [sys.executable, "-c", f"import sys; {hide}{code}"], capture_output=True, text=True, timeout=120
+    )
 
 
-@pytest.mark.parametrize(("argv", "hidden", "extra"), [
-    (["trace", "info", "."], ("pandas",), "analysis"),
-    (["localize", "."], ("pandas",), "analysis"),
-    (["dashboards", "--out", "{tmp}"], ("grafanalib",), "dashboards"),
-    (["alerts", "--out", "{tmp}"], ("yaml",), "dashboards"),  # PyYAML comes with both: the command's extra is named
-])
+@pytest.mark.parametrize(
+    ("argv", "hidden", "extra"),
+    [
+        (["trace", "info", "."], ("pandas",), "analysis"),
+        (["localize", "."], ("pandas",), "analysis"),
+        (["dashboards", "--out", "{tmp}"], ("grafanalib",), "dashboards"),
+        (["alerts", "--out", "{tmp}"], ("yaml",), "dashboards"),  # PyYAML comes with both: the command's extra is named
+    ],
+)
 def test_a_command_without_its_extra_says_which_to_install(tmp_path, argv, hidden, extra):
     argv = [word.replace("{tmp}", str(tmp_path)) for word in argv]
     result = _without(hidden, f"from trainhealth.cli import main; sys.exit(main({argv!r}))")
@@ -42,11 +46,14 @@ def test_the_python_api_names_the_extra_too():
 
 def test_the_core_records_and_writes_a_trace_without_any_extra(tmp_path):
     heavy = ("pandas", "pyarrow", "statsmodels", "scipy", "grafanalib", "matplotlib", "yaml", "rich")
-    result = _without(heavy, "import trainhealth, trainhealth.comm; from trainhealth import Monitor; "
-                             "from trainhealth.exporters.collectives.logger import CollectiveLogger; "
-                             f"logger = CollectiveLogger(rank=0, trace_dir={str(tmp_path)!r}); "
-                             "logger.end('all_reduce', 'dp0', 0, 1.0, 0.5, 64, None, False); "
-                             "print(logger.write_trace().name)")
+    result = _without(
+        heavy,
+        "import trainhealth, trainhealth.comm; from trainhealth import Monitor; "
+        "from trainhealth.exporters.collectives.logger import CollectiveLogger; "
+        f"logger = CollectiveLogger(rank=0, trace_dir={str(tmp_path)!r}); "
+        "logger.end('all_reduce', 'dp0', 0, 1.0, 0.5, 64, None, False); "
+        "print(logger.write_trace().name)",
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "rank-0.0000.jsonl.gz"
     from trainhealth.traces import read_trace  # read back where the analysis extra is installed
@@ -56,10 +63,14 @@ def test_the_core_records_and_writes_a_trace_without_any_extra(tmp_path):
 
 
 def test_a_monitor_asking_for_stl_without_the_extra_fails_at_once_naming_the_setting():
-    result = _without(("statsmodels",), "import trainhealth; trainhealth.Settings.resolve(env={}); "
-                      "from trainhealth.detectors.spec import parse_setting; parse_setting('loss=stl')")
+    result = _without(
+        ("statsmodels",),
+        "import trainhealth; trainhealth.Settings.resolve(env={}); "
+        "from trainhealth.detectors.spec import parse_setting; parse_setting('loss=stl')",
+    )
     assert result.returncode == 1
     assert result.stderr.strip().splitlines()[-1] == (
         "trainhealth.config.fields.ConfigError: detectors (TRAINHEALTH_DETECTORS): stl for loss: "
         "stl needs the 'analysis' extra (statsmodels): "
-        "pip install 'trainhealth[analysis]'")
+        "pip install 'trainhealth[analysis]'"
+    )

@@ -20,13 +20,25 @@ def test_torchrun_standalone_run_id_none_is_not_a_job_name():
 
 
 def test_slurm():
-    env = {"SLURM_PROCID": "9", "SLURM_LOCALID": "1", "SLURM_NTASKS": "32", "SLURM_JOB_ID": "41234", "SLURMD_NODENAME": "gpu017"}
+    env = {
+        "SLURM_PROCID": "9",
+        "SLURM_LOCALID": "1",
+        "SLURM_NTASKS": "32",
+        "SLURM_JOB_ID": "41234",
+        "SLURMD_NODENAME": "gpu017",
+    }
     assert Identity.from_env(env) == Identity("41234", "gpu017", 9, 1, 32)
 
 
 def test_kubernetes_pod_and_node():
-    env = {"KUBERNETES_SERVICE_HOST": "10.0.0.1", "HOSTNAME": "trainer-worker-3", "POD_NAMESPACE": "ml",
-           "NODE_NAME": "gpu-node-7", "RANK": "3", "WORLD_SIZE": "4"}
+    env = {
+        "KUBERNETES_SERVICE_HOST": "10.0.0.1",
+        "HOSTNAME": "trainer-worker-3",
+        "POD_NAMESPACE": "ml",
+        "NODE_NAME": "gpu-node-7",
+        "RANK": "3",
+        "WORLD_SIZE": "4",
+    }
     ident = Identity.from_env(env)
     assert (ident.pod, ident.namespace, ident.host) == ("trainer-worker-3", "ml", "gpu-node-7")
     assert ident.info_labels["pod"] == "trainer-worker-3"
@@ -47,8 +59,10 @@ def test_explicit_settings_win():
     assert ident.resource_attributes["hw.id"] == "GPU-1234"
 
 
-@pytest.mark.parametrize("env, setting", [({"RANK": "two"}, "rank"), ({"RANK": "4", "WORLD_SIZE": "4"}, "rank"),
-                                          ({"WORLD_SIZE": "x"}, "world_size")])
+@pytest.mark.parametrize(
+    "env, setting",
+    [({"RANK": "two"}, "rank"), ({"RANK": "4", "WORLD_SIZE": "4"}, "rank"), ({"WORLD_SIZE": "x"}, "world_size")],
+)
 def test_bad_environment_is_a_config_error(env, setting):
     with pytest.raises(ConfigError) as error:
         Identity.from_env(env)
@@ -71,13 +85,20 @@ def _report_identity(rank: int, world: int, port: int, out: str) -> None:
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "SLURM_PROCID", "SLURM_NTASKS"):
         os.environ.pop(name, None)  # as torch.multiprocessing.spawn starts a rank: only torch.distributed knows it
     before = Identity.from_env({})
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
-                            timeout=timedelta(seconds=60))
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world, timeout=timedelta(seconds=60)
+    )
     after = Identity.from_env({})
-    Path(out, f"rank-{rank}.json").write_text(json.dumps({
-        "before": [before.rank, before.world_size], "after": [after.rank, after.world_size],
-        "label": after.labels["rank"], "explicit": Identity.from_env({"RANK": "0", "WORLD_SIZE": "2"}).rank,
-    }))
+    Path(out, f"rank-{rank}.json").write_text(
+        json.dumps(
+            {
+                "before": [before.rank, before.world_size],
+                "after": [after.rank, after.world_size],
+                "label": after.labels["rank"],
+                "explicit": Identity.from_env({"RANK": "0", "WORLD_SIZE": "2"}).rank,
+            }
+        )
+    )
     dist.destroy_process_group()
 
 
@@ -99,4 +120,7 @@ def test_import_trainhealth_does_not_import_torch():
     import sys
 
     code = "import sys, trainhealth.identity; trainhealth.identity.Identity.from_env({}); print('torch' in sys.modules)"
-    assert subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout.strip() == "False"
+    assert (
+        subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout.strip()
+        == "False"
+    )

@@ -10,12 +10,33 @@ import pytest
 
 PUBLIC = {
     "trainhealth": ["ConfigError", "Identity", "LayerGroupStats", "Monitor", "Settings", "StepStats", "__version__"],
-    "trainhealth.exporters": ["BasicAuth", "LayerGroupStats", "MetricsServer", "Monitor", "OtelExporter", "Sinks",
-                              "StepStats", "StoreCollector", "TLSFiles"],
+    "trainhealth.exporters": [
+        "BasicAuth",
+        "LayerGroupStats",
+        "MetricsServer",
+        "Monitor",
+        "OtelExporter",
+        "Sinks",
+        "StepStats",
+        "StoreCollector",
+        "TLSFiles",
+    ],
     "trainhealth.catalog": ["CATALOG", "IDENTITY_LABELS", "MetricKind", "MetricSpec", "Unit", "by_prometheus_name"],
-    "trainhealth.config": ["CommSettings", "ConfigError", "DetectorSettings", "GpuSettings", "IdentitySettings",
-                           "ModelSettings", "OtelSettings", "PrometheusSettings", "SettingInfo", "Settings",
-                           "StoreSettings", "TrainingSettings", "setting_infos"],
+    "trainhealth.config": [
+        "CommSettings",
+        "ConfigError",
+        "DetectorSettings",
+        "GpuSettings",
+        "IdentitySettings",
+        "ModelSettings",
+        "OtelSettings",
+        "PrometheusSettings",
+        "SettingInfo",
+        "Settings",
+        "StoreSettings",
+        "TrainingSettings",
+        "setting_infos",
+    ],
     "trainhealth.store": ["Family", "HistogramValue", "MetricStore"],
     # the paths users write (README, docs/integrations.md): pinned, whatever moves inside the package
     "trainhealth.comm": ["CollectiveLogger", "install", "installed", "instrument_ddp", "uninstall"],
@@ -24,16 +45,29 @@ PUBLIC = {
     "trainhealth.integrations.accelerate": ["TrainhealthTracker"],
     "trainhealth.integrations.torchtitan": ["TORCHTITAN_KEYS", "TrainhealthLogger"],
     "trainhealth.cli": ["build_parser", "main"],
-    "trainhealth.traces": ["Topology", "Trace", "TraceError", "read_trace", "read_trace_file", "validate",
-                           "write_trace"],
+    "trainhealth.traces": [
+        "Topology",
+        "Trace",
+        "TraceError",
+        "read_trace",
+        "read_trace_file",
+        "validate",
+        "write_trace",
+    ],
 }
 
 
 @pytest.mark.parametrize("module", sorted(PUBLIC))
 def test_public_names(module):
     if module.startswith("trainhealth.integrations."):
-        pytest.importorskip({"huggingface": "transformers", "lightning": "lightning", "accelerate": "accelerate",
-                             "torchtitan": "torch"}[module.rsplit(".", 1)[1]])
+        pytest.importorskip(
+            {
+                "huggingface": "transformers",
+                "lightning": "lightning",
+                "accelerate": "accelerate",
+                "torchtitan": "torch",
+            }[module.rsplit(".", 1)[1]]
+        )
     imported = importlib.import_module(module)
     for name in PUBLIC[module]:
         assert name in imported.__all__
@@ -56,8 +90,10 @@ HEAVY = ("pandas", "pyarrow", "statsmodels", "scipy", "grafanalib", "matplotlib"
 
 @pytest.mark.parametrize("module", ["trainhealth", "trainhealth.cli", "trainhealth.comm"])
 def test_the_core_the_monitor_and_the_command_line_load_no_analysis_library(module):
-    result = _python(f"import sys, {module}; print(sorted({{m for m in sys.modules for h in {HEAVY!r} "
-                     f"if m == h or m.startswith(h + '.')}}))")
+    result = _python(
+        f"import sys, {module}; print(sorted({{m for m in sys.modules for h in {HEAVY!r} "
+        f"if m == h or m.startswith(h + '.')}}))"
+    )
     assert result.stdout.strip() == "[]", result.stdout + result.stderr
 
 

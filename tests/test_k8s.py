@@ -40,17 +40,24 @@ INSTALLED_KINDS = {"ConfigMap", "Deployment", "Service", "PodMonitor", "ServiceM
 
 # --- rendering ---------------------------------------------------------------------------------
 
+
 def manifests() -> list[dict]:
     """Every object of every deploy/k8s/*.yaml manifest (the training pod example included)."""
-    return [doc for path in sorted(K8S.glob("*.yaml")) if path.name != "kustomization.yaml"
-            for doc in yaml.safe_load_all(path.read_text()) if doc]
+    return [
+        doc
+        for path in sorted(K8S.glob("*.yaml"))
+        if path.name != "kustomization.yaml"
+        for doc in yaml.safe_load_all(path.read_text())
+        if doc
+    ]
 
 
 def kustomize(directory: Path) -> list[dict]:
     """The objects `kubectl kustomize directory` renders."""
     kubectl = require_binary("kubectl")
-    result = subprocess.run([kubectl, "kustomize", str(directory)], capture_output=True, text=True, timeout=120,
-                            check=False)
+    result = subprocess.run(
+        [kubectl, "kustomize", str(directory)], capture_output=True, text=True, timeout=120, check=False
+    )
     assert result.returncode == 0, f"kubectl kustomize {directory} failed:\n{result.stderr}"
     return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
 
@@ -71,6 +78,7 @@ def only(docs: list[dict], kind: str) -> dict:
 
 
 # --- schemas -----------------------------------------------------------------------------------
+
 
 def strict(schema):
     """``schema`` rejecting undeclared fields, as `kubectl apply`'s default strict field validation does."""
@@ -134,6 +142,7 @@ def test_the_operator_schemas_reject_what_the_api_server_would():
 
 # --- the manifests -----------------------------------------------------------------------------
 
+
 def test_the_base_installs_every_manifest_but_the_example():
     base = yaml.safe_load((K8S / "kustomization.yaml").read_text())
     listed = set(base["resources"])
@@ -187,6 +196,7 @@ def test_generated_manifests_carry_the_current_rules_and_dashboards():
 
 
 # --- the overlays ------------------------------------------------------------------------------
+
 
 def setting(overlay: Path) -> dict:
     return yaml.safe_load((overlay / "kustomization.yaml").read_text())

@@ -11,9 +11,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 #: the lab's packages and modules: none of them may be a package or module of trainhealth's wheel
-LAB_NAMES = {path.stem if path.is_file() else path.name
-             for path in (ROOT / "lab" / "src" / "trainhealth_lab").iterdir()
-             if path.name not in ("__init__.py", "__main__.py", "__pycache__", "cli.py")}
+LAB_NAMES = {
+    path.stem if path.is_file() else path.name
+    for path in (ROOT / "lab" / "src" / "trainhealth_lab").iterdir()
+    if path.name not in ("__init__.py", "__main__.py", "__pycache__", "cli.py")
+}
 
 
 def _wheel(source: Path, copy_to: Path, names: tuple[str, ...]) -> list[str]:
@@ -24,8 +26,23 @@ def _wheel(source: Path, copy_to: Path, names: tuple[str, ...]) -> list[str]:
             shutil.copytree(origin, copy_to / name, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
         else:
             shutil.copy2(origin, copy_to / name)
-    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
-                            "-w", str(copy_to / "dist"), str(copy_to)], capture_output=True, text=True, timeout=300)
+    built = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            "-w",
+            str(copy_to / "dist"),
+            str(copy_to),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert built.returncode == 0, built.stderr
     (wheel,) = (copy_to / "dist").glob("*.whl")
     with zipfile.ZipFile(wheel) as archive:
@@ -46,6 +63,7 @@ def test_trainhealths_wheel_holds_no_evaluation_module(tmp_path):
 def test_the_labs_wheel_holds_only_the_lab(tmp_path):
     files = _wheel(ROOT / "lab", tmp_path, ("pyproject.toml", "src"))
     assert {name.split("/")[0] for name in files if not name.split("/")[0].endswith(".dist-info")} == {
-        "trainhealth_lab"}
+        "trainhealth_lab"
+    }
     assert "trainhealth_lab/realrun/suite.py" in files
     assert "trainhealth_lab/bench/nab.py" in files

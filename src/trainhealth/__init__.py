@@ -8,7 +8,6 @@
 import logging
 
 from trainhealth._version import __version__
-
 from trainhealth.config import ConfigError, Settings  # noqa: E402
 from trainhealth.exporters.monitor import LayerGroupStats, Monitor, StepStats  # noqa: E402
 from trainhealth.identity import Identity  # noqa: E402

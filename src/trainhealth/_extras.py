@@ -21,8 +21,15 @@ __all__ = ["EXTRA_OF_MODULE", "MissingExtra", "lazy_attributes", "missing_extra"
 
 #: The extra that installs each optional top-level module (PyYAML comes with analysis and dashboards alike).
 EXTRA_OF_MODULE = {
-    "pandas": "analysis", "pyarrow": "analysis", "statsmodels": "analysis", "scipy": "analysis",
-    "patsy": "analysis", "yaml": "analysis", "grafanalib": "dashboards", "rich": "demo", "matplotlib": "demo",
+    "pandas": "analysis",
+    "pyarrow": "analysis",
+    "statsmodels": "analysis",
+    "scipy": "analysis",
+    "patsy": "analysis",
+    "yaml": "analysis",
+    "grafanalib": "dashboards",
+    "rich": "demo",
+    "matplotlib": "demo",
 }
 
 
@@ -40,8 +47,10 @@ def missing_extra(exc: ModuleNotFoundError, feature: str, extra: str | None = No
     if module not in EXTRA_OF_MODULE:
         return None
     extra = extra or EXTRA_OF_MODULE[module]
-    return MissingExtra(f"{feature} needs the '{extra}' extra (no module named '{module}'): "
-                        f"pip install 'trainhealth[{extra}]'", name=module)
+    return MissingExtra(
+        f"{feature} needs the '{extra}' extra (no module named '{module}'): pip install 'trainhealth[{extra}]'",
+        name=module,
+    )
 
 
 def lazy_attributes(package: str, homes: Mapping[str, str], extra: str | None = None) -> Callable[[str], Any]:

@@ -31,8 +31,16 @@ from pathlib import Path
 
 from trainhealth.errors import UsageError
 
-__all__ = ["check_output_directory", "check_output_file", "check_output_files", "exclusive_temporary",
-           "output_directory", "same_file", "write_bytes", "write_text"]
+__all__ = [
+    "check_output_directory",
+    "check_output_file",
+    "check_output_files",
+    "exclusive_temporary",
+    "output_directory",
+    "same_file",
+    "write_bytes",
+    "write_text",
+]
 
 _EXCLUSIVE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
 
@@ -81,8 +89,10 @@ def check_output_directory(path: Path, option: str, *, empty: bool = False) -> N
         except OSError as exc:
             raise UsageError(f"{option} {path}: {exc.strerror or exc}") from None
         if holds:
-            raise UsageError(f"{option} {path}: already holds files; give a new or empty directory "
-                             f"(nothing there is overwritten or removed)")
+            raise UsageError(
+                f"{option} {path}: already holds files; give a new or empty directory "
+                f"(nothing there is overwritten or removed)"
+            )
 
 
 def output_directory(path: Path, option: str, *, empty: bool = False) -> Path:

@@ -65,7 +65,9 @@ class Identity:
             host=overrides.host or _first(env, "NODE_NAME", "SLURMD_NODENAME") or socket.gethostname(),
             rank=0 if rank is None else rank,
             # an int default: never None
-            local_rank=cast(int, _pick_int(overrides.local_rank, env, "local_rank", ("LOCAL_RANK", "SLURM_LOCALID"), 0)),
+            local_rank=cast(
+                int, _pick_int(overrides.local_rank, env, "local_rank", ("LOCAL_RANK", "SLURM_LOCALID"), 0)
+            ),
             world_size=1 if world_size is None else world_size,
             gpu_uuid=overrides.gpu_uuid or "",
             pod=pod,
@@ -108,11 +110,13 @@ class Identity:
         """OpenTelemetry resource attributes for this process."""
         attributes: dict[str, str | int] = {"host.name": self.host, "trainhealth.job": self.job}
         if self.rank is not None:
-            attributes.update({
-                "trainhealth.rank": self.rank,
-                "trainhealth.local_rank": self.local_rank,
-                "trainhealth.world_size": self.world_size,
-            })
+            attributes.update(
+                {
+                    "trainhealth.rank": self.rank,
+                    "trainhealth.local_rank": self.local_rank,
+                    "trainhealth.world_size": self.world_size,
+                }
+            )
         if self.gpu_uuid:
             attributes["hw.id"] = self.gpu_uuid
         if self.pod:
@@ -153,8 +157,9 @@ def _first(env: Mapping[str, str], *names: str, skip: tuple[str, ...] = ()) -> s
     return ""
 
 
-def _pick_int(override: int | None, env: Mapping[str, str], setting: str, names: tuple[str, ...],
-              default: int | None) -> int | None:
+def _pick_int(
+    override: int | None, env: Mapping[str, str], setting: str, names: tuple[str, ...], default: int | None
+) -> int | None:
     if override is not None:
         return override
     for name in names:

@@ -198,8 +198,12 @@ class MetricStore:
                 first = key not in self._logged_errors
                 self._logged_errors.add(key)
             if first:
-                log.warning("trainhealth: error in %s (counted in trainhealth_exporter_errors_total; "
-                            "later ones of this kind are logged at debug level)", source, exc_info=exc)
+                log.warning(
+                    "trainhealth: error in %s (counted in trainhealth_exporter_errors_total; "
+                    "later ones of this kind are logged at debug level)",
+                    source,
+                    exc_info=exc,
+                )
             else:
                 log.debug("trainhealth: error in %s", source, exc_info=exc)
         except Exception:  # never let error accounting itself raise
@@ -260,8 +264,11 @@ class MetricStore:
         errors[("series_limit",)] = errors.get(("series_limit",), 0.0) + 1.0  # type: ignore[operator]
         if (spec.prometheus_name, "series_limit") not in self._logged_errors:
             self._logged_errors.add((spec.prometheus_name, "series_limit"))
-            log.warning("trainhealth: %s reached its limit of %d series; new label sets are dropped",
-                        spec.prometheus_name, self._max_series)
+            log.warning(
+                "trainhealth: %s reached its limit of %d series; new label sets are dropped",
+                spec.prometheus_name,
+                self._max_series,
+            )
         return None
 
 

@@ -26,8 +26,9 @@ def test_amtool_accepts_the_config():
 
 @pytest.mark.parametrize("severity, receiver", [("page", "page"), ("ticket", "ticket"), ("info", "info")])
 def test_each_severity_reaches_its_receiver(severity, receiver):
-    done = _amtool("config", "routes", "test", f"--config.file={CONFIG}", f"severity={severity}", "job=train",
-                   "host=node-1")
+    done = _amtool(
+        "config", "routes", "test", f"--config.file={CONFIG}", f"severity={severity}", "job=train", "host=node-1"
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == receiver
     assert any(rule.severity == severity for rule in ALERTS)

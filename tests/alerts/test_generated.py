@@ -48,7 +48,10 @@ def metric_names(promql: str) -> set[str]:
 
 def test_the_extractor_sees_metrics_and_not_the_rest():
     assert metric_names('sum by (job) (rate(a_total{x="b c"}[5m] offset 1h)) > 0.7 * on (job) max(b) and c') == {
-        "a_total", "b", "c"}
+        "a_total",
+        "b",
+        "c",
+    }
 
 
 @pytest.mark.parametrize("uid", sorted(DASHBOARDS))
@@ -85,10 +88,32 @@ def test_dashboards_are_deterministic_with_stable_ids():
 
 def _generated(tmp_path: Path) -> dict[Path, str]:
     (tmp_path / "k8s").mkdir()  # an output file's directory must exist, as for any command writing a file
-    subprocess.run([TRAINHEALTH, "dashboards", "--out", str(tmp_path / "dash"), "--configmap",
-                    str(tmp_path / "k8s" / "grafana-dashboards.yaml")], check=True, capture_output=True)
-    subprocess.run([TRAINHEALTH, "alerts", "--out", str(tmp_path / "rules"), "--operator-out", str(tmp_path / "k8s"),
-                    "--runbooks", str(tmp_path / "rb")], check=True, capture_output=True)
+    subprocess.run(
+        [
+            TRAINHEALTH,
+            "dashboards",
+            "--out",
+            str(tmp_path / "dash"),
+            "--configmap",
+            str(tmp_path / "k8s" / "grafana-dashboards.yaml"),
+        ],
+        check=True,
+        capture_output=True,
+    )
+    subprocess.run(
+        [
+            TRAINHEALTH,
+            "alerts",
+            "--out",
+            str(tmp_path / "rules"),
+            "--operator-out",
+            str(tmp_path / "k8s"),
+            "--runbooks",
+            str(tmp_path / "rb"),
+        ],
+        check=True,
+        capture_output=True,
+    )
     out = {ROOT / "deploy/grafana/dashboards" / p.name: p.read_text() for p in (tmp_path / "dash").iterdir()}
     out |= {ROOT / "deploy/prometheus" / p.name: p.read_text() for p in (tmp_path / "rules").iterdir()}
     out |= {ROOT / "deploy/k8s" / p.name: p.read_text() for p in (tmp_path / "k8s").iterdir()}
@@ -132,7 +157,11 @@ def test_runbooks_name_the_advice_and_its_sources():
 
 
 def test_bad_runbook_base_is_one_line_and_status_2(tmp_path):
-    done = subprocess.run([TRAINHEALTH, "alerts", "--out", str(tmp_path), "--runbook-base", "docs/"],
-                          capture_output=True, text=True, check=False)
+    done = subprocess.run(
+        [TRAINHEALTH, "alerts", "--out", str(tmp_path), "--runbook-base", "docs/"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert done.returncode == 2 and "--runbook-base must be an http(s) URL" in done.stderr
     assert "Traceback" not in done.stderr

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from trainhealth_lab.bench.localization import SCALES, cases, evaluate, summarize
-from trainhealth.simulator.simulate import Control, ClusterFaultKind
 from trainhealth.localize.localizer import Thresholds
+from trainhealth.simulator.simulate import ClusterFaultKind, Control
+from trainhealth_lab.bench.localization import SCALES, cases, evaluate, summarize
 
 
 def test_cases_cover_every_kind_severity_control_and_layout():

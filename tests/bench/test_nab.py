@@ -17,8 +17,16 @@ import pytest
 
 from tests.data import data_dir, needs
 from trainhealth.detectors.spec import parse_item
-from trainhealth_lab.bench.nab import (NabFile, detector_scores, load_corpus, nab_score, read_results, scaled_sigmoid,
-                                       score_corpus, split_score)
+from trainhealth_lab.bench.nab import (
+    NabFile,
+    detector_scores,
+    load_corpus,
+    nab_score,
+    read_results,
+    scaled_sigmoid,
+    score_corpus,
+    split_score,
+)
 
 NAB = data_dir("nab")
 
@@ -83,13 +91,15 @@ def test_nab_score_of_a_hand_made_result():
     files = two_files()
     a = detections(1000, 100, 300, 425, 430, 474) * 0.9
     b = detections(2000, 650, 1500, 1599) * 0.9
-    raw = (- 0.11  # a, 300: before any window
-           + (2 / (1 + math.exp(5 * -25 / 50)) - 1) / MAX_TP  # a, 425: halfway into the window (430 is not counted)
-           + 0.11 * (2 / (1 + math.exp(5 * 25 / 49)) - 1)  # a, 474: 25 records after a window of 50
-           - 1.0  # b: the first window missed
-           + 0.11 * (2 / (1 + math.exp(5 * 51 / 99)) - 1)  # b, 650: 51 records after a window of 100
-           + 1.0  # b, 1500: the second window's first record
-           - 0.11)  # b, 1599: 80 records after a window of 20, beyond three lengths
+    raw = (
+        -0.11  # a, 300: before any window
+        + (2 / (1 + math.exp(5 * -25 / 50)) - 1) / MAX_TP  # a, 425: halfway into the window (430 is not counted)
+        + 0.11 * (2 / (1 + math.exp(5 * 25 / 49)) - 1)  # a, 474: 25 records after a window of 50
+        - 1.0  # b: the first window missed
+        + 0.11 * (2 / (1 + math.exp(5 * 51 / 99)) - 1)  # b, 650: 51 records after a window of 100
+        + 1.0  # b, 1500: the second window's first record
+        - 0.11
+    )  # b, 1599: 80 records after a window of 20, beyond three lengths
     expected = 100 * (raw - -3.0) / (3.0 - -3.0)
     assert nab_score(files, [a, b], thresholds=[0.5]) == (pytest.approx(expected, abs=1e-9), 0.5)
     # the threshold sweep leaves out the false positive before any window when it scores lower
@@ -98,7 +108,8 @@ def test_nab_score_of_a_hand_made_result():
     # reward_low_FN_rate: a missed window costs 2, and so does the null detector's each
     raw_low_fn = raw + 0.11 - 1.0
     assert nab_score(files, [a, b], "reward_low_FN_rate", thresholds=[0.9])[0] == pytest.approx(
-        100 * (raw_low_fn + 6.0) / (3.0 + 6.0), abs=1e-9)
+        100 * (raw_low_fn + 6.0) / (3.0 + 6.0), abs=1e-9
+    )
 
 
 def test_nab_score_null_perfect_and_one_false_positive():
@@ -145,9 +156,22 @@ def test_bench_nab_on_real_nab_files(tmp_path):
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(NAB / "data" / name, target)
     assert [len(f.windows) for f in load_corpus(tmp_path / "nab")] == [0, 4]  # sorted by name
-    result = subprocess.run([str(Path(sys.executable).parent / "trainhealth-lab"), "nab", "--data", str(tmp_path / "nab"),
-                             "--out", str(tmp_path / "out"), "--detector", "zscore(window=400,warmup=50)", "--split"],
-                            capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [
+            str(Path(sys.executable).parent / "trainhealth-lab"),
+            "nab",
+            "--data",
+            str(tmp_path / "nab"),
+            "--out",
+            str(tmp_path / "out"),
+            "--detector",
+            "zscore(window=400,warmup=50)",
+            "--split",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr
     written = tmp_path / "out" / "zscore" / "realKnownCause" / "zscore_machine_temperature_system_failure.csv"
     frame = pd.read_csv(written)
@@ -184,8 +208,10 @@ def synthetic(name: str, length: int, spike: int, seed: int) -> tuple[NabFile, n
 
 
 def test_files_run_side_by_side_as_when_run_alone():
-    files = [synthetic(f"x/{i}.csv", length, spike, i)[0] for i, (length, spike) in
-             enumerate([(300, 200), (500, 420), (400, 250)])]
+    files = [
+        synthetic(f"x/{i}.csv", length, spike, i)[0]
+        for i, (length, spike) in enumerate([(300, 200), (500, 420), (400, 250)])
+    ]
     spec = parse_item("rarity(history=200,warmup=50)", "value")
     together = detector_scores(files, spec)
     for index, file in enumerate(files):

@@ -15,8 +15,8 @@ def test_generation_is_seeded_and_labelled():
     spike = next(e for e in a.events if e.kind == "grad_spike")
     assert a.signals["grad_norm"][spike.start] > 2.5 * np.median(a.signals["grad_norm"])
     degradation = next(e for e in a.events if e.kind == "degradation")
-    before = a.signals["step_time"][degradation.start - 200: degradation.start]
-    after = a.signals["step_time"][degradation.start: degradation.start + 200]
+    before = a.signals["step_time"][degradation.start - 200 : degradation.start]
+    after = a.signals["step_time"][degradation.start : degradation.start + 200]
     assert np.median(after) / np.median(before) > 1.05
 
 

@@ -15,16 +15,41 @@ from trainhealth_lab.corpus.store import write_index, write_run
 STEPS = 300
 
 
-def run(run_id: str, scenario: str, kind: str, loss: np.ndarray, *, cause: int | None = None,
-        window: tuple[int, int] | None = None, collapse: int | None = None, grad_norm: np.ndarray | None = None,
-        ) -> tuple[str, pd.DataFrame, dict]:
-    signals = pd.DataFrame({"step": np.arange(STEPS), "loss": loss,
-                            "grad_norm": np.ones(STEPS) if grad_norm is None else grad_norm,
-                            "lr": 1e-3, "step_time": 0.01})
-    labels = {"run": run_id, "model": "mlp", "seed": 0, "scenario": scenario, "kind": kind, "cause_step": cause,
-              "window": list(window) if window else None, "collapse_step": collapse, "pre_event_loss": None,
-              "warmup_steps": 20, "schedule_changes": [], "checkpoint_steps": [],
-              "healthy_until": STEPS if cause is None else cause}
+def run(
+    run_id: str,
+    scenario: str,
+    kind: str,
+    loss: np.ndarray,
+    *,
+    cause: int | None = None,
+    window: tuple[int, int] | None = None,
+    collapse: int | None = None,
+    grad_norm: np.ndarray | None = None,
+) -> tuple[str, pd.DataFrame, dict]:
+    signals = pd.DataFrame(
+        {
+            "step": np.arange(STEPS),
+            "loss": loss,
+            "grad_norm": np.ones(STEPS) if grad_norm is None else grad_norm,
+            "lr": 1e-3,
+            "step_time": 0.01,
+        }
+    )
+    labels = {
+        "run": run_id,
+        "model": "mlp",
+        "seed": 0,
+        "scenario": scenario,
+        "kind": kind,
+        "cause_step": cause,
+        "window": list(window) if window else None,
+        "collapse_step": collapse,
+        "pre_event_loss": None,
+        "warmup_steps": 20,
+        "schedule_changes": [],
+        "checkpoint_steps": [],
+        "healthy_until": STEPS if cause is None else cause,
+    }
     return run_id, signals, labels
 
 
@@ -45,12 +70,15 @@ def corpus(tmp_path_factory) -> list[CorpusRun]:
     collapse = 150 + int(np.argmax(diverging[150:] >= 10 * np.median(diverging[100:150])))
     shard = healthy()
     shard[180:230] *= 1.5
-    runs = [run("clean", "clean", "none", clean),
-            run("corrupted", "corrupted_batch", "sharp", corrupted, cause=200, window=(200, 220)),
-            run("flip", "bit_flip_grad", "sharp", flip, cause=210, window=(210, 230)),
-            run("diverging", "lr_divergence", "divergence", diverging, cause=150, window=(150, collapse),
-                collapse=collapse),
-            run("shard", "bad_shard", "shift", shard, cause=180, window=(180, 229))]
+    runs = [
+        run("clean", "clean", "none", clean),
+        run("corrupted", "corrupted_batch", "sharp", corrupted, cause=200, window=(200, 220)),
+        run("flip", "bit_flip_grad", "sharp", flip, cause=210, window=(210, 230)),
+        run(
+            "diverging", "lr_divergence", "divergence", diverging, cause=150, window=(150, collapse), collapse=collapse
+        ),
+        run("shard", "bad_shard", "shift", shard, cause=180, window=(180, 229)),
+    ]
     root = tmp_path_factory.mktemp("corpus")
     for run_id, signals, labels in runs:
         write_run(root, run_id, signals, labels)

@@ -31,8 +31,9 @@ def snapshot(*paths: Path) -> dict[str, str]:
     return digests
 
 
-def run_cli(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None,
-            timeout_s: float = REFUSAL_TIMEOUT_S) -> subprocess.CompletedProcess:
+def run_cli(
+    *args: str, cwd: Path | None = None, env: dict[str, str] | None = None, timeout_s: float = REFUSAL_TIMEOUT_S
+) -> subprocess.CompletedProcess:
     """``trainhealth ARGS`` in a fresh interpreter (``trainhealth-lab ARGS`` when the first word is
     ``trainhealth-lab``); a hang fails the test through ``TimeoutExpired``."""
     environment = {**os.environ, **(env or {})}
@@ -40,9 +41,18 @@ def run_cli(*args: str, cwd: Path | None = None, env: dict[str, str] | None = No
     if log:  # counting the corpus: one line per invocation
         with open(log, "a", encoding="utf-8") as handle:
             handle.write(json.dumps(list(args)) + "\n")
-    program = ["-m", "trainhealth_lab", *args[1:]] if args[:1] == ("trainhealth-lab",) else ["-m", "trainhealth.cli", *args]
-    return subprocess.run([sys.executable, *program], capture_output=True, text=True,
-                          cwd=cwd, env=environment, timeout=timeout_s, stdin=subprocess.DEVNULL)
+    program = (
+        ["-m", "trainhealth_lab", *args[1:]] if args[:1] == ("trainhealth-lab",) else ["-m", "trainhealth.cli", *args]
+    )
+    return subprocess.run(
+        [sys.executable, *program],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env=environment,
+        timeout=timeout_s,
+        stdin=subprocess.DEVNULL,
+    )
 
 
 def assert_refused(result: subprocess.CompletedProcess, *, mentions: str | None = None) -> str:

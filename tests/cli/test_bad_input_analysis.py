@@ -20,7 +20,7 @@ import os
 import pickle
 import tempfile
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -41,8 +41,14 @@ CASE_TIMEOUT_S = 120.0  # a hang, not a slow start on a busy machine: pandas and
 
 def examples(count: int) -> settings:
     """A fixed, reproducible number of generated cases per test."""
-    return settings(max_examples=count, derandomize=True, deadline=None, database=None, print_blob=False,
-                    suppress_health_check=list(HealthCheck))
+    return settings(
+        max_examples=count,
+        derandomize=True,
+        deadline=None,
+        database=None,
+        print_blob=False,
+        suppress_health_check=list(HealthCheck),
+    )
 
 
 # --------------------------------------------------------------------------------------------------- cases
@@ -109,8 +115,12 @@ def _fill(text: str, root: Path) -> str:
 
 
 def _run(case: Case, root: Path):
-    return run_cli(*(_fill(arg, root) for arg in case.args), cwd=root,
-                   env={key: _fill(value, root) for key, value in case.env}, timeout_s=CASE_TIMEOUT_S)
+    return run_cli(
+        *(_fill(arg, root) for arg in case.args),
+        cwd=root,
+        env={key: _fill(value, root) for key, value in case.env},
+        timeout_s=CASE_TIMEOUT_S,
+    )
 
 
 def refuse(case: Case) -> None:
@@ -145,9 +155,18 @@ def accept(case: Case) -> str:
 # --------------------------------------------------------------------------------------- trace format v1
 
 COLUMN_ORDER = ("rank", "step", "op", "group", "seq", "start", "duration", "bytes", "host", "gpu")
-ARROW_TYPES = {"rank": pa.int64(), "step": pa.int64(), "op": pa.string(), "group": pa.string(), "seq": pa.int64(),
-               "start": pa.float64(), "duration": pa.float64(), "bytes": pa.int64(), "host": pa.string(),
-               "gpu": pa.int64()}
+ARROW_TYPES = {
+    "rank": pa.int64(),
+    "step": pa.int64(),
+    "op": pa.string(),
+    "group": pa.string(),
+    "seq": pa.int64(),
+    "start": pa.float64(),
+    "duration": pa.float64(),
+    "bytes": pa.int64(),
+    "host": pa.string(),
+    "gpu": pa.int64(),
+}
 FORMATS = (".jsonl", ".jsonl.gz", ".csv", ".csv.gz", ".parquet")
 TEXT_FORMATS = FORMATS[:4]
 
@@ -159,10 +178,20 @@ def good_rows() -> list[dict[str, Any]]:
         for rank in range(2):
             start = float(step) + 0.01 * rank
             common = {"rank": rank, "step": step, "host": f"node-{rank}", "gpu": 0}
-            rows.append({**common, "op": "forward", "group": None, "seq": None, "start": start, "duration": 0.25,
-                         "bytes": None})
-            rows.append({**common, "op": "all_reduce", "group": "dp0", "seq": step, "start": start + 0.3,
-                         "duration": 0.1 + 0.01 * rank, "bytes": 4096})
+            rows.append(
+                {**common, "op": "forward", "group": None, "seq": None, "start": start, "duration": 0.25, "bytes": None}
+            )
+            rows.append(
+                {
+                    **common,
+                    "op": "all_reduce",
+                    "group": "dp0",
+                    "seq": step,
+                    "start": start + 0.3,
+                    "duration": 0.1 + 0.01 * rank,
+                    "bytes": 4096,
+                }
+            )
     return rows
 
 
@@ -178,8 +207,9 @@ def _csv_cell(value: Any) -> str:
 def encode(rows: list[dict[str, Any]], suffix: str, columns: tuple[str, ...] = COLUMN_ORDER) -> bytes:
     """``rows`` as a trace file of type ``suffix`` (values written as they are, good or bad)."""
     if suffix.startswith(".jsonl"):
-        data = "".join(json.dumps({k: v for k, v in row.items() if k in columns and v is not None}) + "\n"
-                       for row in rows).encode()
+        data = "".join(
+            json.dumps({k: v for k, v in row.items() if k in columns and v is not None}) + "\n" for row in rows
+        ).encode()
     elif suffix.startswith(".csv"):
         lines = [",".join(columns)] + [",".join(_csv_cell(row.get(c)) for c in columns) for row in rows]
         data = ("\n".join(lines) + "\n").encode()
@@ -200,20 +230,20 @@ def deep_list(depth: int) -> str:
 
 
 #: Values no cell of the column may hold, in every text format; (value, formats it is bad in).
-_INT_BAD = ["x", 1.5, -1, -(10 ** 30), 10 ** 30, 2 ** 63, True, [1], {"a": 1}]
+_INT_BAD = ["x", 1.5, -1, -(10**30), 10**30, 2**63, True, [1], {"a": 1}]
 _FLOAT_BAD = ["abc", float("inf"), float("-inf"), True, [0.1], 1e300, -1e300]
 _MISSING = [None, float("nan")]
 BAD_CELLS: dict[str, list[Any]] = {
-    "rank": _INT_BAD + _MISSING + [2 ** 40],
-    "step": _INT_BAD + _MISSING + [2 ** 60],
+    "rank": _INT_BAD + _MISSING + [2**40],
+    "step": _INT_BAD + _MISSING + [2**60],
     "start": _FLOAT_BAD + _MISSING,
     "duration": _FLOAT_BAD + _MISSING + [-0.5, 1e20],
     "op": [5, "bogus", None, "", True, ["all_reduce"], {"op": 1}],
     "group": [None, "", 5, True, ["dp0"], {"g": 1}],  # on a collective's row: it needs one
-    "seq": [None, "x", -1, 1.5, 10 ** 30, True, [0]],  # likewise
-    "bytes": ["x", -1, 1.5, 10 ** 30, 2 ** 60, True, [4096]],
+    "seq": [None, "x", -1, 1.5, 10**30, True, [0]],  # likewise
+    "bytes": ["x", -1, 1.5, 10**30, 2**60, True, [4096]],
     "host": [5, True, ["node"], {"h": 1}],
-    "gpu": ["x", -1, 1.5, 10 ** 30, 2 ** 40, True],
+    "gpu": ["x", -1, 1.5, 10**30, 2**40, True],
 }
 #: columns whose wrong types are still text in a CSV file (a CSV cell is always text)
 _TEXT_COLUMNS = ("op", "group", "host")
@@ -251,8 +281,8 @@ PARQUET_BAD: dict[str, list[Callable[[list[Any]], Any]]] = {
         lambda v: pa.array([str(x) for x in v[:-1]] + ["x"]),
         lambda v: pa.array([float(x) for x in v[:-1]] + [1.5]),
         lambda v: pa.array([float(x) for x in v[:-1]] + [float("nan")]),
-        lambda v: pa.array(v[:-1] + [2 ** 64 - 1], type=pa.uint64()),
-        lambda v: pa.array(v[:-1] + [2 ** 62], type=pa.int64()),
+        lambda v: pa.array(v[:-1] + [2**64 - 1], type=pa.uint64()),
+        lambda v: pa.array(v[:-1] + [2**62], type=pa.int64()),
         lambda v: pa.array(v[:-1] + [-3], type=pa.int64()),
         lambda v: pa.array([bool(x) for x in v]),
         lambda v: pa.array([[x] for x in v]),
@@ -261,7 +291,7 @@ PARQUET_BAD: dict[str, list[Callable[[list[Any]], Any]]] = {
         lambda v: pa.nulls(len(v)),
     ],
     "step": [
-        lambda v: pa.array(v[:-1] + [2 ** 60], type=pa.int64()),
+        lambda v: pa.array(v[:-1] + [2**60], type=pa.int64()),
         lambda v: pa.array([float(x) + 0.5 for x in v]),
         lambda v: pa.array([str(x) for x in v[:-1]] + ["step"]),
         lambda v: pa.array([[x] for x in v]),
@@ -302,12 +332,12 @@ PARQUET_BAD: dict[str, list[Callable[[list[Any]], Any]]] = {
     ],
     "bytes": [
         lambda v: pa.array([-1] * len(v)),
-        lambda v: pa.array([2 ** 60] * len(v)),
+        lambda v: pa.array([2**60] * len(v)),
         lambda v: pa.array(["many"] * len(v)),
     ],
     "gpu": [
         lambda v: pa.array([-1] * len(v)),
-        lambda v: pa.array([2 ** 40] * len(v)),
+        lambda v: pa.array([2**40] * len(v)),
         lambda v: pa.array([0.5] * len(v)),
     ],
 }
@@ -399,16 +429,27 @@ def test_bad_v1_files(data):
 # --------------------------------------------------------------------------------------------- topology
 
 GOOD_TRACE = ("trace.jsonl", encode(good_rows(), ".jsonl"))
-_RANKS_BAD = [None, "0,1", 5, [0, -1], [0, "1"], [0, 1.5], [True, 1], [0, 2 ** 31], [0, 10 ** 30], [[0]], {"0": 1}]
-_NAMES_BAD = [None, ["node"], {"x": "h"}, {"-1": "h"}, {"\u00b2": "h"}, {"0": 5}, {"0": None},
-              {"99999999999999999999": "h"}, {"0": ["h"]}]
+_RANKS_BAD = [None, "0,1", 5, [0, -1], [0, "1"], [0, 1.5], [True, 1], [0, 2**31], [0, 10**30], [[0]], {"0": 1}]
+_NAMES_BAD = [
+    None,
+    ["node"],
+    {"x": "h"},
+    {"-1": "h"},
+    {"\u00b2": "h"},
+    {"0": 5},
+    {"0": None},
+    {"99999999999999999999": "h"},
+    {"0": ["h"]},
+]
 BAD_TOPOLOGIES: list[Any] = (
     [{"groups": {"dp0": members}} for members in _RANKS_BAD]
     + [{"groups": groups} for groups in (None, [], "dp0", 5, [["dp0", [0, 1]]])]
     + [{"hosts": hosts} for hosts in _NAMES_BAD]
     + [{"switches": switches} for switches in _NAMES_BAD[:6]]
-    + [{"parallelism": p} for p in ({"dp": 0}, {"dp": -1}, {"dp": 1.5}, {"dp": True}, {"dp": 10 ** 30},
-                                    {"dp": "2"}, None, [2])]
+    + [
+        {"parallelism": p}
+        for p in ({"dp": 0}, {"dp": -1}, {"dp": 1.5}, {"dp": True}, {"dp": 10**30}, {"dp": "2"}, None, [2])
+    ]
     + [{"simulated": flag} for flag in ("yes", 1, None)]
     + [[], None, 5, "topology"]
 )
@@ -421,8 +462,18 @@ def bad_topology_files(draw: st.DrawFn) -> bytes:
         return json.dumps(draw(st.sampled_from(BAD_TOPOLOGIES))).encode()
     if kind == "deep":
         return ('{"groups": {"dp0": ' + deep_list(draw(st.sampled_from([5_000, 200_000]))) + "}}").encode()
-    return draw(st.sampled_from([b"", b"{not json", b'{"groups": {"dp0": [0, 1]', b"\xff\xfe{}", b"\x00" * 8,
-                                 b'{"groups": {"dp0": [0, 1]}}\n{"again": 1}']))
+    return draw(
+        st.sampled_from(
+            [
+                b"",
+                b"{not json",
+                b'{"groups": {"dp0": [0, 1]',
+                b"\xff\xfe{}",
+                b"\x00" * 8,
+                b'{"groups": {"dp0": [0, 1]}}\n{"again": 1}',
+            ]
+        )
+    )
 
 
 @given(st.data())
@@ -446,16 +497,35 @@ def test_bad_topologies(data):
 
 def fr_entry(index: int, rank: int) -> dict[str, Any]:
     created = 1_700_000_000_000_000_000 + index * 2_000_000 + rank * 1_000
-    return {"record_id": index, "pg_id": 0, "process_group": ("0", "default_pg"), "collective_seq_id": index + 1,
-            "p2p_seq_id": 0, "op_id": index + 1, "profiling_name": "nccl:all_reduce", "time_created_ns": created,
-            "time_discovered_started_ns": created + 1_000, "time_discovered_completed_ns": created + 900_000,
-            "duration_ms": 0.9, "input_sizes": [[256]], "input_dtypes": ["Float"], "output_sizes": [[256]],
-            "output_dtypes": ["Float"], "state": "completed", "is_p2p": False, "retired": True}
+    return {
+        "record_id": index,
+        "pg_id": 0,
+        "process_group": ("0", "default_pg"),
+        "collective_seq_id": index + 1,
+        "p2p_seq_id": 0,
+        "op_id": index + 1,
+        "profiling_name": "nccl:all_reduce",
+        "time_created_ns": created,
+        "time_discovered_started_ns": created + 1_000,
+        "time_discovered_completed_ns": created + 900_000,
+        "duration_ms": 0.9,
+        "input_sizes": [[256]],
+        "input_dtypes": ["Float"],
+        "output_sizes": [[256]],
+        "output_dtypes": ["Float"],
+        "state": "completed",
+        "is_p2p": False,
+        "retired": True,
+    }
 
 
 def fr_dump(rank: int) -> dict[str, Any]:
-    return {"version": "2.4", "pg_config": {"0": {"name": "0", "desc": "default_pg", "ranks": "[0, 1]"}},
-            "pg_status": {"0": {"last_enqueued_collective": 3}}, "entries": [fr_entry(i, rank) for i in range(3)]}
+    return {
+        "version": "2.4",
+        "pg_config": {"0": {"name": "0", "desc": "default_pg", "ranks": "[0, 1]"}},
+        "pg_status": {"0": {"last_enqueued_collective": 3}},
+        "entries": [fr_entry(i, rank) for i in range(3)],
+    }
 
 
 def plain_pickle(value: Any) -> bytes:
@@ -477,22 +547,32 @@ def deep_pickle(depth: int) -> bytes:
 _ENTRY_BAD: dict[str, list[Any]] = {
     "profiling_name": [5, None, ["nccl:all_reduce"], {"name": "x"}, b"nccl:all_reduce"],
     "process_group": [5, "0", (), [{"name": 0}], ([0],), (None, None)],
-    "collective_seq_id": ["x", -1, 10 ** 30, 2 ** 64, 1.5, float("nan"), [1], True, None],
-    "time_created_ns": ["soon", [1], {"t": 1}, 10 ** 40, -(10 ** 40), float("inf"), float("nan"), True],
-    "time_discovered_started_ns": ["soon", [1], 10 ** 40, float("nan")],
+    "collective_seq_id": ["x", -1, 10**30, 2**64, 1.5, float("nan"), [1], True, None],
+    "time_created_ns": ["soon", [1], {"t": 1}, 10**40, -(10**40), float("inf"), float("nan"), True],
+    "time_discovered_started_ns": ["soon", [1], 10**40, float("nan")],
     "time_discovered_completed_ns": ["late", [1]],
     "duration_ms": ["slow", -5.0, float("inf"), float("nan"), [1.0], 1e300],
-    "input_sizes": ["256", [256], [["x"]], [[-1]], [[10 ** 30]], 5, [[2 ** 40, 2 ** 40]]],
+    "input_sizes": ["256", [256], [["x"]], [[-1]], [[10**30]], 5, [[2**40, 2**40]]],
     "input_dtypes": ["Float", 5, [5], [["Float"]]],
 }
 _DUMP_BAD: list[Any] = [
-    [], None, 5, "dump", {"version": "2.4"}, {"entries": None}, {"entries": 5}, {"entries": "abc"},
-    {"entries": {"0": fr_entry(0, 0)}}, {"entries": [5, "x"]}, {"entries": [None]},
-    {"entries": [fr_entry(0, 0)], "pg_config": 5}, {"entries": [fr_entry(0, 0)], "pg_config": ["0"]},
+    [],
+    None,
+    5,
+    "dump",
+    {"version": "2.4"},
+    {"entries": None},
+    {"entries": 5},
+    {"entries": "abc"},
+    {"entries": {"0": fr_entry(0, 0)}},
+    {"entries": [5, "x"]},
+    {"entries": [None]},
+    {"entries": [fr_entry(0, 0)], "pg_config": 5},
+    {"entries": [fr_entry(0, 0)], "pg_config": ["0"]},
     {"entries": [fr_entry(0, 0)], "pg_config": {"0": {"ranks": 5}}},
     {"entries": [fr_entry(0, 0)], "pg_config": {"0": {"ranks": [0, "x"]}}},
     {"entries": [fr_entry(0, 0)], "pg_config": {"0": {"ranks": [-1, 0]}}},
-    {"entries": [fr_entry(0, 0)], "pg_config": {"0": {"ranks": [0, 10 ** 30]}}},
+    {"entries": [fr_entry(0, 0)], "pg_config": {"0": {"ranks": [0, 10**30]}}},
     {"entries": [fr_entry(0, 0)], "pg_config": {"0": "ranks"}},
 ]
 
@@ -510,13 +590,23 @@ def bad_flight_recorder_dumps(draw: st.DrawFn) -> tuple[str, bytes]:
     if kind == "dump":
         return name, plain_pickle(draw(st.sampled_from(_DUMP_BAD)))
     if kind == "name":
-        return draw(st.sampled_from(["nccl_trace_rank_99999999999999999999999", "nccl_trace_rank_4294967296",
-                                     "nccl_trace"])), plain_pickle(fr_dump(0))
+        return draw(
+            st.sampled_from(["nccl_trace_rank_99999999999999999999999", "nccl_trace_rank_4294967296", "nccl_trace"])
+        ), plain_pickle(fr_dump(0))
     if kind == "deep":
         return name, deep_pickle(draw(st.sampled_from([3_000, 200_000])))
     good = plain_pickle(fr_dump(0))
-    return name, draw(st.sampled_from([good[: len(good) // 2], good[:2], b"\x80\x04garbage", b"\x80" + bytes(range(40)),
-                                       b"\x80\x05\x95\xff\xff\xff\xff\xff\xff\xff\x7f"]))
+    return name, draw(
+        st.sampled_from(
+            [
+                good[: len(good) // 2],
+                good[:2],
+                b"\x80\x04garbage",
+                b"\x80" + bytes(range(40)),
+                b"\x80\x05\x95\xff\xff\xff\xff\xff\xff\xff\x7f",
+            ]
+        )
+    )
 
 
 @given(st.data())
@@ -544,10 +634,27 @@ def sa_rows() -> list[dict[str, Any]]:
             for dp in range(2):
                 rank = stage * 2 + dp
                 t = 0.001 * rank
-                for optype, duration in (("forward-compute", 0.02), ("backward-compute", 0.04),
-                                         ("grads-reduce-scatter", 0.01), ("optimizer", 0.005)):
-                    rows.append({"dp_rank": dp, "stage": stage, "rank": rank, "step": step, "optype": optype,
-                                 "start_ts": t, "duration": duration, "seq_id": 0, "mc": 0, "gmc": 0, "mb_id": 0})
+                for optype, duration in (
+                    ("forward-compute", 0.02),
+                    ("backward-compute", 0.04),
+                    ("grads-reduce-scatter", 0.01),
+                    ("optimizer", 0.005),
+                ):
+                    rows.append(
+                        {
+                            "dp_rank": dp,
+                            "stage": stage,
+                            "rank": rank,
+                            "step": step,
+                            "optype": optype,
+                            "start_ts": t,
+                            "duration": duration,
+                            "seq_id": 0,
+                            "mc": 0,
+                            "gmc": 0,
+                            "mb_id": 0,
+                        }
+                    )
                     t += duration + 0.001
     return rows
 
@@ -560,24 +667,51 @@ def sa_table(rows: list[dict[str, Any]], replace: dict[str, Any] | None = None, 
 
 def _sa_bad_columns(n: int) -> list[tuple[str, Any]]:
     return [
-        ("dp_rank", pa.array(["x"] * n)), ("dp_rank", pa.array([float("nan")] * n)), ("dp_rank", pa.array([-1] * n)),
-        ("stage", pa.array([0.5] * n)), ("stage", pa.array([2 ** 62] * n)), ("stage", pa.nulls(n, pa.int64())),
-        ("rank", pa.array([2 ** 62] * n)), ("rank", pa.array(["r"] * n)), ("rank", pa.array([-2] * n)),
-        ("step", pa.array([10 ** 18] * n)), ("step", pa.array([[1]] * n)),
-        ("optype", pa.array([1] * n)), ("optype", pa.array(["teleport"] * n)), ("optype", pa.nulls(n, pa.string())),
-        ("start_ts", pa.array(["t"] * n)), ("start_ts", pa.array([float("nan")] * n)),
+        ("dp_rank", pa.array(["x"] * n)),
+        ("dp_rank", pa.array([float("nan")] * n)),
+        ("dp_rank", pa.array([-1] * n)),
+        ("stage", pa.array([0.5] * n)),
+        ("stage", pa.array([2**62] * n)),
+        ("stage", pa.nulls(n, pa.int64())),
+        ("rank", pa.array([2**62] * n)),
+        ("rank", pa.array(["r"] * n)),
+        ("rank", pa.array([-2] * n)),
+        ("step", pa.array([10**18] * n)),
+        ("step", pa.array([[1]] * n)),
+        ("optype", pa.array([1] * n)),
+        ("optype", pa.array(["teleport"] * n)),
+        ("optype", pa.nulls(n, pa.string())),
+        ("start_ts", pa.array(["t"] * n)),
+        ("start_ts", pa.array([float("nan")] * n)),
         ("start_ts", pa.array([float("inf")] * n)),
-        ("duration", pa.array([-0.1] * n)), ("duration", pa.array([float("nan")] * n)),
+        ("duration", pa.array([-0.1] * n)),
+        ("duration", pa.array([float("nan")] * n)),
         ("duration", pa.array(["d"] * n)),
-        ("seq_id", pa.array(["s"] * n)), ("seq_id", pa.array([float("nan")] * n)),
-        ("mb_id", pa.array(["m"] * n)), ("mb_id", pa.array([float("nan")] * n)),
+        ("seq_id", pa.array(["s"] * n)),
+        ("seq_id", pa.array([float("nan")] * n)),
+        ("mb_id", pa.array(["m"] * n)),
+        ("mb_id", pa.array([float("nan")] * n)),
     ]
 
 
-_META_BAD = [b"tp_size: 0\n", b"tp_size: -1\n", b"tp_size: 1000000000000000000000000000000\n", b"tp_size: x\n",
-             b"tp_size: 1.5\n", b"tp_size: true\n", b"tp_size: null\n", b"dp_size: 0\n", b"pp_size: [2]\n",
-             b"- tp_size: 2\n", b"just text\n", b"7\n", b"tp_size: [\n", b"1: 2\n", b"\xff\xfe",
-             b"tp_size: " + b"[" * 5000 + b"]" * 5000 + b"\n"]
+_META_BAD = [
+    b"tp_size: 0\n",
+    b"tp_size: -1\n",
+    b"tp_size: 1000000000000000000000000000000\n",
+    b"tp_size: x\n",
+    b"tp_size: 1.5\n",
+    b"tp_size: true\n",
+    b"tp_size: null\n",
+    b"dp_size: 0\n",
+    b"pp_size: [2]\n",
+    b"- tp_size: 2\n",
+    b"just text\n",
+    b"7\n",
+    b"tp_size: [\n",
+    b"1: 2\n",
+    b"\xff\xfe",
+    b"tp_size: " + b"[" * 5000 + b"]" * 5000 + b"\n",
+]
 
 
 @st.composite
@@ -633,8 +767,11 @@ BAD_INPUT_PATHS: list[tuple[tuple[tuple[str, Content], ...], str]] = [
 def test_bad_input_paths(data):
     files, given_path = data.draw(st.sampled_from(BAD_INPUT_PATHS))
     command = data.draw(st.sampled_from([("trace", "info"), ("trace", "convert"), ("localize",), ("detect",)]))
-    forced = data.draw(st.sampled_from([(), ("--from", "flight-recorder"), ("--from", "straggler-analysis")])) \
-        if command[0] != "detect" else ()
+    forced = (
+        data.draw(st.sampled_from([(), ("--from", "flight-recorder"), ("--from", "straggler-analysis")]))
+        if command[0] != "detect"
+        else ()
+    )
     target = "{d}/" + given_path
     if command == ("detect",):
         args = ("detect", target, "--column", "duration")
@@ -646,17 +783,25 @@ def test_bad_input_paths(data):
 @given(st.data())
 @examples(6)
 def test_bad_topology_paths(data):
-    files, given_path = data.draw(st.sampled_from(
-        [case for case in BAD_INPUT_PATHS if case[1] not in ("notes.txt", "empty-dir", "run")]
-        + [((("topology-dir", Directory()),), "topology-dir")]))
+    files, given_path = data.draw(
+        st.sampled_from(
+            [case for case in BAD_INPUT_PATHS if case[1] not in ("notes.txt", "empty-dir", "run")]
+            + [((("topology-dir", Directory()),), "topology-dir")]
+        )
+    )
     command = data.draw(st.sampled_from([("trace", "info"), ("trace", "convert"), ("localize",)]))
-    args = command + ("{d}/trace.jsonl", "--topology", "{d}/" + given_path) \
+    args = (
+        command
+        + ("{d}/trace.jsonl", "--topology", "{d}/" + given_path)
         + (("-o", "{d}/out.parquet") if command[-1] == "convert" else ())
+    )
     refuse(Case(args, files + (GOOD_TRACE,), mentions=(given_path.split("/")[0][:40],)))
 
 
-SERIES = ("series.csv", b"step,loss,rank\n" + b"".join(f"{i},{2.0 + 0.01 * (i % 5)},{i % 2}\n".encode()
-                                                      for i in range(40)))
+SERIES = (
+    "series.csv",
+    b"step,loss,rank\n" + b"".join(f"{i},{2.0 + 0.01 * (i % 5)},{i % 2}\n".encode() for i in range(40)),
+)
 
 #: (command arguments, files besides the good inputs, what the error names): outputs that cannot be written,
 #: or would overwrite an input
@@ -664,11 +809,19 @@ BAD_OUTPUTS: list[tuple[tuple[str, ...], tuple[tuple[str, Content], ...], str]] 
     (("trace", "convert", "{d}/trace.jsonl", "-o", "{d}/missing/out.parquet"), (), "missing"),
     (("trace", "convert", "{d}/trace.jsonl", "-o", "{d}/out.parquet"), (("out.parquet", Directory()),), "out.parquet"),
     (("trace", "convert", "{d}/trace.jsonl", "-o", "{d}/trace.jsonl"), (), "trace.jsonl"),
-    (("trace", "convert", "{d}/run", "-o", "{d}/run"), (("run/trace.parquet", encode(good_rows(), ".parquet")),), "run"),
+    (
+        ("trace", "convert", "{d}/run", "-o", "{d}/run"),
+        (("run/trace.parquet", encode(good_rows(), ".parquet")),),
+        "run",
+    ),
     (("trace", "convert", "{d}/trace.jsonl", "-o", "{d}/trace.jsonl/out.csv"), (), "trace.jsonl"),
     (("trace", "convert", "{d}/trace.jsonl", "-o", "{d}/notes.txt"), (("notes.txt", b"keep me\n"),), "notes.txt"),
     (("trace", "convert", "{d}/trace.jsonl", "-o", "{d}/" + "o" * 300 + ".parquet"), (), "ooo"),
-    (("trace", "convert", "{d}/trace.jsonl", "-o", "{d}/dir/topology.json.parquet"), (("dir/topology.json.parquet", Link("../trace.jsonl")),), "topology.json.parquet"),
+    (
+        ("trace", "convert", "{d}/trace.jsonl", "-o", "{d}/dir/topology.json.parquet"),
+        (("dir/topology.json.parquet", Link("../trace.jsonl")),),
+        "topology.json.parquet",
+    ),
     (("sim", "--dp", "2", "--pp", "1", "--tp", "1", "-o", "{d}/file"), (("file", b"keep me\n"),), "file"),
     (("sim", "--dp", "2", "--pp", "1", "--tp", "1", "-o", "{d}/missing/sim"), (), "missing"),
     (("sim", "--dp", "2", "--pp", "1", "--tp", "1", "-o", "{d}/trace.jsonl/sim"), (), "trace.jsonl"),
@@ -694,23 +847,32 @@ def test_bad_output_paths(data):
 
 # -------------------------------------------------------------------------------------- numeric options
 
-_INT_OPTION_BAD = ["0", "-1", str(10 ** 30), "nan", "inf", "1.5", "", "1e3"]
+_INT_OPTION_BAD = ["0", "-1", str(10**30), "nan", "inf", "1.5", "", "1e3"]
 _FLOAT_OPTION_BAD = ["nan", "inf", "-inf", "-1", "0", "1e309", "1e300", "", "x"]
 
 #: (command prefix, option, bad values); every numeric option of the commands here
 NUMERIC_OPTIONS: list[tuple[tuple[str, ...], str, list[str]]] = (
     [(("localize", "{d}/trace.jsonl"), "--last", _INT_OPTION_BAD)]
-    + [(("localize", "{d}/trace.jsonl"), f"--{name}-z", _FLOAT_OPTION_BAD)
-       for name in ("gpu", "collectives", "link", "straggler", "path")]
-    + [(("sim", "-o", "{d}/sim"), f"--{name}", _INT_OPTION_BAD)
-       for name in ("dp", "pp", "tp", "cp", "ep", "steps", "microbatches", "gpus-per-host", "hosts-per-leaf")]
-    + [(("sim", "-o", "{d}/sim"), "--seed", ["-1", str(10 ** 30), "nan", "inf", "1.5", ""])]
+    + [
+        (("localize", "{d}/trace.jsonl"), f"--{name}-z", _FLOAT_OPTION_BAD)
+        for name in ("gpu", "collectives", "link", "straggler", "path")
+    ]
+    + [
+        (("sim", "-o", "{d}/sim"), f"--{name}", _INT_OPTION_BAD)
+        for name in ("dp", "pp", "tp", "cp", "ep", "steps", "microbatches", "gpus-per-host", "hosts-per-leaf")
+    ]
+    + [(("sim", "-o", "{d}/sim"), "--seed", ["-1", str(10**30), "nan", "inf", "1.5", ""])]
     + [(("selftest", "--device", "cpu"), "--size", _INT_OPTION_BAD + ["15", "100000"])]
-    + [(("selftest", "--device", "cpu", "--size", "16"), "--seed", ["-1", str(10 ** 30), "nan", "1.5"])]
+    + [(("selftest", "--device", "cpu", "--size", "16"), "--seed", ["-1", str(10**30), "nan", "1.5"])]
     + [(("probe", "--out", "{d}/probe.json"), "--repeats", _INT_OPTION_BAD)]
     + [(("probe", "--out", "{d}/probe.json"), "--timeout", _FLOAT_OPTION_BAD)]
-    + [(("probe", "--out", "{d}/probe.json"), "--sizes",
-        ["0,4096", "-1,4096", "4096,4096", "4096", "x,y", f"4096,{10 ** 30}", "nan,4096", "4096,,8192"])]
+    + [
+        (
+            ("probe", "--out", "{d}/probe.json"),
+            "--sizes",
+            ["0,4096", "-1,4096", "4096,4096", "4096", "x,y", f"4096,{10**30}", "nan,4096", "4096,,8192"],
+        )
+    ]
 )
 #: the variables a probe reads (so that only the options can be wrong)
 PROBE_ENV = (("RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", "1"))
@@ -726,21 +888,50 @@ def test_bad_numeric_options(prefix, option, values, data):
 
 
 #: --fault specs the simulator cannot run: (spec, what the error names)
-BAD_FAULTS = ["gpu:0:nan", "gpu:0:inf", "gpu:0:-2", "gpu:0:0", "gpu:0:1e300", "gpu:-1:2", f"gpu:{10 ** 30}:2",
-              "gpu:0:2:-1", f"gpu:0:2:{10 ** 30}", "gpu:0:2:5:3", "gpu:0:2:3:3", "gpu:0:2:0:-4", "nic:0:2:100",
-              "gpu:0:2:0:1:2", "gpu", "host:99:2", "switch:5:2", "gpu:0:nan:0"]
+BAD_FAULTS = [
+    "gpu:0:nan",
+    "gpu:0:inf",
+    "gpu:0:-2",
+    "gpu:0:0",
+    "gpu:0:1e300",
+    "gpu:-1:2",
+    f"gpu:{10**30}:2",
+    "gpu:0:2:-1",
+    f"gpu:0:2:{10**30}",
+    "gpu:0:2:5:3",
+    "gpu:0:2:3:3",
+    "gpu:0:2:0:-4",
+    "nic:0:2:100",
+    "gpu:0:2:0:1:2",
+    "gpu",
+    "host:99:2",
+    "switch:5:2",
+    "gpu:0:nan:0",
+]
 
 
 @given(st.sampled_from(BAD_FAULTS))
 @examples(8)
 def test_bad_simulated_faults(spec):
-    refuse(Case(("sim", "--dp", "2", "--pp", "1", "--tp", "2", "--steps", "10", "--fault", spec, "-o", "{d}/sim"),
-                mentions=("--fault",)))
+    refuse(
+        Case(
+            ("sim", "--dp", "2", "--pp", "1", "--tp", "2", "--steps", "10", "--fault", spec, "-o", "{d}/sim"),
+            mentions=("--fault",),
+        )
+    )
 
 
-@given(st.sampled_from([("--dp", "65536", "--pp", "65536"), ("--steps", "100000000"),
-                        ("--microbatches", "1000000"), ("--gpus-per-host", "1000000000"),
-                        ("--dp", "256", "--tp", "256", "--steps", "10000", "--microbatches", "64")]))
+@given(
+    st.sampled_from(
+        [
+            ("--dp", "65536", "--pp", "65536"),
+            ("--steps", "100000000"),
+            ("--microbatches", "1000000"),
+            ("--gpus-per-host", "1000000000"),
+            ("--dp", "256", "--tp", "256", "--steps", "10000", "--microbatches", "64"),
+        ]
+    )
+)
 @examples(3)
 def test_simulations_too_large(options):
     refuse(Case(("sim", "-o", "{d}/sim") + options, mentions=("sim",)))
@@ -751,34 +942,43 @@ def test_simulations_too_large(options):
 #: detector parameters no detector accepts: (detector, parameter, values)
 BAD_DETECTOR_PARAMETERS: list[tuple[str, str, list[str]]] = [
     ("zscore", "threshold", ["nan", "inf", "-inf", "0", "-1", "x"]),
-    ("zscore", "window", ["0", "-5", str(10 ** 30), "1e300", "nan", "2.5", "x"]),
-    ("zscore", "warmup", ["0", "-1", str(10 ** 30), "nan"]),
+    ("zscore", "window", ["0", "-5", str(10**30), "1e300", "nan", "2.5", "x"]),
+    ("zscore", "warmup", ["0", "-1", str(10**30), "nan"]),
     ("zscore", "min_std", ["nan", "inf", "-1"]),
     ("zscore", "direction", ["sideways", "1"]),
-    ("zscore", "cooldown", ["-1", "nan", str(10 ** 30), "1.5"]),
-    ("zscore", "min_consecutive", ["0", "-1", str(10 ** 30), "inf"]),
-    ("zscore", "max_protected", ["0", str(10 ** 30)]),
+    ("zscore", "cooldown", ["-1", "nan", str(10**30), "1.5"]),
+    ("zscore", "min_consecutive", ["0", "-1", str(10**30), "inf"]),
+    ("zscore", "max_protected", ["0", str(10**30)]),
     ("zscore", "max_protected_share", ["nan", "-0.1", "2", "inf"]),
     ("zscore", "release", ["nan", "-inf", "x"]),
     ("zscore", "critical", ["nan", "inf", "-1"]),
     ("zscore", "protect", ["maybe", "2"]),
-    ("iqr", "window", ["0", str(10 ** 30), "nan"]),
-    ("iqr", "refresh", ["0", "-1", str(10 ** 30)]),
+    ("iqr", "window", ["0", str(10**30), "nan"]),
+    ("iqr", "refresh", ["0", "-1", str(10**30)]),
     ("robust_z", "min_scale", ["nan", "-1"]),
     ("level_shift", "k", ["nan", "-1", "inf"]),
     ("level_shift", "clip", ["nan", "inf"]),
-    ("level_shift", "adapt_after", ["-1", str(10 ** 30)]),
+    ("level_shift", "adapt_after", ["-1", str(10**30)]),
     ("delta", "delta", ["nan", "inf", "1", "0"]),
-    ("delta", "rate_window", ["0", str(10 ** 30)]),
+    ("delta", "rate_window", ["0", str(10**30)]),
     ("spike", "sigmas", ["nan", "-1", "inf"]),
-    ("spike", "window", ["0", str(10 ** 30)]),
-    ("stl", "period", ["1", "-1", str(10 ** 30), "nan"]),
-    ("stl", "refit_every", ["0", str(10 ** 30)]),
-    ("peer", "min_peers", ["0", str(10 ** 30), "nan"]),
+    ("spike", "window", ["0", str(10**30)]),
+    ("stl", "period", ["1", "-1", str(10**30), "nan"]),
+    ("stl", "refit_every", ["0", str(10**30)]),
+    ("peer", "min_peers", ["0", str(10**30), "nan"]),
     ("peer", "min_relative", ["nan", "-1", "inf"]),
 ]
-BAD_DETECTOR_SPECS = ["zscore(", "zscore(threshold)", "zscore(threshold=)", "zscor", "zscore(bogus=1)",
-                      "zscore)(", "", "ZSCORE", "zscore(window=10,window=20)"]
+BAD_DETECTOR_SPECS = [
+    "zscore(",
+    "zscore(threshold)",
+    "zscore(threshold=)",
+    "zscor",
+    "zscore(bogus=1)",
+    "zscore)(",
+    "",
+    "ZSCORE",
+    "zscore(window=10,window=20)",
+]
 
 
 @st.composite
@@ -825,11 +1025,15 @@ def test_bad_series(case):
 
 def nab_layout(values: int = 200) -> tuple[tuple[str, Content], ...]:
     """A NAB directory with one small data file and one labelled window."""
-    rows = "".join(f"2020-01-01 {i // 60:02d}:{i % 60:02d}:00,{1.0 + (5.0 if i == 150 else 0.01 * (i % 3))}\n"
-                   for i in range(values))
+    rows = "".join(
+        f"2020-01-01 {i // 60:02d}:{i % 60:02d}:00,{1.0 + (5.0 if i == 150 else 0.01 * (i % 3))}\n"
+        for i in range(values)
+    )
     windows = {"demo/one.csv": [["2020-01-01 02:25:00", "2020-01-01 02:35:00"]]}
-    return (("nab/data/demo/one.csv", ("timestamp,value\n" + rows).encode()),
-            ("nab/labels/combined_windows.json", json.dumps(windows).encode()))
+    return (
+        ("nab/data/demo/one.csv", ("timestamp,value\n" + rows).encode()),
+        ("nab/labels/combined_windows.json", json.dumps(windows).encode()),
+    )
 
 
 BAD_NAB_DATA: list[tuple[str, bytes]] = [
@@ -847,6 +1051,13 @@ BAD_NAB_DATA: list[tuple[str, bytes]] = [
 ]
 
 
+@pytest.mark.parametrize("name, content", BAD_NAB_DATA, ids=[f"{n}:{c[:24]!r}" for n, c in BAD_NAB_DATA])
+def test_every_bad_nab_file_is_refused_naming_it(name, content):
+    """Each bad file, not only those drawn below: one line naming the file at fault (no pandas warning)."""
+    files = tuple(f for f in nab_layout() if f[0] != "nab/" + name) + (("nab/" + name, content),)
+    refuse(Case(("trainhealth-lab", "nab", "--data", "{d}/nab", "--out", "{d}/results"), files, mentions=(name,)))
+
+
 @given(st.data())
 @examples(8)
 def test_bad_bench_inputs(data):
@@ -862,27 +1073,37 @@ def test_bad_bench_inputs(data):
         refuse(Case(args + ("--detector", spec), files, mentions=(named,)))
     else:
         where = data.draw(st.sampled_from(["{d}/none", "{d}/file", "{d}/empty"]))
-        refuse(Case(("trainhealth-lab", "nab", "--data", where, "--out", "{d}/results"),
-                    (("file", b"x"), ("empty", Directory())), mentions=(where,)))
+        refuse(
+            Case(
+                ("trainhealth-lab", "nab", "--data", where, "--out", "{d}/results"),
+                (("file", b"x"), ("empty", Directory())),
+                mentions=(where,),
+            )
+        )
 
 
 # ------------------------------------------------------------------------------ probe, metrics, config
 
-@given(st.sampled_from([
-    (("metrics", "--json", "--markdown"), "not allowed with"),
-    (("metrics", "extra"), "unrecognized"),
-    (("metrics", "--bogus"), "--bogus"),
-    (("config", "--json", "--markdown"), "not allowed with"),
-    (("config", "--bogus=1"), "--bogus"),
-    (("trace",), "trace"),
-    (("trace", "info"), "TRACE"),
-    (("trace", "convert", "x.jsonl"), "-o/--output"),
-    (("trace", "info", "x.jsonl", "--from", "pickle"), "--from"),
-    (("trainhealth-lab",), "COMMAND"),
-    (("detect", "x.csv"), "--column"),
-    (("probe",), "--out"),
-    (("probe", "--out", "{d}/probe.json"), "RANK"),
-]))
+
+@given(
+    st.sampled_from(
+        [
+            (("metrics", "--json", "--markdown"), "not allowed with"),
+            (("metrics", "extra"), "unrecognized"),
+            (("metrics", "--bogus"), "--bogus"),
+            (("config", "--json", "--markdown"), "not allowed with"),
+            (("config", "--bogus=1"), "--bogus"),
+            (("trace",), "trace"),
+            (("trace", "info"), "TRACE"),
+            (("trace", "convert", "x.jsonl"), "-o/--output"),
+            (("trace", "info", "x.jsonl", "--from", "pickle"), "--from"),
+            (("trainhealth-lab",), "COMMAND"),
+            (("detect", "x.csv"), "--column"),
+            (("probe",), "--out"),
+            (("probe", "--out", "{d}/probe.json"), "RANK"),
+        ]
+    )
+)
 @examples(8)
 def test_bad_command_lines(case):
     args, named = case
@@ -893,27 +1114,27 @@ def test_bad_command_lines(case):
 BAD_SETTINGS = [
     ("TRAINHEALTH_DETECTORS", "loss=zscore(threshold=nan)"),
     ("TRAINHEALTH_DETECTORS", "loss=zscore(window=0)"),
-    ("TRAINHEALTH_DETECTORS", f"loss=zscore(window={10 ** 30})"),
+    ("TRAINHEALTH_DETECTORS", f"loss=zscore(window={10**30})"),
     ("TRAINHEALTH_DETECTORS", "loss=spike(sigmas=inf)"),
     ("TRAINHEALTH_DETECTORS", "loss=zscore(max_protected_share=nan)"),
     ("TRAINHEALTH_DETECTORS", "weather=zscore"),
     ("TRAINHEALTH_DETECTORS", "loss=zscore(" + "(" * 10_000),
     ("TRAINHEALTH_STATS_EVERY", "0"),
-    ("TRAINHEALTH_STATS_EVERY", str(10 ** 30)),
+    ("TRAINHEALTH_STATS_EVERY", str(10**30)),
     ("TRAINHEALTH_GPU_SAMPLE_INTERVAL", "nan"),
     ("TRAINHEALTH_GPU_SAMPLE_INTERVAL", "inf"),
     ("TRAINHEALTH_GPU_SAMPLE_INTERVAL", "1e-300"),
     ("TRAINHEALTH_GPU_SAMPLE_INTERVAL", "-1"),
     ("TRAINHEALTH_TRACE_WRITE_INTERVAL", "inf"),
     ("TRAINHEALTH_COMM_FLUSH_INTERVAL", "nan"),
-    ("TRAINHEALTH_COMM_RING_SIZE", str(10 ** 30)),
+    ("TRAINHEALTH_COMM_RING_SIZE", str(10**30)),
     ("TRAINHEALTH_COMM_RING_SIZE", "0"),
     ("TRAINHEALTH_MAX_SERIES_PER_METRIC", "-1"),
-    ("TRAINHEALTH_SIMULATED_GPUS", str(10 ** 30)),
+    ("TRAINHEALTH_SIMULATED_GPUS", str(10**30)),
     ("TRAINHEALTH_SDC_INTERVAL", "-1"),
     ("TRAINHEALTH_PROMETHEUS_PORT", "70000"),
     ("TRAINHEALTH_RANK", "-1"),
-    ("TRAINHEALTH_RANK", str(10 ** 30)),
+    ("TRAINHEALTH_RANK", str(10**30)),
     ("TRAINHEALTH_WORLD_SIZE", "0"),
 ]
 
@@ -922,22 +1143,34 @@ BAD_SETTINGS = [
 @examples(10)
 def test_bad_settings(setting):
     variable, value = setting
-    refuse(Case(("config", "--json"), env=((variable, value),), mentions=(variable.removeprefix("TRAINHEALTH_").lower(),)))
+    refuse(
+        Case(("config", "--json"), env=((variable, value),), mentions=(variable.removeprefix("TRAINHEALTH_").lower(),))
+    )
 
 
 # ---------------------------------------------------------------------------------------------- bad probe
 
 
-BAD_PROBES = [b"{not json", b"[]", b'{"format": "something else"}', b"\xff",
-              b'{"format": "trainhealth.probe/v1", "measurements": 5}',
-              b'{"format": "trainhealth.probe/v1", "measurements": [' + deep_list(100_000).encode() + b"]}"]
+BAD_PROBES = [
+    b"{not json",
+    b"[]",
+    b'{"format": "something else"}',
+    b"\xff",
+    b'{"format": "trainhealth.probe/v1", "measurements": 5}',
+    b'{"format": "trainhealth.probe/v1", "measurements": [' + deep_list(100_000).encode() + b"]}",
+]
 
 
 @given(st.sampled_from(BAD_PROBES + [Fifo(), Directory()]))
 @examples(5)
 def test_bad_probe_files(content):
-    refuse(Case(("localize", "{d}/trace.jsonl", "--probe", "{d}/probe.json"), (GOOD_TRACE, ("probe.json", content)),
-                mentions=("probe.json",)))
+    refuse(
+        Case(
+            ("localize", "{d}/trace.jsonl", "--probe", "{d}/probe.json"),
+            (GOOD_TRACE, ("probe.json", content)),
+            mentions=("probe.json",),
+        )
+    )
 
 
 # --------------------------------------------------------------------------------------------- good input
@@ -958,19 +1191,62 @@ def test_good_imports_are_accepted():
     sa = (("trace-XY.parquet", sa_table(sa_rows())), ("meta-XY.yaml", b"tp_size: 1\ndp_size: 2\npp_size: 2\n"))
     out = accept(Case(("trace", "info", "--json", "{d}/trace-XY.parquet"), sa))
     assert json.loads(out)["ranks"] == [0, 1, 2, 3]
-    topology = ("run/topology.json", json.dumps({"groups": {"dp0": [0, 1]}, "hosts": {"0": "node-0", "1": "node-1"},
-                                                  "parallelism": {"dp": 2}}).encode())
+    topology = (
+        "run/topology.json",
+        json.dumps(
+            {"groups": {"dp0": [0, 1]}, "hosts": {"0": "node-0", "1": "node-1"}, "parallelism": {"dp": 2}}
+        ).encode(),
+    )
     accept(Case(("localize", "{d}/run"), (("run/" + GOOD_TRACE[0], GOOD_TRACE[1]), topology)))
 
 
 def test_good_commands_are_accepted():
-    accept(Case(("sim", "--dp", "2", "--pp", "2", "--tp", "1", "--steps", "4", "--gpus-per-host", "2",
-                 "--fault", "gpu:1:2:1:3", "-o", "{d}/sim")))
-    accept(Case(("detect", "{d}/series.csv", "--column", "loss", "--series-column", "rank", "--time-column", "step",
-                 "--detector", "zscore(window=20,warmup=5,threshold=3.5,cooldown=0)", "--out", "{d}/found.json"),
-                (SERIES,)))
-    accept(Case(("trainhealth-lab", "nab", "--data", "{d}/nab", "--out", "{d}/results", "--detector", "zscore(window=50)"),
-                nab_layout()))
+    accept(
+        Case(
+            (
+                "sim",
+                "--dp",
+                "2",
+                "--pp",
+                "2",
+                "--tp",
+                "1",
+                "--steps",
+                "4",
+                "--gpus-per-host",
+                "2",
+                "--fault",
+                "gpu:1:2:1:3",
+                "-o",
+                "{d}/sim",
+            )
+        )
+    )
+    accept(
+        Case(
+            (
+                "detect",
+                "{d}/series.csv",
+                "--column",
+                "loss",
+                "--series-column",
+                "rank",
+                "--time-column",
+                "step",
+                "--detector",
+                "zscore(window=20,warmup=5,threshold=3.5,cooldown=0)",
+                "--out",
+                "{d}/found.json",
+            ),
+            (SERIES,),
+        )
+    )
+    accept(
+        Case(
+            ("trainhealth-lab", "nab", "--data", "{d}/nab", "--out", "{d}/results", "--detector", "zscore(window=50)"),
+            nab_layout(),
+        )
+    )
     accept(Case(("metrics", "--json")))
     accept(Case(("config", "--json"), env=(("TRAINHEALTH_DETECTORS", "loss=zscore(threshold=5)"),)))
     accept(Case(("selftest", "--device", "cpu", "--size", "16", "--metrics-file", "{d}/selftest.prom")))
@@ -981,17 +1257,24 @@ def test_good_commands_are_accepted():
 
 def test_a_flight_recorder_send_to_a_rank_beyond_any_rank_is_refused():
     dump = fr_dump(0)
-    dump["entries"][1].update(profiling_name=f"nccl:send 0->{10 ** 30}", is_p2p=True, p2p_seq_id=1)
-    refuse(Case(("localize", "{d}/nccl_trace_rank_0", "{d}/nccl_trace_rank_1"),
-                (("nccl_trace_rank_0", plain_pickle(dump)), ("nccl_trace_rank_1", plain_pickle(fr_dump(1)))),
-                mentions=("nccl_trace_rank_0",)))
+    dump["entries"][1].update(profiling_name=f"nccl:send 0->{10**30}", is_p2p=True, p2p_seq_id=1)
+    refuse(
+        Case(
+            ("localize", "{d}/nccl_trace_rank_0", "{d}/nccl_trace_rank_1"),
+            (("nccl_trace_rank_0", plain_pickle(dump)), ("nccl_trace_rank_1", plain_pickle(fr_dump(1)))),
+            mentions=("nccl_trace_rank_0",),
+        )
+    )
 
 
-@pytest.mark.parametrize("args", [
-    ("analyze", "--prometheus", "", "--once"),  # was a TypeError traceback
-    ("analyze", "--prometheus", "http://127.0.0.1:9", "--interval", "1e-300"),  # was accepted
-    ("analyze", "--prometheus", "http://127.0.0.1:9", "--step", "1e-300", "--once"),
-    ("analyze", "--prometheus", "http://127.0.0.1:9", "--prometheus-timeout", "1e-300", "--once"),
-])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("analyze", "--prometheus", "", "--once"),  # was a TypeError traceback
+        ("analyze", "--prometheus", "http://127.0.0.1:9", "--interval", "1e-300"),  # was accepted
+        ("analyze", "--prometheus", "http://127.0.0.1:9", "--step", "1e-300", "--once"),
+        ("analyze", "--prometheus", "http://127.0.0.1:9", "--prometheus-timeout", "1e-300", "--once"),
+    ],
+)
 def test_analyze_refuses_an_empty_url_and_intervals_no_service_can_keep(args):
     refuse(Case(args, mentions=(args[-2] if args[-1] != "--once" else args[-3],)))

@@ -49,8 +49,14 @@ COMMANDS = ("demo", "stack", "trainhealth-lab", "alerts", "dashboards", "export"
 
 def examples(count: int) -> settings:
     """A fixed, reproducible number of generated cases per test."""
-    return settings(max_examples=count, derandomize=True, deadline=None, database=None, print_blob=False,
-                    suppress_health_check=list(HealthCheck))
+    return settings(
+        max_examples=count,
+        derandomize=True,
+        deadline=None,
+        database=None,
+        print_blob=False,
+        suppress_health_check=list(HealthCheck),
+    )
 
 
 def refused(result: subprocess.CompletedProcess, *mentions: str) -> str:
@@ -68,8 +74,9 @@ def tree(root: Path) -> dict[str, str]:
     for directory, dirnames, filenames in os.walk(root):
         for name in dirnames + filenames:
             path = Path(directory) / name
-            names[str(path.relative_to(root))] = (f"link to {os.readlink(path)}" if path.is_symlink()
-                                                  else "directory" if path.is_dir() else "file")
+            names[str(path.relative_to(root))] = (
+                f"link to {os.readlink(path)}" if path.is_symlink() else "directory" if path.is_dir() else "file"
+            )
     return {**names, **snapshot(root)}
 
 
@@ -105,8 +112,12 @@ def _leaves(parser: argparse.ArgumentParser, path: tuple[str, ...]) -> Iterator[
 #: The commands by first word; the lab's own command counts as one of them (``run_cli`` runs it).
 PARSERS = {**_children(build_parser()), "trainhealth-lab": build_lab_parser()}
 #: ``trainhealth-lab nab`` reads a data set; its bad input is covered in test_bad_input_analysis.py.
-LEAVES = {path: parser for command in COMMANDS for path, parser in _leaves(PARSERS[command], (command,))
-          if path != ("trainhealth-lab", "nab")}
+LEAVES = {
+    path: parser
+    for command in COMMANDS
+    for path, parser in _leaves(PARSERS[command], (command,))
+    if path != ("trainhealth-lab", "nab")
+}
 
 #: Arguments that make the rest of each command's line good and cheap: a bad value added after them is the only
 #: thing wrong (argparse keeps an option's last value). ``{d}`` is the case's directory.
@@ -116,12 +127,34 @@ BASE = {
     ("stack", "down"): ("--dir", "{d}/stack"),
     ("trainhealth-lab", "run"): ("--out", "{d}/lab", "--cases", "compute", "--seeds", "0"),
     ("trainhealth-lab", "score"): ("{d}/results.jsonl",),
-    ("trainhealth-lab", "corpus"): ("--out", "{d}/corpus", "--seeds", "0", "--steps", "100", "--models", "mlp",
-                        "--scenarios", "clean", "--workers", "1"),
+    ("trainhealth-lab", "corpus"): (
+        "--out",
+        "{d}/corpus",
+        "--seeds",
+        "0",
+        "--steps",
+        "100",
+        "--models",
+        "mlp",
+        "--scenarios",
+        "clean",
+        "--workers",
+        "1",
+    ),
     ("alerts",): ("--out", "{d}/alerts"),
     ("dashboards",): ("--out", "{d}/dashboards"),
-    ("export",): ("--backend", "simulated", "--port", "0", "--addr", "127.0.0.1", "--simulated-gpus", "1",
-                  "--duration", "0.2"),
+    ("export",): (
+        "--backend",
+        "simulated",
+        "--port",
+        "0",
+        "--addr",
+        "127.0.0.1",
+        "--simulated-gpus",
+        "1",
+        "--duration",
+        "0.2",
+    ),
 }
 
 
@@ -133,9 +166,13 @@ def _args(path: tuple[str, ...], root: Path, *extra: str) -> list[str]:
 NO_BINARIES = {"PATH": "/nonexistent"}
 
 
-NUMERIC = sorted((path, option, action.type) for path, parser in LEAVES.items() for action in parser._actions
-                 for option in action.option_strings[-1:]
-                 if isinstance(action.type, Bounded) or action.type in (int, float))
+NUMERIC = sorted(
+    (path, option, action.type)
+    for path, parser in LEAVES.items()
+    for action in parser._actions
+    for option in action.option_strings[-1:]
+    if isinstance(action.type, Bounded) or action.type in (int, float)
+)
 
 
 def test_every_command_has_a_good_base_line():
@@ -156,8 +193,30 @@ def _refuses(kind: Bounded, text: str) -> bool:
     return False
 
 
-SPECIAL = ("nan", "NaN", "-nan", "inf", "-inf", "+Infinity", "1e309", "-1e309", "", " ", "ten", "1,5", "0x10", "5s",
-           "-1", "0", "-0", "0.0", "1e30", "-1e30", str(10**30), "9" * 5000)
+SPECIAL = (
+    "nan",
+    "NaN",
+    "-nan",
+    "inf",
+    "-inf",
+    "+Infinity",
+    "1e309",
+    "-1e309",
+    "",
+    " ",
+    "ten",
+    "1,5",
+    "0x10",
+    "5s",
+    "-1",
+    "0",
+    "-0",
+    "0.0",
+    "1e30",
+    "-1e30",
+    str(10**30),
+    "9" * 5000,
+)
 TEXT = st.text(st.characters(codec="utf-8", exclude_characters="\x00"), max_size=6)
 
 
@@ -169,7 +228,7 @@ def bad_numbers(kind: Bounded) -> st.SearchStrategy[str]:
         st.floats(min_value=-1e300, max_value=low, allow_nan=False).map(repr),
         st.floats(min_value=high, max_value=1e300, allow_nan=False, exclude_min=True).map(repr),
         st.integers(min_value=int(high) + 1, max_value=10**30).map(str),
-        st.integers(min_value=-10**30, max_value=math.ceil(low) - 1).map(str),
+        st.integers(min_value=-(10**30), max_value=math.ceil(low) - 1).map(str),
         TEXT,
     ]
     if kind.kind is int:
@@ -189,14 +248,26 @@ def test_a_number_outside_its_range_is_refused(path, option, kind, data):
 def test_cross_checked_numbers_are_refused():
     with sandbox() as root:
         refused(run_cli(*_args(("demo",), root, "--ranks", "4", "--port-base", "65534"), cwd=root), "--port-base")
-        refused(run_cli(*_args(("demo",), root, "--port-base", "9000", "--webhook-port", "9001"), cwd=root),
-                "--webhook-port")
-        refused(run_cli("demo", "--out", str(root / "out"), "--port-base", "9000", "--analyzer-port", "9001",
-                        cwd=root), "--analyzer-port")
-        refused(run_cli(*_args(("stack", "up"), root, "--prometheus-port", "9999", "--alertmanager-port", "9999"),
-                        cwd=root, env=NO_BINARIES), "--alertmanager-port")
-        refused(run_cli("stack", "up", "--dir", str(root / "stack"), "--webhook-port", "9451", cwd=root,
-                        env=NO_BINARIES), "--webhook-port")
+        refused(
+            run_cli(*_args(("demo",), root, "--port-base", "9000", "--webhook-port", "9001"), cwd=root),
+            "--webhook-port",
+        )
+        refused(
+            run_cli("demo", "--out", str(root / "out"), "--port-base", "9000", "--analyzer-port", "9001", cwd=root),
+            "--analyzer-port",
+        )
+        refused(
+            run_cli(
+                *_args(("stack", "up"), root, "--prometheus-port", "9999", "--alertmanager-port", "9999"),
+                cwd=root,
+                env=NO_BINARIES,
+            ),
+            "--alertmanager-port",
+        )
+        refused(
+            run_cli("stack", "up", "--dir", str(root / "stack"), "--webhook-port", "9451", cwd=root, env=NO_BINARIES),
+            "--webhook-port",
+        )
 
 
 SETTINGS = {
@@ -204,12 +275,21 @@ SETTINGS = {
     "export --gpus negative": (("export",), ("--gpus", "0,,-1"), "--gpus"),
     "export --addr": (("export",), ("--addr", "999.1.1.1"), "--addr"),
     "export --backend": (("export",), ("--backend", "cuda"), "--backend"),
-    "export TLS files missing": (("export",), ("--tls-certfile", "{d}/no.pem", "--tls-keyfile", "{d}/no.key"),
-                                 "--tls-certfile"),
-    "export TLS file not PEM": (("export",), ("--tls-certfile", "{d}/keep.txt", "--tls-keyfile", "{d}/keep.txt"),
-                                "--tls-certfile"),
-    "export password file a directory": (("export",), ("--basic-auth-username", "u", "--basic-auth-password-file",
-                                                       "{d}"), "--basic-auth-password-file"),
+    "export TLS files missing": (
+        ("export",),
+        ("--tls-certfile", "{d}/no.pem", "--tls-keyfile", "{d}/no.key"),
+        "--tls-certfile",
+    ),
+    "export TLS file not PEM": (
+        ("export",),
+        ("--tls-certfile", "{d}/keep.txt", "--tls-keyfile", "{d}/keep.txt"),
+        "--tls-certfile",
+    ),
+    "export password file a directory": (
+        ("export",),
+        ("--basic-auth-username", "u", "--basic-auth-password-file", "{d}"),
+        "--basic-auth-password-file",
+    ),
     "demo --addr": (("demo",), ("--addr", "999.1.1.1"), "--addr"),
     "alerts --runbook-base": (("alerts",), ("--runbook-base", "ftp://example.com/runbooks"), "--runbook-base"),
     "lab run --suite": (("trainhealth-lab", "run"), ("--suite", "huge"), "--suite"),
@@ -221,8 +301,10 @@ SETTINGS = {
 def test_a_bad_setting_is_refused_naming_its_option(case):
     path, extra, option = case
     with sandbox() as root:
-        refused(run_cli(*_args(path, root, *(arg.replace("{d}", str(root)) for arg in extra)), cwd=root,
-                        env=NO_BINARIES), option)
+        refused(
+            run_cli(*_args(path, root, *(arg.replace("{d}", str(root)) for arg in extra)), cwd=root, env=NO_BINARIES),
+            option,
+        )
 
 
 # ------------------------------------------------------------------------------------------ fault schedules
@@ -240,8 +322,10 @@ GOOD_ENTRIES = {
 ALL = tuple(GOOD_ENTRIES)
 #: field -> (the kinds it matters to, bad YAML values)
 BAD_FIELDS = {
-    "seconds": (("delay", "collective_delay"),
-                (".nan", ".inf", "-.inf", "-1", "0", "3601", "1.0e+9", "abc", "[1]", "{a: 1}", "true", "null")),
+    "seconds": (
+        ("delay", "collective_delay"),
+        (".nan", ".inf", "-.inf", "-1", "0", "3601", "1.0e+9", "abc", "[1]", "{a: 1}", "true", "null"),
+    ),
     "factor": (("lr_scale", "batch"), (".nan", ".inf", "-.inf", "1.0e+7", "-1.0e+7", "abc", "[2]", "true", "null")),
     "step": (ALL, (".nan", ".inf", "-.inf", "-1", "1.5", str(10**30), "1.0e+30", "true", "abc", "null", "[1]")),
     "until": (ALL, (".nan", ".inf", "3", "-1", "1.5", str(10**30), "abc")),
@@ -263,9 +347,8 @@ def _yaml(entries: list[dict[str, str]], wrapped: bool) -> str:
 
 
 def test_the_good_entries_are_good(tmp_path):
-    from trainhealth.injectors.schedule import load_schedule
-
     from trainhealth.cli.demo import _as_dict
+    from trainhealth.injectors.schedule import load_schedule
 
     path = tmp_path / "faults.yaml"
     path.write_text(_yaml(list(GOOD_ENTRIES.values()), wrapped=False))
@@ -360,12 +443,18 @@ def bystander() -> Iterator[subprocess.Popen]:
 
 def _start_time(pid: int) -> str:
     stat = Path(f"/proc/{pid}/stat").read_text()
-    return stat[stat.rindex(")") + 2:].split()[19]
+    return stat[stat.rindex(")") + 2 :].split()[19]
 
 
 def _entry(**changes: Any) -> dict[str, Any]:
-    entry = {"name": "prometheus", "pid": 2**15 - 7, "start_time": "1", "command": ["prometheus"],
-             "log": "prometheus.log", "token": "ab" * 16}
+    entry = {
+        "name": "prometheus",
+        "pid": 2**15 - 7,
+        "start_time": "1",
+        "command": ["prometheus"],
+        "log": "prometheus.log",
+        "token": "ab" * 16,
+    }
     entry.update(changes)
     return {key: value for key, value in entry.items() if value is not ...}
 
@@ -389,9 +478,13 @@ def _stack_down(root: Path, state: Any, *, contained: bool = False) -> subproces
     text = state if isinstance(state, (str, bytes)) else json.dumps(state)
     (directory / "stack.json").write_bytes(text.encode() if isinstance(text, str) else text)
     if contained and CONTAINED:
-        return subprocess.run([*CONTAINED, sys.executable, "-m", "trainhealth.cli", "stack", "down", "--dir",
-                               str(directory)], capture_output=True, text=True, timeout=REFUSAL_TIMEOUT_S,
-                              stdin=subprocess.DEVNULL)
+        return subprocess.run(
+            [*CONTAINED, sys.executable, "-m", "trainhealth.cli", "stack", "down", "--dir", str(directory)],
+            capture_output=True,
+            text=True,
+            timeout=REFUSAL_TIMEOUT_S,
+            stdin=subprocess.DEVNULL,
+        )
     return run_cli("stack", "down", "--dir", str(directory), cwd=root)
 
 
@@ -399,8 +492,15 @@ def _cleanup_stack(root: Path) -> None:
     shutil.rmtree(root / "stack")  # the test's own
 
 
-BAD_PIDS = st.one_of(st.integers(max_value=1), st.integers(min_value=4_194_305, max_value=10**30),
-                     st.floats(allow_nan=True), st.booleans(), st.none(), TEXT, st.lists(st.integers(), max_size=2))
+BAD_PIDS = st.one_of(
+    st.integers(max_value=1),
+    st.integers(min_value=4_194_305, max_value=10**30),
+    st.floats(allow_nan=True),
+    st.booleans(),
+    st.none(),
+    TEXT,
+    st.lists(st.integers(), max_size=2),
+)
 
 
 @examples(10)
@@ -449,10 +549,16 @@ def test_a_state_file_naming_someone_elses_live_process_is_refused(bystander):
     start = _start_time(bystander.pid)
     command = ["sleep", "600"]
     with sandbox() as root:
-        for entry in (_entry(pid=bystander.pid, start_time=start),  # another command line
-                      _entry(pid=bystander.pid, start_time=start, command=command),  # no token of ours
-                      _entry(name="demo", pid=os.getpid(), start_time=_start_time(os.getpid()),
-                             command=Path(f"/proc/{os.getpid()}/cmdline").read_bytes().decode().split("\0")[:-1])):
+        for entry in (
+            _entry(pid=bystander.pid, start_time=start),  # another command line
+            _entry(pid=bystander.pid, start_time=start, command=command),  # no token of ours
+            _entry(
+                name="demo",
+                pid=os.getpid(),
+                start_time=_start_time(os.getpid()),
+                command=Path(f"/proc/{os.getpid()}/cmdline").read_bytes().decode().split("\0")[:-1],
+            ),
+        ):
             refused(_stack_down(root, [entry]), "stack.json", f"pid {entry['pid']}")
             assert bystander.poll() is None
         _cleanup_stack(root)
@@ -468,8 +574,9 @@ def test_a_state_file_that_is_a_link_or_a_directory_is_refused(bystander):
     with sandbox() as root:
         directory = root / "stack"
         directory.mkdir()
-        (root / "elsewhere.json").write_text(json.dumps([_entry(pid=bystander.pid,
-                                                                start_time=_start_time(bystander.pid))]))
+        (root / "elsewhere.json").write_text(
+            json.dumps([_entry(pid=bystander.pid, start_time=_start_time(bystander.pid))])
+        )
         (directory / "stack.json").symlink_to(root / "elsewhere.json")
         refused(run_cli("stack", "down", "--dir", str(directory), cwd=root), "stack.json")
         (directory / "stack.json").unlink()
@@ -483,19 +590,46 @@ def test_a_state_file_that_is_a_link_or_a_directory_is_refused(bystander):
 
 # ------------------------------------------------------------------------------------------ lab results
 
-GOOD_ROW = {"case": "c", "status": "ok", "reason": "", "run_dir": "/nonexistent/run", "wall_s": 1.0,
-            "truth": {"kind": "compute", "pattern": "persistent", "layout": "ddp", "severity_band": "high",
-                      "target": 1, "severity": 2.0, "fault": {"onset": 5}},
-            "localize": {"verdict": "compute", "verdict_right": True, "top1_right": True, "false_blame": False},
-            "baseline_compute": {"top1_right": True, "false_blame": False},
-            "baseline_wait": {"top1_right": False, "false_blame": False},
-            "live_detection_delay": 3, "localize_probe": None}
+GOOD_ROW = {
+    "case": "c",
+    "status": "ok",
+    "reason": "",
+    "run_dir": "/nonexistent/run",
+    "wall_s": 1.0,
+    "truth": {
+        "kind": "compute",
+        "pattern": "persistent",
+        "layout": "ddp",
+        "severity_band": "high",
+        "target": 1,
+        "severity": 2.0,
+        "fault": {"onset": 5},
+    },
+    "localize": {"verdict": "compute", "verdict_right": True, "top1_right": True, "false_blame": False},
+    "baseline_compute": {"top1_right": True, "false_blame": False},
+    "baseline_wait": {"top1_right": False, "false_blame": False},
+    "live_detection_delay": 3,
+    "localize_probe": None,
+}
 #: where in a row -> the types a good value has
-ROW_FIELDS = {("case",): (str,), ("status",): (str,), ("reason",): (str,), ("run_dir",): (str,),
-              ("wall_s",): (int, float), ("truth",): (dict,), ("truth", "kind"): (str,), ("truth", "target"): (int, None),
-              ("truth", "layout"): (str,), ("truth", "severity"): (int, float, None), ("truth", "fault"): (dict,),
-              ("localize",): (dict,), ("localize", "top1_right"): (bool, None), ("baseline_wait",): (dict,),
-              ("live_detection_delay",): (int, None), ("localize_probe",): (dict, None)}
+ROW_FIELDS = {
+    ("case",): (str,),
+    ("status",): (str,),
+    ("reason",): (str,),
+    ("run_dir",): (str,),
+    ("wall_s",): (int, float),
+    ("truth",): (dict,),
+    ("truth", "kind"): (str,),
+    ("truth", "target"): (int, None),
+    ("truth", "layout"): (str,),
+    ("truth", "severity"): (int, float, None),
+    ("truth", "fault"): (dict,),
+    ("localize",): (dict,),
+    ("localize", "top1_right"): (bool, None),
+    ("baseline_wait",): (dict,),
+    ("live_detection_delay",): (int, None),
+    ("localize_probe",): (dict, None),
+}
 WRONG = st.sampled_from([None, True, "x", [], {}, 3, 1.5, [1, "a"], {"a": 1}])
 
 
@@ -537,9 +671,18 @@ def test_a_bad_lab_results_row_is_refused_naming_the_line_and_field(case):
         results.unlink()
 
 
-@pytest.mark.parametrize("content", [b"not json\n", b"[1, 2]\n", b'"a row"\n', b"\xff\xfe\n",
-                                     b"[" * 100_000 + b"]" * 100_000 + b"\n", b'{"status": "ok"}\n'],
-                         ids=["text", "a list", "a string", "binary", "nested deeply", "a partial row"])
+@pytest.mark.parametrize(
+    "content",
+    [
+        b"not json\n",
+        b"[1, 2]\n",
+        b'"a row"\n',
+        b"\xff\xfe\n",
+        b"[" * 100_000 + b"]" * 100_000 + b"\n",
+        b'{"status": "ok"}\n',
+    ],
+    ids=["text", "a list", "a string", "binary", "nested deeply", "a partial row"],
+)
 def test_a_file_that_is_no_lab_results_file_is_refused(content):
     with sandbox() as root:
         results = root / "results.jsonl"
@@ -550,8 +693,8 @@ def test_a_file_that_is_no_lab_results_file_is_refused(content):
 
 
 def _bad_seeds(text: str) -> bool:
-    from trainhealth_lab.cli import parse_seeds
     from trainhealth.errors import UsageError
+    from trainhealth_lab.cli import parse_seeds
 
     try:
         parse_seeds(text)
@@ -561,8 +704,14 @@ def _bad_seeds(text: str) -> bool:
 
 
 @examples(10)
-@given(seeds=st.one_of(st.sampled_from(["-1", "nan", "inf", "1e3", "0-", "-", "5-2", "0,0", "0-1000",
-                                        str(2**31), "0-100000000000", "1,,2", "a-b"]), TEXT).filter(_bad_seeds))
+@given(
+    seeds=st.one_of(
+        st.sampled_from(
+            ["-1", "nan", "inf", "1e3", "0-", "-", "5-2", "0,0", "0-1000", str(2**31), "0-100000000000", "1,,2", "a-b"]
+        ),
+        TEXT,
+    ).filter(_bad_seeds)
+)
 def test_bad_seeds_are_refused(seeds):
     with sandbox() as root:
         refused(run_cli(*_args(("trainhealth-lab", "run"), root, f"--seeds={seeds}"), cwd=root), "--seeds")
@@ -617,8 +766,9 @@ def _bad_for(kind: str, is_file: bool, fresh: bool) -> bool:
     return True
 
 
-CASES = [(name, kind) for name, (_, is_file, fresh) in OUTPUTS.items() for kind in KINDS
-         if _bad_for(kind, is_file, fresh)]
+CASES = [
+    (name, kind) for name, (_, is_file, fresh) in OUTPUTS.items() for kind in KINDS if _bad_for(kind, is_file, fresh)
+]
 
 
 @pytest.mark.parametrize(("name", "kind"), CASES, ids=[f"{n}: {k}" for n, k in CASES])
@@ -641,15 +791,25 @@ def test_a_link_planted_where_a_file_is_written_is_refused(command):
         (root / "victim.txt").write_text("keep me\n")
         out = root / "out"
         out.mkdir()
-        name = {"alerts": "trainhealth.rules.yml", "dashboards": "trainhealth-gpu.json",
-                "stack up": "prometheus.yml"}[command]
+        name = {"alerts": "trainhealth.rules.yml", "dashboards": "trainhealth-gpu.json", "stack up": "prometheus.yml"}[
+            command
+        ]
         if command == "stack up":
             (out / ".trainhealth-stack").write_text("A state directory of trainhealth stack up.\n")
         (out / name).symlink_to(root / "victim.txt")
         before = tree(root)
         option = "--dir" if command == "stack up" else "--out"
-        refused(run_cli(*command.split(), option, str(out), *(["--no-demo"] if command == "stack up" else []),
-                        cwd=root, env=NO_BINARIES), name)
+        refused(
+            run_cli(
+                *command.split(),
+                option,
+                str(out),
+                *(["--no-demo"] if command == "stack up" else []),
+                cwd=root,
+                env=NO_BINARIES,
+            ),
+            name,
+        )
         assert tree(root) == before
         shutil.rmtree(out)
         (root / "victim.txt").unlink()
@@ -659,23 +819,38 @@ def test_a_link_planted_where_a_file_is_written_is_refused(command):
 
 
 def test_good_input_still_works(tmp_path):
-    alerts = run_cli("alerts", "--out", str(tmp_path / "rules"), "--runbooks", str(tmp_path / "runbooks"),
-                     cwd=tmp_path)
+    alerts = run_cli("alerts", "--out", str(tmp_path / "rules"), "--runbooks", str(tmp_path / "runbooks"), cwd=tmp_path)
     assert alerts.returncode == 0, alerts.stderr
     assert (tmp_path / "rules" / "trainhealth.rules.yml").is_file() and (tmp_path / "runbooks" / "README.md").is_file()
     again = run_cli("alerts", "--out", str(tmp_path / "rules"), cwd=tmp_path)  # regenerating in place is fine
     assert again.returncode == 0, again.stderr
-    dashboards = run_cli("dashboards", "--out", str(tmp_path / "dash"), "--configmap", str(tmp_path / "cm.yaml"),
-                         cwd=tmp_path)
+    dashboards = run_cli(
+        "dashboards", "--out", str(tmp_path / "dash"), "--configmap", str(tmp_path / "cm.yaml"), cwd=tmp_path
+    )
     assert dashboards.returncode == 0, dashboards.stderr
     assert len(list((tmp_path / "dash").glob("*.json"))) >= 4 and (tmp_path / "cm.yaml").is_file()
     assert not list(tmp_path.rglob("*.partial")), "a temporary file was left behind"
-    export = run_cli("export", "--backend", "simulated", "--port", "0", "--addr", "127.0.0.1", "--simulated-gpus",
-                     "1", "--interval", "0.5", "--duration", "0.5", cwd=tmp_path)
+    export = run_cli(
+        "export",
+        "--backend",
+        "simulated",
+        "--port",
+        "0",
+        "--addr",
+        "127.0.0.1",
+        "--simulated-gpus",
+        "1",
+        "--interval",
+        "0.5",
+        "--duration",
+        "0.5",
+        cwd=tmp_path,
+    )
     assert export.returncode == 0 and "1 GPU(s) through simulated" in export.stdout, export.stderr
     results = tmp_path / "results.jsonl"
-    results.write_text(json.dumps({**GOOD_ROW, "status": "error", "reason": "it broke"}) + "\n" + json.dumps(GOOD_ROW)
-                       + "\n")
+    results.write_text(
+        json.dumps({**GOOD_ROW, "status": "error", "reason": "it broke"}) + "\n" + json.dumps(GOOD_ROW) + "\n"
+    )
     score = run_cli("trainhealth-lab", "score", str(results), cwd=tmp_path)
     assert score.returncode == 0 and "runs: 2 (1 scored, 0 skipped, 1 failed)" in score.stdout, score.stderr
     down = run_cli("stack", "down", "--dir", str(tmp_path / "no-stack"), cwd=tmp_path)
@@ -699,8 +874,12 @@ def test_a_ranks_error_text_with_markup_is_shown_as_text():
         messages.put({"rank": 1, "event": "anomaly", "summary": "loss [/] odd [link=x]"})
         view._drain(messages, set())
         console.print(view._table())
-        _summary(console, {"verdict": "[/v]", "suspects": [{"kind": "[/k]", "component": "[x]"}],
-                           "advice": ["[/a]"]}, Path("[/p].html"), view.failures)
+        _summary(
+            console,
+            {"verdict": "[/v]", "suspects": [{"kind": "[/k]", "component": "[x]"}], "advice": ["[/a]"]},
+            Path("[/p].html"),
+            view.failures,
+        )
         printed = console.file.getvalue()
         assert "a [/bold] tag and [red]colour" in printed and "loss [/] odd" in printed and "[/a]" in printed
 
@@ -710,11 +889,30 @@ def test_ctrl_c_while_the_ranks_start_prints_no_traceback(tmp_path):
     pytest.importorskip("matplotlib")
     from tests.e2e.test_stack import _consecutive_free
 
-    demo = subprocess.Popen([sys.executable, "-m", "trainhealth.cli", "demo", "--ranks", "2", "--duration", "20",
-                             "--no-analyzer", "--webhook-port", "0", "--port-base", str(_consecutive_free(2)),
-                             "--out", str(tmp_path / "d")],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
-                            cwd=tmp_path)
+    demo = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "trainhealth.cli",
+            "demo",
+            "--ranks",
+            "2",
+            "--duration",
+            "20",
+            "--no-analyzer",
+            "--webhook-port",
+            "0",
+            "--port-base",
+            str(_consecutive_free(2)),
+            "--out",
+            str(tmp_path / "d"),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+        cwd=tmp_path,
+    )
     try:
         time.sleep(3.0)  # the ranks are importing torch
         os.killpg(demo.pid, signal.SIGINT)  # a Ctrl-C reaches the whole foreground group

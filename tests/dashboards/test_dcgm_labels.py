@@ -51,9 +51,13 @@ def sample() -> dict[str, set[str]]:
 
 def dcgm_targets() -> list[tuple[str, str, str]]:
     """(panel title, expr, legend) of every target that queries a dcgm-exporter metric."""
-    return [(panel["title"], t["expr"], t.get("legendFormat", ""))
-            for d in build_dashboards(ALERTS).values() for panel in panels(d)
-            for t in panel.get("targets", []) if "DCGM_FI_" in t.get("expr", "")]
+    return [
+        (panel["title"], t["expr"], t.get("legendFormat", ""))
+        for d in build_dashboards(ALERTS).values()
+        for panel in panels(d)
+        for t in panel.get("targets", [])
+        if "DCGM_FI_" in t.get("expr", "")
+    ]
 
 
 def test_the_sample_is_a_dcgm_exporter_4_page(sample):
@@ -87,5 +91,8 @@ def test_dcgm_metric_names_are_those_of_the_exporter(sample):
     are the profiling fields dcgm-exporter's default CSV leaves out (docs/dcgm.md says to add them)."""
     queried = {name for _, expr, _ in dcgm_targets() for name, _ in _SELECTOR.findall(expr)}
     assert queried == set(DCGM_METRICS)
-    assert queried - set(sample) == {"DCGM_FI_PROF_SM_ACTIVE", "DCGM_FI_PROF_NVLINK_TX_BYTES",
-                                     "DCGM_FI_PROF_NVLINK_RX_BYTES"}
+    assert queried - set(sample) == {
+        "DCGM_FI_PROF_SM_ACTIVE",
+        "DCGM_FI_PROF_NVLINK_TX_BYTES",
+        "DCGM_FI_PROF_NVLINK_RX_BYTES",
+    }

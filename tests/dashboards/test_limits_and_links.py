@@ -39,8 +39,10 @@ def rules() -> dict[str, dict]:
 
 @pytest.fixture(scope="module")
 def dashboards() -> dict[str, dict]:
-    return {p.stem: json.loads(p.read_text(encoding="utf-8"))
-            for p in sorted((ROOT / "deploy/grafana/dashboards").glob("*.json"))}
+    return {
+        p.stem: json.loads(p.read_text(encoding="utf-8"))
+        for p in sorted((ROOT / "deploy/grafana/dashboards").glob("*.json"))
+    }
 
 
 def _panel(url: str, dashboards: dict[str, dict]) -> dict:
@@ -65,8 +67,13 @@ def test_every_alert_links_to_an_existing_panel_of_its_title(rules, dashboards):
 
 def test_every_limit_is_the_number_in_the_rule_and_the_line_on_its_panel(rules, dashboards):
     limited = [rule for rule in ALERTS if rule.limit is not None]
-    assert {r.name for r in limited} >= {"IrregularSteps", "ThroughputDrop", "StragglerSuspect",
-                                         "GpuThermalThrottling", "HungCollective"}
+    assert {r.name for r in limited} >= {
+        "IrregularSteps",
+        "ThroughputDrop",
+        "StragglerSuspect",
+        "GpuThermalThrottling",
+        "HungCollective",
+    }
     for rule in limited:
         written = rules[rule.name]
         assert rule.limit.value in numbers(written["expr"]), (rule.name, written["expr"])
@@ -82,29 +89,44 @@ def test_every_limit_is_the_number_in_the_rule_and_the_line_on_its_panel(rules, 
 def test_every_line_on_a_panel_is_the_limit_of_an_alert_pointing_there(rules, dashboards):
     for uid, data in dashboards.items():
         for panel in data["panels"]:
-            drawn = {s["value"] for s in panel.get("fieldConfig", {}).get("defaults", {}).get("thresholds", {})
-                     .get("steps", []) if s["value"] is not None}
-            limits = {r.limit.value for r in ALERTS if r.limit and r.panel and
-                      (r.panel.dashboard, r.panel.panel_id) == (uid, panel["id"])}
+            drawn = {
+                s["value"]
+                for s in panel.get("fieldConfig", {}).get("defaults", {}).get("thresholds", {}).get("steps", [])
+                if s["value"] is not None
+            }
+            limits = {
+                r.limit.value
+                for r in ALERTS
+                if r.limit and r.panel and (r.panel.dashboard, r.panel.panel_id) == (uid, panel["id"])
+            }
             assert drawn == limits, (uid, panel["title"], drawn, limits)
 
 
 def test_the_specific_numbers_of_the_issue_are_drawn(dashboards):
     """The examples of issue 20, read from the JSON: 0.05 irregular share, 0.7 throughput, 0.5 suspect score."""
+
     def steps(uid: str, title: str) -> list:
         (panel,) = [p for p in dashboards[uid]["panels"] if p["title"] == title]
         return [(s["color"], s["value"]) for s in panel["fieldConfig"]["defaults"]["thresholds"]["steps"]]
 
-    assert steps("trainhealth-training", "δ-irregular share of the last 100 steps") == [("green", None),
-                                                                                      ("orange", 0.05)]
-    assert steps("trainhealth-training", "Throughput against its baseline") == [("orange", None), ("orange", 0.7),
-                                                                              ("green", 0.9)]
+    assert steps("trainhealth-training", "δ-irregular share of the last 100 steps") == [
+        ("green", None),
+        ("orange", 0.05),
+    ]
+    assert steps("trainhealth-training", "Throughput against its baseline") == [
+        ("orange", None),
+        ("orange", 0.7),
+        ("green", 0.9),
+    ]
     assert steps("trainhealth-incidents", "Ranked suspects") == [("green", None), ("orange", 0.5)]
 
 
 def test_a_rule_naming_a_missing_or_renamed_panel_fails_at_build():
-    wrong = [by_name("IrregularSteps").__class__(**{**vars(by_name("IrregularSteps")),
-                                                    "panel": PanelRef("trainhealth-x", 3, "Loss")})]
+    wrong = [
+        by_name("IrregularSteps").__class__(
+            **{**vars(by_name("IrregularSteps")), "panel": PanelRef("trainhealth-x", 3, "Loss")}
+        )
+    ]
     placed = [type("P", (), {"id": 3, "title": "Gradient norm", "thresholds": []})()]
     with pytest.raises(ValueError, match="points at panel 3 'Loss' of trainhealth-x: panel 3 is 'Gradient norm'"):
         dashboard("trainhealth-x", "x", "", placed, wrong)
@@ -115,15 +137,23 @@ def test_a_rule_naming_a_missing_or_renamed_panel_fails_at_build():
 
 
 def test_grafana_url_option_moves_every_link_and_bad_values_are_refused(tmp_path):
-    done = subprocess.run([TRAINHEALTH, "alerts", "--out", str(tmp_path), "--grafana-url",
-                           "https://grafana.example.org/"], capture_output=True, text=True, check=False)
+    done = subprocess.run(
+        [TRAINHEALTH, "alerts", "--out", str(tmp_path), "--grafana-url", "https://grafana.example.org/"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr
     groups = yaml.safe_load((tmp_path / "trainhealth.rules.yml").read_text())["groups"]
     urls = [r["annotations"]["dashboard_url"] for g in groups for r in g["rules"] if "alert" in r]
     assert len(urls) == len(ALERTS)
     assert all(u.startswith("https://grafana.example.org/d/trainhealth-") for u in urls)
     for bad in ("grafana:3000", "http://host/?x=1", "http://a b"):
-        done = subprocess.run([TRAINHEALTH, "alerts", "--out", str(tmp_path), "--grafana-url", bad],
-                              capture_output=True, text=True, check=False)
+        done = subprocess.run(
+            [TRAINHEALTH, "alerts", "--out", str(tmp_path), "--grafana-url", bad],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
         assert done.returncode == 2 and "--grafana-url must be an http(s) URL" in done.stderr, done.stderr
         assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1

@@ -39,11 +39,20 @@ def test_committed_dashboard_has_no_schema_violation(uid):
 def test_the_validator_finds_what_grafanalib_writes_unchanged(generated):
     """grafanalib's own objects (not the subclasses in trainhealth.dashboards.model) break the schema: the
     check is not vacuous."""
-    legacy = g.Dashboard(title="legacy", uid="legacy", panels=[
-        g.TimeSeries(title="t", dataSource="${datasource}", targets=[g.Target(expr="up", refId="A")],
-                     gridPos=g.GridPos(h=8, w=12, x=0, y=0), id=1),
-        g.Heatmap(title="h", dataSource="${datasource}", gridPos=g.GridPos(h=8, w=12, x=12, y=0), id=2),
-    ])
+    legacy = g.Dashboard(
+        title="legacy",
+        uid="legacy",
+        panels=[
+            g.TimeSeries(
+                title="t",
+                dataSource="${datasource}",
+                targets=[g.Target(expr="up", refId="A")],
+                gridPos=g.GridPos(h=8, w=12, x=0, y=0),
+                id=1,
+            ),
+            g.Heatmap(title="h", dataSource="${datasource}", gridPos=g.GridPos(h=8, w=12, x=12, y=0), id=2),
+        ],
+    )
     found = violations(json.loads(json.dumps(legacy.to_json_data(), cls=DashboardEncoder)))
     assert len(found) > 10
     assert any("datasource" in v for v in found) and any("Additional properties" in v for v in found)

@@ -33,7 +33,7 @@ def test_iqr_uses_numpys_quartiles_of_the_previous_window():
     for t, row in enumerate(DATA):
         scores = detector.score(row)
         if t >= window:
-            q1, q3 = np.percentile(DATA[t - window:t], [25, 75], axis=0)
+            q1, q3 = np.percentile(DATA[t - window : t], [25, 75], axis=0)
             spread = q3 - q1
             expected = np.where(row > q3, (row - q3) / spread, np.where(row < q1, (q1 - row) / spread, 0.0))
             np.testing.assert_allclose(scores, expected, rtol=1e-9, atol=1e-12)
@@ -46,7 +46,7 @@ def test_robust_z_uses_median_and_mad():
     for t, row in enumerate(DATA[:200]):
         scores = detector.score(row)
         if t >= window:
-            past = DATA[t - window:t]
+            past = DATA[t - window : t]
             median = np.median(past, axis=0)
             mad = np.median(np.abs(past - median), axis=0)
             np.testing.assert_allclose(scores, np.abs(row - median) / (1.4826 * mad), rtol=1e-9)
@@ -78,7 +78,7 @@ def test_delta_is_the_ratio_to_the_window_average():
     for t, value in enumerate(times):
         score = detector.score([value])[0]
         if t >= 20:
-            assert score == pytest.approx(value / times[t - 20:t].mean(), rel=1e-9)
+            assert score == pytest.approx(value / times[t - 20 : t].mean(), rel=1e-9)
         detector.learn([value])
 
 

@@ -93,10 +93,16 @@ def detector_params_round_trip(detector: BOCPD) -> bool:
     return clone.params() == detector.params() and clone.n_series is None
 
 
-@pytest.mark.parametrize("arguments, name", [({"expected_run": 1.0}, "expected_run"),
-                                              ({"recent": 0}, "recent"), ({"recent": 10, "max_run": 10}, "recent"),
-                                              ({"warmup": 5, "recent": 5}, "warmup"),
-                                              ({"min_scale": 0.0}, "min_scale")])
+@pytest.mark.parametrize(
+    "arguments, name",
+    [
+        ({"expected_run": 1.0}, "expected_run"),
+        ({"recent": 0}, "recent"),
+        ({"recent": 10, "max_run": 10}, "recent"),
+        ({"warmup": 5, "recent": 5}, "warmup"),
+        ({"min_scale": 0.0}, "min_scale"),
+    ],
+)
 def test_bad_parameters_raise_naming_them(arguments, name):
     with pytest.raises(ValueError, match=name):
         BOCPD(**arguments)

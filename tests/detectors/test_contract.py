@@ -160,13 +160,29 @@ def test_clone_and_pickle(name):
 # The constructors' keywords and defaults, in order: the detector spec (``name(key=value)``) and any
 # caller passing them by position depend on them.
 SIGNATURES = {
-    "bocpd": {"expected_run": 250.0, "max_run": 200, "recent": 5, "warmup": 30, "direction": "both", "log": False,
-              "min_scale": 1e-12},
+    "bocpd": {
+        "expected_run": 250.0,
+        "max_run": 200,
+        "recent": 5,
+        "warmup": 30,
+        "direction": "both",
+        "log": False,
+        "min_scale": 1e-12,
+    },
     "delta": {"delta": 1.5, "window": 50, "warmup": 10, "rate_window": 100},
     "divergence": {"window": 50, "warmup": 50, "k": 0.5, "clip": 4.0, "log": True, "min_scale": 1e-3},
     "iqr": {"window": 100, "warmup": 20, "direction": "both", "min_iqr": 1e-12, "refresh": None},
-    "level_shift": {"window": 100, "warmup": 50, "k": 0.5, "clip": 4.0, "direction": "both", "adapt_after": None,
-                    "min_relative": 0.0, "min_scale": 1e-12, "refresh": None},
+    "level_shift": {
+        "window": 100,
+        "warmup": 50,
+        "k": 0.5,
+        "clip": 4.0,
+        "direction": "both",
+        "adapt_after": None,
+        "min_relative": 0.0,
+        "min_scale": 1e-12,
+        "refresh": None,
+    },
     "nonfinite": {},
     "peer": {"direction": "both", "min_relative": 0.03, "min_peers": 3},
     "rarity": {"history": 4096, "warmup": 100, "tail": 0.1, "direction": "both", "refit_every": 32, "min_scale": 1e-12},

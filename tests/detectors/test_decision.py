@@ -71,7 +71,9 @@ def test_watch_reports_open_and_closed_anomalies_with_their_peak():
     (first,) = opened
     (done,) = closed
     assert (first.start_step, first.series, first.value) == (30, "r0", 2.5) and first.end_step is None
-    assert done.start_step == 30 and done.value == 3.0 and done.step == 31 and done.end_step == 35  # 4 quiet steps > cooldown 3
+    assert (
+        done.start_step == 30 and done.value == 3.0 and done.step == 31 and done.end_step == 35
+    )  # 4 quiet steps > cooldown 3
     assert done.expected == pytest_approx(2.0)
 
 

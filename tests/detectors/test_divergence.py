@@ -105,8 +105,15 @@ def test_linear_scale_and_clone_keep_the_parameters():
     assert detector.clone().n_series is None
 
 
-@pytest.mark.parametrize("arguments, name", [({"window": 1}, "window"), ({"warmup": 1}, "warmup"),
-                                              ({"k": 5.0, "clip": 4.0}, "k"), ({"min_scale": 0.0}, "min_scale")])
+@pytest.mark.parametrize(
+    "arguments, name",
+    [
+        ({"window": 1}, "window"),
+        ({"warmup": 1}, "warmup"),
+        ({"k": 5.0, "clip": 4.0}, "k"),
+        ({"min_scale": 0.0}, "min_scale"),
+    ],
+)
 def test_bad_parameters_raise_naming_them(arguments, name):
     with pytest.raises(ValueError, match=name):
         Divergence(**arguments)

@@ -87,8 +87,9 @@ def test_one_direction_only():
     assert detector.score([5.0])[0] > detector.default_threshold
 
 
-@pytest.mark.parametrize("arguments", [{"history": 50, "warmup": 100}, {"tail": 0.5}, {"tail": 0.0},
-                                       {"refit_every": 0}])
+@pytest.mark.parametrize(
+    "arguments", [{"history": 50, "warmup": 100}, {"tail": 0.5}, {"tail": 0.0}, {"refit_every": 0}]
+)
 def test_bad_parameters_raise(arguments):
     with pytest.raises(ValueError):
         Rarity(**arguments)

@@ -14,12 +14,11 @@ import pytest
 
 from tests.helpers import scrape
 from tests.otlp import OtlpReceiver, attributes
-from trainhealth import ConfigError, Monitor, Settings
+from trainhealth import ConfigError, Monitor, catalog
 from trainhealth.detectors.runner import SignalDetectors
 from trainhealth.detectors.spec import parse_setting, parse_spec
 from trainhealth.exporters.collectives.logger import CollectiveLogger
 from trainhealth.store import MetricStore
-from trainhealth import catalog
 
 SERVE = {"prometheus_addr": "127.0.0.1", "prometheus_port": 0, "otel": False, "gpu_backend": "off"}
 TRAINHEALTH = str(Path(sys.executable).parent / "trainhealth")
@@ -38,7 +37,10 @@ def test_a_loss_spike_and_a_nan_become_anomaly_metrics_and_events():
         got = scrape(mon.metrics_url)
     assert got.value("trainhealth_anomalies_total", detector="zscore", signal="loss") == 1
     assert got.value("trainhealth_anomalies_total", detector="nonfinite", signal="loss") == 1
-    assert abs(got.value("trainhealth_anomalies_last_timestamp_seconds", detector="zscore", signal="loss") - time.time()) < 60
+    assert (
+        abs(got.value("trainhealth_anomalies_last_timestamp_seconds", detector="zscore", signal="loss") - time.time())
+        < 60
+    )
     assert got.value("trainhealth_anomalies_active", detector="nonfinite", signal="loss") == 1
     spike = next(e for e in mon.events.recent("anomaly") if e.attributes["detector"] == "zscore")
     assert spike.attributes["step"] == 80 and spike.attributes["value"] == 2.6
@@ -128,12 +130,15 @@ def test_anomalies_reach_opentelemetry_as_log_records_with_an_event_name(monkeyp
         receiver.close()
 
 
-@pytest.mark.parametrize("spec, message", [
-    ("loss=zscore(window=5)", "zscore for loss: window must be >= warmup"),
-    ("los=zscore", "unknown signal 'los'"),
-    ("loss=zscore(threshold=high)", "zscore for loss"),
-    ("loss=", "no detector named for loss"),
-])
+@pytest.mark.parametrize(
+    "spec, message",
+    [
+        ("loss=zscore(window=5)", "zscore for loss: window must be >= warmup"),
+        ("los=zscore", "unknown signal 'los'"),
+        ("loss=zscore(threshold=high)", "zscore for loss"),
+        ("loss=", "no detector named for loss"),
+    ],
+)
 def test_a_bad_detector_setting_fails_at_once(spec, message):
     with pytest.raises(ConfigError) as error:
         Monitor(env={"TRAINHEALTH_DETECTORS": spec}, **SERVE)
@@ -159,9 +164,27 @@ def test_trainhealth_detect_watches_each_series_of_a_long_table(tmp_path):
             rows.append({"step": step, "rank": f"rank{rank}", "step_time": seconds})
     path = tmp_path / "steps.parquet"
     pd.DataFrame(rows).to_parquet(path)
-    result = subprocess.run([TRAINHEALTH, "detect", str(path), "--column", "step_time", "--series-column", "rank",
-                             "--time-column", "step", "--detector", "delta", "--json", "--out", str(tmp_path / "a.csv")],
-                            capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [
+            TRAINHEALTH,
+            "detect",
+            str(path),
+            "--column",
+            "step_time",
+            "--series-column",
+            "rank",
+            "--time-column",
+            "step",
+            "--detector",
+            "delta",
+            "--json",
+            "--out",
+            str(tmp_path / "a.csv"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stderr
     anomalies = json.loads(result.stdout)
     assert [(a["detector"], a["series"], a["start_step"]) for a in anomalies] == [("delta", "rank2", 100)]
@@ -171,6 +194,8 @@ def test_trainhealth_detect_watches_each_series_of_a_long_table(tmp_path):
 def test_trainhealth_detect_rejects_bad_input_in_one_line(tmp_path):
     path = tmp_path / "x.csv"
     path.write_text("loss\n1.0\nbanana\n")
-    result = subprocess.run([TRAINHEALTH, "detect", str(path), "--column", "loss"], capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [TRAINHEALTH, "detect", str(path), "--column", "loss"], capture_output=True, text=True, timeout=60
+    )
     assert result.returncode == 2
     assert result.stderr == "trainhealth: error: column 'loss', row 2: not a number: 'banana'\n"

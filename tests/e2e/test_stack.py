@@ -100,8 +100,9 @@ class Receiver:
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
     def firing(self, alertname: str) -> list[tuple[float, dict]]:
-        return [(t, a) for t, a in self.notifications
-                if a["labels"]["alertname"] == alertname and a["status"] == "firing"]
+        return [
+            (t, a) for t, a in self.notifications if a["labels"]["alertname"] == alertname and a["status"] == "firing"
+        ]
 
 
 class RecordedExporter:
@@ -128,8 +129,9 @@ def _scrape_dcgm_too(options: StackOptions, started, port: int) -> None:
     """Add the recorded exporter to the stack's Prometheus (its config, then SIGHUP: Prometheus reloads)."""
     path = options.directory / "prometheus.yml"
     config = yaml.safe_load(path.read_text())
-    config["scrape_configs"].append({"job_name": "dcgm-exporter", "static_configs": [
-        {"targets": [f"127.0.0.1:{port}"]}]})
+    config["scrape_configs"].append(
+        {"job_name": "dcgm-exporter", "static_configs": [{"targets": [f"127.0.0.1:{port}"]}]}
+    )
     path.write_text(yaml.safe_dump(config, sort_keys=False))
     prometheus = next(s for s in started if s.name == "prometheus")
     deadline = time.monotonic() + 90
@@ -163,10 +165,19 @@ def _run_stack(tmp_path: Path, duration: float, demo_args: tuple[str, ...] = ())
     _binaries()
     receiver = Receiver()
     prometheus_port, alertmanager_port, analyzer_port = _free_ports(3)
-    options = StackOptions(directory=tmp_path / "stack", prometheus_port=prometheus_port,
-                           alertmanager_port=alertmanager_port, webhook_port=receiver.port, ranks=4,
-                           port_base=_consecutive_free(4), analyzer_port=analyzer_port, scrape_interval_s=1.0,
-                           max_for_s=5.0, demo_duration_s=duration, demo_args=("--webhook-port", "0", *demo_args))
+    options = StackOptions(
+        directory=tmp_path / "stack",
+        prometheus_port=prometheus_port,
+        alertmanager_port=alertmanager_port,
+        webhook_port=receiver.port,
+        ranks=4,
+        port_base=_consecutive_free(4),
+        analyzer_port=analyzer_port,
+        scrape_interval_s=1.0,
+        max_for_s=5.0,
+        demo_duration_s=duration,
+        demo_args=("--webhook-port", "0", *demo_args),
+    )
     began = time.time()
     started = stack_up(options)
     dcgm = RecordedExporter(DCGM_SAMPLE.read_bytes())
@@ -236,10 +247,13 @@ def test_every_injected_fault_alerts_with_its_labels_and_mitigation(tmp_path, ca
         assert alert["labels"]["rank"] == str(lost["rank"]) and "RMA" in alert["annotations"]["mitigation"]
         delays["XID 79 -> GpuLost (page)"] = t - injected["xid"][0]
         # the XID alert fired in Prometheus; Alertmanager let GpuLost silence it (inhibition) or sent it first
-        xids = _query(options.prometheus_port, f'max_over_time(ALERTS{{alertname="GpuXidCritical",'
-                                               f'alertstate="firing"}}[10m])')
+        xids = _query(
+            options.prometheus_port, 'max_over_time(ALERTS{alertname="GpuXidCritical",alertstate="firing"}[10m])'
+        )
         assert {(r["metric"]["xid"], r["metric"]["gpu"]) for r in xids} == {("79", str(lost["gpu"]))}
-        spikes = _query(options.prometheus_port, 'max_over_time(ALERTS{alertname="LossSpike",alertstate="firing"}[10m])')
+        spikes = _query(
+            options.prometheus_port, 'max_over_time(ALERTS{alertname="LossSpike",alertstate="firing"}[10m])'
+        )
         assert [r["metric"]["severity"] for r in spikes] == ["info"]  # context: routed to nobody
 
         with capsys.disabled():
@@ -261,12 +275,33 @@ def test_every_injected_fault_alerts_with_its_labels_and_mitigation(tmp_path, ca
         stack_down(options.directory)
 
 
-DEMO_METRICS = (c.TRAIN_LOSS, c.TRAIN_GRAD_NORM, c.TRAIN_THROUGHPUT, c.TRAIN_MFU, c.TRAIN_LEARNING_RATE,
-                c.TRAIN_UPDATE_RATIO, c.TRAIN_LAST_STEP_DURATION, c.TRAIN_GOODPUT, c.CHECKPOINT_LAST_STEP,
-                c.COMM_OPS, c.COMM_STARTED_SEQ, c.ANOMALIES, c.TRAIN_IRREGULARITY, c.GPU_UP, c.GPU_TEMPERATURE,
-                c.GPU_CLOCKS_EVENT_ACTIVE, c.GPU_XID_ERRORS, c.SDC_SUSPECT, c.TRAIN_LOCAL_GRAD_NORM,
-                c.MODEL_ATTENTION_MAX_LOGIT, c.MODEL_ATTENTION_ENTROPY, c.MODEL_OUTPUT_LOG_Z, c.SUSPECT_SCORE,
-                c.ANALYSIS_VERDICT, c.RANK_INFO)
+DEMO_METRICS = (
+    c.TRAIN_LOSS,
+    c.TRAIN_GRAD_NORM,
+    c.TRAIN_THROUGHPUT,
+    c.TRAIN_MFU,
+    c.TRAIN_LEARNING_RATE,
+    c.TRAIN_UPDATE_RATIO,
+    c.TRAIN_LAST_STEP_DURATION,
+    c.TRAIN_GOODPUT,
+    c.CHECKPOINT_LAST_STEP,
+    c.COMM_OPS,
+    c.COMM_STARTED_SEQ,
+    c.ANOMALIES,
+    c.TRAIN_IRREGULARITY,
+    c.GPU_UP,
+    c.GPU_TEMPERATURE,
+    c.GPU_CLOCKS_EVENT_ACTIVE,
+    c.GPU_XID_ERRORS,
+    c.SDC_SUSPECT,
+    c.TRAIN_LOCAL_GRAD_NORM,
+    c.MODEL_ATTENTION_MAX_LOGIT,
+    c.MODEL_ATTENTION_ENTROPY,
+    c.MODEL_OUTPUT_LOG_Z,
+    c.SUSPECT_SCORE,
+    c.ANALYSIS_VERDICT,
+    c.RANK_INFO,
+)
 
 
 def _assert_metrics_present(port: int) -> None:

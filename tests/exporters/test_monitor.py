@@ -86,7 +86,9 @@ def test_scraped_values_match_independent_computation():
     assert sorted(g["layer_group"] for g in got.labels_of("trainhealth_train_layer_grad_norm")) == sorted(grad_norms)
     for group, norm in grad_norms.items():
         assert got.value("trainhealth_train_layer_grad_norm", layer_group=group) == pytest.approx(norm, rel=1e-4)
-        assert got.value("trainhealth_train_layer_param_norm", layer_group=group) == pytest.approx(params_after[group], rel=1e-4)
+        assert got.value("trainhealth_train_layer_param_norm", layer_group=group) == pytest.approx(
+            params_after[group], rel=1e-4
+        )
         ratio = updates[group] / params_after[group]
         assert got.value("trainhealth_train_layer_update_ratio", layer_group=group) == pytest.approx(ratio, rel=1e-3)
     total_update = math.sqrt(sum(v * v for v in updates.values()))
@@ -105,8 +107,14 @@ def test_identity_labels_and_rank_info():
         got = scrape(mon.metrics_url)
     (info,) = got.labels_of("trainhealth_rank_info")
     assert info == {
-        "job": "job-a", "host": "node-x", "rank": "1", "local_rank": "1", "world_size": "2",
-        "gpu_uuid": "", "pod": "", "namespace": "",
+        "job": "job-a",
+        "host": "node-x",
+        "rank": "1",
+        "local_rank": "1",
+        "world_size": "2",
+        "gpu_uuid": "",
+        "pod": "",
+        "namespace": "",
     }
     (build,) = got.labels_of("trainhealth_build_info")
     assert build["version"] and build["torch_version"] == torch.__version__

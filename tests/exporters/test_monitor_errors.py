@@ -39,12 +39,15 @@ def test_a_device_fault_inside_an_optimizer_hook_does_not_reach_the_loop(monkeyp
     assert mon.latest.loss == 2.0 and mon.latest.grad_norm > 0 and mon.latest.layers
 
 
-@pytest.mark.parametrize("bad_step", [
-    {"loss": object()},
-    {"loss": torch.ones(3)},
-    {"loss": 1.0, "tokens": -5},
-    {"loss": 1.0, "grad_norm": "large"},
-])
+@pytest.mark.parametrize(
+    "bad_step",
+    [
+        {"loss": object()},
+        {"loss": torch.ones(3)},
+        {"loss": 1.0, "tokens": -5},
+        {"loss": 1.0, "grad_norm": "large"},
+    ],
+)
 def test_bad_step_arguments_are_counted_not_raised(bad_step):
     mon = Monitor(torch.nn.Linear(2, 1), env={}, prometheus=False, otel=False)
     mon.step(**bad_step)
@@ -54,13 +57,16 @@ def test_bad_step_arguments_are_counted_not_raised(bad_step):
     assert mon.latest.loss == 3.0 and mon.latest.tokens == 4
 
 
-@pytest.mark.parametrize("kwargs, setting", [
-    ({"stats_every": 0}, "stats_every"),
-    ({"peak_flops": -1.0}, "peak_flops"),
-    ({"prometheus_port": 70000}, "prometheus_port"),
-    ({"tls_certfile": "/nonexistent/cert.pem", "tls_keyfile": "/nonexistent/key.pem"}, "tls_certfile"),
-    ({"statsevery": 5}, "statsevery"),
-])
+@pytest.mark.parametrize(
+    "kwargs, setting",
+    [
+        ({"stats_every": 0}, "stats_every"),
+        ({"peak_flops": -1.0}, "peak_flops"),
+        ({"prometheus_port": 70000}, "prometheus_port"),
+        ({"tls_certfile": "/nonexistent/cert.pem", "tls_keyfile": "/nonexistent/key.pem"}, "tls_certfile"),
+        ({"statsevery": 5}, "statsevery"),
+    ],
+)
 def test_configuration_mistakes_fail_at_construction(kwargs, setting):
     with pytest.raises(ConfigError) as error:
         Monitor(torch.nn.Linear(2, 1), env={}, otel=False, **kwargs)
@@ -69,7 +75,9 @@ def test_configuration_mistakes_fail_at_construction(kwargs, setting):
 
 
 def test_an_invalid_environment_variable_fails_at_construction():
-    with pytest.raises(ConfigError, match=r"^stats_every \(TRAINHEALTH_STATS_EVERY\): expected an integer, got 'often'$"):
+    with pytest.raises(
+        ConfigError, match=r"^stats_every \(TRAINHEALTH_STATS_EVERY\): expected an integer, got 'often'$"
+    ):
         Monitor(torch.nn.Linear(2, 1), env={"TRAINHEALTH_STATS_EVERY": "often"})
 
 
@@ -126,8 +134,9 @@ def test_hugging_face_adafactor_with_relative_steps_is_monitored():
     optimization = pytest.importorskip("transformers.optimization")
     torch.manual_seed(0)
     model = TinyGPT()
-    optimizer = optimization.Adafactor(model.parameters(), lr=None, relative_step=True, scale_parameter=True,
-                                       warmup_init=True)
+    optimizer = optimization.Adafactor(
+        model.parameters(), lr=None, relative_step=True, scale_parameter=True, warmup_init=True
+    )
     with Monitor(model, optimizer, env={}, prometheus=False, otel=False, gpu_backend="off", stats_every=2) as mon:
         _train(mon, model, optimizer, 4)
         mon.flush()

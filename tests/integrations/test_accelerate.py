@@ -27,21 +27,32 @@ from accelerate.state import AcceleratorState
 from trainhealth.integrations.accelerate import TrainhealthTracker
 
 STEPS, MICRO_BATCH, MAX_NORM, REL = 4, 8, 0.05, 1e-5
-SETTINGS = {"prometheus_addr": "127.0.0.1", "prometheus_port": 0, "otel": False, "gpu_backend": "off",
-            "grad_check_every": 1, "sdc_interval": 2, "sdc_timeout": 30.0}
+SETTINGS = {
+    "prometheus_addr": "127.0.0.1",
+    "prometheus_port": 0,
+    "otel": False,
+    "gpu_backend": "off",
+    "grad_check_every": 1,
+    "sdc_interval": 2,
+    "sdc_timeout": 30.0,
+}
 
 
 def _optional(metrics: Scrape, spec: catalog.MetricSpec, **labels: str) -> float | None:
     name = spec.prometheus_name
-    found = [value for (n, lab), value in metrics.samples().items()
-             if n == name and all(dict(lab).get(k) == v for k, v in labels.items())]
+    found = [
+        value
+        for (n, lab), value in metrics.samples().items()
+        if n == name and all(dict(lab).get(k) == v for k, v in labels.items())
+    ]
     assert len(found) <= 1, (name, labels, found)
     return found[0] if found else None
 
 
 def _close(exported: float | None, logged: float, what: str, step: int) -> None:
     assert exported is not None and math.isclose(exported, logged, rel_tol=REL), (
-        f"step {step}: {what} exported {exported}, logged {logged}")
+        f"step {step}: {what} exported {exported}, logged {logged}"
+    )
 
 
 def _train(rank: int, world: int, accumulation: int, every_rank_logs: bool) -> list[Scrape]:
@@ -128,7 +139,10 @@ def _rank(rank: int, world: int, port: int, accumulation: int, every_rank_logs: 
     assert not _optional(final, catalog.EXPORTER_ERRORS, source="sdc")
 
 
-@pytest.mark.parametrize(("accumulation", "every_rank_logs"), [(1, False), (4, True)],
-                         ids=["accumulation-1-rank0-logs", "accumulation-4-every-rank-logs"])
+@pytest.mark.parametrize(
+    ("accumulation", "every_rank_logs"),
+    [(1, False), (4, True)],
+    ids=["accumulation-1-rank0-logs", "accumulation-4-every-rank-logs"],
+)
 def test_two_ranks_finish_and_export_what_was_logged(accumulation, every_rank_logs):
     run_ranks(_rank, 2, accumulation, every_rank_logs, timeout_s=90)

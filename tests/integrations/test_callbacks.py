@@ -25,9 +25,17 @@ def test_hugging_face_trainer(tmp_path):
     torch.manual_seed(0)
     model = transformers.GPT2LMHeadModel(config)
     data = [{"input_ids": torch.randint(0, 64, (16,)), "labels": torch.randint(0, 64, (16,))} for _ in range(32)]
-    args = transformers.TrainingArguments(output_dir=str(tmp_path), per_device_train_batch_size=4, max_steps=6,
-                                          gradient_accumulation_steps=2, logging_steps=1, save_steps=3,
-                                          report_to=[], use_cpu=True, disable_tqdm=True)
+    args = transformers.TrainingArguments(
+        output_dir=str(tmp_path),
+        per_device_train_batch_size=4,
+        max_steps=6,
+        gradient_accumulation_steps=2,
+        logging_steps=1,
+        save_steps=3,
+        report_to=[],
+        use_cpu=True,
+        disable_tqdm=True,
+    )
     callback = TrainhealthCallback(**SETTINGS)
     trainer = transformers.Trainer(model=model, args=args, train_dataset=data, callbacks=[callback])
     trainer.train()
@@ -61,9 +69,17 @@ def test_lightning_trainer(tmp_path):
     data = torch.utils.data.TensorDataset(torch.randn(64, 8), torch.randn(64, 1))
     loader = torch.utils.data.DataLoader(data, batch_size=8)
     callback = TrainhealthCallback(tokens_per_batch=lambda batch: len(batch[0]), **SETTINGS)
-    trainer = lightning.Trainer(max_steps=4, accumulate_grad_batches=2, accelerator="cpu", logger=False, callbacks=[callback],
-                                enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                                default_root_dir=str(tmp_path))
+    trainer = lightning.Trainer(
+        max_steps=4,
+        accumulate_grad_batches=2,
+        accelerator="cpu",
+        logger=False,
+        callbacks=[callback],
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=str(tmp_path),
+    )
     trainer.fit(Module(), loader)
     store = callback.monitor.store
     assert _steps(store) == 4 and store.value(catalog.TRAIN_STEP) == 4
@@ -77,8 +93,15 @@ def test_torchtitan_style_logger_keeps_torchtitans_throughput():
 
     logger = TrainhealthLogger(**SETTINGS)
     for step in (10, 20, 30):
-        logger.log({"loss_metrics/global_avg_loss": 3.0 - step / 100, "grad_norm": 0.5,
-                    "throughput(tps)": 10_000.0, "time_metrics/end_to_end(s)": 0.02}, step=step)
+        logger.log(
+            {
+                "loss_metrics/global_avg_loss": 3.0 - step / 100,
+                "grad_norm": 0.5,
+                "throughput(tps)": 10_000.0,
+                "time_metrics/end_to_end(s)": 0.02,
+            },
+            step=step,
+        )
         time.sleep(0.05)
     logger.monitor.flush()
     latest = logger.monitor.latest

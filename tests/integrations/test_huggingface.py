@@ -45,10 +45,20 @@ def _data(n: int) -> list[dict]:
 
 
 def _trainer(output_dir: Path, accumulation: int, world: int, callbacks: list, **overrides):
-    settings = {"output_dir": str(output_dir), "per_device_train_batch_size": BATCH, "max_steps": STEPS,
-                "gradient_accumulation_steps": accumulation, "logging_steps": 1, "max_grad_norm": MAX_GRAD_NORM,
-                "learning_rate": 5e-3, "lr_scheduler_type": "linear", "save_strategy": "no", "report_to": [],
-                "use_cpu": True, "disable_tqdm": True}
+    settings = {
+        "output_dir": str(output_dir),
+        "per_device_train_batch_size": BATCH,
+        "max_steps": STEPS,
+        "gradient_accumulation_steps": accumulation,
+        "logging_steps": 1,
+        "max_grad_norm": MAX_GRAD_NORM,
+        "learning_rate": 5e-3,
+        "lr_scheduler_type": "linear",
+        "save_strategy": "no",
+        "report_to": [],
+        "use_cpu": True,
+        "disable_tqdm": True,
+    }
     args = transformers.TrainingArguments(**{**settings, **overrides})
     data = _data(STEPS * accumulation * BATCH * world)
     return transformers.Trainer(model=_model(), args=args, train_dataset=data, callbacks=callbacks)
@@ -68,20 +78,22 @@ class Scraper(transformers.TrainerCallback):
         assert monitor.flush()
         served = scrape(monitor.metrics_url)
         assert served.status == 200
-        self.rows.append({
-            "step": state.global_step,
-            "logged": {key: logs[key] for key in ("loss", "grad_norm", "learning_rate")},
-            "exported": {
-                "step": served.value("trainhealth_train_step"),
-                "loss": served.value("trainhealth_train_loss"),
-                "grad_norm": served.value("trainhealth_train_grad_norm"),
-                "learning_rate": served.value("trainhealth_train_learning_rate", param_group="0"),
-                "tokens": served.value("trainhealth_train_tokens_total"),
-            },
-            "rank": served.labels_of("trainhealth_train_loss")[0]["rank"],
-            # on heavy-statistics steps: the layer groups' norms, taken as clipping began (gradients_ready)
-            "layers": [layer.grad_norm for layer in monitor.latest.layers if layer.grad_norm is not None],
-        })
+        self.rows.append(
+            {
+                "step": state.global_step,
+                "logged": {key: logs[key] for key in ("loss", "grad_norm", "learning_rate")},
+                "exported": {
+                    "step": served.value("trainhealth_train_step"),
+                    "loss": served.value("trainhealth_train_loss"),
+                    "grad_norm": served.value("trainhealth_train_grad_norm"),
+                    "learning_rate": served.value("trainhealth_train_learning_rate", param_group="0"),
+                    "tokens": served.value("trainhealth_train_tokens_total"),
+                },
+                "rank": served.labels_of("trainhealth_train_loss")[0]["rank"],
+                # on heavy-statistics steps: the layer groups' norms, taken as clipping began (gradients_ready)
+                "layers": [layer.grad_norm for layer in monitor.latest.layers if layer.grad_norm is not None],
+            }
+        )
 
 
 def _train(output_dir: Path, accumulation: int, world: int = 1) -> dict:
@@ -109,7 +121,7 @@ def _check_rank(run: dict, accumulation: int, world: int) -> None:
     heavy = [row for row in rows if row["layers"]]
     assert heavy  # stats_every: step 1 at least
     for row in heavy:  # the per-layer norms add up to the pre-clip norm, not to MAX_GRAD_NORM
-        total = math.sqrt(sum(norm ** 2 for norm in row["layers"]))
+        total = math.sqrt(sum(norm**2 for norm in row["layers"]))
         assert math.isclose(total, row["logged"]["grad_norm"], rel_tol=1e-4), row
     clipped = [row for row in rows if row["logged"]["grad_norm"] > MAX_GRAD_NORM]
     assert len(clipped) >= STEPS // 2  # clipping was active: a clipped norm would sit at MAX_GRAD_NORM
@@ -124,8 +136,9 @@ def test_one_rank_exports_what_the_trainer_logs(tmp_path, accumulation):
 
 def _rank_main(rank: int, world: int, port: int, out: str) -> None:
     init_rank(rank, world, port)
-    results = {accumulation: _train(Path(out) / f"run{accumulation}-{rank}", accumulation, world)
-               for accumulation in (1, 4)}
+    results = {
+        accumulation: _train(Path(out) / f"run{accumulation}-{rank}", accumulation, world) for accumulation in (1, 4)
+    }
     (Path(out) / f"rank{rank}.json").write_text(json.dumps(results))
 
 
@@ -144,13 +157,16 @@ def test_two_ranks_each_export_their_own_values(two_ranks, accumulation):
         assert {row["rank"] for row in run["rows"]} == {str(rank)}
     first, second = runs
     assert first["history"] == second["history"] or all(  # every rank logs the same (gathered) values
-        math.isclose(a["loss"], b["loss"], rel_tol=REL) for a, b in zip(first["history"], second["history"]))
+        math.isclose(a["loss"], b["loss"], rel_tol=REL) for a, b in zip(first["history"], second["history"])
+    )
     for row0, row1 in zip(first["rows"], second["rows"]):
         mean = (row0["exported"]["loss"] + row1["exported"]["loss"]) / 2
         assert math.isclose(mean, row0["logged"]["loss"], rel_tol=REL), (row0, row1)
     # the ranks' own losses differ (different shards): the export is not the gathered mean
-    assert any(not math.isclose(r0["exported"]["loss"], r1["exported"]["loss"], rel_tol=1e-3)
-               for r0, r1 in zip(first["rows"], second["rows"]))
+    assert any(
+        not math.isclose(r0["exported"]["loss"], r1["exported"]["loss"], rel_tol=1e-3)
+        for r0, r1 in zip(first["rows"], second["rows"])
+    )
 
 
 def test_reused_callback_exports_again(tmp_path):
@@ -165,8 +181,10 @@ def test_reused_callback_exports_again(tmp_path):
         assert store.value(catalog.CHECKPOINT_LAST_STEP) == STEPS
         assert [row["exported"]["step"] for row in scraper.rows] == list(range(1, STEPS + 1))
         history = [entry for entry in trainer.state.log_history if "loss" in entry]
-        assert all(math.isclose(row["exported"]["loss"], entry["loss"], rel_tol=REL)
-                   for row, entry in zip(scraper.rows, history))
+        assert all(
+            math.isclose(row["exported"]["loss"], entry["loss"], rel_tol=REL)
+            for row, entry in zip(scraper.rows, history)
+        )
     # the Trainer's methods are its own again once training ended
     assert "training_step" not in vars(trainer) and "_get_grad_norm" not in vars(trainer)
 
@@ -190,7 +208,7 @@ def test_without_a_trainer_the_logged_values_are_taken(tmp_path):
     callback.on_train_begin(args, state, control, model=model, optimizer=optimizer)
     data = _data(3 * BATCH)
     for step in range(1, 4):
-        rows = data[(step - 1) * BATCH: step * BATCH]
+        rows = data[(step - 1) * BATCH : step * BATCH]
         output = model(**{key: torch.stack([row[key] for row in rows]) for key in ("input_ids", "labels")})
         output.loss.backward()
         norm = torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_GRAD_NORM)

@@ -43,7 +43,7 @@ def tokens_per_batch(batch) -> int:
 
 
 def lr_factor(step: int) -> float:
-    return GAMMA ** step
+    return GAMMA**step
 
 
 class MemoryLogger(Logger):
@@ -130,8 +130,13 @@ class ScrapeEachStep(Callback):
 
     def on_train_end(self, trainer, pl_module) -> None:
         logger = next(lg for lg in trainer.loggers if isinstance(lg, MemoryLogger))
-        report = {"global_step": trainer.global_step, "rank": trainer.global_rank, "rows": self.rows,
-                  "post_clip_norms": self.post_clip_norms, "logged": logger.steps}
+        report = {
+            "global_step": trainer.global_step,
+            "rank": trainer.global_rank,
+            "rows": self.rows,
+            "post_clip_norms": self.post_clip_norms,
+            "logged": logger.steps,
+        }
         Path(self.out_dir, f"rank{trainer.global_rank}.json").write_text(json.dumps(report))
 
 
@@ -141,12 +146,22 @@ def _fit(tmp_path: Path, accumulate: int, devices: int) -> list[dict]:
     data = torch.utils.data.TensorDataset(torch.randn(samples, 8), 3 * torch.randn(samples, 1))
     loader = torch.utils.data.DataLoader(data, batch_size=BATCH)
     trainer = lightning.Trainer(
-        max_epochs=EPOCHS, accumulate_grad_batches=accumulate, gradient_clip_val=CLIP, log_every_n_steps=1,
-        accelerator="cpu", devices=devices, strategy="ddp_spawn" if devices > 1 else "auto",
+        max_epochs=EPOCHS,
+        accumulate_grad_batches=accumulate,
+        gradient_clip_val=CLIP,
+        log_every_n_steps=1,
+        accelerator="cpu",
+        devices=devices,
+        strategy="ddp_spawn" if devices > 1 else "auto",
         logger=MemoryLogger(),
-        callbacks=[TrainhealthCallback(tokens_per_batch=tokens_per_batch, **SETTINGS),
-                   LearningRateMonitor(logging_interval="step"), ScrapeEachStep(str(tmp_path))],
-        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+        callbacks=[
+            TrainhealthCallback(tokens_per_batch=tokens_per_batch, **SETTINGS),
+            LearningRateMonitor(logging_interval="step"),
+            ScrapeEachStep(str(tmp_path)),
+        ],
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
         default_root_dir=str(tmp_path),
     )
     trainer.fit(Regressor(), loader)
@@ -223,12 +238,20 @@ def test_layer_gradient_norms_are_this_steps_before_clipping(tmp_path):
     data = torch.utils.data.TensorDataset(torch.randn(6 * BATCH, 8), 3 * torch.randn(6 * BATCH, 1))
     spy = LatestEachStep()
     settings = dict(SETTINGS, prometheus=False, stats_every=1)
-    trainer = lightning.Trainer(max_epochs=1, gradient_clip_val=CLIP, accelerator="cpu", logger=False,
-                                callbacks=[TrainhealthCallback(**settings), spy], enable_checkpointing=False,
-                                enable_progress_bar=False, enable_model_summary=False, default_root_dir=str(tmp_path))
+    trainer = lightning.Trainer(
+        max_epochs=1,
+        gradient_clip_val=CLIP,
+        accelerator="cpu",
+        logger=False,
+        callbacks=[TrainhealthCallback(**settings), spy],
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=str(tmp_path),
+    )
     trainer.fit(Regressor(), torch.utils.data.DataLoader(data, batch_size=BATCH))
     assert sorted(spy.latest) == list(range(1, 7))
     for stats in spy.latest.values():
         assert all(layer.grad_norm is not None for layer in stats.layers), stats
-        layers = math.sqrt(sum(layer.grad_norm ** 2 for layer in stats.layers))
+        layers = math.sqrt(sum(layer.grad_norm**2 for layer in stats.layers))
         assert math.isclose(layers, stats.grad_norm, rel_tol=1e-4)

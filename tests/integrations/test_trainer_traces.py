@@ -21,8 +21,17 @@ from trainhealth import catalog
 from trainhealth.traces import read_trace
 
 STEPS, SLOW_RANK, SLOW_S = 6, 1, 0.2
-MONITOR = {"comm": True, "prometheus": False, "otel": False, "gpu_backend": "off", "model_signals": False,
-           "sdc_interval": 0, "grad_check_every": 0, "detectors": "off", "env": {}}
+MONITOR = {
+    "comm": True,
+    "prometheus": False,
+    "otel": False,
+    "gpu_backend": "off",
+    "model_signals": False,
+    "sdc_interval": 0,
+    "grad_check_every": 0,
+    "detectors": "off",
+    "env": {},
+}
 
 
 def _slow_forward(module: torch.nn.Module, rank: int) -> None:
@@ -43,12 +52,22 @@ def _hf_rank(rank: int, world: int, port: int, out: str) -> None:
     _slow_forward(model, rank)
     ids = torch.randint(0, 64, (STEPS * 2 * world, 16), generator=torch.Generator().manual_seed(1))
     args = transformers.TrainingArguments(
-        output_dir=str(Path(out) / f"trainer-{rank}"), per_device_train_batch_size=2, max_steps=STEPS,
-        logging_steps=100, save_strategy="no", report_to=[], use_cpu=True, ddp_backend="gloo", disable_tqdm=True,
-        dataloader_num_workers=0, dataloader_pin_memory=False)
+        output_dir=str(Path(out) / f"trainer-{rank}"),
+        per_device_train_batch_size=2,
+        max_steps=STEPS,
+        logging_steps=100,
+        save_strategy="no",
+        report_to=[],
+        use_cpu=True,
+        ddp_backend="gloo",
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+        dataloader_pin_memory=False,
+    )
     callback = TrainhealthCallback(trace_dir=out, **MONITOR)
-    trainer = transformers.Trainer(model=model, args=args, train_dataset=[{"input_ids": r, "labels": r} for r in ids],
-                                   callbacks=[callback])
+    trainer = transformers.Trainer(
+        model=model, args=args, train_dataset=[{"input_ids": r, "labels": r} for r in ids], callbacks=[callback]
+    )
     trainer.train()
 
 

@@ -7,8 +7,7 @@ import math
 
 import pytest
 
-from trainhealth_lab.cli import main
-from trainhealth_lab.cli import CORPUS_MODELS, CORPUS_SCENARIOS
+from trainhealth_lab.cli import CORPUS_MODELS, CORPUS_SCENARIOS, main
 from trainhealth_lab.corpus import CorpusError, CorpusRun, load_corpus
 from trainhealth_lab.corpus.scenarios import SCENARIOS
 from trainhealth_lab.corpus.tasks import TASKS
@@ -20,8 +19,23 @@ SCENARIOS_RUN = ("clean", "lr_divergence", "overflow", "bad_shard")
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
     out = tmp_path_factory.mktemp("corpus") / "out"
-    status = main(["corpus", "--out", str(out), "--seeds", "0", "--steps", str(STEPS), "--models", "mlp",
-                   "--scenarios", ",".join(SCENARIOS_RUN), "--workers", "1"])
+    status = main(
+        [
+            "corpus",
+            "--out",
+            str(out),
+            "--seeds",
+            "0",
+            "--steps",
+            str(STEPS),
+            "--models",
+            "mlp",
+            "--scenarios",
+            ",".join(SCENARIOS_RUN),
+            "--workers",
+            "1",
+        ]
+    )
     assert status == 0
     return out, {run.run_id: run for run in load_corpus(out)}
 
@@ -31,8 +45,13 @@ def test_the_index_lists_every_run_with_its_signals(corpus):
     index = json.loads((out / "index.json").read_text())
     assert index["version"] == 1 and index["steps"] == STEPS and index["seeds"] == [0]
     assert index["command"].startswith("trainhealth-lab corpus --out ")
-    assert index["runs"] == ["mlp-clean_cosine-s0", "mlp-clean_step-s0", "mlp-lr_divergence-s0", "mlp-overflow-s0",
-                             "mlp-bad_shard-s0"]
+    assert index["runs"] == [
+        "mlp-clean_cosine-s0",
+        "mlp-clean_step-s0",
+        "mlp-lr_divergence-s0",
+        "mlp-overflow-s0",
+        "mlp-bad_shard-s0",
+    ]
     for run in runs.values():
         assert list(run.signals.columns) == ["step", "loss", "grad_norm", "lr", "step_time"]
         assert run.signals["step"].tolist() == list(range(STEPS))
@@ -72,7 +91,7 @@ def test_the_learning_rate_grows_from_the_divergence_cause(corpus):
     cause, collapse = run.labels["cause_step"], run.labels["collapse_step"]
     ratio = (run.signals["lr"] / runs["mlp-clean_cosine-s0"].signals["lr"]).tolist()
     assert ratio[:cause] == [1.0] * cause
-    assert all(later > earlier for earlier, later in zip(ratio[cause:], ratio[cause + 1:]))
+    assert all(later > earlier for earlier, later in zip(ratio[cause:], ratio[cause + 1 :]))
     if collapse is not None:
         loss = run.signals["loss"][collapse]
         assert collapse > cause and (not math.isfinite(loss) or loss >= 10 * run.labels["pre_event_loss"])
@@ -95,7 +114,7 @@ def test_a_bad_shard_raises_the_loss_while_it_lasts(corpus):
     run = runs["mlp-bad_shard-s0"]
     first, last = run.labels["window"]
     assert last - first + 1 == round(0.15 * STEPS)
-    assert run.signals["loss"].iloc[first:last + 1].median() > 1.2 * run.labels["pre_event_loss"]
+    assert run.signals["loss"].iloc[first : last + 1].median() > 1.2 * run.labels["pre_event_loss"]
 
 
 def test_a_bad_corpus_is_an_error_naming_the_file(corpus, tmp_path):
@@ -113,8 +132,10 @@ def test_a_bad_corpus_is_an_error_naming_the_file(corpus, tmp_path):
     assert isinstance(load_corpus(out)[0], CorpusRun)
 
 
-@pytest.mark.parametrize("option", [["--models", "resnet"], ["--scenarios", "clean,meteor"], ["--steps", "5"],
-                                    ["--workers", "0"], ["--seeds", "3-1"]])
+@pytest.mark.parametrize(
+    "option",
+    [["--models", "resnet"], ["--scenarios", "clean,meteor"], ["--steps", "5"], ["--workers", "0"], ["--seeds", "3-1"]],
+)
 def test_a_bad_option_is_one_line_and_status_2(option, tmp_path, capsys):
     assert main(["corpus", "--out", str(tmp_path / "out"), *option]) == 2
     error = capsys.readouterr().err

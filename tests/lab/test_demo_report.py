@@ -46,9 +46,26 @@ def _free_ports(count: int) -> list[int]:
 def demo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("demo") / "run"
     (port_base,) = _free_ports(1)
-    done = subprocess.run([TRAINHEALTH, "demo", "--duration", "40", "--ranks", "2", "--out", str(out),
-                           "--port-base", str(port_base), "--no-analyzer", "--webhook-port", "0"],
-                          capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [
+            TRAINHEALTH,
+            "demo",
+            "--duration",
+            "40",
+            "--ranks",
+            "2",
+            "--out",
+            str(out),
+            "--port-base",
+            str(port_base),
+            "--no-analyzer",
+            "--webhook-port",
+            "0",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     (out / "stdout.txt").write_text(done.stdout)
     return out
@@ -73,11 +90,13 @@ def _markdown_rows(text: str) -> list[list[str]]:
 def test_matching_by_rank_family_and_window() -> None:
     spike = {"kind": "lr_scale", "step": 50, "until": 54}  # every rank
     throttle = {"kind": "gpu", "fault": "thermal_throttle", "gpu": 1, "step": 10, "ranks": [1]}
-    seen = [Detection("event", "anomaly on loss", "numerics", 0, 51),
-            Detection("event", "anomaly on loss", "numerics", 1, 90),  # after until + grace
-            Detection("event", "gpu.xid", "gpu-error", 1, 60),  # an error, not a throttle
-            Detection("telemetry", "SM clock", "gpu-clock", 1, 12),
-            Detection("page", "GPUThrottled", "any", 1, 200)]
+    seen = [
+        Detection("event", "anomaly on loss", "numerics", 0, 51),
+        Detection("event", "anomaly on loss", "numerics", 1, 90),  # after until + grace
+        Detection("event", "gpu.xid", "gpu-error", 1, 60),  # an error, not a throttle
+        Detection("telemetry", "SM clock", "gpu-clock", 1, 12),
+        Detection("page", "GPUThrottled", "any", 1, 200),
+    ]
     assert [(d.what, d.step) for d in match(spike, seen, last_step=300)] == [("anomaly on loss", 51)]
     # a throttle without ``until`` lasts: its window runs to the end of the run
     assert [(d.source, d.step) for d in match(throttle, seen, last_step=300)] == [("telemetry", 12), ("page", 200)]
@@ -112,8 +131,11 @@ def test_markdown_table_has_the_rows_of_the_json_and_the_page(demo: Path) -> Non
     first_table = page.split('<table id="faults">', 1)[1].split("</table>", 1)[0]
     import html
 
-    cells = [[html.unescape(c) for c in re.findall(r"<td>(.*?)</td>", tr)]
-             for tr in re.findall(r"<tr>(.*?)</tr>", first_table) if "<td>" in tr]
+    cells = [
+        [html.unescape(c) for c in re.findall(r"<td>(.*?)</td>", tr)]
+        for tr in re.findall(r"<tr>(.*?)</tr>", first_table)
+        if "<td>" in tr
+    ]
     assert cells == rows
     assert page.index('<table id="faults">') == page.index("<table")  # the page opens with it
 
@@ -130,13 +152,19 @@ def test_the_page_renders_in_chromium(demo: Path) -> None:
             page.on("console", lambda message: problems.append(message.text) if message.type == "error" else None)
             page.on("pageerror", lambda error: problems.append(str(error)))
             page.goto((demo / "report.html").resolve().as_uri(), wait_until="load")
-            images = page.eval_on_selector_all("img", """images => images.map(image => {
+            images = page.eval_on_selector_all(
+                "img",
+                """images => images.map(image => {
                 const box = image.getBoundingClientRect();
                 return {src: image.getAttribute("src"), natural: image.naturalWidth, width: box.width,
                         height: box.height};
-            })""")
-            table = page.eval_on_selector("table", """table => Array.from(table.rows).map(
-                row => Array.from(row.cells).map(cell => cell.innerText.trim()))""")
+            })""",
+            )
+            table = page.eval_on_selector(
+                "table",
+                """table => Array.from(table.rows).map(
+                row => Array.from(row.cells).map(cell => cell.innerText.trim()))""",
+            )
         finally:
             browser.close()
     assert problems == []
@@ -161,15 +189,16 @@ def test_false_alarms_are_the_detections_no_fault_explains(demo: Path) -> None:
     from trainhealth.demo import story
 
     report = _report(demo)
-    histories = {int(p.stem.split("-")[1]): json.loads(p.read_text())["steps"]
-                 for p in (demo / "history").glob("rank-*.json")}
-    found = story.detections(report["events"], histories, report["pages"], report["localization"],
-                             report["verdicts"])
+    histories = {
+        int(p.stem.split("-")[1]): json.loads(p.read_text())["steps"] for p in (demo / "history").glob("rank-*.json")
+    }
+    found = story.detections(report["events"], histories, report["pages"], report["localization"], report["verdicts"])
     last_step = max(r["step"] for rows in histories.values() for r in rows)
     explained = {id(d) for fault in report["schedule"] for d in story.match(fault, found, last_step)}
     expected = [(d.what, d.rank, d.step) for d in found if id(d) not in explained]
-    assert sorted(expected, key=str) == sorted(((a["what"], a["rank"], a["step"]) for a in report["false_alarms"]),
-                                               key=str)
+    assert sorted(expected, key=str) == sorted(
+        ((a["what"], a["rank"], a["step"]) for a in report["false_alarms"]), key=str
+    )
     page = (demo / "report.html").read_text()
     listed = re.search(r'<ul id="false-alarms">(.*?)</ul>', page, re.S)
     assert listed is not None and listed.group(1).count("<li>") == len(expected)

@@ -26,8 +26,7 @@ def test_a_rank_stalled_in_host_code_is_named_within_a_minute_with_its_function(
 def test_a_checkpoint_save_inside_monitor_pause_pages_nobody(tmp_path):
     require_binary("prometheus")
     require_binary("prometheus-alertmanager" if shutil.which("prometheus-alertmanager") else "alertmanager")
-    outcome = run_hang_case(HangCase("checkpoint", target=0, onset_step=40, steps=100, pause_s=15.0),
-                            tmp_path / "case")
+    outcome = run_hang_case(HangCase("checkpoint", target=0, onset_step=40, steps=100, pause_s=15.0), tmp_path / "case")
     assert outcome.onset is not None, outcome.notes
     assert "hang" not in outcome.analyzer_verdicts and outcome.analyzer_verdicts  # judged, and never a hang
     assert outcome.rule_first_s is None and outcome.page_first_s is None

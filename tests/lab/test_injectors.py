@@ -19,10 +19,17 @@ def _model() -> torch.nn.Module:
     return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
 
 
-@pytest.mark.parametrize("dtype, bit, field", [
-    (torch.float32, 31, "sign"), (torch.float32, 30, "exponent-high"), (torch.float32, 22, "mantissa-high"),
-    (torch.float64, 62, "exponent-high"), (torch.float16, 14, "exponent-high"), (torch.bfloat16, 14, "exponent-high"),
-])
+@pytest.mark.parametrize(
+    "dtype, bit, field",
+    [
+        (torch.float32, 31, "sign"),
+        (torch.float32, 30, "exponent-high"),
+        (torch.float32, 22, "mantissa-high"),
+        (torch.float64, 62, "exponent-high"),
+        (torch.float16, 14, "exponent-high"),
+        (torch.bfloat16, 14, "exponent-high"),
+    ],
+)
 def test_bit_fields_and_flips_match_ieee_754(dtype, bit, field):
     layout = float_layout(dtype)
     assert resolve_bit(field, layout, lambda choices: choices[0]) == bit
@@ -42,8 +49,23 @@ def test_a_parameter_flip_changes_exactly_the_logged_elements(tmp_path):
     before = {name: p.detach().clone() for name, p in model.named_parameters()}
     truth = tmp_path / "faults.jsonl"
     events = EventLog(logger=None)
-    injector = Injector([{"kind": "bitflip", "target": "parameter", "tensor": "2.weight", "bit": "exponent-high",
-                          "count": 3, "step": 5, "ranks": [0]}], model=model, rank=0, ground_truth=truth, events=events)
+    injector = Injector(
+        [
+            {
+                "kind": "bitflip",
+                "target": "parameter",
+                "tensor": "2.weight",
+                "bit": "exponent-high",
+                "count": 3,
+                "step": 5,
+                "ranks": [0],
+            }
+        ],
+        model=model,
+        rank=0,
+        ground_truth=truth,
+        events=events,
+    )
     for step in range(5):
         injector.begin_step(step)
     assert all(torch.equal(p, before[n]) for n, p in model.named_parameters())
@@ -57,8 +79,9 @@ def test_a_parameter_flip_changes_exactly_the_logged_elements(tmp_path):
 
 def test_other_ranks_and_steps_are_left_alone():
     model = _model()
-    injector = Injector([{"kind": "nan", "target": "parameter", "tensor": "0.bias", "step": 1, "ranks": [3]}],
-                        model=model, rank=1)
+    injector = Injector(
+        [{"kind": "nan", "target": "parameter", "tensor": "0.bias", "step": 1, "ranks": [3]}], model=model, rank=1
+    )
     for step in range(4):
         injector.begin_step(step)
     assert injector.log == [] and torch.isfinite(model[0].bias).all()
@@ -78,8 +101,9 @@ def test_gradient_faults_hit_the_gradient_before_the_optimizer_sees_it():
 
 def test_activation_faults_corrupt_a_module_output():
     model = _model()
-    injector = Injector([{"kind": "nan", "target": "activation", "tensor": "1", "step": 2, "count": 2}],
-                        model=model, rank=0)
+    injector = Injector(
+        [{"kind": "nan", "target": "activation", "tensor": "1", "step": 2, "count": 2}], model=model, rank=0
+    )
     injector.begin_step(2)
     out = model(torch.randn(4, 8))
     assert torch.isnan(out).any()
@@ -102,8 +126,12 @@ def test_activation_faults_reach_a_transposed_output_before_the_modules_other_ho
 def test_learning_rate_and_delay_faults_undo_themselves():
     model = _model()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    injector = Injector([{"kind": "lr_scale", "factor": 100.0, "step": 3},
-                         {"kind": "delay", "seconds": 0.05, "step": 4}], model=model, optimizer=optimizer, rank=0)
+    injector = Injector(
+        [{"kind": "lr_scale", "factor": 100.0, "step": 3}, {"kind": "delay", "seconds": 0.05, "step": 4}],
+        model=model,
+        optimizer=optimizer,
+        rank=0,
+    )
     injector.begin_step(3)
     assert optimizer.param_groups[0]["lr"] == pytest.approx(10.0)
     began = time.perf_counter()
@@ -115,14 +143,18 @@ def test_learning_rate_and_delay_faults_undo_themselves():
 
 def test_schedules_from_yaml_and_their_errors(tmp_path):
     good = tmp_path / "faults.yaml"
-    good.write_text("faults:\n  - {kind: bitflip, target: gradient, tensor: '*', bit: 3, step: 10, until: 12, ranks: 1}\n")
+    good.write_text(
+        "faults:\n  - {kind: bitflip, target: gradient, tensor: '*', bit: 3, step: 10, until: 12, ranks: 1}\n"
+    )
     (spec,) = load_schedule(good)
     assert (spec.kind, spec.step, spec.until, spec.ranks, spec.bit) == ("bitflip", 10, 12, (1,), 3)
-    for text, message in (("- {kind: meteor, step: 1}", "kind must be one of"),
-                          ("- {kind: nan, target: weights, step: 1}", "target must be one of"),
-                          ("- {kind: delay, step: 1}", "seconds must be positive"),
-                          ("- {kind: nan, step: 1, colour: red}", "unknown field(s) colour"),
-                          ("- {kind: nan}", "step is required")):
+    for text, message in (
+        ("- {kind: meteor, step: 1}", "kind must be one of"),
+        ("- {kind: nan, target: weights, step: 1}", "target must be one of"),
+        ("- {kind: delay, step: 1}", "seconds must be positive"),
+        ("- {kind: nan, step: 1, colour: red}", "unknown field(s) colour"),
+        ("- {kind: nan}", "step is required"),
+    ):
         bad = tmp_path / "bad.yaml"
         bad.write_text(text)
         with pytest.raises(ScheduleError, match=message.replace("(", r"\(").replace(")", r"\)")):
@@ -167,7 +199,9 @@ def test_a_collective_delay_lands_inside_the_recorded_collectives_and_leaves_wit
         # step 1's explicit all-reduce and its DDP bucket, nothing else; numbered on as before (no gap, no repeat)
         assert len(slow) == 2 and set(slow["step"]) <= {0, 1}, rows
         for _, by_group in rows.groupby("group"):
-            assert list(by_group["seq"]) == list(range(by_group["seq"].iloc[0], by_group["seq"].iloc[0] + len(by_group)))
+            assert list(by_group["seq"]) == list(
+                range(by_group["seq"].iloc[0], by_group["seq"].iloc[0] + len(by_group))
+            )
     finally:
         trainhealth.comm.uninstall()
         dist.destroy_process_group()

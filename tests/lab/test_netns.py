@@ -45,8 +45,13 @@ def _namespaces() -> list[str]:
 
 
 def _throughput_mbit(lab: NetLab, server, size: int) -> float:
-    client = subprocess.run(lab.command(0, [sys.executable, "-c", CLIENT, lab.hosts[1].address, str(PORT), str(size)]),
-                            capture_output=True, text=True, timeout=60, check=True)
+    client = subprocess.run(
+        lab.command(0, [sys.executable, "-c", CLIENT, lab.hosts[1].address, str(PORT), str(size)]),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
     return size * 8 / 1e6 / float(client.stdout)
 
 
@@ -69,8 +74,11 @@ def test_rate_limit_slows_a_real_tcp_transfer_and_clear_restores_it():
     rate = 20.0
     with NetLab(2, prefix=PREFIX) as lab:
         assert {host.name for host in lab.hosts} <= set(_namespaces())
-        server = subprocess.Popen(lab.command(1, [sys.executable, "-c", SERVER, lab.hosts[1].address, str(PORT), "3"]),
-                                  stdout=subprocess.PIPE, text=True)
+        server = subprocess.Popen(
+            lab.command(1, [sys.executable, "-c", SERVER, lab.hosts[1].address, str(PORT), "3"]),
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         try:
             assert server.stdout.readline().strip() == "ready"
             before = _throughput_mbit(lab, server, 8 << 20)

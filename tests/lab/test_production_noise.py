@@ -6,7 +6,6 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from trainhealth_lab.bench.production import Pattern, ProductionCase, evaluate
 from trainhealth.simulator.cluster import ClusterLayout
 from trainhealth.simulator.noise import HiccupKind, ProductionNoise, realise_noise
 from trainhealth.simulator.scenario import (
@@ -17,6 +16,7 @@ from trainhealth.simulator.scenario import (
     recurrent_fault,
 )
 from trainhealth.simulator.simulate import simulate
+from trainhealth_lab.bench.production import Pattern, ProductionCase, evaluate
 
 LAYOUT = ClusterLayout(dp=4, pp=2, tp=8)  # 64 GPUs, 8 hosts; no expert parallelism, so no MoE skew
 STEPS = 1000

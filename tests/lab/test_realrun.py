@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
+from trainhealth.localize.localizer import localize
+from trainhealth.traces.io import read_trace
 from trainhealth_lab.realrun.cases import suite_cases
 from trainhealth_lab.realrun.launcher import run_case
 from trainhealth_lab.realrun.scoring import baseline_wait, score_answer
-from trainhealth_lab.realrun.spec import CaseSpec, Fault, RealRunFaultKind, Parallelism, Pattern, truth
-from trainhealth.localize.localizer import localize
-from trainhealth.traces.io import read_trace
+from trainhealth_lab.realrun.spec import CaseSpec, Fault, Parallelism, Pattern, RealRunFaultKind, truth
 
 pytest.importorskip("torch")
 
@@ -31,7 +31,9 @@ def _spec(name: str, fault: Fault) -> CaseSpec:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
     out = tmp_path_factory.mktemp("lab")
-    straggler = _spec("straggler", Fault(RealRunFaultKind.COMPUTE, Pattern.PERSISTENT, target=TARGET, onset=8, severity=2.0))
+    straggler = _spec(
+        "straggler", Fault(RealRunFaultKind.COMPUTE, Pattern.PERSISTENT, target=TARGET, onset=8, severity=2.0)
+    )
     clean = _spec("clean", Fault(RealRunFaultKind.CLEAN))
     return {"straggler": run_case(straggler, out, live=False), "clean": run_case(clean, out, live=False)}
 

@@ -30,14 +30,29 @@ from trainhealth_lab.realrun.suite import shape_label, shape_summary, shape_tabl
 STRAGGLER = Fault(RealRunFaultKind.COMPUTE, Pattern.PERSISTENT, target=1, onset=10, severity=2.0)
 
 
-def _spec(driver: Driver, *, ranks: int = 4, markers: bool = True, fault: Fault = STRAGGLER,
-          layout: Parallelism = Parallelism.DDP) -> CaseSpec:
+def _spec(
+    driver: Driver,
+    *,
+    ranks: int = 4,
+    markers: bool = True,
+    fault: Fault = STRAGGLER,
+    layout: Parallelism = Parallelism.DDP,
+) -> CaseSpec:
     return CaseSpec(f"{driver.value}-{ranks}", layout, ranks, 40, 0, fault, markers=markers, driver=driver)
 
 
-@pytest.mark.parametrize(("driver", "markers"), [(Driver.LAB, True), (Driver.EXPLICIT, False), (Driver.FSDP, True),
-                                                 (Driver.FSDP, False), (Driver.FSDP2, True), (Driver.HF_TRAINER, True),
-                                                 (Driver.ACCELERATE, True)])
+@pytest.mark.parametrize(
+    ("driver", "markers"),
+    [
+        (Driver.LAB, True),
+        (Driver.EXPLICIT, False),
+        (Driver.FSDP, True),
+        (Driver.FSDP, False),
+        (Driver.FSDP2, True),
+        (Driver.HF_TRAINER, True),
+        (Driver.ACCELERATE, True),
+    ],
+)
 def test_a_spec_of_every_driver_survives_its_json(driver: Driver, markers: bool) -> None:
     spec = _spec(driver, markers=markers)
     assert CaseSpec.from_dict(json.loads(json.dumps(spec.to_dict()))) == spec
@@ -75,12 +90,15 @@ def test_accepted_verdicts_per_shape() -> None:
     assert "trace step k+1" in truth(_spec(Driver.HF_TRAINER)).notes[0]
 
 
-@pytest.mark.parametrize(("changes", "named"), [
-    ({"driver": Driver.EXPLICIT, "markers": True}, "markers must be False"),
-    ({"driver": Driver.FSDP, "layout": Parallelism.DP_PP}, "layout must be ddp"),
-    ({"driver": Driver.HF_TRAINER, "markers": False}, "markers must be True"),
-    ({"driver": Driver.FSDP, "fault": Fault(RealRunFaultKind.LINK_RATE, target=1, rate_mbit=10.0)}, "link_rate"),
-])
+@pytest.mark.parametrize(
+    ("changes", "named"),
+    [
+        ({"driver": Driver.EXPLICIT, "markers": True}, "markers must be False"),
+        ({"driver": Driver.FSDP, "layout": Parallelism.DP_PP}, "layout must be ddp"),
+        ({"driver": Driver.HF_TRAINER, "markers": False}, "markers must be True"),
+        ({"driver": Driver.FSDP, "fault": Fault(RealRunFaultKind.LINK_RATE, target=1, rate_mbit=10.0)}, "link_rate"),
+    ],
+)
 def test_a_shape_the_lab_cannot_run_is_refused_naming_the_setting(changes: dict[str, object], named: str) -> None:
     with pytest.raises(ValueError, match=named):
         replace(_spec(Driver.LAB), **changes)  # type: ignore[arg-type]
@@ -105,8 +123,14 @@ def test_the_shapes_suite_has_every_shape_with_a_straggler_from_mid_run_and_from
 def _row(shape: CaseSpec, verdict: str, *, top1: bool | None, false_blame: bool = False) -> dict[str, object]:
     plan = truth(shape).to_dict()
     right = verdict in plan["accepted_verdicts"]
-    return {"case": shape.name, "status": "ok", "reason": "", "truth": plan, "wall_s": 1.0,
-            "localize": {"verdict": verdict, "verdict_right": right, "top1_right": top1, "false_blame": false_blame}}
+    return {
+        "case": shape.name,
+        "status": "ok",
+        "reason": "",
+        "truth": plan,
+        "wall_s": 1.0,
+        "localize": {"verdict": verdict, "verdict_right": right, "top1_right": top1, "false_blame": false_blame},
+    }
 
 
 def test_the_acceptance_lines_count_healthy_answers_for_slow_ranks_and_false_blame() -> None:
@@ -126,9 +150,9 @@ def test_the_acceptance_lines_count_healthy_answers_for_slow_ranks_and_false_bla
 
 def test_issue30_markerless_explicit_collectives_with_a_straggler_are_never_called_healthy(tmp_path: Path) -> None:
     pytest.importorskip("torch")
-    from trainhealth_lab.realrun.launcher import run_case
     from trainhealth.localize.localizer import localize
     from trainhealth.traces.io import read_trace
+    from trainhealth_lab.realrun.launcher import run_case
 
     spec = issue30_repro(0)
     outcome = run_case(spec, tmp_path, live=False, timeout_s=120.0)

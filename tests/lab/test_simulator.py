@@ -9,8 +9,8 @@ import pytest
 
 from trainhealth.simulator.cluster import ClusterLayout
 from trainhealth.simulator.simulate import (
-    Control,
     ClusterFaultKind,
+    Control,
     InjectedFault,
     Scenario,
     simulate,
@@ -52,7 +52,9 @@ def test_the_1f1b_schedule_and_the_parallel_groups():
     stage0 = records[(records["rank"] == 0) & (records["step"] == 0) & records["op"].isin(["forward", "backward"])]
     assert list(stage0["op"])[:5] == ["forward", "forward", "forward", "forward", "backward"]  # pp-1 warm-up forwards
     last_stage = layout.rank(dp=0, pp=3)
-    passes = records[(records["rank"] == last_stage) & (records["step"] == 0) & records["op"].isin(["forward", "backward"])]
+    passes = records[
+        (records["rank"] == last_stage) & (records["step"] == 0) & records["op"].isin(["forward", "backward"])
+    ]
     assert list(passes["op"])[:4] == ["forward", "backward", "forward", "backward"]
     members = records.dropna(subset=["group"]).groupby("group", observed=True)["rank"].nunique()
     kinds = {name.split("-")[0]: size for name, size in members.items()}
@@ -80,7 +82,7 @@ def test_a_fault_slows_its_target_only_while_it_is_active(kind):
 
         slow, touched = transfer_times(faulty)
         base, _ = transfer_times(healthy)
-        ratio = (slow / base)
+        ratio = slow / base
         assert touched.any() and np.allclose(ratio[touched], 2.0, rtol=0.3)
         assert np.median(ratio[~touched]) == pytest.approx(1.0, abs=0.1)
 
@@ -115,8 +117,9 @@ def test_negative_controls():
     varying = simulate(Scenario(LAYOUT, steps=6, seed=5, control=Control.SEQLEN_IMBALANCE))
     assert varying.ground_truth["verdict"] == "imbalance" and not varying.ground_truth["faults"]
     step_time = varying.records.groupby("step")["duration"].sum()
-    assert step_time.std() / step_time.mean() > 3 * (plain.groupby("step")["duration"].sum().std()
-                                                      / plain.groupby("step")["duration"].sum().mean())
+    assert step_time.std() / step_time.mean() > 3 * (
+        plain.groupby("step")["duration"].sum().std() / plain.groupby("step")["duration"].sum().mean()
+    )
 
 
 def test_bad_scenarios_are_refused():

@@ -28,8 +28,9 @@ SERVE = ["--addr", "127.0.0.1", "--port", "0", "--interval", "0.5"]
 
 def _start(*args: str) -> tuple[subprocess.Popen, str]:
     """Start the analyzer service; returns it and its metrics URL (from its first line of output)."""
-    process = subprocess.Popen([TRAINHEALTH, "analyze", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                               text=True)
+    process = subprocess.Popen(
+        [TRAINHEALTH, "analyze", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     line = process.stdout.readline()
     assert "suspects at http" in line, line + process.stderr.read()
     return process, line.rsplit(" ", 1)[-1].strip()
@@ -40,8 +41,11 @@ def _suspects(url: str, timeout_s: float = 30.0, want: str | None = None) -> dic
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         samples = scrape(url).samples()
-        verdicts = {dict(labels)["verdict"]: value for (name, labels), value in samples.items()
-                    if name == "trainhealth_analysis_verdict"}
+        verdicts = {
+            dict(labels)["verdict"]: value
+            for (name, labels), value in samples.items()
+            if name == "trainhealth_analysis_verdict"
+        }
         if verdicts and (want is None or verdicts.get(want) == 1.0):
             return {labels: value for (name, labels), value in samples.items() if name == "trainhealth_suspect_score"}
         time.sleep(0.3)
@@ -67,8 +71,14 @@ def test_analyzer_over_trace_files_is_stateless(tmp_path):
         process.kill()  # killed, not stopped: it must not matter
         process.wait()
     top = max(first, key=first.get)
-    assert dict(top) == {"job": "trainhealth", "rank": "13", "host": "sim-node-0001", "gpu": "5", "kind": "gpu",
-                         "component": "gpu:rank-13"}
+    assert dict(top) == {
+        "job": "trainhealth",
+        "rank": "13",
+        "host": "sim-node-0001",
+        "gpu": "5",
+        "kind": "gpu",
+        "component": "gpu:rank-13",
+    }
     assert first[top] > 0.9
 
     process, url = _start("--traces", str(tmp_path), *SERVE)  # restarted: the same answer from the same files
@@ -78,8 +88,12 @@ def test_analyzer_over_trace_files_is_stateless(tmp_path):
         _drop_rank_files(tmp_path, severity=None)  # the ranks' next traces are healthy
         assert _suspects(url, want="healthy") == {}
         samples = scrape(url).samples()
-        assert samples[("trainhealth_analysis_ranks", (("host", socket.gethostname()), ("job", "trainhealth"),
-                                                       ("rank", "")))] == 16
+        assert (
+            samples[
+                ("trainhealth_analysis_ranks", (("host", socket.gethostname()), ("job", "trainhealth"), ("rank", "")))
+            ]
+            == 16
+        )
     finally:
         process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=30) == 0
@@ -89,8 +103,15 @@ def test_analyzer_over_trace_files_is_stateless(tmp_path):
 # --- a real job: gloo ranks serving metrics, Prometheus scraping them -------------------------
 def _job(rank: int, world: int, port: int, out: str, slow_rank: int) -> None:
     init_rank(rank, world, port)
-    monitor = Monitor(comm=True, gpu_backend="off", comm_flush_interval=0.2, prometheus_addr="127.0.0.1",
-                      prometheus_port=0, otel=False, job="e2e")
+    monitor = Monitor(
+        comm=True,
+        gpu_backend="off",
+        comm_flush_interval=0.2,
+        prometheus_addr="127.0.0.1",
+        prometheus_port=0,
+        otel=False,
+        job="e2e",
+    )
     Path(out, f"url-{rank}.txt").write_text(monitor.metrics_url)
     data, stop = torch.ones(4096), torch.zeros(1)
     deadline = time.monotonic() + 120
@@ -118,25 +139,47 @@ def test_analyzer_over_prometheus_names_the_slow_rank(tmp_path):
         prometheus = start_prometheus(tmp_path / "prometheus", targets)
         prometheus.wait_for('count_over_time(trainhealth_comm_op_duration_seconds_count{rank="2"}[30s]) >= 14')
 
-        once = subprocess.run([TRAINHEALTH, "analyze", "--prometheus", prometheus.url, "--job", "e2e",
-                               "--window", "12", "--step", "2", "--once", "--json"],
-                              capture_output=True, text=True, timeout=120, check=False)
+        once = subprocess.run(
+            [
+                TRAINHEALTH,
+                "analyze",
+                "--prometheus",
+                prometheus.url,
+                "--job",
+                "e2e",
+                "--window",
+                "12",
+                "--step",
+                "2",
+                "--once",
+                "--json",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
         assert once.returncode == 0, once.stderr
         result = json.loads(once.stdout)
         assert result["verdict"] == "compute", result
         assert result["suspects"][0]["component"] == "gpu:rank-2"
         assert result["window"]["ranks"] == 4
 
-        process, url = _start("--prometheus", prometheus.url, "--job", "e2e", "--window", "12", "--step", "2",
-                              *SERVE)
+        process, url = _start("--prometheus", prometheus.url, "--job", "e2e", "--window", "12", "--step", "2", *SERVE)
         try:
             suspects = _suspects(url, want="compute")
         finally:
             process.terminate()
             process.wait(timeout=30)
         top = dict(max(suspects, key=suspects.get))
-        assert top == {"job": "e2e", "rank": "2", "host": socket.gethostname(), "gpu": "2", "kind": "gpu",
-                       "component": "gpu:rank-2"}
+        assert top == {
+            "job": "e2e",
+            "rank": "2",
+            "host": socket.gethostname(),
+            "gpu": "2",
+            "kind": "gpu",
+            "component": "gpu:rank-2",
+        }
     finally:
         (tmp_path / "stop").write_text("done")
         join(context, timeout_s=90)
@@ -145,14 +188,29 @@ def test_analyzer_over_prometheus_names_the_slow_rank(tmp_path):
 
 
 def test_analyzer_errors_are_one_line(tmp_path):
-    missing = subprocess.run([TRAINHEALTH, "analyze", "--traces", str(tmp_path / "nope"), "--once"],
-                             capture_output=True, text=True, timeout=60, check=False)
+    missing = subprocess.run(
+        [TRAINHEALTH, "analyze", "--traces", str(tmp_path / "nope"), "--once"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert missing.returncode == 2 and "no such directory" in missing.stderr
-    unreachable = subprocess.run([TRAINHEALTH, "analyze", "--prometheus", "http://127.0.0.1:9", "--once"],
-                                 capture_output=True, text=True, timeout=60, check=False)
+    unreachable = subprocess.run(
+        [TRAINHEALTH, "analyze", "--prometheus", "http://127.0.0.1:9", "--once"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert unreachable.returncode == 2 and "cannot query Prometheus at http://127.0.0.1:9" in unreachable.stderr
-    both = subprocess.run([TRAINHEALTH, "analyze", "--prometheus", "http://x", "--traces", "d"],
-                          capture_output=True, text=True, timeout=60, check=False)
+    both = subprocess.run(
+        [TRAINHEALTH, "analyze", "--prometheus", "http://x", "--traces", "d"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert both.returncode == 2 and "not allowed with argument" in both.stderr
     assert all("Traceback" not in r.stderr for r in (missing, unreachable, both))
 

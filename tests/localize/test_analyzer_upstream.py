@@ -93,14 +93,20 @@ def _analysis(url: str) -> dict[str, object]:
     """What the analyzer serves about itself: verdict, staleness, failures, errors, last good run."""
     samples = scrape(url).samples()
     one = {name: value for (name, labels), value in samples.items()}
-    verdicts = [dict(labels)["verdict"] for (name, labels), value in samples.items()
-                if name == "trainhealth_analysis_verdict" and value == 1.0]
+    verdicts = [
+        dict(labels)["verdict"]
+        for (name, labels), value in samples.items()
+        if name == "trainhealth_analysis_verdict" and value == 1.0
+    ]
     return {
         "verdict": verdicts[0] if verdicts else None,
         "stale": one.get("trainhealth_analysis_stale"),
         "failures": one.get("trainhealth_analysis_consecutive_failures", 0.0),
-        "errors": sum(value for (name, labels), value in samples.items()
-                      if name == "trainhealth_exporter_errors_total" and dict(labels)["source"] == "analyze"),
+        "errors": sum(
+            value
+            for (name, labels), value in samples.items()
+            if name == "trainhealth_exporter_errors_total" and dict(labels)["source"] == "analyze"
+        ),
         "ranks": one.get("trainhealth_analysis_ranks"),
         "last_run": one.get("trainhealth_analysis_last_run_timestamp_seconds", 0.0),
         "duration": one.get("trainhealth_analysis_duration_seconds", 0.0),
@@ -125,17 +131,39 @@ def test_analyzer_survives_every_bad_answer_and_recovers(prometheus, tmp_path):
     log = tmp_path / "analyze.log"
     with log.open("w") as stderr:
         process = subprocess.Popen(
-            [TRAINHEALTH, "analyze", "--prometheus", upstream.url, "--job", JOB, "--window", "4", "--step", "1",
-             "--interval", str(INTERVAL), "--prometheus-timeout", str(TIMEOUT), "--addr", "127.0.0.1", "--port", "0"],
-            stdout=subprocess.PIPE, stderr=stderr, text=True)
+            [
+                TRAINHEALTH,
+                "analyze",
+                "--prometheus",
+                upstream.url,
+                "--job",
+                JOB,
+                "--window",
+                "4",
+                "--step",
+                "1",
+                "--interval",
+                str(INTERVAL),
+                "--prometheus-timeout",
+                str(TIMEOUT),
+                "--addr",
+                "127.0.0.1",
+                "--port",
+                "0",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            text=True,
+        )
     try:
         line = process.stdout.readline()
         assert "suspects at http" in line, line + log.read_text()
         url = line.rsplit(" ", 1)[-1].strip()
 
         # good answers from the real Prometheus (once it has scraped a few steps): the escaped job selects the ranks
-        good = _until(process, url, lambda s: s["verdict"] and s["ranks"] == RANKS and s["stale"] == 0, 30,
-                      "a first verdict")
+        good = _until(
+            process, url, lambda s: s["verdict"] and s["ranks"] == RANKS and s["stale"] == 0, 30, "a first verdict"
+        )
         errors = good["errors"]
 
         # one run per bad answer; the last verdict stays served, marked stale, and every failure is counted
@@ -146,9 +174,10 @@ def test_analyzer_survives_every_bad_answer_and_recovers(prometheus, tmp_path):
         while upstream.script or len(seen) < 2:
             seen.append(_until(process, url, lambda s: True, 5, "an answer"))
             time.sleep(0.2)
-        state = _until(process, url, lambda s: s["errors"] >= errors + len(BAD_ANSWERS), 10,
-                       "an error counted per bad answer")
-        assert [kind for _, kind in upstream.served[first:first + len(BAD_ANSWERS)]] == list(BAD_ANSWERS)
+        state = _until(
+            process, url, lambda s: s["errors"] >= errors + len(BAD_ANSWERS), 10, "an error counted per bad answer"
+        )
+        assert [kind for _, kind in upstream.served[first : first + len(BAD_ANSWERS)]] == list(BAD_ANSWERS)
         assert any(s["stale"] == 1 and s["verdict"] is not None and s["failures"] >= 2 for s in seen), seen
         served = {s["last_run"] for s in seen if s["stale"] == 1}  # the last good run's, all along
         assert len(served) == 1
@@ -165,8 +194,9 @@ def test_analyzer_survives_every_bad_answer_and_recovers(prometheus, tmp_path):
         upstream.hold = "good"
         upstream.start()
         back = time.time()
-        fresh = _until(process, url, lambda s: s["last_run"] > back and s["stale"] == 0,
-                       2 * INTERVAL + 10, "a fresh verdict")
+        fresh = _until(
+            process, url, lambda s: s["last_run"] > back and s["stale"] == 0, 2 * INTERVAL + 10, "a fresh verdict"
+        )
         assert fresh["failures"] == 0 and fresh["ranks"] == RANKS and fresh["verdict"] is not None
         began = fresh["last_run"] - fresh["duration"]  # the analyzer's clock: when its first good run began
         # two intervals, and what a loaded machine adds to waking a thread (Analyzer.delay pins the schedule itself)
@@ -182,10 +212,20 @@ def test_analyzer_survives_every_bad_answer_and_recovers(prometheus, tmp_path):
     assert "Traceback" not in text, text
     failures = [line for line in text.splitlines() if "failed run" in line]
     assert len(failures) >= len(BAD_ANSWERS) + 2
-    for expected in ("not JSON", "unexpected shape", "refused the query", "answered 404", "answered 503",
-                     "did not answer within 1s", "RemoteDisconnected", "Connection refused",
-                     f"no {catalog.COMM_OP_DURATION.prometheus_name} series", "no collectives completed",
-                     "cannot be timings of this window", "serving the last verdict, stale"):
+    for expected in (
+        "not JSON",
+        "unexpected shape",
+        "refused the query",
+        "answered 404",
+        "answered 503",
+        "did not answer within 1s",
+        "RemoteDisconnected",
+        "Connection refused",
+        f"no {catalog.COMM_OP_DURATION.prometheus_name} series",
+        "no collectives completed",
+        "cannot be timings of this window",
+        "serving the last verdict, stale",
+    ):
         assert any(expected in line for line in failures), f"no failure logged with {expected!r}:\n{text}"
 
 
@@ -194,11 +234,18 @@ def _good(path: str) -> tuple[int, bytes]:
     """A small good answer: two ranks' samples over the last five seconds, or their rank info."""
     now = time.time()
     if path.startswith("/api/v1/query?"):
-        result = [{"metric": {"job": JOB, "rank": str(rank), "local_rank": str(rank)}, "value": [now, "1"]}
-                  for rank in range(2)]
+        result = [
+            {"metric": {"job": JOB, "rank": str(rank), "local_rank": str(rank)}, "value": [now, "1"]}
+            for rank in range(2)
+        ]
         return 200, json.dumps({"status": "success", "data": {"resultType": "vector", "result": result}}).encode()
-    result = [{"metric": {"job": JOB, "host": "h", "rank": str(rank), "op": "all_reduce", "group": "dp"},
-               "values": [[now - 5 + i, "0.01"] for i in range(5)]} for rank in range(2)]
+    result = [
+        {
+            "metric": {"job": JOB, "host": "h", "rank": str(rank), "op": "all_reduce", "group": "dp"},
+            "values": [[now - 5 + i, "0.01"] for i in range(5)],
+        }
+        for rank in range(2)
+    ]
     return 200, json.dumps({"status": "success", "data": {"resultType": "matrix", "result": result}}).encode()
 
 
@@ -240,13 +287,30 @@ def test_oversized_answer_is_refused():
 
 
 def test_a_bad_sample_is_named_by_its_place():
-    upstream = Upstream(lambda path: (200, json.dumps({"status": "success", "data": {"resultType": "matrix", "result": [
-        {"metric": {"rank": "0"}, "values": [[1.0, "0.1"]]}, {"metric": {"rank": "1"}, "values": [[1.0, None]]},
-    ]}}).encode()))
+    upstream = Upstream(
+        lambda path: (
+            200,
+            json.dumps(
+                {
+                    "status": "success",
+                    "data": {
+                        "resultType": "matrix",
+                        "result": [
+                            {"metric": {"rank": "0"}, "values": [[1.0, "0.1"]]},
+                            {"metric": {"rank": "1"}, "values": [[1.0, None]]},
+                        ],
+                    },
+                }
+            ).encode(),
+        )
+    )
     upstream.start()
     try:
-        with pytest.raises(SourceError, match=r"^Prometheus at http://\S+ answered JSON of an unexpected shape: "
-                                              r"data.result\[1\].values\[0\] has no value$"):
+        with pytest.raises(
+            SourceError,
+            match=r"^Prometheus at http://\S+ answered JSON of an unexpected shape: "
+            r"data.result\[1\].values\[0\] has no value$",
+        ):
             PrometheusClient(upstream.url).query_range("up", 0, 1, 1)
     finally:
         upstream.stop()

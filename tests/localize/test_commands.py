@@ -20,8 +20,21 @@ def _run(*args: str) -> subprocess.CompletedProcess:
 
 
 def test_simulate_then_localize(tmp_path):
-    made = _run("sim", "--dp", "4", "--pp", "2", "--tp", "8", "--fault", "nic:19:1.6:5", "--seed", "3",
-                "-o", str(tmp_path / "sim"))
+    made = _run(
+        "sim",
+        "--dp",
+        "4",
+        "--pp",
+        "2",
+        "--tp",
+        "8",
+        "--fault",
+        "nic:19:1.6:5",
+        "--seed",
+        "3",
+        "-o",
+        str(tmp_path / "sim"),
+    )
     assert made.returncode == 0, made.stderr
     assert made.stdout.startswith("SIMULATED trace: 64 GPUs (dp=4, pp=2, tp=8)")
     truth = json.loads((tmp_path / "sim" / "ground_truth.json").read_text())
@@ -34,7 +47,9 @@ def test_simulate_then_localize(tmp_path):
     assert result["suspects"][0]["component"] == "nic:rank-19" and result["suspects"][0]["kind"] == "link"
     assert {"verdict", "suspects", "irregular_steps", "advice"} <= set(result)
 
-    text = _run("localize", str(tmp_path / "sim" / "trace.parquet"), "--topology", str(tmp_path / "sim" / "topology.json"))
+    text = _run(
+        "localize", str(tmp_path / "sim" / "trace.parquet"), "--topology", str(tmp_path / "sim" / "topology.json")
+    )
     assert text.returncode == 0 and "1. nic:rank-19" in text.stdout and "(input is SIMULATED)" in text.stdout
 
 
@@ -47,23 +62,27 @@ def test_localize_reads_the_importers_formats_and_windows():
     assert parsed["window"]["ranks"] == 16
 
 
-@pytest.mark.parametrize("args, message", [
-    (["sim", "--fault", "gpu:x:2", "-o", "{tmp}/s"], "--fault 'gpu:x:2'"),
-    (["sim", "--fault", "cable:1:2", "-o", "{tmp}/s"], "unknown kind 'cable'"),
-    (["sim", "--fault", "gpu:999:2", "-o", "{tmp}/s"], "outside the cluster"),
-    (["sim", "--dp", "3", "--ep", "2", "-o", "{tmp}/s"], "ep must divide dp"),
-    (["sim", "--bogus", "-o", "{tmp}/s"], "unrecognized arguments: --bogus"),
-    (["localize", "{tmp}/missing.parquet"], "no such file or directory"),
-    (["localize", "{tmp}/bad.jsonl"], "bad.jsonl"),
-    (["localize", "{tmp}/ok.jsonl", "--last", "0"], "argument --last: expected a whole number of steps from 1"),
-    (["localize", "{tmp}/ok.jsonl", "--gpu-z", "-1"], "argument --gpu-z: expected a number above 0"),
-    (["localize", "{tmp}/ok.jsonl", "--topology", "{tmp}/bad-topology.json"], "not valid JSON"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["sim", "--fault", "gpu:x:2", "-o", "{tmp}/s"], "--fault 'gpu:x:2'"),
+        (["sim", "--fault", "cable:1:2", "-o", "{tmp}/s"], "unknown kind 'cable'"),
+        (["sim", "--fault", "gpu:999:2", "-o", "{tmp}/s"], "outside the cluster"),
+        (["sim", "--dp", "3", "--ep", "2", "-o", "{tmp}/s"], "ep must divide dp"),
+        (["sim", "--bogus", "-o", "{tmp}/s"], "unrecognized arguments: --bogus"),
+        (["localize", "{tmp}/missing.parquet"], "no such file or directory"),
+        (["localize", "{tmp}/bad.jsonl"], "bad.jsonl"),
+        (["localize", "{tmp}/ok.jsonl", "--last", "0"], "argument --last: expected a whole number of steps from 1"),
+        (["localize", "{tmp}/ok.jsonl", "--gpu-z", "-1"], "argument --gpu-z: expected a number above 0"),
+        (["localize", "{tmp}/ok.jsonl", "--topology", "{tmp}/bad-topology.json"], "not valid JSON"),
+    ],
+)
 def test_bad_input_is_one_line_and_exit_status_2(tmp_path, args, message):
     (tmp_path / "bad.jsonl").write_text('{"rank": 0, "step": 0, "op": "all_reduce", "start": 0.0}\n')
     (tmp_path / "ok.jsonl").write_text(
         '{"rank": 0, "step": 0, "op": "all_reduce", "group": "dp0", "seq": 0, "start": 0.0, "duration": 0.1}\n'
-        '{"rank": 1, "step": 0, "op": "all_reduce", "group": "dp0", "seq": 0, "start": 0.0, "duration": 0.2}\n')
+        '{"rank": 1, "step": 0, "op": "all_reduce", "group": "dp0", "seq": 0, "start": 0.0, "duration": 0.2}\n'
+    )
     (tmp_path / "bad-topology.json").write_text("{not json")
     result = _run(*[arg.format(tmp=tmp_path) for arg in args])
     assert result.returncode == 2, result.stdout + result.stderr
@@ -77,13 +96,15 @@ TINY_TRACES = {
     "one collective": (
         '{"rank": 0, "step": 0, "op": "all_reduce", "group": "dp0", "seq": 0, "start": 0.0, "duration": 0.1}\n'
         '{"rank": 1, "step": 0, "op": "all_reduce", "group": "dp0", "seq": 0, "start": 0.0, "duration": 0.2}\n',
-        "repeating pattern"),
+        "repeating pattern",
+    ),
     # three compute records of two ranks: the recorded path once called this "imbalance" (uneven batches)
     "three compute records": (
         '{"rank": 0, "step": 0, "op": "compute", "start": 0.0, "duration": 0.1}\n'
         '{"rank": 1, "step": 0, "op": "compute", "start": 0.0, "duration": 0.3}\n'
         '{"rank": 0, "step": 1, "op": "compute", "start": 0.2, "duration": 0.1}\n',
-        "2 steps in the trace"),
+        "2 steps in the trace",
+    ),
 }
 
 

@@ -9,8 +9,14 @@ from trainhealth.localize.excursions import binomial_tail, recurrent_members
 ROWS, STEPS = 64, 1000
 
 
-def _with_episodes(rng: np.random.Generator, count: int, lengths: tuple[int, int], strength: tuple[float, float],
-                   rows: int = ROWS, steps: int = STEPS) -> np.ndarray:
+def _with_episodes(
+    rng: np.random.Generator,
+    count: int,
+    lengths: tuple[int, int],
+    strength: tuple[float, float],
+    rows: int = ROWS,
+    steps: int = STEPS,
+) -> np.ndarray:
     """Quiet rows with ``count`` episodes on random rows at random steps."""
     values = rng.normal(0.0, 0.01, (rows, steps))
     for _ in range(count):

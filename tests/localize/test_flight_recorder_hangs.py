@@ -25,8 +25,15 @@ ABSENT = 2
 def _hang_with_flight_recorder(rank: int, world: int, port: int, out: str) -> None:
     os.environ["TORCH_FR_BUFFER_SIZE"] = "2000"
     init_rank(rank, world, port, timeout_s=120)
-    monitor = Monitor(comm=True, gpu_backend="off", prometheus=False, otel=False, trace_dir=out,
-                      comm_flush_interval=0.2, comm_hang_floor=1.0)
+    monitor = Monitor(
+        comm=True,
+        gpu_backend="off",
+        prometheus=False,
+        otel=False,
+        trace_dir=out,
+        comm_flush_interval=0.2,
+        comm_hang_floor=1.0,
+    )
     t = torch.ones(16)
     for _ in range(5):
         dist.all_reduce(t)
@@ -42,8 +49,13 @@ def _hang_with_flight_recorder(rank: int, world: int, port: int, out: str) -> No
 
 def _torch_analyzer(dumps: Path) -> tuple[int, set[int]]:
     """torch's fr_trace on the dumps: the sequence number and missing ranks it reports."""
-    done = subprocess.run([sys.executable, "-m", "torch.distributed.flight_recorder.fr_trace", str(dumps),
-                           "--prefix", "rank_"], capture_output=True, text=True, timeout=120, check=False)
+    done = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.flight_recorder.fr_trace", str(dumps), "--prefix", "rank_"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     said = done.stdout + done.stderr  # its findings go to its log (stderr)
     assert done.returncode == 0, said
     seq = re.search(r"Not all ranks joining collective, sequence number: (\d+)", said)
@@ -61,8 +73,13 @@ def test_flight_recorder_dumps_of_a_hang_name_the_absent_rank_as_torch_does(tmp_
             time.sleep(0.25)
         assert sorted(p.name for p in dumps.glob("rank_*")) == ["rank_0", "rank_1", "rank_2"]
         time.sleep(0.5)
-        done = subprocess.run([sys.executable, "-m", "trainhealth.cli", "localize", str(dumps), "--json"],
-                              capture_output=True, text=True, timeout=120, check=False)
+        done = subprocess.run(
+            [sys.executable, "-m", "trainhealth.cli", "localize", str(dumps), "--json"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
         assert done.returncode == 0, done.stderr
         ours = json.loads(done.stdout)
         torch_seq, torch_missing = _torch_analyzer(dumps)
@@ -98,8 +115,13 @@ def test_a_rank_that_exits_plainly_is_named_from_the_dumps_its_peers_wrote_as_th
     assert sorted(p.name for p in dumps.glob("rank_*")) == ["rank_0", "rank_1"]  # written at exit, after the error
     failed = sorted(p.name.split(".")[0] for p in (tmp_path / "stacks").glob("*.failed.txt"))
     assert failed == ["rank-0", "rank-1"]
-    done = subprocess.run([sys.executable, "-m", "trainhealth.cli", "localize", str(dumps), "--json"],
-                          capture_output=True, text=True, timeout=120, check=False)
+    done = subprocess.run(
+        [sys.executable, "-m", "trainhealth.cli", "localize", str(dumps), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr
     ours = json.loads(done.stdout)
     assert ours["verdict"] == "hang" and ours["suspects"][0]["ranks"] == [ABSENT]

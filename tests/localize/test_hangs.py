@@ -8,31 +8,52 @@ from trainhealth.localize.hangs import hang_result, judge_hangs, positions_from_
 WORLD = "default_pg:0"
 
 
-def _rank(rank: int, seq: int, completed: int, inflight: float = 0.0, op: str = "all_reduce", group: str = WORLD,
-          threshold: float | None = 12.0) -> list[tuple[str, dict[str, str], float]]:
+def _rank(
+    rank: int,
+    seq: int,
+    completed: int,
+    inflight: float = 0.0,
+    op: str = "all_reduce",
+    group: str = WORLD,
+    threshold: float | None = 12.0,
+) -> list[tuple[str, dict[str, str], float]]:
     labels = {"job": "train", "host": "node-1", "rank": str(rank)}
-    out = [("trainhealth_comm_started_seq", {**labels, "group": group}, seq),
-           ("trainhealth_comm_completed_seq", {**labels, "group": group}, completed),
-           ("trainhealth_comm_inflight_duration_seconds", {**labels, "group": group, "op": op}, inflight)]
+    out = [
+        ("trainhealth_comm_started_seq", {**labels, "group": group}, seq),
+        ("trainhealth_comm_completed_seq", {**labels, "group": group}, completed),
+        ("trainhealth_comm_inflight_duration_seconds", {**labels, "group": group, "op": op}, inflight),
+    ]
     if threshold is not None:
         out.append(("trainhealth_comm_hang_threshold_seconds", labels, threshold))
     return out
 
 
 def _members(text: str = "0-3") -> list[tuple[str, dict[str, str], float]]:
-    return [("trainhealth_comm_group_info", {"job": "train", "rank": "0", "group": WORLD, "members": text,
-                                            "size": "4"}, 1.0)]
+    return [
+        (
+            "trainhealth_comm_group_info",
+            {"job": "train", "rank": "0", "group": WORLD, "members": text, "size": "4"},
+            1.0,
+        )
+    ]
 
 
 def test_a_wait_past_the_jobs_threshold_names_the_rank_behind():
-    samples = [*_rank(0, 20, 19, 15.0), *_rank(1, 20, 19, 15.0), *_rank(2, 19, 19), *_rank(3, 20, 19, 14.0),
-               *_members()]
+    samples = [
+        *_rank(0, 20, 19, 15.0),
+        *_rank(1, 20, 19, 15.0),
+        *_rank(2, 19, 19),
+        *_rank(3, 20, 19, 14.0),
+        *_members(),
+    ]
     report = judge_hangs(positions_from_samples(samples))
     assert report.threshold_s == 12.0 and report.culprits == (2,)
     result = hang_result(report)
     assert result.verdict == "hang" and result.suspects[0].component == "rank:2"
-    assert result.suspects[0].evidence == "rank 2 never entered it (last entered #19); ranks 0, 1, 3 waiting 15 s " \
-                                          "in all_reduce #20"
+    assert (
+        result.suspects[0].evidence == "rank 2 never entered it (last entered #19); ranks 0, 1, 3 waiting 15 s "
+        "in all_reduce #20"
+    )
 
 
 def test_a_wait_under_the_threshold_is_no_hang():
@@ -49,22 +70,28 @@ def test_ranks_that_export_no_threshold_get_a_minute():
 
 
 def test_an_announced_pause_holds_the_verdict():
-    samples = [*_rank(0, 20, 19, 40.0), *_rank(1, 19, 19),
-               ("trainhealth_comm_paused", {"job": "train", "rank": "1", "reason": "checkpoint"}, 1.0),
-               ("trainhealth_comm_paused", {"job": "train", "rank": "0", "reason": "evaluation"}, 0.0)]
+    samples = [
+        *_rank(0, 20, 19, 40.0),
+        *_rank(1, 19, 19),
+        ("trainhealth_comm_paused", {"job": "train", "rank": "1", "reason": "checkpoint"}, 1.0),
+        ("trainhealth_comm_paused", {"job": "train", "rank": "0", "reason": "evaluation"}, 0.0),
+    ]
     report = judge_hangs(positions_from_samples(samples))
     assert report.hangs == () and report.paused == ("rank 1: checkpoint",)
 
 
 def test_a_gone_rank_is_named_with_where_it_was_last():
     live = [*_rank(0, 20, 19, 40.0), *_rank(1, 20, 19, 40.0), *_rank(3, 20, 19, 40.0), *_members()]
-    gone = [("trainhealth_comm_started_seq", {"job": "train", "rank": "2", "group": WORLD}, 19.0),
-            ("trainhealth_comm_watch_timestamp_seconds", {"job": "train", "rank": "2"}, 1_800_000_000.0)]
+    gone = [
+        ("trainhealth_comm_started_seq", {"job": "train", "rank": "2", "group": WORLD}, 19.0),
+        ("trainhealth_comm_watch_timestamp_seconds", {"job": "train", "rank": "2"}, 1_800_000_000.0),
+    ]
     report = judge_hangs(positions_from_samples(live, gone))
     (hang,) = report.hangs
     assert hang.lagging_ranks == (2,) and hang.lagging_at == {} and report.culprits == (2,)
-    assert hang.verdict == ("rank 2 missing since 08:00:00 UTC (last at #19 of default_pg:0); ranks 0, 1, 3 "
-                            "waiting 40 s in all_reduce #20")
+    assert hang.verdict == (
+        "rank 2 missing since 08:00:00 UTC (last at #19 of default_pg:0); ranks 0, 1, 3 waiting 40 s in all_reduce #20"
+    )
     assert hang_result(report).suspects[0].evidence.startswith("rank 2 missing since 08:00:00 UTC")
 
 
@@ -76,8 +103,15 @@ def test_a_member_that_never_reported_is_missing_without_a_time():
 
 def test_a_rank_blocked_in_another_group_is_named_with_that_collective():
     side = "side:1"
-    samples = [*_rank(0, 20, 19, 40.0), *_rank(1, 20, 19, 40.0), *_rank(3, 20, 19, 40.0), *_members(),
-               *_rank(2, 19, 19), *_rank(2, 0, -1, 39.0, group=side), *_rank(1, -1, -1, group=side)]
+    samples = [
+        *_rank(0, 20, 19, 40.0),
+        *_rank(1, 20, 19, 40.0),
+        *_rank(3, 20, 19, 40.0),
+        *_members(),
+        *_rank(2, 19, 19),
+        *_rank(2, 0, -1, 39.0, group=side),
+        *_rank(1, -1, -1, group=side),
+    ]
     report = judge_hangs(positions_from_samples(samples))
     assert report.hangs[0].group == WORLD and report.culprits == (2,)  # the largest group first
     assert report.hangs[0].doing[2] == "in all_reduce #0 of side:1 for 39 s"
@@ -95,10 +129,19 @@ def test_ranks_in_different_collectives_at_one_sequence_number_are_a_mismatch():
 def test_two_groups_waiting_on_each_other_are_read_from_the_largest():
     # rank 2 entered a side group's all-reduce its partner (rank 1) never entered; the world's wait is younger
     side = "side:1"
-    samples = [*_rank(0, 20, 19, 8.0), *_rank(1, 20, 19, 8.0), *_rank(3, 20, 19, 8.0), *_members(),
-               *_rank(2, 19, 19), *_rank(2, 0, -1, 13.0, group=side),
-               ("trainhealth_comm_group_info", {"job": "train", "rank": "2", "group": side, "members": "1-2",
-                                                "size": "2"}, 1.0)]
+    samples = [
+        *_rank(0, 20, 19, 8.0),
+        *_rank(1, 20, 19, 8.0),
+        *_rank(3, 20, 19, 8.0),
+        *_members(),
+        *_rank(2, 19, 19),
+        *_rank(2, 0, -1, 13.0, group=side),
+        (
+            "trainhealth_comm_group_info",
+            {"job": "train", "rank": "2", "group": side, "members": "1-2", "size": "2"},
+            1.0,
+        ),
+    ]
     report = judge_hangs(positions_from_samples(samples))
     assert [h.group for h in report.hangs] == [WORLD, side] and report.culprits == (2,)
 
@@ -106,10 +149,20 @@ def test_two_groups_waiting_on_each_other_are_read_from_the_largest():
 def test_a_monitoring_group_waiting_behind_the_hang_is_not_its_root():
     # ranks 2 and 3 wait in the SDC checks' own group for rank 0, which waits in the world's all-reduce for rank 1
     sdc = "trainhealth_sdc:2"
-    samples = [*_rank(0, 20, 19, 30.0), *_rank(2, 19, 19), *_rank(3, 19, 19), *_members(),
-               *_rank(0, 4, 4, group=sdc), *_rank(2, 5, 4, 29.0, group=sdc), *_rank(3, 5, 4, 29.0, group=sdc),
-               ("trainhealth_comm_group_info", {"job": "train", "rank": "2", "group": sdc, "members": "0-3",
-                                                "size": "4"}, 1.0)]
+    samples = [
+        *_rank(0, 20, 19, 30.0),
+        *_rank(2, 19, 19),
+        *_rank(3, 19, 19),
+        *_members(),
+        *_rank(0, 4, 4, group=sdc),
+        *_rank(2, 5, 4, 29.0, group=sdc),
+        *_rank(3, 5, 4, 29.0, group=sdc),
+        (
+            "trainhealth_comm_group_info",
+            {"job": "train", "rank": "2", "group": sdc, "members": "0-3", "size": "4"},
+            1.0,
+        ),
+    ]
     gone = [("trainhealth_comm_started_seq", {"job": "train", "rank": "1", "group": WORLD}, 19.0)]
     report = judge_hangs(positions_from_samples(samples, gone))
     assert report.hangs[0].group == WORLD and report.culprits[0] == 1

@@ -2,19 +2,18 @@
 
 from __future__ import annotations
 
-
 import pytest
 
 from tests.data import data_dir, needs
+from trainhealth.localize.localizer import Thresholds, localize
 from trainhealth.simulator.cluster import ClusterLayout
 from trainhealth.simulator.simulate import (
-    Control,
     ClusterFaultKind,
+    Control,
     InjectedFault,
     Scenario,
     simulate,
 )
-from trainhealth.localize.localizer import Thresholds, localize
 from trainhealth.traces.convert import load_any
 
 LAYOUT = ClusterLayout(dp=4, pp=4, tp=4, hosts_per_leaf=2)  # 64 GPUs on 8 hosts under 4 leaf switches
@@ -22,8 +21,13 @@ DATA = data_dir("straggler-analysis")
 COMPUTE = ["forward", "backward", "optimizer"]
 
 
-def _run(*faults: InjectedFault, seed: int = 11, control: Control = Control.NONE, collectives_only: bool = False,
-         unnumbered: bool = False):
+def _run(
+    *faults: InjectedFault,
+    seed: int = 11,
+    control: Control = Control.NONE,
+    collectives_only: bool = False,
+    unnumbered: bool = False,
+):
     trace = simulate(Scenario(LAYOUT, steps=20, seed=seed, faults=faults, control=control))
     records = trace.records[~trace.records["op"].isin(COMPUTE)] if collectives_only else trace.records
     if unnumbered:  # a collective logger without the Monitor: no step numbers
@@ -31,12 +35,15 @@ def _run(*faults: InjectedFault, seed: int = 11, control: Control = Control.NONE
     return localize(records, trace.topology), trace.ground_truth
 
 
-@pytest.mark.parametrize("kind, target, component, verdict", [
-    ("gpu", 37, "gpu:rank-37", "compute"),
-    ("nic", 37, "nic:rank-37", "communication"),
-    ("host", 5, "host:sim-node-0005", "communication"),
-    ("switch", 2, "switch:leaf-2", "communication"),
-])
+@pytest.mark.parametrize(
+    "kind, target, component, verdict",
+    [
+        ("gpu", 37, "gpu:rank-37", "compute"),
+        ("nic", 37, "nic:rank-37", "communication"),
+        ("host", 5, "host:sim-node-0005", "communication"),
+        ("switch", 2, "switch:leaf-2", "communication"),
+    ],
+)
 @pytest.mark.parametrize("start, end", [(6, None), (8, 13)])
 def test_the_injected_fault_is_the_top_suspect(kind, target, component, verdict, start, end):
     result, truth = _run(InjectedFault(ClusterFaultKind(kind), target, 1.3, start_step=start, end_step=end))
@@ -55,11 +62,14 @@ def test_the_injected_fault_is_the_top_suspect(kind, target, component, verdict,
     assert result.advice and result.to_dict()["suspects"][0]["kind"] in ("gpu", "link", "host")
 
 
-@pytest.mark.parametrize("control, verdict, reason", [
-    (Control.NONE, "healthy", None),
-    (Control.STAGE_IMBALANCE, "imbalance", "uneven stages: ranks 48, 49, 50, 51, 52"),
-    (Control.SEQLEN_IMBALANCE, "imbalance", "uneven batches"),
-])
+@pytest.mark.parametrize(
+    "control, verdict, reason",
+    [
+        (Control.NONE, "healthy", None),
+        (Control.STAGE_IMBALANCE, "imbalance", "uneven stages: ranks 48, 49, 50, 51, 52"),
+        (Control.SEQLEN_IMBALANCE, "imbalance", "uneven batches"),
+    ],
+)
 @pytest.mark.parametrize("seed", [1, 2])
 def test_negative_controls_blame_no_device(control, verdict, reason, seed):
     result, truth = _run(control=control, seed=seed)
@@ -145,8 +155,10 @@ def test_thresholds_are_checked():
 
 def test_a_live_window_is_judged_against_the_runs_history():
     # 60 steps: a 4-step GPU slowdown long before the judged window, a persistent one inside it
-    faults = (InjectedFault(ClusterFaultKind.GPU, 9, 1.5, start_step=10, end_step=14),
-              InjectedFault(ClusterFaultKind.GPU, 37, 1.3, start_step=48))
+    faults = (
+        InjectedFault(ClusterFaultKind.GPU, 9, 1.5, start_step=10, end_step=14),
+        InjectedFault(ClusterFaultKind.GPU, 37, 1.3, start_step=48),
+    )
     trace = simulate(Scenario(LAYOUT, steps=60, seed=11, faults=faults))
     result = localize(trace.records, trace.topology, judge_last=20)
     assert result.details["window"]["steps"] == [40, 59] and result.details["history"]["steps"] == [0, 59]

@@ -14,8 +14,25 @@ import pytest
 from trainhealth.localize.localizer import localize
 
 
-def _trace(*, ranks=4, steps=40, slow=None, factor=1.0, onset=0, end=None, every=0, jitter=0.02,
-           uneven=0.0, tp=1, link=None, link_factor=1.0, transfer=0.004, markers=True, seed=0, also=None):
+def _trace(
+    *,
+    ranks=4,
+    steps=40,
+    slow=None,
+    factor=1.0,
+    onset=0,
+    end=None,
+    every=0,
+    jitter=0.02,
+    uneven=0.0,
+    tp=1,
+    link=None,
+    link_factor=1.0,
+    transfer=0.004,
+    markers=True,
+    seed=0,
+    also=None,
+):
     """Records of ``ranks`` ranks (data parallel x ``tp``), each step: compute, TP all-reduce, DP all-reduce.
 
     ``also``: {rank: (factor, first step, end step)}, more slowness beside the fault.
@@ -43,14 +60,36 @@ def _trace(*, ranks=4, steps=40, slow=None, factor=1.0, onset=0, end=None, every
                 finish = max(arrive[m] for m in members) + took
                 n = seq[group] = seq.get(group, -1) + 1
                 for m in members:
-                    rows.append({"rank": m, "step": step if markers else 0, "op": "all_reduce", "group": group,
-                                 "seq": n, "start": arrive[m], "duration": finish - arrive[m], "bytes": 1 << 20,
-                                 "host": f"h{m}"})
+                    rows.append(
+                        {
+                            "rank": m,
+                            "step": step if markers else 0,
+                            "op": "all_reduce",
+                            "group": group,
+                            "seq": n,
+                            "start": arrive[m],
+                            "duration": finish - arrive[m],
+                            "bytes": 1 << 20,
+                            "host": f"h{m}",
+                        }
+                    )
                     arrive[m] = finish
         clock = arrive + 0.002
         if markers:
-            rows += [{"rank": r, "step": step, "op": "step", "group": None, "seq": None, "start": begin[r],
-                      "duration": clock[r] - begin[r], "bytes": 0, "host": f"h{r}"} for r in range(ranks)]
+            rows += [
+                {
+                    "rank": r,
+                    "step": step,
+                    "op": "step",
+                    "group": None,
+                    "seq": None,
+                    "start": begin[r],
+                    "duration": clock[r] - begin[r],
+                    "bytes": 0,
+                    "host": f"h{r}",
+                }
+                for r in range(ranks)
+            ]
     frame = pd.DataFrame(rows)
     frame["seq"] = frame["seq"].astype("Int64")
     return frame
@@ -186,8 +225,20 @@ def _explicit_loop(*, ranks=4, iterations=40, slow=None, sleep=0.015, onset=10, 
         ops = [("all_reduce", 1 << 18, 0.001)] + ([("barrier", 0, 0.0002)] if iteration % barrier_every == 4 else [])
         for op, size, took in ops:
             finish = arrive.max() + took
-            rows += [{"rank": r, "step": 0, "op": op, "group": "default_pg:0", "seq": seq, "start": arrive[r],
-                      "duration": finish - arrive[r], "bytes": size, "async": False} for r in range(ranks)]
+            rows += [
+                {
+                    "rank": r,
+                    "step": 0,
+                    "op": op,
+                    "group": "default_pg:0",
+                    "seq": seq,
+                    "start": arrive[r],
+                    "duration": finish - arrive[r],
+                    "bytes": size,
+                    "async": False,
+                }
+                for r in range(ranks)
+            ]
             arrive[:] = finish
             seq += 1
         clock = arrive.copy()

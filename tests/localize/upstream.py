@@ -21,8 +21,22 @@ from typing import Any
 
 #: every bad answer the handler can give, one analyzer run each (connection refused is the server stopped)
 BAD_ANSWERS = (
-    "garbage", "empty_body", "truncated", "deep_nesting", "json_array", "wrong_shape", "status_error", "http_404",
-    "http_503", "hangup", "timeout", "trickle", "empty_result", "nan_values", "inf_values", "huge_values",
+    "garbage",
+    "empty_body",
+    "truncated",
+    "deep_nesting",
+    "json_array",
+    "wrong_shape",
+    "status_error",
+    "http_404",
+    "http_503",
+    "hangup",
+    "timeout",
+    "trickle",
+    "empty_result",
+    "nan_values",
+    "inf_values",
+    "huge_values",
 )
 #: how long the ``timeout`` and ``trickle`` answers keep the client waiting
 STALL_S = 3.0
@@ -130,14 +144,34 @@ class Upstream:
             "empty_body": (200, b""),
             "deep_nesting": (200, b"[" * 200_000 + b"]" * 200_000),
             "json_array": (200, b"[1, 2, 3]"),
-            "wrong_shape": (200, json.dumps({"status": "success", "data": {"resultType": "matrix",
-                                                                           "result": {"oops": 1}}}).encode()),
-            "status_error": (200, json.dumps({"status": "error", "errorType": "execution",
-                                              "error": "query timed out in expression evaluation\n(5s)"}).encode()),
+            "wrong_shape": (
+                200,
+                json.dumps({"status": "success", "data": {"resultType": "matrix", "result": {"oops": 1}}}).encode(),
+            ),
+            "status_error": (
+                200,
+                json.dumps(
+                    {
+                        "status": "error",
+                        "errorType": "execution",
+                        "error": "query timed out in expression evaluation\n(5s)",
+                    }
+                ).encode(),
+            ),
             "http_404": (404, b"<html><body>404 page not found</body></html>"),
             "http_503": (503, b"upstream connect error or disconnect/reset before headers"),
-            "empty_result": (200, json.dumps({"status": "success", "data": {
-                "resultType": "vector" if path.startswith("/api/v1/query?") else "matrix", "result": []}}).encode()),
+            "empty_result": (
+                200,
+                json.dumps(
+                    {
+                        "status": "success",
+                        "data": {
+                            "resultType": "vector" if path.startswith("/api/v1/query?") else "matrix",
+                            "result": [],
+                        },
+                    }
+                ).encode(),
+            ),
         }
         return fixed[kind]
 

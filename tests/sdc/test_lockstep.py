@@ -55,7 +55,6 @@ def _one_rank_stops_stepping(rank, world, port, out):
     import time
 
     import torch
-    import torch.distributed as dist
 
     from trainhealth import Monitor, catalog
 
@@ -71,9 +70,12 @@ def _one_rank_stops_stepping(rank, world, port, out):
         monitor.step(step=step)
     elapsed = time.monotonic() - began
     monitor.flush()
-    result = {"elapsed": elapsed, "steps": monitor.store.value(catalog.TRAIN_STEPS),
-              "errors": monitor.store.value(catalog.EXPORTER_ERRORS, ("sdc",)),
-              "disabled": monitor.health.checks.disabled is not None}
+    result = {
+        "elapsed": elapsed,
+        "steps": monitor.store.value(catalog.TRAIN_STEPS),
+        "errors": monitor.store.value(catalog.EXPORTER_ERRORS, ("sdc",)),
+        "disabled": monitor.health.checks.disabled is not None,
+    }
     monitor.close()
     with open(f"{out}/rank-{rank}.json", "w") as handle:
         json.dump(result, handle)

@@ -26,8 +26,9 @@ def _train(rank: int, world: int, port: int, out: str) -> None:
     init_rank(rank, world, port)
     model = _model()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    with Monitor(model, optimizer, prometheus=False, otel=False, gpu_backend="off", env={}, grad_check_every=1,
-                 sdc_interval=0) as monitor:
+    with Monitor(
+        model, optimizer, prometheus=False, otel=False, gpu_backend="off", env={}, grad_check_every=1, sdc_interval=0
+    ) as monitor:
         for step in range(4):
             batch = torch.randn(4, 8, generator=torch.Generator().manual_seed(step))
             loss = model(batch).pow(2).mean()
@@ -37,11 +38,15 @@ def _train(rank: int, world: int, port: int, out: str) -> None:
             optimizer.zero_grad()
             monitor.step(loss=loss, step=step)
         monitor.flush()
-        Path(out, f"rank-{rank}.json").write_text(json.dumps({
-            "checks": monitor.store.value(catalog.SDC_CHECKS, ("grad_norm",)),
-            "mismatches": monitor.store.value(catalog.SDC_MISMATCHES, ("grad_norm",)),
-            "events": [event.summary for event in monitor.events.recent("sdc_suspect")],
-        }))
+        Path(out, f"rank-{rank}.json").write_text(
+            json.dumps(
+                {
+                    "checks": monitor.store.value(catalog.SDC_CHECKS, ("grad_norm",)),
+                    "mismatches": monitor.store.value(catalog.SDC_MISMATCHES, ("grad_norm",)),
+                    "events": [event.summary for event in monitor.events.recent("sdc_suspect")],
+                }
+            )
+        )
     torch.distributed.destroy_process_group()
 
 

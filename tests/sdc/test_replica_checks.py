@@ -31,8 +31,11 @@ def _results(tmp_path, trials):
 
 def _origins(results):
     """Each rank's first non-finite origin: (step, block, local or received)."""
-    return {r["rank"]: (r["origin"]["step"], r["origin"]["block"], r["origin"]["where"]) for r in results
-            if r["origin"] is not None}
+    return {
+        r["rank"]: (r["origin"]["step"], r["origin"]["block"], r["origin"]["where"])
+        for r in results
+        if r["origin"] is not None
+    }
 
 
 def _detections(results, detector):
@@ -43,14 +46,42 @@ def test_each_fault_is_caught_by_its_detector_and_names_the_rank(tmp_path):
     checks = {"sdc_interval": 5, "grad_check_every": 1}
     trials = [
         Trial("clean", steps=40, settings=checks),
-        Trial("parameter", steps=40, settings=checks, faults=(
-            {"kind": "bitflip", "target": "parameter", "tensor": "layers.1.mlp.0.weight", "bit": 23, "step": 12,
-             "ranks": [2]},)),
-        Trial("gradient", steps=40, settings=checks, faults=(
-            {"kind": "bitflip", "target": "gradient", "tensor": "layers.0.attn.in_proj_weight", "bit": 30,
-             "step": 17, "ranks": [1]},)),
-        Trial("activation_nan", steps=40, settings=checks, faults=(
-            {"kind": "nan", "target": "activation", "tensor": "layers.1.mlp", "step": 23, "ranks": [3]},)),
+        Trial(
+            "parameter",
+            steps=40,
+            settings=checks,
+            faults=(
+                {
+                    "kind": "bitflip",
+                    "target": "parameter",
+                    "tensor": "layers.1.mlp.0.weight",
+                    "bit": 23,
+                    "step": 12,
+                    "ranks": [2],
+                },
+            ),
+        ),
+        Trial(
+            "gradient",
+            steps=40,
+            settings=checks,
+            faults=(
+                {
+                    "kind": "bitflip",
+                    "target": "gradient",
+                    "tensor": "layers.0.attn.in_proj_weight",
+                    "bit": 30,
+                    "step": 17,
+                    "ranks": [1],
+                },
+            ),
+        ),
+        Trial(
+            "activation_nan",
+            steps=40,
+            settings=checks,
+            faults=({"kind": "nan", "target": "activation", "tensor": "layers.1.mlp", "step": 23, "ranks": [3]},),
+        ),
     ]
     results = _results(tmp_path, trials)
 
@@ -71,14 +102,22 @@ def test_each_fault_is_caught_by_its_detector_and_names_the_rank(tmp_path):
     found = _detections(results["gradient"], "grad_norm")
     assert {(d["rank"], d["step"]) for d in found} == {(1, 17)}
     # the flipped exponent made it ~1e35: rank 1 saw it in its own gradient, the others only after the all-reduce
-    assert _origins(results["gradient"]) == {1: (17, "layers.0", "local"), **{r: (17, "all_reduce", "received")
-                                                                              for r in (0, 2, 3)}}
+    assert _origins(results["gradient"]) == {
+        1: (17, "layers.0", "local"),
+        **{r: (17, "all_reduce", "received") for r in (0, 2, 3)},
+    }
 
     # a NaN out of layers.1's MLP on rank 3: its origin there at step 23; the others see it a step later, upstream
-    origins = [(r["rank"], d["step"], d["detail"]) for r in results["activation_nan"]
-               for d in r["detections"] if d["detector"] == "nonfinite" and d["detail"].startswith("layers")]
+    origins = [
+        (r["rank"], d["step"], d["detail"])
+        for r in results["activation_nan"]
+        for d in r["detections"]
+        if d["detector"] == "nonfinite" and d["detail"].startswith("layers")
+    ]
     first = min(origins, key=lambda o: o[1])
     assert first == (3, 23, "layers.1")
     assert all(step > 23 for rank, step, _ in origins if rank != 3)
-    assert _origins(results["activation_nan"]) == {3: (23, "layers.1", "local"), **{
-        r: (23, "all_reduce", "received") for r in (0, 1, 2)}}
+    assert _origins(results["activation_nan"]) == {
+        3: (23, "layers.1", "local"),
+        **{r: (23, "all_reduce", "received") for r in (0, 1, 2)},
+    }

@@ -52,10 +52,14 @@ def test_a_gemm_that_is_not_repeatable_fails():
     assert results["gemm"].passed and not results["repeat"].passed
 
 
-@pytest.mark.parametrize("args, message", [
-    (("--device", "cuda:7"), "unknown device 'cuda:7'"), (("--size", "4"), "--size: expected an integer from 16 to 8192"),
-    (("--frobnicate",), "unrecognized arguments"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (("--device", "cuda:7"), "unknown device 'cuda:7'"),
+        (("--size", "4"), "--size: expected an integer from 16 to 8192"),
+        (("--frobnicate",), "unrecognized arguments"),
+    ],
+)
 def test_bad_input_is_one_line_and_status_2(args, message):
     done = _run(*args)
     assert done.returncode == 2 and message in done.stderr
@@ -73,7 +77,8 @@ def test_the_failing_exit_status_is_1(tmp_path):
         "s.run_selftest = lambda devices, size, seed: real(devices, size, seed, inject=lambda d, c, r: "
         "flip_bits(r.view(-1), [3], 29) if c == 'gemm' else None)\n"
         "from trainhealth.cli import main\n"
-        "sys.exit(main(['selftest', '--device', 'cpu', '--size', '64']))\n")
+        "sys.exit(main(['selftest', '--device', 'cpu', '--size', '64']))\n"
+    )
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 1
     assert "FAIL" in done.stdout and "selftest: FAILED on cpu" in done.stdout

@@ -9,6 +9,7 @@ import time
 
 import pytest
 import torch
+
 from tests.helpers import BATCH, SEQ, TinyGPT, lm_loss, scrape
 from tests.otlp import OtlpReceiver, attributes
 from trainhealth import Monitor, catalog
@@ -36,7 +37,12 @@ def test_otlp_export_carries_the_same_values_as_the_scrape(receiver):
     torch.manual_seed(0)
     model = TinyGPT()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
-    env = {"RANK": "3", "WORLD_SIZE": "4", "TORCHELASTIC_RUN_ID": "run-9", "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint}
+    env = {
+        "RANK": "3",
+        "WORLD_SIZE": "4",
+        "TORCHELASTIC_RUN_ID": "run-9",
+        "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint,
+    }
     steps = 5
     mon = Monitor(model, optimizer, env=env, prometheus_addr="127.0.0.1", prometheus_port=0)
     assert mon.settings.otel.active(env)
@@ -106,8 +112,16 @@ def test_gpu_metrics_go_out_under_the_hardware_semantic_conventions(receiver):
         sampler.close()
 
     names = receiver.metric_names()
-    assert {"hw.gpu.utilization", "hw.gpu.memory.usage", "hw.gpu.memory.limit", "hw.status", "hw.power",
-            "hw.energy", "hw.errors", "hw.temperature"} <= names
+    assert {
+        "hw.gpu.utilization",
+        "hw.gpu.memory.usage",
+        "hw.gpu.memory.limit",
+        "hw.status",
+        "hw.power",
+        "hw.energy",
+        "hw.errors",
+        "hw.temperature",
+    } <= names
     assert not {"trainhealth.gpu.utilization", "trainhealth.gpu.state", "trainhealth.gpu.power"} & names
     assert "trainhealth.gpu.clock" in names  # no convention: trainhealth's own name
 
@@ -122,9 +136,11 @@ def test_gpu_metrics_go_out_under_the_hardware_semantic_conventions(receiver):
     assert "gpu1" not in utilization and math.isnan(prom("trainhealth_gpu_utilization_ratio", 1))
     assert receiver.last_metric("hw.gpu.utilization").unit == "1"
 
-    for otel_name, prometheus_name in (("hw.gpu.memory.usage", "trainhealth_gpu_memory_used_bytes"),
-                                       ("hw.gpu.memory.limit", "trainhealth_gpu_memory_total_bytes"),
-                                       ("hw.power", "trainhealth_gpu_power_watts")):
+    for otel_name, prometheus_name in (
+        ("hw.gpu.memory.usage", "trainhealth_gpu_memory_used_bytes"),
+        ("hw.gpu.memory.limit", "trainhealth_gpu_memory_total_bytes"),
+        ("hw.power", "trainhealth_gpu_power_watts"),
+    ):
         metric = receiver.last_metric(otel_name)
         if otel_name.startswith("hw.gpu.memory"):  # UpDownCounters: non-monotonic sums
             assert metric.WhichOneof("data") == "sum" and not metric.sum.is_monotonic
@@ -142,8 +158,14 @@ def test_gpu_metrics_go_out_under_the_hardware_semantic_conventions(receiver):
         attrs = attributes(point.attributes)
         assert attrs["hw.type"] == "gpu"
         status[(attrs["hw.id"], attrs["hw.state"])] = point.as_double
-    assert status == {("gpu0", "ok"): 1, ("gpu0", "degraded"): 0, ("gpu0", "failed"): 0,
-                      ("gpu1", "ok"): 0, ("gpu1", "degraded"): 0, ("gpu1", "failed"): 1}
+    assert status == {
+        ("gpu0", "ok"): 1,
+        ("gpu0", "degraded"): 0,
+        ("gpu0", "failed"): 0,
+        ("gpu1", "ok"): 0,
+        ("gpu1", "degraded"): 0,
+        ("gpu1", "failed"): 1,
+    }
     assert prom("trainhealth_gpu_state", 1, state="lost") == 1 and prom("trainhealth_gpu_state", 0, state="ok") == 1
 
     # the die and memory sensors of each GPU share hw.temperature, told apart by hw.id
@@ -157,10 +179,15 @@ def test_gpu_metrics_go_out_under_the_hardware_semantic_conventions(receiver):
     errors = [attributes(p.attributes) | {"value": p.as_double} for p in receiver.last_points("hw.errors")]
     assert {e["error.type"] for e in errors} == {"corrected", "uncorrected"}
     for e in errors:
-        assert e["value"] == prom("trainhealth_gpu_ecc_errors_total", int(e["hw.id"][3:]), error_type=e["error.type"],
-                                  counter_type=e["trainhealth.counter_type"])
-    assert len(errors) == len([line for line in scraped.text.splitlines()
-                               if line.startswith("trainhealth_gpu_ecc_errors_total{")])
+        assert e["value"] == prom(
+            "trainhealth_gpu_ecc_errors_total",
+            int(e["hw.id"][3:]),
+            error_type=e["error.type"],
+            counter_type=e["trainhealth.counter_type"],
+        )
+    assert len(errors) == len(
+        [line for line in scraped.text.splitlines() if line.startswith("trainhealth_gpu_ecc_errors_total{")]
+    )
 
 
 def test_failed_exports_are_counted(monkeypatch):
@@ -212,8 +239,9 @@ def test_close_returns_in_bounded_time_whatever_the_otlp_endpoint_does(monkeypat
     monkeypatch.setenv("OTEL_METRIC_EXPORT_INTERVAL", "600000")  # only the push at close
     try:
         model = torch.nn.Linear(2, 1)
-        mon = Monitor(model, torch.optim.SGD(model.parameters(), lr=0.1), env={}, otel=True, prometheus=False,
-                      gpu_backend="off")
+        mon = Monitor(
+            model, torch.optim.SGD(model.parameters(), lr=0.1), env={}, otel=True, prometheus=False, gpu_backend="off"
+        )
         for _ in range(3):
             model(torch.ones(1, 2)).sum().backward()
             mon.step(loss=1.0)
@@ -233,8 +261,9 @@ def test_the_close_timeout_is_a_setting(monkeypatch):
     silent = _SilentServer()
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", f"http://127.0.0.1:{silent.port}")
     try:
-        mon = Monitor(torch.nn.Linear(2, 1), env={}, otel=True, prometheus=False, gpu_backend="off",
-                      otel_close_timeout=0.2)
+        mon = Monitor(
+            torch.nn.Linear(2, 1), env={}, otel=True, prometheus=False, gpu_backend="off", otel_close_timeout=0.2
+        )
         mon.step(loss=1.0)
         began = time.monotonic()
         mon.close()

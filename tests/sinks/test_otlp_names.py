@@ -28,7 +28,7 @@ LABEL_VALUES = {"state": "ok", "error_type": "corrected", "counter_type": "volat
 def _documented() -> dict[str, list[str]]:
     """/metrics name -> [OTLP name, instrument, OTLP unit, name after translation], from docs/metrics.md."""
     text = (ROOT / "docs" / "metrics.md").read_text(encoding="utf-8")
-    section = text[text.index("## Names over OTLP"):]
+    section = text[text.index("## Names over OTLP") :]
     section = section[: section.index("\n\n", section.index("|"))]
     rows = {}
     for line in section.splitlines()[4:]:  # title, blank, header, rule
@@ -76,8 +76,11 @@ def test_the_documented_table_covers_every_metric():
 @pytest.mark.parametrize("spec", CATALOG, ids=lambda spec: spec.prometheus_name)
 def test_documented_names_match_opentelemetrys_prometheus_translation(spec: MetricSpec, python_names):
     otel_name, instrument, unit, translated = DOCUMENTED[spec.prometheus_name]
-    assert (otel_name, instrument, unit.replace("—", "")) == (spec.otel_name, spec.otel_instrument.value,
-                                                              spec.otel_unit)
+    assert (otel_name, instrument, unit.replace("—", "")) == (
+        spec.otel_name,
+        spec.otel_instrument.value,
+        spec.otel_unit,
+    )
     exposed, prometheus_type, value = python_names[spec]
     if unit == "1" and instrument == OtelInstrument.GAUGE.value:
         # the one difference: Go adds _ratio to gauges with unit 1 (unless the name ends in it), Python does not

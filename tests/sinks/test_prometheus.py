@@ -6,7 +6,6 @@ import base64
 import http.client
 import socket
 import ssl
-import time
 import urllib.error
 
 import pytest
@@ -16,9 +15,9 @@ from prometheus_client import CollectorRegistry, generate_latest
 from tests.helpers import scrape
 from trainhealth import catalog
 from trainhealth.config import ConfigError, Settings
+from trainhealth.identity import Identity
 from trainhealth.sinks.prometheus import StoreCollector
 from trainhealth.sinks.service import Sinks
-from trainhealth.identity import Identity
 from trainhealth.store import MetricStore
 
 IDENTITY = Identity("job-a", "node-x", 0, 0, 1)
@@ -46,7 +45,11 @@ def pki(tmp_path_factory):
 def _start(**settings) -> tuple[Sinks, MetricStore]:
     store = MetricStore()
     store.set(catalog.TRAIN_LOSS, 4.5)
-    sinks = Sinks.start(store, IDENTITY, Settings.resolve(env={}, prometheus_addr="127.0.0.1", prometheus_port=0, otel=False, **settings))
+    sinks = Sinks.start(
+        store,
+        IDENTITY,
+        Settings.resolve(env={}, prometheus_addr="127.0.0.1", prometheus_port=0, otel=False, **settings),
+    )
     return sinks, store
 
 
@@ -106,8 +109,10 @@ def test_basic_auth_over_tls(pki, tmp_path):
     password_file = tmp_path / "password"
     password_file.write_text("s3cret-pass\n")
     sinks, _ = _start(
-        tls_certfile=pki["server.pem"], tls_keyfile=pki["server.key"],
-        basic_auth_username="prometheus", basic_auth_password_file=str(password_file),
+        tls_certfile=pki["server.pem"],
+        tls_keyfile=pki["server.key"],
+        basic_auth_username="prometheus",
+        basic_auth_password_file=str(password_file),
     )
     try:
         url, context = sinks.metrics_url, _client(pki)
@@ -147,21 +152,28 @@ def bad_files(tmp_path_factory, pki):
     stranger = trustme.CA().issue_cert("127.0.0.1")
     stranger.private_key_pem.write_to_path(str(root / "stranger.key"))  # a key that is not the certificate's
     key = serialization.load_pem_private_key(open(pki["server.key"], "rb").read(), password=None)
-    (root / "encrypted.key").write_bytes(key.private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-        serialization.BestAvailableEncryption(b"passphrase")))
+    (root / "encrypted.key").write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.BestAvailableEncryption(b"passphrase"),
+        )
+    )
     return {name: str(root / name) for name in ("text.pem", "empty.pem", "stranger.key", "encrypted.key")}
 
 
-@pytest.mark.parametrize("files, setting, problem", [
-    ({"tls_certfile": "text.pem"}, "tls_certfile", "holds no usable PEM certificate"),
-    ({"tls_certfile": "empty.pem"}, "tls_certfile", "holds no usable PEM certificate"),
-    ({"tls_certfile": "server.key"}, "tls_certfile", "holds no usable PEM certificate"),
-    ({"tls_keyfile": "text.pem"}, "tls_keyfile", "is not a usable private key"),
-    ({"tls_keyfile": "stranger.key"}, "tls_keyfile", "is not a usable private key"),
-    ({"tls_keyfile": "encrypted.key"}, "tls_keyfile", "the key is encrypted"),
-    ({"tls_client_cafile": "text.pem"}, "tls_client_cafile", "holds no usable PEM CA certificate"),
-])
+@pytest.mark.parametrize(
+    "files, setting, problem",
+    [
+        ({"tls_certfile": "text.pem"}, "tls_certfile", "holds no usable PEM certificate"),
+        ({"tls_certfile": "empty.pem"}, "tls_certfile", "holds no usable PEM certificate"),
+        ({"tls_certfile": "server.key"}, "tls_certfile", "holds no usable PEM certificate"),
+        ({"tls_keyfile": "text.pem"}, "tls_keyfile", "is not a usable private key"),
+        ({"tls_keyfile": "stranger.key"}, "tls_keyfile", "is not a usable private key"),
+        ({"tls_keyfile": "encrypted.key"}, "tls_keyfile", "the key is encrypted"),
+        ({"tls_client_cafile": "text.pem"}, "tls_client_cafile", "holds no usable PEM CA certificate"),
+    ],
+)
 def test_a_tls_file_that_cannot_be_used_names_its_setting(pki, bad_files, files, setting, problem):
     paths = {name: bad_files.get(value) or pki[value] for name, value in files.items()}
     with pytest.raises(ConfigError) as error:
@@ -174,8 +186,9 @@ def test_a_tls_file_that_cannot_be_used_names_its_setting(pki, bad_files, files,
 def test_an_unreadable_tls_file_names_its_setting(pki, tmp_path):
     directory_as_key = tmp_path / "key-dir"
     directory_as_key.mkdir()
-    settings = Settings.resolve(env={}, prometheus_addr="127.0.0.1", prometheus_port=0, otel=False,
-                                **_tls_settings(pki))
+    settings = Settings.resolve(
+        env={}, prometheus_addr="127.0.0.1", prometheus_port=0, otel=False, **_tls_settings(pki)
+    )
     # a file removed (or made unreadable) between reading the settings and starting the server
     moved = tmp_path / "server.key"
     moved.write_bytes(open(pki["server.key"], "rb").read())
@@ -185,10 +198,13 @@ def test_an_unreadable_tls_file_names_its_setting(pki, tmp_path):
         Sinks.start(MetricStore(), IDENTITY, settings)
 
 
-@pytest.mark.parametrize("addr, shown", [("0.0.0.0", "0.0.0.0"), ("127.0.0.1", "127.0.0.1"), ("localhost", "127.0.0.1")])
+@pytest.mark.parametrize(
+    "addr, shown", [("0.0.0.0", "0.0.0.0"), ("127.0.0.1", "127.0.0.1"), ("localhost", "127.0.0.1")]
+)
 def test_the_url_says_the_address_bound(addr, shown):
-    sinks = Sinks.start(MetricStore(), IDENTITY, Settings.resolve(env={}, prometheus_addr=addr, prometheus_port=0,
-                                                                   otel=False))
+    sinks = Sinks.start(
+        MetricStore(), IDENTITY, Settings.resolve(env={}, prometheus_addr=addr, prometheus_port=0, otel=False)
+    )
     try:
         assert sinks.metrics_url == f"http://{shown}:{sinks.server.port}/metrics"
         assert sinks.server.host == shown
@@ -201,8 +217,9 @@ def test_an_ipv6_url_is_bracketed():
     if not socket.has_ipv6:
         pytest.skip("no IPv6 here")
     try:
-        sinks = Sinks.start(MetricStore(), IDENTITY, Settings.resolve(env={}, prometheus_addr="::1", prometheus_port=0,
-                                                                       otel=False))
+        sinks = Sinks.start(
+            MetricStore(), IDENTITY, Settings.resolve(env={}, prometheus_addr="::1", prometheus_port=0, otel=False)
+        )
     except ConfigError:
         pytest.skip("::1 cannot be bound here")
     try:
@@ -215,7 +232,9 @@ def test_an_ipv6_url_is_bracketed():
 @pytest.mark.parametrize("addr", ["192.0.2.1", "no-such-host.invalid", "300.1.1.1"])
 def test_an_address_that_cannot_be_bound_names_prometheus_addr(addr):
     with pytest.raises(ConfigError) as error:
-        Sinks.start(MetricStore(), IDENTITY, Settings.resolve(env={}, prometheus_addr=addr, prometheus_port=0, otel=False))
+        Sinks.start(
+            MetricStore(), IDENTITY, Settings.resolve(env={}, prometheus_addr=addr, prometheus_port=0, otel=False)
+        )
     assert error.value.setting == "prometheus_addr"
     assert f"cannot serve on {addr}:0" in str(error.value)
 
@@ -224,7 +243,11 @@ def test_a_port_in_use_is_a_configuration_error():
     sinks, _ = _start()
     try:
         with pytest.raises(ConfigError, match=r"^prometheus_port \(TRAINHEALTH_PROMETHEUS_PORT\): cannot serve"):
-            Sinks.start(MetricStore(), IDENTITY, Settings.resolve(env={}, prometheus_addr="127.0.0.1", prometheus_port=sinks.server.port, otel=False))
+            Sinks.start(
+                MetricStore(),
+                IDENTITY,
+                Settings.resolve(env={}, prometheus_addr="127.0.0.1", prometheus_port=sinks.server.port, otel=False),
+            )
     finally:
         sinks.close()
 

@@ -53,7 +53,7 @@ def test_many_stalled_and_trickling_clients_take_no_threads_and_a_scrape_still_s
         most = threading.active_count()
         for second in range(2):
             for client in trickling:
-                client.send(b"GET /metrics HTTP/1.1\r\n"[second:second + 1])
+                client.send(b"GET /metrics HTTP/1.1\r\n"[second : second + 1])
             began = time.perf_counter()
             got = scrape(server.url)
             elapsed = time.perf_counter() - began
@@ -102,15 +102,18 @@ def test_beyond_max_connections_the_oldest_idle_client_gives_way():
         server.close()
 
 
-@pytest.mark.parametrize("request_bytes, status", [
-    (b"BREW /metrics HTCPCP/1.0\r\n\r\n", b"400"),
-    (b"GET /metrics\r\n\r\n", b"400"),
-    (b"GET /metrics HTTP/1.1\r\nno colon here\r\n\r\n", b"400"),
-    (b"GET /metrics HTTP/1.1\r\nX-Big: " + b"a" * 70_000 + b"\r\n\r\n", b"431"),
-    (b"GET /metrics HTTP/1.1\r\n" + b"X-Endless: a\r\n" * 6000, b"431"),
-    (b"POST /metrics HTTP/1.1\r\nContent-Length: 3\r\n\r\nabc", b"405"),
-    (b"GET /metrics?name[]=trainhealth_train_loss HTTP/1.0\r\nHost: x\r\n\r\n", b"200"),
-])
+@pytest.mark.parametrize(
+    "request_bytes, status",
+    [
+        (b"BREW /metrics HTCPCP/1.0\r\n\r\n", b"400"),
+        (b"GET /metrics\r\n\r\n", b"400"),
+        (b"GET /metrics HTTP/1.1\r\nno colon here\r\n\r\n", b"400"),
+        (b"GET /metrics HTTP/1.1\r\nX-Big: " + b"a" * 70_000 + b"\r\n\r\n", b"431"),
+        (b"GET /metrics HTTP/1.1\r\n" + b"X-Endless: a\r\n" * 6000, b"431"),
+        (b"POST /metrics HTTP/1.1\r\nContent-Length: 3\r\n\r\nabc", b"405"),
+        (b"GET /metrics?name[]=trainhealth_train_loss HTTP/1.0\r\nHost: x\r\n\r\n", b"200"),
+    ],
+)
 def test_malformed_requests_get_an_answer_and_the_server_goes_on(request_bytes, status):
     server = _server()
     try:
@@ -146,8 +149,9 @@ def test_stalled_clients_do_not_block_tls(tmp_path):
     cert.cert_chain_pems[0].write_to_path(str(tmp_path / "server.pem"))
     cert.private_key_pem.write_to_path(str(tmp_path / "server.key"))
     ca.cert_pem.write_to_path(str(tmp_path / "ca.pem"))
-    server = _server(ServingLimits(request_timeout_s=1.0),
-                     tls=TLSFiles(str(tmp_path / "server.pem"), str(tmp_path / "server.key")))
+    server = _server(
+        ServingLimits(request_timeout_s=1.0), tls=TLSFiles(str(tmp_path / "server.pem"), str(tmp_path / "server.key"))
+    )
     before = threading.active_count()
     clients = [_connect(server) for _ in range(50)]  # connect and never start the handshake
     try:
@@ -172,8 +176,16 @@ def test_close_returns_promptly_with_clients_connected():
         client.close()
 
 
-@pytest.mark.parametrize("limits", [{"workers": 0}, {"max_connections": 0}, {"request_timeout_s": float("inf")},
-                                    {"write_timeout_s": 0}, {"max_request_bytes": 10}])
+@pytest.mark.parametrize(
+    "limits",
+    [
+        {"workers": 0},
+        {"max_connections": 0},
+        {"request_timeout_s": float("inf")},
+        {"write_timeout_s": 0},
+        {"max_request_bytes": 10},
+    ],
+)
 def test_limits_are_checked(limits):
     with pytest.raises(ValueError):
         ServingLimits(**limits)

@@ -28,12 +28,21 @@ def test_the_packaged_alertmanager_config_is_the_deployed_one():
 
 
 def test_configs_point_at_the_chosen_ports_and_cap_for(tmp_path):
-    options = StackOptions(directory=tmp_path, prometheus_port=9999, alertmanager_port=9998, webhook_port=9997,
-                           port_base=20000, analyzer_port=20010, max_for_s=7)
+    options = StackOptions(
+        directory=tmp_path,
+        prometheus_port=9999,
+        alertmanager_port=9998,
+        webhook_port=9997,
+        port_base=20000,
+        analyzer_port=20010,
+        max_for_s=7,
+    )
     paths = write_configs(options)
     prometheus = yaml.safe_load(paths["prometheus"].read_text())
     ranks = prometheus["scrape_configs"][0]
-    assert ranks["honor_labels"] and ranks["static_configs"][0]["targets"] == [f"127.0.0.1:{20000 + r}" for r in range(4)]
+    assert ranks["honor_labels"] and ranks["static_configs"][0]["targets"] == [
+        f"127.0.0.1:{20000 + r}" for r in range(4)
+    ]
     assert prometheus["alerting"]["alertmanagers"][0]["static_configs"][0]["targets"] == ["127.0.0.1:9998"]
     rules = [r for g in yaml.safe_load(paths["rules"].read_text())["groups"] for r in g["rules"]]
     assert {r.get("for", "0s") for r in rules} <= {"0s", "1m", "7s"} and any(r.get("for") == "7s" for r in rules)
@@ -45,19 +54,24 @@ def test_down_stops_what_up_started_and_nothing_else(tmp_path):
     prometheus_port, alertmanager_port = _free_ports(2)
     bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
-        options = StackOptions(directory=tmp_path, prometheus_port=prometheus_port,
-                               alertmanager_port=alertmanager_port, demo=False)
+        options = StackOptions(
+            directory=tmp_path, prometheus_port=prometheus_port, alertmanager_port=alertmanager_port, demo=False
+        )
         started = stack_up(options)
         assert [s.name for s in started] == ["prometheus", "alertmanager"]
         state = json.loads((tmp_path / "stack.json").read_text())
         # a recorded pid whose start time does not match is someone else's process: left alone
-        state.append({"name": "stranger", "pid": bystander.pid, "start_time": "1", "command": [], "log": "-",
-                      "token": "0" * 32})
+        state.append(
+            {"name": "stranger", "pid": bystander.pid, "start_time": "1", "command": [], "log": "-", "token": "0" * 32}
+        )
         (tmp_path / "stack.json").write_text(json.dumps(state))
         assert sorted(stack_down(tmp_path)) == ["alertmanager", "prometheus"]
         time.sleep(0.5)
         for entry in started:
-            assert not Path(f"/proc/{entry.pid}").exists() or "Z" in Path(f"/proc/{entry.pid}/stat").read_text().split(") ")[1][:1]
+            assert (
+                not Path(f"/proc/{entry.pid}").exists()
+                or "Z" in Path(f"/proc/{entry.pid}/stat").read_text().split(") ")[1][:1]
+            )
         assert bystander.poll() is None
         assert not (tmp_path / "stack.json").exists()
     finally:
@@ -66,8 +80,14 @@ def test_down_stops_what_up_started_and_nothing_else(tmp_path):
 
 def test_a_missing_binary_is_one_clear_line(tmp_path):
     env = dict(os.environ, PATH=str(tmp_path))
-    done = subprocess.run([sys.executable, "-m", "trainhealth.cli", "stack", "up", "--dir", str(tmp_path / "s")],
-                          capture_output=True, text=True, timeout=60, check=False, env=env)
+    done = subprocess.run(
+        [sys.executable, "-m", "trainhealth.cli", "stack", "up", "--dir", str(tmp_path / "s")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env=env,
+    )
     assert done.returncode == 2
     assert "prometheus not found on PATH" in done.stderr and "docker compose up" in done.stderr
     assert "Traceback" not in done.stderr
@@ -76,10 +96,12 @@ def test_a_missing_binary_is_one_clear_line(tmp_path):
 def test_demo_bad_input_is_one_line_and_status_2(tmp_path):
     bad = tmp_path / "faults.yaml"
     bad.write_text("- {kind: meteor, step: 3}\n")
-    for args, message in ((("--ranks", "1"), "argument --ranks: expected an integer from 2 to 16"),
-                          (("--duration", "5"), "argument --duration: expected a number of seconds from 20 to 86400"),
-                          (("--faults", str(bad)), "kind must be one of"),
-                          (("--faults", str(tmp_path / "none.yaml")), "none.yaml")):
+    for args, message in (
+        (("--ranks", "1"), "argument --ranks: expected an integer from 2 to 16"),
+        (("--duration", "5"), "argument --duration: expected a number of seconds from 20 to 86400"),
+        (("--faults", str(bad)), "kind must be one of"),
+        (("--faults", str(tmp_path / "none.yaml")), "none.yaml"),
+    ):
         done = _run("demo", *args, "--out", str(tmp_path / "out"))
         assert done.returncode == 2 and message in done.stderr, (args, done.stderr)
         assert "Traceback" not in done.stderr

@@ -17,20 +17,22 @@ FORMATS = ["trace.parquet", "trace.jsonl", "trace.jsonl.gz", "trace.csv", "trace
 
 
 def sample() -> pd.DataFrame:
-    return pd.DataFrame({
-        "rank": [0, 1, 0, 1, 0],
-        "step": [3, 3, 3, 3, 4],
-        "op": ["all_reduce", "all_reduce", "send", "recv", "forward"],
-        "group": ["dp0", "dp0", "pp0-1", "pp0-1", None],
-        "seq": pd.array([7, 7, 0, 0, None], dtype="Int64"),
-        "start": [100.25, 100.5, 101.0, 101.0, 102.0],
-        "duration": [0.125, 0.0625, 0.01, 0.02, 0.5],
-        "bytes": pd.array([4096, 4096, 64, 64, None], dtype="Int64"),
-        "host": ["node-a", "node-b", "node-a", "node-b", "node-a"],
-        "gpu": pd.array([0, 0, 0, 0, 0], dtype="Int64"),
-        "peer": pd.array([None, None, 1, 0, None], dtype="Int64"),
-        "microbatch": [1, 1, 2, 2, 3],  # an extra column: kept
-    })
+    return pd.DataFrame(
+        {
+            "rank": [0, 1, 0, 1, 0],
+            "step": [3, 3, 3, 3, 4],
+            "op": ["all_reduce", "all_reduce", "send", "recv", "forward"],
+            "group": ["dp0", "dp0", "pp0-1", "pp0-1", None],
+            "seq": pd.array([7, 7, 0, 0, None], dtype="Int64"),
+            "start": [100.25, 100.5, 101.0, 101.0, 102.0],
+            "duration": [0.125, 0.0625, 0.01, 0.02, 0.5],
+            "bytes": pd.array([4096, 4096, 64, 64, None], dtype="Int64"),
+            "host": ["node-a", "node-b", "node-a", "node-b", "node-a"],
+            "gpu": pd.array([0, 0, 0, 0, 0], dtype="Int64"),
+            "peer": pd.array([None, None, 1, 0, None], dtype="Int64"),
+            "microbatch": [1, 1, 2, 2, 3],  # an extra column: kept
+        }
+    )
 
 
 @pytest.mark.parametrize("name", FORMATS)
@@ -39,8 +41,10 @@ def test_round_trip(tmp_path, name):
     back = read_trace_file(tmp_path / name)
     expected = sample()
     for column in expected.columns:
-        assert back[column].astype(object).where(back[column].notna(), None).tolist() == \
-            expected[column].astype(object).where(expected[column].notna(), None).tolist(), column
+        assert (
+            back[column].astype(object).where(back[column].notna(), None).tolist()
+            == expected[column].astype(object).where(expected[column].notna(), None).tolist()
+        ), column
 
 
 def test_a_directory_with_its_topology(tmp_path):
@@ -108,8 +112,10 @@ def test_truncated_and_empty_files(tmp_path):
 
 
 def test_jsonl_rows_skip_blank_lines_in_their_line_numbers(tmp_path):
-    rows = [{"rank": 0, "step": 0, "op": "forward", "start": 0.0, "duration": 1.0},
-            {"rank": 0, "step": "x", "op": "forward", "start": 0.0, "duration": 1.0}]
+    rows = [
+        {"rank": 0, "step": 0, "op": "forward", "start": 0.0, "duration": 1.0},
+        {"rank": 0, "step": "x", "op": "forward", "start": 0.0, "duration": 1.0},
+    ]
     path = tmp_path / "t.jsonl.gz"
     with gzip.open(path, "wt") as handle:
         handle.write(json.dumps(rows[0]) + "\n\n" + json.dumps(rows[1]) + "\n")
@@ -120,12 +126,20 @@ def test_jsonl_rows_skip_blank_lines_in_their_line_numbers(tmp_path):
 
 def test_the_cli_reports_bad_input_in_one_line_with_status_2(tmp_path):
     path = _csv(tmp_path, HEADER + "0,1,forward,,,0.0,-2\n")
-    result = subprocess.run([str(Path(sys.executable).parent / "trainhealth"), "trace", "info", str(path)],
-                            capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [str(Path(sys.executable).parent / "trainhealth"), "trace", "info", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert result.stderr == f"trainhealth: error: {path}: row 1 (line 2), column 'duration': negative value -2\n"
-    missing = subprocess.run([str(Path(sys.executable).parent / "trainhealth"), "trace", "info", str(tmp_path / "nope")],
-                             capture_output=True, text=True, timeout=60)
+    missing = subprocess.run(
+        [str(Path(sys.executable).parent / "trainhealth"), "trace", "info", str(tmp_path / "nope")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert missing.returncode == 2 and "no such file or directory" in missing.stderr
 
 
@@ -140,8 +154,10 @@ def test_step_markers_are_an_optional_op_without_group_or_seq(tmp_path):
 
     assert MARKER_OPS == ("step",) and "step" in OPS
     assert not set(MARKER_OPS) & (set(COMMUNICATION_OPS) | set(COMPUTATION_OPS))
-    marked = pd.concat([sample(), pd.DataFrame({"rank": [0], "step": [3], "op": ["step"], "start": [100.0],
-                                                "duration": [2.5]})], ignore_index=True)
+    marked = pd.concat(
+        [sample(), pd.DataFrame({"rank": [0], "step": [3], "op": ["step"], "start": [100.0], "duration": [2.5]})],
+        ignore_index=True,
+    )
     write_trace(marked, tmp_path / "trace.parquet")
     back = read_trace_file(tmp_path / "trace.parquet")
     marker = back[back["op"] == "step"].iloc[0]
@@ -159,10 +175,12 @@ def test_reading_a_parquet_trace_lets_the_process_exit_cleanly(tmp_path):
     from trainhealth.traces.straggler_analysis import COLUMNS
 
     pq.write_table(pa.table({name: pa.array([], pa.float64()) for name in COLUMNS}), tmp_path / "trace-E.parquet")
-    script = ("from trainhealth.traces import TraceError\n"
-              "from trainhealth.traces.straggler_analysis import import_straggler_analysis\n"
-              f"try:\n    import_straggler_analysis({str(tmp_path / 'trace-E.parquet')!r})\n"
-              "except TraceError as exc:\n    print(exc)\n")
+    script = (
+        "from trainhealth.traces import TraceError\n"
+        "from trainhealth.traces.straggler_analysis import import_straggler_analysis\n"
+        f"try:\n    import_straggler_analysis({str(tmp_path / 'trace-E.parquet')!r})\n"
+        "except TraceError as exc:\n    print(exc)\n"
+    )
     for _ in range(8):  # with the threaded reader, eight clean exits in a row happened about one time in a hundred
         result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
         assert result.returncode == 0 and "terminate" not in result.stderr, (result.returncode, result.stderr)

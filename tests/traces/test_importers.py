@@ -24,8 +24,9 @@ DATA = data_dir("straggler-analysis")
 TRAINHEALTH = str(Path(sys.executable).parent / "trainhealth")
 
 
-@pytest.mark.parametrize("trial, ranks, parallelism", [("AR", 16, {"dp": 4, "pp": 4, "tp": 4}),
-                                                       ("ST", 8, {"dp": 2, "pp": 4})])
+@pytest.mark.parametrize(
+    "trial, ranks, parallelism", [("AR", 16, {"dp": 4, "pp": 4, "tp": 4}), ("ST", 8, {"dp": 2, "pp": 4})]
+)
 @needs("straggler-analysis")
 def test_straggler_analysis_traces_become_consistent_v1(trial, ranks, parallelism):
     trace = import_straggler_analysis(DATA / f"trace-{trial}.parquet")
@@ -58,12 +59,17 @@ def test_the_straggler_of_trace_ar_shows_in_the_imported_records():
 
 @needs("straggler-analysis")
 def test_cli_converts_and_describes(tmp_path):
-    result = subprocess.run([TRAINHEALTH, "trace", "convert", str(DATA / "trace-ST.parquet"), "-o", str(tmp_path / "st")],
-                            capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [TRAINHEALTH, "trace", "convert", str(DATA / "trace-ST.parquet"), "-o", str(tmp_path / "st")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stderr
     assert sorted(p.name for p in (tmp_path / "st").iterdir()) == ["topology.json", "trace.parquet"]
-    info = subprocess.run([TRAINHEALTH, "trace", "info", "--json", str(tmp_path / "st")],
-                          capture_output=True, text=True, timeout=120)
+    info = subprocess.run(
+        [TRAINHEALTH, "trace", "info", "--json", str(tmp_path / "st")], capture_output=True, text=True, timeout=120
+    )
     summary = json.loads(info.stdout)
     assert summary["records"] == 6784 and summary["ranks"] == list(range(8))
     ops = {entry["op"]: entry["count"] for entry in summary["ops"]}

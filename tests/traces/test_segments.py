@@ -20,8 +20,9 @@ def test_a_member_cut_mid_write_is_dropped_and_the_whole_ones_are_read(tmp_path,
     path = writer.append(_rows(range(0, 5)))
     writer.append(_rows(range(5, 9)))
     data = path.read_bytes()
-    second = gzip.compress(b"".join(b'{"rank":0,"step":%d,"op":"step","start":1.0,"duration":1.0}\n' % s
-                                    for s in range(9, 12)))
+    second = gzip.compress(
+        b"".join(b'{"rank":0,"step":%d,"op":"step","start":1.0,"duration":1.0}\n' % s for s in range(9, 12))
+    )
     path.write_bytes(data + second[: len(second) // 2])  # what SIGKILL during the third append leaves
     with caplog.at_level(logging.WARNING):
         records = read_trace_file(path)

@@ -14,6 +14,7 @@ import shlex
 import sys
 import tempfile
 import time
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -38,8 +39,17 @@ CORPUS_STEPS = Bounded(int, 100, 100_000, unit="steps")
 CORPUS_WORKERS = Bounded(int, 1, 64, unit="processes")
 #: ``lab corpus`` defaults: every model and scenario (trainhealth_lab.corpus TASKS, SCENARIOS; no torch import here).
 CORPUS_MODELS = ("tiny_gpt", "mlp", "convnet")
-CORPUS_SCENARIOS = ("clean", "lr_divergence", "lr_blowup", "corrupted_batch", "bad_shard", "overflow",
-                    "bit_flip_param", "bit_flip_grad", "optimizer_reset")
+CORPUS_SCENARIOS = (
+    "clean",
+    "lr_divergence",
+    "lr_blowup",
+    "corrupted_batch",
+    "bad_shard",
+    "overflow",
+    "bit_flip_param",
+    "bit_flip_grad",
+    "optimizer_reset",
+)
 
 
 def parse_seeds(text: str) -> tuple[int, ...]:
@@ -81,9 +91,12 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
     def report(outcome: CaseOutcome) -> None:
         score = outcome.localize or {}
-        print(f"{outcome.case:<48} {outcome.status:<7} {outcome.wall_s:5.1f}s  verdict {score.get('verdict', '-'):<13} "
-              f"top {score.get('top') or '-':<16} live delay {outcome.live_detection_delay}"
-              + (f"  ({outcome.reason[:100]})" if outcome.reason else ""), flush=True)
+        print(
+            f"{outcome.case:<48} {outcome.status:<7} {outcome.wall_s:5.1f}s  verdict {score.get('verdict', '-'):<13} "
+            f"top {score.get('top') or '-':<16} live delay {outcome.live_detection_delay}"
+            + (f"  ({outcome.reason[:100]})" if outcome.reason else ""),
+            flush=True,
+        )
 
     rows = run_suite(cases, out, noise=args.noise, report=report)
     print()
@@ -133,21 +146,41 @@ def _cmd_corpus(args: argparse.Namespace) -> int:
     models = _names(args.models, "--models", list(TASKS))
     scenarios = _names(args.scenarios, "--scenarios", list(SCENARIOS))
     out = output_directory(Path(args.out), "--out", empty=True)
-    command = shlex.join(["trainhealth-lab", "corpus", "--out", args.out, "--seeds", args.seeds,
-                          "--steps", str(args.steps), "--models", ",".join(models),
-                          "--scenarios", ",".join(scenarios), "--workers", str(args.workers)])
+    command = shlex.join(
+        [
+            "trainhealth-lab",
+            "corpus",
+            "--out",
+            args.out,
+            "--seeds",
+            args.seeds,
+            "--steps",
+            str(args.steps),
+            "--models",
+            ",".join(models),
+            "--scenarios",
+            ",".join(scenarios),
+            "--workers",
+            str(args.workers),
+        ]
+    )
     plans = plan_runs(models, scenarios, seeds, steps=args.steps)
     started = time.perf_counter()
 
     def report(labels: dict[str, Any]) -> None:
-        print(f"{labels['run']:<36} {labels['kind']:<10} cause {labels['cause_step']}  "
-              f"collapse {labels['collapse_step']}", flush=True)
+        print(
+            f"{labels['run']:<36} {labels['kind']:<10} cause {labels['cause_step']}  "
+            f"collapse {labels['collapse_step']}",
+            flush=True,
+        )
 
     generate(plans, out, workers=args.workers, command=command, report=report)
     print()
     print(effect_table(run_effects(load_corpus(out))))
-    print(f"{len(plans)} runs in {time.perf_counter() - started:.0f} s with {args.workers} workers: {out}",
-          file=sys.stderr)
+    print(
+        f"{len(plans)} runs in {time.perf_counter() - started:.0f} s with {args.workers} workers: {out}",
+        file=sys.stderr,
+    )
     return 0
 
 
@@ -162,8 +195,10 @@ def _cmd_nab(args: argparse.Namespace) -> int:
                 data = candidate
                 break
     if data is None or not os.path.isdir(data):
-        raise UsageError(f"NAB data not found{f' at {data}' if data else ''}: pass --data DIR (a NAB checkout: data/ "
-                         "and labels/combined_windows.json)")
+        raise UsageError(
+            f"NAB data not found{f' at {data}' if data else ''}: pass --data DIR (a NAB checkout: data/ "
+            "and labels/combined_windows.json)"
+        )
     check_output_directory(Path(args.out), "--out")
     detectors = args.detector or list(NAB_DETECTORS)
     try:
@@ -180,16 +215,27 @@ def _cmd_nab(args: argparse.Namespace) -> int:
     print(f"NAB scores (0 = null detector, 100 = perfect), results in {args.out}")
     width = max(len(result.spec) for result in results) + 2
     split_header = f"{'even files (tuned)':>20}{'odd files (held out)':>22}" if args.split else ""
-    print(f"{'detector':<{width}}" + "".join(f"{name:>20}" for name in names) + f"{'standard, per point':>22}"
-          + split_header)
+    print(
+        f"{'detector':<{width}}"
+        + "".join(f"{name:>20}" for name in names)
+        + f"{'standard, per point':>22}"
+        + split_header
+    )
     for result in results:
-        split = (f"{_split_figure(result.split.tuned):>20}{_split_figure(result.split.held_out):>22}"
-                 if args.split else "")
-        print(f"{result.spec:<{width}}" + "".join(f"{result.events[name]:>20.1f}" for name in names)
-              + f"{result.points['standard']:>22.1f}" + split)
+        split = (
+            f"{_split_figure(result.split.tuned):>20}{_split_figure(result.split.held_out):>22}" if args.split else ""
+        )
+        print(
+            f"{result.spec:<{width}}"
+            + "".join(f"{result.events[name]:>20.1f}" for name in names)
+            + f"{result.points['standard']:>22.1f}"
+            + split
+        )
     if args.split:
-        print("split: the standard profile's event scores; the threshold is chosen on the files at even positions "
-              "(sorted by name) and applied unchanged to those at odd positions")
+        print(
+            "split: the standard profile's event scores; the threshold is chosen on the files at even positions "
+            "(sorted by name) and applied unchanged to those at odd positions"
+        )
     return 0
 
 
@@ -218,22 +264,33 @@ def _check_nab_data(root: Path) -> None:
     data = (root / "data").resolve()
     for name, spans in windows.items():
         csv = (data / name).resolve()
-        if not isinstance(spans, list) or not all(isinstance(span, list) and len(span) == 2
-                                                 and all(isinstance(t, str) for t in span) for span in spans):
+        if not isinstance(spans, list) or not all(
+            isinstance(span, list) and len(span) == 2 and all(isinstance(t, str) for t in span) for span in spans
+        ):
             raise bad(f"{labels}: {name[:80]!r} must map to a list of [start, end] timestamps")
         if len(name.split("/")) != 2 or not csv.is_relative_to(data) or not csv.is_file():
             raise bad(f"{labels}: {name[:80]!r} is not a file category/name.csv under {data}")
-        try:
-            frame = pd.read_csv(csv)
-            pd.to_datetime(pd.Series([t for span in spans for t in span], dtype=object))
-            pd.to_datetime(frame["timestamp"])
-            values = pd.to_numeric(frame["value"])
-        except KeyError as exc:
-            raise bad(f"{csv}: no column {exc}") from None
-        except (ValueError, TypeError, OverflowError, UnicodeDecodeError, pd.errors.ParserError) as exc:
-            raise bad(f"{csv}: {str(exc).splitlines()[0][:120] if str(exc) else type(exc).__name__}") from None
+        with warnings.catch_warnings():  # pandas warns before it fails on a timestamp it cannot read
+            warnings.simplefilter("ignore", UserWarning)
+            try:
+                pd.to_datetime(pd.Series([t for span in spans for t in span], dtype=object))
+            except (ValueError, TypeError, OverflowError) as exc:
+                raise bad(f"{labels}: {name[:80]!r}: {_first_line(exc)}") from None
+            try:
+                frame = pd.read_csv(csv)
+                pd.to_datetime(frame["timestamp"])
+                values = pd.to_numeric(frame["value"])
+            except KeyError as exc:
+                raise bad(f"{csv}: no column {exc}") from None
+            except (ValueError, TypeError, OverflowError, UnicodeDecodeError, pd.errors.ParserError) as exc:
+                raise bad(f"{csv}: {_first_line(exc)}") from None
         if values.empty:
             raise bad(f"{csv}: no rows")
+
+
+def _first_line(exc: BaseException) -> str:
+    """An exception in one short line (its type when it has no message)."""
+    return str(exc).splitlines()[0][:120] if str(exc) else type(exc).__name__
 
 
 class _Parser(argparse.ArgumentParser):
@@ -243,46 +300,80 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``trainhealth-lab`` command line."""
-    parser = _Parser(prog="trainhealth-lab", description="trainhealth's evaluation harness: real gloo ranks with "
-                                                         "injected faults, a corpus of real training signals, NAB.")
-    lab_commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser, required=True,
-                                         help="the command to run (trainhealth-lab COMMAND --help describes it)")
+    parser = _Parser(
+        prog="trainhealth-lab",
+        description="trainhealth's evaluation harness: real gloo ranks with "
+        "injected faults, a corpus of real training signals, NAB.",
+    )
+    lab_commands = parser.add_subparsers(
+        dest="command",
+        metavar="COMMAND",
+        parser_class=_Parser,
+        required=True,
+        help="the command to run (trainhealth-lab COMMAND --help describes it)",
+    )
     run = lab_commands.add_parser("run", help="run a suite of cases and print the score table")
-    run.add_argument("--suite", choices=("small", "full", "shapes"), default="small",
-                     help="which cases (default small; shapes: the job shapes of issue 30 — explicit collectives, "
-                          "FSDP-style, the Hugging Face Trainer and Accelerate, 2-rank jobs, faults from step 0)")
+    run.add_argument(
+        "--suite",
+        choices=("small", "full", "shapes"),
+        default="small",
+        help="which cases (default small; shapes: the job shapes of issue 30 — explicit collectives, "
+        "FSDP-style, the Hugging Face Trainer and Accelerate, 2-rank jobs, faults from step 0)",
+    )
     run.add_argument("--out", help="directory for the runs and results.jsonl (default: a new temporary directory)")
     run.add_argument("--seeds", help="seeds, like 0,1,2 or 0-2 (default: 0 for small, 0-2 for full)")
     run.add_argument("--cases", help="only cases whose kind or name contains one of these (comma-separated)")
     run.add_argument("--noise", action="store_true", help="run a competing CPU-bound process beside the suite")
     run.set_defaults(handler=_cmd_run)
-    score = lab_commands.add_parser("score", help="localize a finished suite's saved traces again with this code, "
-                                                   "and print the score table")
+    score = lab_commands.add_parser(
+        "score", help="localize a finished suite's saved traces again with this code, and print the score table"
+    )
     score.add_argument("results", help="the suite's --out directory, or its results.jsonl")
     score.set_defaults(handler=_cmd_score)
-    corpus = lab_commands.add_parser("corpus", help="train small models on CPU with instabilities caused in the "
-                                                    "runs, and write their signals and labels")
+    corpus = lab_commands.add_parser(
+        "corpus",
+        help="train small models on CPU with instabilities caused in the runs, and write their signals and labels",
+    )
     corpus.add_argument("--out", required=True, help="a new or empty directory for the corpus")
     corpus.add_argument("--seeds", default="0-5", help="seeds, like 0,1,2 or 0-2 (default 0-5)")
-    corpus.add_argument("--steps", type=CORPUS_STEPS, default=1000,
-                        help=f"training steps per run, {CORPUS_STEPS.range_text} (default 1000)")
+    corpus.add_argument(
+        "--steps",
+        type=CORPUS_STEPS,
+        default=1000,
+        help=f"training steps per run, {CORPUS_STEPS.range_text} (default 1000)",
+    )
     corpus.add_argument("--models", default=",".join(CORPUS_MODELS), help="models, comma-separated (default all)")
-    corpus.add_argument("--scenarios", default=",".join(CORPUS_SCENARIOS),
-                        help="scenarios, comma-separated (default all; clean makes two runs per model and seed)")
-    corpus.add_argument("--workers", type=CORPUS_WORKERS, default=2,
-                        help=f"worker processes, one torch thread each, {CORPUS_WORKERS.range_text} (default 2)")
+    corpus.add_argument(
+        "--scenarios",
+        default=",".join(CORPUS_SCENARIOS),
+        help="scenarios, comma-separated (default all; clean makes two runs per model and seed)",
+    )
+    corpus.add_argument(
+        "--workers",
+        type=CORPUS_WORKERS,
+        default=2,
+        help=f"worker processes, one torch thread each, {CORPUS_WORKERS.range_text} (default 2)",
+    )
     corpus.set_defaults(handler=_cmd_corpus)
     nab = lab_commands.add_parser(
-        "nab", help="run the detectors over the Numenta Anomaly Benchmark and score them as NAB does",
+        "nab",
+        help="run the detectors over the Numenta Anomaly Benchmark and score them as NAB does",
         description="Writes NAB's results layout (OUT/<detector>/<category>/<detector>_<file>.csv) and prints "
-                    "the normalised score per profile, from trainhealth's own implementation of NAB's scoring.",
+        "the normalised score per profile, from trainhealth's own implementation of NAB's scoring.",
     )
     nab.add_argument("--out", required=True, help="directory for the per-record results")
-    nab.add_argument("--data", help="NAB data directory (default $TRAINHEALTH_NAB_DATA, ./data/nab or ../shared/data/nab)")
-    nab.add_argument("--detector", action="append", metavar="SPEC", help="a detector (repeatable; default: a set of six)")
-    nab.add_argument("--split", action="store_true",
-                     help="also print the standard score on the even-position files (threshold chosen there) "
-                          "and on the odd-position files (that threshold, held out)")
+    nab.add_argument(
+        "--data", help="NAB data directory (default $TRAINHEALTH_NAB_DATA, ./data/nab or ../shared/data/nab)"
+    )
+    nab.add_argument(
+        "--detector", action="append", metavar="SPEC", help="a detector (repeatable; default: a set of six)"
+    )
+    nab.add_argument(
+        "--split",
+        action="store_true",
+        help="also print the standard score on the even-position files (threshold chosen there) "
+        "and on the odd-position files (that threshold, held out)",
+    )
     nab.set_defaults(handler=_cmd_nab)
     return parser
 

@@ -56,7 +56,8 @@ class NetHost:
 
 def _tool(name: str) -> str | None:
     return shutil.which(name) or next(
-        (path for path in (f"/usr/sbin/{name}", f"/sbin/{name}") if os.access(path, os.X_OK)), None)
+        (path for path in (f"/usr/sbin/{name}", f"/sbin/{name}") if os.access(path, os.X_OK)), None
+    )
 
 
 def _run(argv: Sequence[str], *, check: bool = True) -> subprocess.CompletedProcess:
@@ -124,15 +125,17 @@ class NetLab:
         except ValueError as exc:
             raise ValueError(f"subnet {subnet!r}: {exc}") from None
         if FIRST_HOST_OFFSET + hosts >= network.num_addresses - 1:
-            raise ValueError(f"subnet {subnet} is too small for {hosts} hosts "
-                             f"(they start at offset {FIRST_HOST_OFFSET})")
+            raise ValueError(
+                f"subnet {subnet} is too small for {hosts} hosts (they start at offset {FIRST_HOST_OFFSET})"
+            )
         self.prefix = prefix
         self.subnet = str(network)
         self._prefixlen = network.prefixlen
         self.bridge_namespace = f"{prefix}-br"
         self.hosts: tuple[NetHost, ...] = tuple(
             NetHost(f"{prefix}-h{index}", str(network.network_address + FIRST_HOST_OFFSET + index), HOST_INTERFACE)
-            for index in range(hosts))
+            for index in range(hosts)
+        )
         self._created: list[str] = []
         self._ip = self._tc = ""
         self._delay_reason: str | None | bool = False  # False: not checked yet
@@ -149,8 +152,9 @@ class NetLab:
             raise
         return self
 
-    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
-                 traceback: TracebackType | None) -> None:
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, traceback: TracebackType | None
+    ) -> None:
         self._teardown()
 
     def _mine(self, name: str) -> bool:
@@ -174,8 +178,23 @@ class NetLab:
         for index, host in enumerate(self.hosts):
             port = self._bridge_port(index)
             self._add_namespace(host.name)
-            _run([ip, "-n", bridge_ns, "link", "add", port, "type", "veth", "peer", "name", host.interface,
-                  "netns", host.name])
+            _run(
+                [
+                    ip,
+                    "-n",
+                    bridge_ns,
+                    "link",
+                    "add",
+                    port,
+                    "type",
+                    "veth",
+                    "peer",
+                    "name",
+                    host.interface,
+                    "netns",
+                    host.name,
+                ]
+            )
             _run([ip, "-n", bridge_ns, "link", "set", port, "master", _BRIDGE])
             _run([ip, "-n", bridge_ns, "link", "set", port, "up"])
             _run([ip, "-n", host.name, "addr", "add", f"{host.address}/{self._prefixlen}", "dev", host.interface])

@@ -28,7 +28,9 @@ class RecordingRule:
 def _by_job(spec: c.MetricSpec, operation: str, extra: str = "") -> RecordingRule:
     by = "job" + (f", {extra}" if extra else "")
     level = "job" + (f"_{extra.replace(', ', '_')}" if extra else "")
-    return RecordingRule(f"{level}:{spec.prometheus_name}:{operation}", f"{operation} by ({by}) ({spec.prometheus_name})")
+    return RecordingRule(
+        f"{level}:{spec.prometheus_name}:{operation}", f"{operation} by ({by}) ({spec.prometheus_name})"
+    )
 
 
 RECORDING_RULES: tuple[RecordingRule, ...] = (
@@ -44,8 +46,12 @@ RECORDING_RULES: tuple[RecordingRule, ...] = (
     _by_job(c.GPU_UP, "min"),
     _by_job(c.GPU_CLOCKS_EVENT_ACTIVE, "sum", "reason"),
     _by_job(c.SDC_SUSPECT, "max"),
-    RecordingRule(f"job_op:{c.COMM_OP_DURATION.prometheus_name}_bucket:rate2m",
-                  f"sum by (job, op, le) (rate({c.COMM_OP_DURATION.prometheus_name}_bucket[2m]))"),
-    RecordingRule(f"job:{c.GPU_XID_ERRORS.prometheus_name}:increase10m",
-                  f"sum by (job, xid) (increase({c.GPU_XID_ERRORS.prometheus_name}[10m]))"),
+    RecordingRule(
+        f"job_op:{c.COMM_OP_DURATION.prometheus_name}_bucket:rate2m",
+        f"sum by (job, op, le) (rate({c.COMM_OP_DURATION.prometheus_name}_bucket[2m]))",
+    ),
+    RecordingRule(
+        f"job:{c.GPU_XID_ERRORS.prometheus_name}:increase10m",
+        f"sum by (job, xid) (increase({c.GPU_XID_ERRORS.prometheus_name}[10m]))",
+    ),
 )

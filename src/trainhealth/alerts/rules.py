@@ -39,9 +39,26 @@ from trainhealth.knowledge.limits import GRAFANA_URL, PAUSE_HOLD_S, Limit, Panel
 from trainhealth.knowledge.promql import counted
 from trainhealth.knowledge.xid import known_xids
 
-__all__ = ["ALERTS", "ANALYZER_STALE_S", "GRAFANA_URL", "HANG_FLOOR_S", "HUNG_COLLECTIVE_S", "IRREGULAR_SHARE", "PCIE_REPLAYS_PER_MIN",
-           "RUNBOOK_BASE", "STALL_MIN_S", "STALL_STEPS", "STRAGGLER_SCORE", "THROUGHPUT_DEGRADED", "THROUGHPUT_DROP",
-           "AlertRule", "Limit", "PanelRef", "by_name", "counted"]
+__all__ = [
+    "ALERTS",
+    "ANALYZER_STALE_S",
+    "GRAFANA_URL",
+    "HANG_FLOOR_S",
+    "HUNG_COLLECTIVE_S",
+    "IRREGULAR_SHARE",
+    "PCIE_REPLAYS_PER_MIN",
+    "RUNBOOK_BASE",
+    "STALL_MIN_S",
+    "STALL_STEPS",
+    "STRAGGLER_SCORE",
+    "THROUGHPUT_DEGRADED",
+    "THROUGHPUT_DROP",
+    "AlertRule",
+    "Limit",
+    "PanelRef",
+    "by_name",
+    "counted",
+]
 
 #: Where runbook_url points; ``trainhealth alerts --runbook-base`` changes it (a fork, a wiki).
 RUNBOOK_BASE = "https://github.com/trainhealth/trainhealth/blob/main/docs/runbooks"
@@ -94,8 +111,9 @@ class AlertRule:
     def mitigation(self) -> str:
         return " ".join(ADVICE[self.advice].steps)
 
-    def to_rule(self, runbook_base: str = RUNBOOK_BASE, max_for_s: float | None = None,
-                grafana_url: str = GRAFANA_URL) -> dict[str, object]:
+    def to_rule(
+        self, runbook_base: str = RUNBOOK_BASE, max_for_s: float | None = None, grafana_url: str = GRAFANA_URL
+    ) -> dict[str, object]:
         """The rule as Prometheus reads it (one entry of a group's ``rules``); ``max_for_s`` caps ``for``
         (demos and tests, where minutes of patience would hide everything)."""
         rule: dict[str, object] = {"alert": self.name, "expr": self.expr}
@@ -128,10 +146,15 @@ def _xid_description(severity: Severity) -> str:
     for info in known_xids():
         if info.severity is severity:
             keyword = "if" if not branches else "else if"
-            branches.append(f'{{{{ {keyword} eq $labels.xid "{info.xid}" }}}}XID {info.xid}: {info.meaning}; '
-                            f"action: {info.action.value}.")
-    return (f"{GPU_WHERE} reported {{{{ $value | printf \"%.0f\" }}}} XID {{{{ $labels.xid }}}} error(s) in 10 minutes. "
-            + "".join(branches) + "{{ end }}")
+            branches.append(
+                f'{{{{ {keyword} eq $labels.xid "{info.xid}" }}}}XID {info.xid}: {info.meaning}; '
+                f"action: {info.action.value}."
+            )
+    return (
+        f'{GPU_WHERE} reported {{{{ $value | printf "%.0f" }}}} XID {{{{ $labels.xid }}}} error(s) in 10 minutes. '
+        + "".join(branches)
+        + "{{ end }}"
+    )
 
 
 def _xids(severity: Severity) -> str:
@@ -157,114 +180,172 @@ _GROUP_HUNG = (
 ALERTS: tuple[AlertRule, ...] = (
     # --- hardware ----------------------------------------------------------------------
     AlertRule(
-        "GpuXidCritical", "hardware",
-        counted(f'{c.GPU_XID_ERRORS.prometheus_name}{{xid=~"{_xids(Severity.CRITICAL)}"}}', "10m"), "0m", PAGE,
-        "Critical XID {{ $labels.xid }} on " + GPU_WHERE, _xid_description(Severity.CRITICAL), "xid_critical",
+        "GpuXidCritical",
+        "hardware",
+        counted(f'{c.GPU_XID_ERRORS.prometheus_name}{{xid=~"{_xids(Severity.CRITICAL)}"}}', "10m"),
+        "0m",
+        PAGE,
+        "Critical XID {{ $labels.xid }} on " + GPU_WHERE,
+        _xid_description(Severity.CRITICAL),
+        "xid_critical",
         "An XID that NVIDIA's catalogue treats as a hardware or driver fault needing a reset, a reboot or service "
         "(the critical entries of trainhealth's XID catalogue). The job on this GPU is failing or about to.",
         panel=PanelRef(_GPU, 13, "XIDs in the last hour"),
     ),
     AlertRule(
-        "GpuXidWarning", "hardware",
-        counted(f'{c.GPU_XID_ERRORS.prometheus_name}{{xid=~"{_xids(Severity.WARNING)}"}}', "10m"), "0m", TICKET,
-        "XID {{ $labels.xid }} on " + GPU_WHERE, _xid_description(Severity.WARNING), "xid_warning",
+        "GpuXidWarning",
+        "hardware",
+        counted(f'{c.GPU_XID_ERRORS.prometheus_name}{{xid=~"{_xids(Severity.WARNING)}"}}', "10m"),
+        "0m",
+        TICKET,
+        "XID {{ $labels.xid }} on " + GPU_WHERE,
+        _xid_description(Severity.WARNING),
+        "xid_warning",
         "An XID that usually points at the application or a recoverable memory error; one occurrence is a ticket, "
         "repeats on the same GPU are a hardware suspect.",
         panel=PanelRef(_GPU, 13, "XIDs in the last hour"),
     ),
     AlertRule(
-        "GpuEccUncorrectable", "hardware",
+        "GpuEccUncorrectable",
+        "hardware",
         counted(f'{c.GPU_ECC_ERRORS.prometheus_name}{{error_type="uncorrected",counter_type="volatile"}}', "10m"),
-        "0m", PAGE, "Uncorrectable ECC error on " + GPU_WHERE,
-        GPU_WHERE + " had {{ $value | printf \"%.0f\" }} uncorrectable ECC error(s) in 10 minutes: its results are "
-        "not trustworthy.", "ecc_uncorrectable",
+        "0m",
+        PAGE,
+        "Uncorrectable ECC error on " + GPU_WHERE,
+        GPU_WHERE + ' had {{ $value | printf "%.0f" }} uncorrectable ECC error(s) in 10 minutes: its results are '
+        "not trustworthy.",
+        "ecc_uncorrectable",
         "Uncorrectable (double-bit) ECC errors since the last reset. The data in that memory was lost; the process "
         "using it usually crashes, and row remapping may be needed.",
         panel=PanelRef(_GPU, 8, "Uncorrectable ECC errors (volatile)"),
     ),
     AlertRule(
-        "GpuRowRemapFailure", "hardware", f"{c.GPU_ROW_REMAP_FAILURE.prometheus_name} == 1", "0m", PAGE,
+        "GpuRowRemapFailure",
+        "hardware",
+        f"{c.GPU_ROW_REMAP_FAILURE.prometheus_name} == 1",
+        "0m",
+        PAGE,
         "Row remapping failed on " + GPU_WHERE,
-        GPU_WHERE + " could not remap a failing memory row: the GPU needs service.", "row_remap_failure",
+        GPU_WHERE + " could not remap a failing memory row: the GPU needs service.",
+        "row_remap_failure",
         "The GPU ran out of spare rows (or remapping failed): uncorrectable memory errors will recur.",
         panel=PanelRef(_GPU, 10, "Row remap pending / failed"),
     ),
     AlertRule(
-        "GpuRowRemapPending", "hardware", f"{c.GPU_ROW_REMAP_PENDING.prometheus_name} == 1", "15m", TICKET,
+        "GpuRowRemapPending",
+        "hardware",
+        f"{c.GPU_ROW_REMAP_PENDING.prometheus_name} == 1",
+        "15m",
+        TICKET,
         "Row remap pending on " + GPU_WHERE,
-        GPU_WHERE + " has a row remap waiting for the next GPU reset.", "row_remap_pending",
+        GPU_WHERE + " has a row remap waiting for the next GPU reset.",
+        "row_remap_pending",
         "A memory row was marked for remapping; it takes effect at the next GPU reset.",
         panel=PanelRef(_GPU, 10, "Row remap pending / failed"),
     ),
     AlertRule(
-        "GpuLost", "hardware", f"{c.GPU_UP.prometheus_name} == 0", "1m", PAGE,
+        "GpuLost",
+        "hardware",
+        f"{c.GPU_UP.prometheus_name} == 0",
+        "1m",
+        PAGE,
         "GPU lost: " + GPU_WHERE,
-        GPU_WHERE + " does not answer NVML (lost, fallen off the bus or needing a reset).", "gpu_lost",
+        GPU_WHERE + " does not answer NVML (lost, fallen off the bus or needing a reset).",
+        "gpu_lost",
         "NVML reports the GPU lost or needing a reset (often with XID 79). Every job using it is stuck or dead.",
         panel=PanelRef(_GPU, 1, "GPU up"),
     ),
     AlertRule(
-        "GpuThermalThrottling", "hardware",
+        "GpuThermalThrottling",
+        "hardware",
         f'max by (job, host, gpu, backend) ({c.GPU_CLOCKS_EVENT_ACTIVE.prometheus_name}{{reason=~"{_THERMAL}"}}) == 1',
-        "10m", TICKET, "Thermal throttling on " + GPU_WHERE,
+        "10m",
+        TICKET,
+        "Thermal throttling on " + GPU_WHERE,
         GPU_WHERE + " has held its clocks down for heat for 10 minutes: it is slower than its peers and drags "
-        "every synchronous step.", "thermal",
+        "every synchronous step.",
+        "thermal",
         "A thermal or hardware slowdown clocks-event reason has been active for 10 minutes.",
-        panel=PanelRef(_GPU, 7, "Throttle (clocks-event) reasons active"), limit=Limit(1, "above"),
+        panel=PanelRef(_GPU, 7, "Throttle (clocks-event) reasons active"),
+        limit=Limit(1, "above"),
     ),
     AlertRule(
-        "GpuPowerThrottling", "hardware",
+        "GpuPowerThrottling",
+        "hardware",
         f'max by (job, host, gpu, backend) ({c.GPU_CLOCKS_EVENT_ACTIVE.prometheus_name}{{reason=~"{_POWER}"}}) == 1',
-        "30m", INFO, "Power capping on " + GPU_WHERE,
-        GPU_WHERE + " has been power capped for 30 minutes.", "power",
+        "30m",
+        INFO,
+        "Power capping on " + GPU_WHERE,
+        GPU_WHERE + " has been power capped for 30 minutes.",
+        "power",
         "A power cap or power brake has held the clocks down for 30 minutes; common under full load, a problem "
         "when one GPU is capped and its peers are not.",
-        panel=PanelRef(_GPU, 7, "Throttle (clocks-event) reasons active"), limit=Limit(1, "above"),
+        panel=PanelRef(_GPU, 7, "Throttle (clocks-event) reasons active"),
+        limit=Limit(1, "above"),
     ),
     AlertRule(
-        "GpuPcieReplays", "hardware",
-        f"rate({c.GPU_PCIE_REPLAYS.prometheus_name}[10m]) * 60 > {PCIE_REPLAYS_PER_MIN:g}", "10m", TICKET,
+        "GpuPcieReplays",
+        "hardware",
+        f"rate({c.GPU_PCIE_REPLAYS.prometheus_name}[10m]) * 60 > {PCIE_REPLAYS_PER_MIN:g}",
+        "10m",
+        TICKET,
         "PCIe replays on " + GPU_WHERE,
-        GPU_WHERE + " retransmits {{ $value | printf \"%.1f\" }} PCIe packets a minute: a marginal link or riser.",
+        GPU_WHERE + ' retransmits {{ $value | printf "%.1f" }} PCIe packets a minute: a marginal link or riser.',
         "pcie",
         "The PCIe link retransmits packets (replays) steadily: a degrading link that slows host-device copies.",
-        panel=PanelRef(_GPU, 11, "PCIe replays per minute"), limit=Limit(PCIE_REPLAYS_PER_MIN, "above"),
+        panel=PanelRef(_GPU, 11, "PCIe replays per minute"),
+        limit=Limit(PCIE_REPLAYS_PER_MIN, "above"),
     ),
     AlertRule(
-        "GpuNvlinkErrors", "hardware",
-        f"sum by (job, host, gpu, link) (increase({c.GPU_NVLINK_ERRORS.prometheus_name}[10m])) > 0", "5m", TICKET,
+        "GpuNvlinkErrors",
+        "hardware",
+        f"sum by (job, host, gpu, link) (increase({c.GPU_NVLINK_ERRORS.prometheus_name}[10m])) > 0",
+        "5m",
+        TICKET,
         "NVLink errors on " + GPU_WHERE + " link {{ $labels.link }}",
-        GPU_WHERE + " link {{ $labels.link }} had {{ $value | printf \"%.0f\" }} errors in 10 minutes.", "nvlink",
+        GPU_WHERE + ' link {{ $labels.link }} had {{ $value | printf "%.0f" }} errors in 10 minutes.',
+        "nvlink",
         "NVLink replay, recovery or CRC errors on a link; they slow collectives among the GPUs of a node.",
         panel=PanelRef(_GPU, 12, "NVLink errors per minute"),
     ),
     AlertRule(
-        "GpuSelftestFailed", "hardware", f"{c.SELFTEST_PASSED.prometheus_name} == 0", "0m", PAGE,
+        "GpuSelftestFailed",
+        "hardware",
+        f"{c.SELFTEST_PASSED.prometheus_name} == 0",
+        "0m",
+        PAGE,
         "Self-test {{ $labels.check }} failed on {{ $labels.device }} of {{ $labels.host }}",
         "{{ $labels.device }} on {{ $labels.host }} got the {{ $labels.check }} check wrong against the golden "
-        "reference: silent data corruption.", "sdc",
+        "reference: silent data corruption.",
+        "sdc",
         "trainhealth selftest compares GEMM, reduction and elementwise results with a float64 reference and "
         "across devices; a failure means the device computes wrong numbers.",
         panel=PanelRef(_INCIDENTS, 4, "SDC suspects and failed self-tests"),
     ),
     # --- training -----------------------------------------------------------------------
     AlertRule(
-        "LossSpike", "training",
+        "LossSpike",
+        "training",
         "max by (job) " + counted(c.ANOMALIES.prometheus_name + '{signal="loss",detector!="nonfinite"}', "5m"),
-        "0m", INFO, "Loss spike in {{ $labels.job }}",
+        "0m",
+        INFO,
+        "Loss spike in {{ $labels.job }}",
         "The loss of {{ $labels.job }} spiked; trainhealth follows whether it recovers (LossSpikeNotRecovered).",
         "loss_spike",
         "A loss detector (z-score by default) flagged a spike. Most recover within tens of steps.",
         panel=PanelRef(_TRAINING, 1, "Loss"),
     ),
     AlertRule(
-        "LossSpikeNotRecovered", "training",
+        "LossSpikeNotRecovered",
+        "training",
         f"max by (job) ({c.TRAIN_LOSS_SPIKE_REWIND_STEP.prometheus_name} and on ({_RANK_KEYS}) "
         f"{c.TRAIN_LOSS_SPIKE_UNRECOVERED.prometheus_name} == 1) or max by (job) "
-        f"({c.TRAIN_LOSS_SPIKE_UNRECOVERED.prometheus_name} == 1) * -1", "0m", PAGE,
+        f"({c.TRAIN_LOSS_SPIKE_UNRECOVERED.prometheus_name} == 1) * -1",
+        "0m",
+        PAGE,
         "Loss spike in {{ $labels.job }} has not recovered",
         "The loss of {{ $labels.job }} is still high 50 steps after the spike. "
-        "{{ if ge $value 0.0 }}Rewind to the checkpoint of step {{ $value | printf \"%.0f\" }}, the last one before "
+        '{{ if ge $value 0.0 }}Rewind to the checkpoint of step {{ $value | printf "%.0f" }}, the last one before '
         "the spike.{{ else }}No checkpoint before the spike was reported (Monitor.checkpoint_saved).{{ end }}",
         "loss_spike",
         "A loss spike has not come back within 50 steps; training continues from a worse place. The value is the "
@@ -272,10 +353,14 @@ ALERTS: tuple[AlertRule, ...] = (
         panel=PanelRef(_TRAINING, 1, "Loss"),
     ),
     AlertRule(
-        "NonFiniteTraining", "training",
-        counted(c.TRAIN_NONFINITE_STEPS.prometheus_name, "5m"), "0m", PAGE,
+        "NonFiniteTraining",
+        "training",
+        counted(c.TRAIN_NONFINITE_STEPS.prometheus_name, "5m"),
+        "0m",
+        PAGE,
         "Non-finite {{ $labels.signal }} on " + WHERE,
-        "{{ $labels.signal }} was NaN or infinite on {{ $value | printf \"%.0f\" }} step(s) of " + WHERE
+        '{{ $labels.signal }} was NaN or infinite on {{ $value | printf "%.0f" }} step(s) of '
+        + WHERE
         + "; the rank whose trainhealth_train_nonfinite_origin_first_step has where=local produced it (the lowest "
         "step if several); ranks with where=received got it through the gradient all-reduce.",
         "nonfinite",
@@ -283,17 +368,25 @@ ALERTS: tuple[AlertRule, ...] = (
         panel=PanelRef(_TRAINING, 12, "Non-finite steps"),
     ),
     AlertRule(
-        "GradNormSpike", "training",
-        "max by (job) " + counted(c.ANOMALIES.prometheus_name + '{signal="grad_norm",detector!="nonfinite"}', "5m"), "0m", INFO, "Gradient-norm spike in {{ $labels.job }}",
-        "The gradient norm of {{ $labels.job }} spiked; loss spikes often follow.", "loss_spike",
+        "GradNormSpike",
+        "training",
+        "max by (job) " + counted(c.ANOMALIES.prometheus_name + '{signal="grad_norm",detector!="nonfinite"}', "5m"),
+        "0m",
+        INFO,
+        "Gradient-norm spike in {{ $labels.job }}",
+        "The gradient norm of {{ $labels.job }} spiked; loss spikes often follow.",
+        "loss_spike",
         "A detector flagged the total gradient norm; a precursor of loss spikes.",
         panel=PanelRef(_TRAINING, 2, "Gradient norm"),
     ),
     AlertRule(
-        "IrregularSteps", "training",
+        "IrregularSteps",
+        "training",
         f'max by (job, host, rank) ({c.TRAIN_IRREGULARITY.prometheus_name}{{signal="step_time"}}) '
-        f"> {IRREGULAR_SHARE:g}", "10m",
-        TICKET, "δ-irregular steps on " + WHERE,
+        f"> {IRREGULAR_SHARE:g}",
+        "10m",
+        TICKET,
+        "δ-irregular steps on " + WHERE,
         "{{ $value | humanizePercentage }} of the last 100 steps of " + WHERE + " took 1.5× the recent average.",
         "compute",
         "Holmes's δ-irregularity: training goes on, but many iterations take much longer. The analyzer's suspects "
@@ -302,45 +395,64 @@ ALERTS: tuple[AlertRule, ...] = (
         limit=Limit(IRREGULAR_SHARE, "above"),
     ),
     AlertRule(
-        "ThroughputDrop", "training",
+        "ThroughputDrop",
+        "training",
         f"sum by (job) (avg_over_time({_THROUGHPUT}[5m])) < {THROUGHPUT_DROP:g} * sum by (job) "
         f"(avg_over_time({_THROUGHPUT}[1h] offset 10m)) and on (job) sum by (job) "
-        f"(max_over_time({_THROUGHPUT}[5m] offset 70m))", "5m", TICKET,
+        f"(max_over_time({_THROUGHPUT}[5m] offset 70m))",
+        "5m",
+        TICKET,
         "Throughput of {{ $labels.job }} dropped",
-        "{{ $labels.job }} processes {{ $value | printf \"%.0f\" }} tokens/s, under " + f"{THROUGHPUT_DROP:.0%}"
+        '{{ $labels.job }} processes {{ $value | printf "%.0f" }} tokens/s, under '
+        + f"{THROUGHPUT_DROP:.0%}"
         + " of its last hour.",
         "compute",
         f"Tokens/s summed over the ranks fell below {THROUGHPUT_DROP:.0%} of the hour before (the baseline is "
         "offset, so the drop does not lower it); silent until the job has a full baseline hour (70 minutes).",
-        panel=PanelRef(_TRAINING, 6, "Throughput against its baseline"), limit=Limit(THROUGHPUT_DROP, "below"),
+        panel=PanelRef(_TRAINING, 6, "Throughput against its baseline"),
+        limit=Limit(THROUGHPUT_DROP, "below"),
     ),
     AlertRule(
-        "ThroughputDegraded", "training",
+        "ThroughputDegraded",
+        "training",
         f"sum by (job) (avg_over_time({_THROUGHPUT}[1h])) < {THROUGHPUT_DEGRADED:g} * sum by (job) "
-        f"(avg_over_time({_THROUGHPUT}[6h] offset 1h))", "1h", TICKET,
+        f"(avg_over_time({_THROUGHPUT}[6h] offset 1h))",
+        "1h",
+        TICKET,
         "Throughput of {{ $labels.job }} degraded for an hour",
-        "{{ $labels.job }} has run at {{ $value | printf \"%.0f\" }} tokens/s for an hour, under "
-        + f"{THROUGHPUT_DEGRADED:.0%}" + " of the six hours before.", "compute",
+        '{{ $labels.job }} has run at {{ $value | printf "%.0f" }} tokens/s for an hour, under '
+        + f"{THROUGHPUT_DEGRADED:.0%}"
+        + " of the six hours before.",
+        "compute",
         "A persistent slowdown: a throttled GPU, a slow link or a degraded node that does not fail.",
-        panel=PanelRef(_TRAINING, 6, "Throughput against its baseline"), limit=Limit(THROUGHPUT_DEGRADED, "below"),
+        panel=PanelRef(_TRAINING, 6, "Throughput against its baseline"),
+        limit=Limit(THROUGHPUT_DEGRADED, "below"),
     ),
     AlertRule(
-        "TrainingStalled", "training",
+        "TrainingStalled",
+        "training",
         f"time() - max by (job) ({_LAST_STEP}) > clamp_min({STALL_STEPS} * max by (job) "
-        f"({c.TRAIN_LAST_STEP_DURATION.prometheus_name}), {STALL_MIN_S})", "2m", PAGE,
+        f"({c.TRAIN_LAST_STEP_DURATION.prometheus_name}), {STALL_MIN_S})",
+        "2m",
+        PAGE,
         "{{ $labels.job }} has made no step progress",
-        "No rank of {{ $labels.job }} has finished a step for {{ $value | humanizeDuration }}.", "hang",
+        "No rank of {{ $labels.job }} has finished a step for {{ $value | humanizeDuration }}.",
+        "hang",
         "No step for ten step times (at least five minutes): a hang, a dead rank or a stuck collective.",
-        panel=PanelRef(_TRAINING, 9, "Time since the last step"), limit=Limit(STALL_MIN_S, "above"),
+        panel=PanelRef(_TRAINING, 9, "Time since the last step"),
+        limit=Limit(STALL_MIN_S, "above"),
     ),
     AlertRule(
-        "HungCollective", "training",
-        f"{_STARTED} < on (job, group) group_left max by (job, group) ({_STARTED}) and on (job, group) "
-        f"({_GROUP_HUNG})", "10s", PAGE,
+        "HungCollective",
+        "training",
+        f"{_STARTED} < on (job, group) group_left max by (job, group) ({_STARTED}) and on (job, group) ({_GROUP_HUNG})",
+        "10s",
+        PAGE,
         "Collective in {{ $labels.group }} waits for " + WHERE,
         "Ranks of {{ $labels.job }} wait in a {{ $labels.group }} collective that " + WHERE + " never entered "
-        "(it is at sequence {{ $value | printf \"%.0f\" }}); its stack: trainhealth_comm_stuck_duration_seconds "
-        "and the stacks/ files beside its trace.", "hang",
+        '(it is at sequence {{ $value | printf "%.0f" }}); its stack: trainhealth_comm_stuck_duration_seconds '
+        "and the stacks/ files beside its trace.",
+        "hang",
         "Members of a process group have waited in one collective longer than the job's hang threshold (3x the "
         f"ranks' longest recent step, collective or checkpoint save, at least {HANG_FLOOR_S} s); the ranks whose "
         "started sequence number is behind the group's are the ones holding it up. Silent while a rank is in an "
@@ -349,39 +461,59 @@ ALERTS: tuple[AlertRule, ...] = (
         limit=Limit(HANG_FLOOR_S, "above"),
     ),
     AlertRule(
-        "RankMissing", "training",
+        "RankMissing",
+        "training",
         f"(last_over_time({_STARTED}[10m]) unless on (job, rank, group) {_STARTED}) and on (job, group) "
-        f"({_GROUP_HUNG})", "10s", PAGE,
+        f"({_GROUP_HUNG})",
+        "10s",
+        PAGE,
         "Rank {{ $labels.rank }} of {{ $labels.job }} is gone while {{ $labels.group }} waits for it",
         "Rank {{ $labels.rank }} on {{ $labels.host }} stopped reporting (last at sequence "
-        "{{ $value | printf \"%.0f\" }} of {{ $labels.group }}) while its peers wait in the group's collective: "
-        "a dead process or a lost host.", "hang",
+        '{{ $value | printf "%.0f" }} of {{ $labels.group }}) while its peers wait in the group\'s collective: '
+        "a dead process or a lost host.",
+        "hang",
         "A member of a process group stopped being scraped (its series went stale) while the others have waited in "
         "a collective longer than the job's hang threshold: the rank is dead or its host lost, and the job will not "
         "move until it is replaced.",
         panel=PanelRef(_COMMUNICATION, 4, "Time inside the current collective"),
     ),
     AlertRule(
-        "StragglerSuspect", "training", f"{c.SUSPECT_SCORE.prometheus_name} >= {STRAGGLER_SCORE:g}", "5m", TICKET,
+        "StragglerSuspect",
+        "training",
+        f"{c.SUSPECT_SCORE.prometheus_name} >= {STRAGGLER_SCORE:g}",
+        "5m",
+        TICKET,
         "{{ $labels.kind }} suspect: {{ $labels.component }}",
         "The analyzer blames {{ $labels.kind }} {{ $labels.component }} (rank {{ $labels.rank }}, host "
         "{{ $labels.host }}, GPU {{ $labels.gpu }}) for slow iterations of {{ $labels.job }}, score "
-        "{{ $value | printf \"%.2f\" }}.", "compute",
+        '{{ $value | printf "%.2f" }}.',
+        "compute",
         "trainhealth analyze localized δ-irregular iterations to a GPU, NIC, host or switch from collective "
         f"timings (Holmes's rules) with a score of {STRAGGLER_SCORE:g} or more for 5 minutes.",
-        panel=PanelRef(_INCIDENTS, 2, "Ranked suspects"), limit=Limit(STRAGGLER_SCORE, "above"),
+        panel=PanelRef(_INCIDENTS, 2, "Ranked suspects"),
+        limit=Limit(STRAGGLER_SCORE, "above"),
     ),
     AlertRule(
-        "SdcSuspect", "training", f"max_over_time({c.SDC_SUSPECT.prometheus_name}[15m]) == 1", "0m", PAGE,
+        "SdcSuspect",
+        "training",
+        f"max_over_time({c.SDC_SUSPECT.prometheus_name}[15m]) == 1",
+        "0m",
+        PAGE,
         "Silent data corruption suspected on " + WHERE,
-        WHERE + " computed different numbers from its data-parallel peers ({{ $labels.check }} check).", "sdc",
+        WHERE + " computed different numbers from its data-parallel peers ({{ $labels.check }} check).",
+        "sdc",
         "A cross-replica check put this rank in the minority: its parameters differ from the other replicas' "
         "(fingerprint) or its gradient norm before the all-reduce is far from theirs (grad_norm).",
-        panel=PanelRef(_TRAINING, 17, "SDC suspects"), limit=Limit(1, "above"),
+        panel=PanelRef(_TRAINING, 17, "SDC suspects"),
+        limit=Limit(1, "above"),
     ),
     # --- telemetry ----------------------------------------------------------------------
     AlertRule(
-        "TrainhealthTargetDown", "telemetry", 'up{job=~"trainhealth.*"} == 0', "5m", TICKET,
+        "TrainhealthTargetDown",
+        "telemetry",
+        'up{job=~"trainhealth.*"} == 0',
+        "5m",
+        TICKET,
         "Scrape target {{ $labels.instance }} is down",
         "Prometheus cannot scrape {{ $labels.instance }} ({{ $labels.job }}): its metrics and alerts are blind.",
         "telemetry",
@@ -389,18 +521,26 @@ ALERTS: tuple[AlertRule, ...] = (
         panel=PanelRef(_INCIDENTS, 5, "Scrape targets up"),
     ),
     AlertRule(
-        "TrainhealthMetricsAbsent", "telemetry",
+        "TrainhealthMetricsAbsent",
+        "telemetry",
         f'(up{{job=~"trainhealth.*"}} == 1) unless on (instance) group by (instance) '
         f"({c.RANK_INFO.prometheus_name} or {c.EXPORTER_GPU_BACKEND_UP.prometheus_name} "
-        f"or {c.ANALYSIS_LAST_RUN_TIMESTAMP.prometheus_name})", "10m", TICKET,
+        f"or {c.ANALYSIS_LAST_RUN_TIMESTAMP.prometheus_name})",
+        "10m",
+        TICKET,
         "{{ $labels.instance }} answers without trainhealth metrics",
         "{{ $labels.instance }} is up but exports none of trainhealth's identity metrics: a wrong port, or "
-        "something else is listening there.", "telemetry",
+        "something else is listening there.",
+        "telemetry",
         "A scraped target answers but exposes none of the metrics every trainhealth endpoint has.",
         panel=PanelRef(_INCIDENTS, 5, "Scrape targets up"),
     ),
     AlertRule(
-        "GpuTelemetryDown", "telemetry", f"{c.EXPORTER_GPU_BACKEND_UP.prometheus_name} == 0", "5m", TICKET,
+        "GpuTelemetryDown",
+        "telemetry",
+        f"{c.EXPORTER_GPU_BACKEND_UP.prometheus_name} == 0",
+        "5m",
+        TICKET,
         "GPU telemetry down on {{ $labels.host }}",
         "The {{ $labels.backend }} backend on {{ $labels.host }} is not sampling: GPU alerts there are blind.",
         "telemetry",
@@ -408,11 +548,15 @@ ALERTS: tuple[AlertRule, ...] = (
         panel=PanelRef(_GPU, 15, "GPU telemetry up"),
     ),
     AlertRule(
-        "AnalyzerStale", "telemetry",
-        f"time() - {c.ANALYSIS_LAST_RUN_TIMESTAMP.prometheus_name} > {ANALYZER_STALE_S}", "5m",
-        TICKET, "The trainhealth analyzer has not localized for 10 minutes",
+        "AnalyzerStale",
+        "telemetry",
+        f"time() - {c.ANALYSIS_LAST_RUN_TIMESTAMP.prometheus_name} > {ANALYZER_STALE_S}",
+        "5m",
+        TICKET,
+        "The trainhealth analyzer has not localized for 10 minutes",
         "trainhealth analyze for {{ $labels.job }} last finished {{ $value | humanizeDuration }} ago: suspects "
-        "are stale.", "telemetry",
+        "are stale.",
+        "telemetry",
         "trainhealth analyze is stuck or has no input (Prometheus unreachable, no trace files).",
         panel=PanelRef(_INCIDENTS, 6, "Time since the analyzer's last localization"),
         limit=Limit(ANALYZER_STALE_S, "above"),

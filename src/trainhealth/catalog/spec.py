@@ -214,8 +214,10 @@ def _check_semconv(spec: MetricSpec, semconv: Semconv) -> None:
         if attribute.label not in spec.labels:
             raise ValueError(f"metric {spec.name!r}: semconv attribute from unknown label {attribute.label!r}")
         renamed = [new for _, new in attribute.values]
-        if len(set(renamed)) != len(renamed) and semconv.instrument not in (OtelInstrument.GAUGE,
-                                                                             OtelInstrument.UP_DOWN_COUNTER):
+        if len(set(renamed)) != len(renamed) and semconv.instrument not in (
+            OtelInstrument.GAUGE,
+            OtelInstrument.UP_DOWN_COUNTER,
+        ):
             raise ValueError(f"metric {spec.name!r}: only gauge points (state sets) may fall together")
 
 

@@ -12,8 +12,7 @@ __all__ = ["add_commands"]
 
 
 def _check_url(option: str, value: str) -> None:
-    if not value.startswith(("http://", "https://")) or any(c.isspace() for c in value) or "?" in value \
-            or "#" in value:
+    if not value.startswith(("http://", "https://")) or any(c.isspace() for c in value) or "?" in value or "#" in value:
         raise UsageError(f"{option} must be an http(s) URL without a query or fragment, got {value!r}")
 
 
@@ -38,8 +37,10 @@ def _cmd_alerts(args: argparse.Namespace) -> int:
         written = write_alerts(out, runbooks, args.runbook_base, operator_out, args.grafana_url)
     except OSError as exc:
         raise UsageError(f"cannot write {exc.filename}: {exc.strerror}") from None
-    print(f"{len(ALERTS)} alert rules: {written[0]}, {written[1]}"
-          + (f"; {len(written) - 2} runbooks in {args.runbooks}" if args.runbooks else ""))
+    print(
+        f"{len(ALERTS)} alert rules: {written[0]}, {written[1]}"
+        + (f"; {len(written) - 2} runbooks in {args.runbooks}" if args.runbooks else "")
+    )
     return 0
 
 
@@ -65,25 +66,34 @@ def add_commands(commands: argparse._SubParsersAction, parser_class: type[argpar
     from trainhealth.alerts.rules import GRAFANA_URL, RUNBOOK_BASE
 
     alerts = commands.add_parser(
-        "alerts", help="write the Prometheus alert rules (rule file and PrometheusRule) and their runbooks",
+        "alerts",
+        help="write the Prometheus alert rules (rule file and PrometheusRule) and their runbooks",
         description="Writes trainhealth.rules.yml (for rule_files) and prometheusrule.yaml (Prometheus Operator) "
-                    "into OUT; with --runbooks, one Markdown runbook per alert.",
+        "into OUT; with --runbooks, one Markdown runbook per alert.",
     )
     alerts.add_argument("--out", required=True, metavar="DIR", help="directory for the rule files")
     alerts.add_argument("--runbooks", metavar="DIR", help="also write the runbooks here (docs/runbooks)")
-    alerts.add_argument("--operator-out", metavar="DIR",
-                        help="write prometheusrule.yaml here instead of OUT (deploy/k8s)")
-    alerts.add_argument("--runbook-base", default=RUNBOOK_BASE, metavar="URL",
-                        help=f"where runbook_url points (default {RUNBOOK_BASE})")
-    alerts.add_argument("--grafana-url", default=GRAFANA_URL, metavar="URL",
-                        help=f"the Grafana each rule's dashboard_url points into (default {GRAFANA_URL})")
+    alerts.add_argument(
+        "--operator-out", metavar="DIR", help="write prometheusrule.yaml here instead of OUT (deploy/k8s)"
+    )
+    alerts.add_argument(
+        "--runbook-base", default=RUNBOOK_BASE, metavar="URL", help=f"where runbook_url points (default {RUNBOOK_BASE})"
+    )
+    alerts.add_argument(
+        "--grafana-url",
+        default=GRAFANA_URL,
+        metavar="URL",
+        help=f"the Grafana each rule's dashboard_url points into (default {GRAFANA_URL})",
+    )
     alerts.set_defaults(handler=_cmd_alerts)
     dashboards = commands.add_parser(
-        "dashboards", help="write the Grafana dashboards as JSON",
+        "dashboards",
+        help="write the Grafana dashboards as JSON",
         description="Writes the training, GPU, communication and incidents dashboards (Grafana JSON, stable uids "
-                    "and panel ids) into OUT, ready for Grafana's file provisioning.",
+        "and panel ids) into OUT, ready for Grafana's file provisioning.",
     )
     dashboards.add_argument("--out", required=True, metavar="DIR", help="directory for the dashboard files")
-    dashboards.add_argument("--configmap", metavar="FILE",
-                            help="also write them as a Kubernetes ConfigMap for Grafana's dashboard sidecar")
+    dashboards.add_argument(
+        "--configmap", metavar="FILE", help="also write them as a Kubernetes ConfigMap for Grafana's dashboard sidecar"
+    )
     dashboards.set_defaults(handler=_cmd_dashboards)

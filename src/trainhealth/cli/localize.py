@@ -23,9 +23,9 @@ from trainhealth.errors import UsageError
 
 if TYPE_CHECKING:
     from trainhealth.exporters.collectives.probe import ProbeResult
-    from trainhealth.simulator.simulate import InjectedFault
     from trainhealth.localize.localizer import Thresholds
     from trainhealth.localize.result import LocalizationResult
+    from trainhealth.simulator.simulate import InjectedFault
 
 __all__ = ["add_commands"]
 
@@ -56,8 +56,11 @@ _HOSTS_PER_LEAF = Bounded(int, 1, 65536)
 def _thresholds(args: argparse.Namespace) -> Thresholds:
     from trainhealth.localize.localizer import Thresholds
 
-    given = {name: getattr(args, name) for name in ("gpu_z", "collectives_z", "link_z", "straggler_z", "path_z")
-             if getattr(args, name, None) is not None}
+    given = {
+        name: getattr(args, name)
+        for name in ("gpu_z", "collectives_z", "link_z", "straggler_z", "path_z")
+        if getattr(args, name, None) is not None
+    }
     try:
         return Thresholds(**given)
     except ValueError as exc:
@@ -72,7 +75,7 @@ def _cmd_localize(args: argparse.Namespace) -> int:
     trace, notes = load_any(args.traces, args.input_format, args.topology)
     records = trace.records
     if args.last is not None:
-        steps = sorted(records["step"].unique())[-max(args.last, args.history or 0):]
+        steps = sorted(records["step"].unique())[-max(args.last, args.history or 0) :]
         records = records[records["step"].isin(steps)].reset_index(drop=True)
     judge_last = args.last if args.last is not None and args.history and args.history > args.last else None
     result = _flight_recorder_hang(records, trace)
@@ -129,8 +132,11 @@ def _probe(args: argparse.Namespace) -> ProbeResult | None:
     if args.probe is not None:
         path = Path(args.probe)
         if not path.is_file():
-            raise UsageError(f"--probe {args.probe}: no such file" if not path.exists() else
-                             f"--probe {args.probe}: not a regular file")
+            raise UsageError(
+                f"--probe {args.probe}: no such file"
+                if not path.exists()
+                else f"--probe {args.probe}: not a regular file"
+            )
         try:
             probe, problem = load_probe(path)
         except RecursionError:
@@ -189,23 +195,42 @@ def _cmd_sim(args: argparse.Namespace) -> int:
     if world > _MAX_WORLD:
         raise UsageError(f"sim: {world} GPUs (--dp x --pp x --tp x --cp): the simulator goes up to {_MAX_WORLD}")
     if world * args.steps * args.microbatches > _MAX_WORK:
-        raise UsageError(f"sim: {world} GPUs x {args.steps} --steps x {args.microbatches} --microbatches is more "
-                         f"than the simulator runs ({_MAX_WORK} GPU micro-batches; fewer steps or GPUs)")
+        raise UsageError(
+            f"sim: {world} GPUs x {args.steps} --steps x {args.microbatches} --microbatches is more "
+            f"than the simulator runs ({_MAX_WORK} GPU micro-batches; fewer steps or GPUs)"
+        )
     for fault in faults:
         if fault.start_step >= args.steps:
-            raise UsageError(f"--fault {fault.kind.value}:{fault.target}: starts at step {fault.start_step}, after "
-                             f"the last of {args.steps} --steps")
+            raise UsageError(
+                f"--fault {fault.kind.value}:{fault.target}: starts at step {fault.start_step}, after "
+                f"the last of {args.steps} --steps"
+            )
     try:
-        layout = ClusterLayout(dp=args.dp, pp=args.pp, tp=args.tp, cp=args.cp, ep=args.ep,
-                        gpus_per_host=args.gpus_per_host, hosts_per_leaf=args.hosts_per_leaf)
-        scenario = Scenario(layout, steps=args.steps, microbatches=args.microbatches, seed=args.seed, faults=faults,
-                            control=Control(args.control))
+        layout = ClusterLayout(
+            dp=args.dp,
+            pp=args.pp,
+            tp=args.tp,
+            cp=args.cp,
+            ep=args.ep,
+            gpus_per_host=args.gpus_per_host,
+            hosts_per_leaf=args.hosts_per_leaf,
+        )
+        scenario = Scenario(
+            layout,
+            steps=args.steps,
+            microbatches=args.microbatches,
+            seed=args.seed,
+            faults=faults,
+            control=Control(args.control),
+        )
     except ValueError as exc:
         raise UsageError(f"--fault: {exc}" if "fault" in str(exc) else f"sim: {exc}") from None
     trace = simulate(scenario)
     written = trace.write(output)
-    print(f"SIMULATED trace: {layout.world} GPUs ({', '.join(f'{k}={v}' for k, v in layout.parallelism().items())}), "
-          f"{args.steps} steps, {len(trace.records)} records, verdict to find: {trace.ground_truth['verdict']}")
+    print(
+        f"SIMULATED trace: {layout.world} GPUs ({', '.join(f'{k}={v}' for k, v in layout.parallelism().items())}), "
+        f"{args.steps} steps, {len(trace.records)} records, verdict to find: {trace.ground_truth['verdict']}"
+    )
     for path in written:
         print(f"  wrote {path}")
     return 0
@@ -229,22 +254,35 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
     if args.prometheus is not None:  # "" too: a URL that is not one is refused, not read as --traces
         url = urlparse(args.prometheus)
         if url.scheme not in ("http", "https") or not url.netloc:
-            raise UsageError(f"--prometheus {args.prometheus!r}: expected an http or https URL such as "
-                             "http://127.0.0.1:9090")
+            raise UsageError(
+                f"--prometheus {args.prometheus!r}: expected an http or https URL such as http://127.0.0.1:9090"
+            )
         if args.window < 2 * args.step or args.window / args.step > MAX_POINTS - 1:
-            raise UsageError(f"--window must be from 2 to {MAX_POINTS - 1} --step intervals (Prometheus answers "
-                             f"at most {MAX_POINTS} points per series), got {args.window:g}s in {args.step:g}s steps")
-        client = PrometheusClient(args.prometheus, timeout=args.prometheus_timeout, ca_file=args.prometheus_ca_file,
-                                  bearer_token_file=args.prometheus_bearer_token_file,
-                                  basic_auth_username=args.prometheus_basic_auth_username,
-                                  basic_auth_password_file=args.prometheus_basic_auth_password_file)
+            raise UsageError(
+                f"--window must be from 2 to {MAX_POINTS - 1} --step intervals (Prometheus answers "
+                f"at most {MAX_POINTS} points per series), got {args.window:g}s in {args.step:g}s steps"
+            )
+        client = PrometheusClient(
+            args.prometheus,
+            timeout=args.prometheus_timeout,
+            ca_file=args.prometheus_ca_file,
+            bearer_token_file=args.prometheus_bearer_token_file,
+            basic_auth_username=args.prometheus_basic_auth_username,
+            basic_auth_password_file=args.prometheus_basic_auth_password_file,
+        )
         source = PrometheusSource(client, job=args.job, window=args.window, step=args.step)
     else:
         source = TraceDirectory(Path(args.traces), args.last, args.history)
-    analyzer_settings = {"addr": "prometheus_addr", "port": "prometheus_port", "tls_certfile": "tls_certfile",
-                         "tls_keyfile": "tls_keyfile", "tls_client_cafile": "tls_client_cafile",
-                         "basic_auth_username": "basic_auth_username",
-                         "basic_auth_password_file": "basic_auth_password_file", "job": "job"}
+    analyzer_settings = {
+        "addr": "prometheus_addr",
+        "port": "prometheus_port",
+        "tls_certfile": "tls_certfile",
+        "tls_keyfile": "tls_keyfile",
+        "tls_client_cafile": "tls_client_cafile",
+        "basic_auth_username": "basic_auth_username",
+        "basic_auth_password_file": "basic_auth_password_file",
+        "job": "job",
+    }
     settings = Settings.resolve(**{setting: getattr(args, dest) for dest, setting in analyzer_settings.items()})
     if settings.prometheus.port is None:
         settings = settings.replace(prometheus_port=ANALYZER_PORT)
@@ -266,8 +304,11 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
     deadline = threading.Timer(args.duration if args.duration is not None else 0.0, stop.set)
     deadline.daemon = True
     try:
-        print(f"trainhealth analyze: {source.describe()} every {args.interval:g}s, suspects at "
-              f"{sinks.metrics_url or 'nowhere (TRAINHEALTH_PROMETHEUS=false)'}", flush=True)
+        print(
+            f"trainhealth analyze: {source.describe()} every {args.interval:g}s, suspects at "
+            f"{sinks.metrics_url or 'nowhere (TRAINHEALTH_PROMETHEUS=false)'}",
+            flush=True,
+        )
         if args.duration is not None:
             deadline.start()
         analyzer.run(args.interval, stop)
@@ -278,103 +319,189 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
 
 
 def _add_thresholds(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--gpu-z", type=_Z, default=None, metavar="Z",
-                        help=f"z-score of compute evidence that blames a GPU, {_Z.range_text} (default: the "
-                             "benchmarked threshold)")
-    parser.add_argument("--collectives-z", type=_Z, default=None, metavar="Z",
-                        help="the same when compute is derived from collectives alone (no compute records)")
-    parser.add_argument("--link-z", type=_Z, default=None, metavar="Z",
-                        help="z-score that blames a NIC, host or switch (default: the benchmarked threshold)")
-    parser.add_argument("--straggler-z", type=_Z, default=None, metavar="Z",
-                        help="traces with step markers: z-value of a rank's busy time over its peers', against the "
-                             "run's own noise, that blames its GPU (default 6, chosen on the real-run lab)")
-    parser.add_argument("--path-z", type=_Z, default=None, metavar="Z",
-                        help="traces with step markers: z-value of a communicator's slower transfers that blames "
-                             "its path (default 6)")
+    parser.add_argument(
+        "--gpu-z",
+        type=_Z,
+        default=None,
+        metavar="Z",
+        help=f"z-score of compute evidence that blames a GPU, {_Z.range_text} (default: the benchmarked threshold)",
+    )
+    parser.add_argument(
+        "--collectives-z",
+        type=_Z,
+        default=None,
+        metavar="Z",
+        help="the same when compute is derived from collectives alone (no compute records)",
+    )
+    parser.add_argument(
+        "--link-z",
+        type=_Z,
+        default=None,
+        metavar="Z",
+        help="z-score that blames a NIC, host or switch (default: the benchmarked threshold)",
+    )
+    parser.add_argument(
+        "--straggler-z",
+        type=_Z,
+        default=None,
+        metavar="Z",
+        help="traces with step markers: z-value of a rank's busy time over its peers', against the "
+        "run's own noise, that blames its GPU (default 6, chosen on the real-run lab)",
+    )
+    parser.add_argument(
+        "--path-z",
+        type=_Z,
+        default=None,
+        metavar="Z",
+        help="traces with step markers: z-value of a communicator's slower transfers that blames its path (default 6)",
+    )
 
 
 def add_commands(commands: argparse._SubParsersAction, parser_class: type[argparse.ArgumentParser]) -> None:
     """Register the three subcommands on the ``trainhealth`` parser."""
     kinds = ("auto", "v1", "flight-recorder", "straggler-analysis")
     localize = commands.add_parser(
-        "localize", help="find the GPU, link or imbalance behind irregular steps in collective traces",
+        "localize",
+        help="find the GPU, link or imbalance behind irregular steps in collective traces",
         description="Localize the root cause of iteration-time irregularities from collective timings (Holmes's "
-                    "rules). Prints the verdict, ranked suspects and advice; --json prints the localization "
-                    "result of docs/trace-format.md.",
+        "rules). Prints the verdict, ranked suspects and advice; --json prints the localization "
+        "result of docs/trace-format.md.",
     )
     localize.add_argument("traces", nargs="+", metavar="TRACE", help="trace files or directories")
     localize.add_argument("--topology", help="topology sidecar (default: topology.json in a trace directory)")
-    localize.add_argument("--from", dest="input_format", choices=kinds, default="auto", help="input format (default: detect)")
-    localize.add_argument("--last", type=_LAST, metavar="STEPS",
-                          help=f"only the last STEPS steps, {_LAST.range_text} (default: all)")
-    localize.add_argument("--history", type=_LAST, metavar="STEPS",
-                          help="with --last: judge the last STEPS steps against this many steps of the run before "
-                               "their end (each rank's usual, how far healthy members go, recurrence); default: "
-                               "the window alone")
+    localize.add_argument(
+        "--from", dest="input_format", choices=kinds, default="auto", help="input format (default: detect)"
+    )
+    localize.add_argument(
+        "--last", type=_LAST, metavar="STEPS", help=f"only the last STEPS steps, {_LAST.range_text} (default: all)"
+    )
+    localize.add_argument(
+        "--history",
+        type=_LAST,
+        metavar="STEPS",
+        help="with --last: judge the last STEPS steps against this many steps of the run before "
+        "their end (each rank's usual, how far healthy members go, recurrence); default: "
+        "the window alone",
+    )
     localize.add_argument("--json", action="store_true", help="the localization result as JSON")
-    localize.add_argument("--probe", metavar="FILE",
-                          help="a link probe result (trainhealth probe --out) that names the slow link where "
-                               "timings alone cannot (default: probe.json in a trace directory)")
+    localize.add_argument(
+        "--probe",
+        metavar="FILE",
+        help="a link probe result (trainhealth probe --out) that names the slow link where "
+        "timings alone cannot (default: probe.json in a trace directory)",
+    )
     _add_thresholds(localize)
     localize.set_defaults(handler=_cmd_localize)
 
     sim = commands.add_parser(
-        "sim", help="simulate a cluster's collective traces, with injected faults and ground truth",
+        "sim",
+        help="simulate a cluster's collective traces, with injected faults and ground truth",
         description="Write trace.parquet, topology.json and ground_truth.json (all marked simulated) for a "
-                    "DP x PP x TP (x CP x EP) job on a 1F1B schedule. --fault is kind:target:severity[:start[:end]] "
-                    "with kind gpu, nic (a rank's NIC), host (every NIC of a host) or switch (a leaf switch).",
+        "DP x PP x TP (x CP x EP) job on a 1F1B schedule. --fault is kind:target:severity[:start[:end]] "
+        "with kind gpu, nic (a rank's NIC), host (every NIC of a host) or switch (a leaf switch).",
     )
     for name, default in (("dp", 4), ("pp", 2), ("tp", 8), ("cp", 1), ("ep", 1)):
-        sim.add_argument(f"--{name}", type=_SIZE, default=default,
-                         help=f"{name} size, {_SIZE.range_text} (default {default})")
+        sim.add_argument(
+            f"--{name}", type=_SIZE, default=default, help=f"{name} size, {_SIZE.range_text} (default {default})"
+        )
     sim.add_argument("--steps", type=_STEPS, default=20, help=f"training steps, {_STEPS.range_text} (default 20)")
-    sim.add_argument("--microbatches", type=_MICROBATCHES, default=4,
-                     help=f"micro-batches per step, {_MICROBATCHES.range_text} (default 4)")
+    sim.add_argument(
+        "--microbatches",
+        type=_MICROBATCHES,
+        default=4,
+        help=f"micro-batches per step, {_MICROBATCHES.range_text} (default 4)",
+    )
     sim.add_argument("--seed", type=_SEED, default=0, help=f"random seed, {_SEED.range_text} (default 0)")
     sim.add_argument("--fault", action="append", metavar="SPEC", help="inject a fault (repeatable)")
-    sim.add_argument("--control", default="none", choices=("none", "stage_imbalance", "seqlen_imbalance"),
-                     help="a negative control: uneven work and no fault (default none)")
-    sim.add_argument("--gpus-per-host", type=_GPUS_PER_HOST, default=8,
-                     help=f"GPUs per host, {_GPUS_PER_HOST.range_text} (default 8)")
-    sim.add_argument("--hosts-per-leaf", type=_HOSTS_PER_LEAF, default=16,
-                     help=f"hosts per leaf switch, {_HOSTS_PER_LEAF.range_text} (default 16)")
+    sim.add_argument(
+        "--control",
+        default="none",
+        choices=("none", "stage_imbalance", "seqlen_imbalance"),
+        help="a negative control: uneven work and no fault (default none)",
+    )
+    sim.add_argument(
+        "--gpus-per-host",
+        type=_GPUS_PER_HOST,
+        default=8,
+        help=f"GPUs per host, {_GPUS_PER_HOST.range_text} (default 8)",
+    )
+    sim.add_argument(
+        "--hosts-per-leaf",
+        type=_HOSTS_PER_LEAF,
+        default=16,
+        help=f"hosts per leaf switch, {_HOSTS_PER_LEAF.range_text} (default 16)",
+    )
     sim.add_argument("-o", "--output", required=True, metavar="DIR", help="directory to write")
     sim.set_defaults(handler=_cmd_sim)
 
     analyze = commands.add_parser(
-        "analyze", help="localize periodically from Prometheus or trace files and serve the suspects as metrics",
+        "analyze",
+        help="localize periodically from Prometheus or trace files and serve the suspects as metrics",
         description="Every --interval seconds read a window (per-rank collective and step metrics from "
-                    "Prometheus's HTTP API, or the trace files ranks write into a directory), localize it and "
-                    "serve trainhealth_suspect_score and trainhealth_analysis_verdict. A failed run (a bad answer, no "
-                    "input yet) is logged in one line and counted; the last verdict stays served, marked "
-                    "trainhealth_analysis_stale. Stateless: restart it any time.",
+        "Prometheus's HTTP API, or the trace files ranks write into a directory), localize it and "
+        "serve trainhealth_suspect_score and trainhealth_analysis_verdict. A failed run (a bad answer, no "
+        "input yet) is logged in one line and counted; the last verdict stays served, marked "
+        "trainhealth_analysis_stale. Stateless: restart it any time.",
     )
     source = analyze.add_mutually_exclusive_group(required=True)
     source.add_argument("--prometheus", metavar="URL", help="Prometheus base URL, e.g. http://127.0.0.1:9090")
     source.add_argument("--traces", metavar="DIR", help="directory the ranks write trace files into")
-    analyze.add_argument("--job", help="only this job (the job label, matched exactly; default: every job "
-                                       "Prometheus has)")
-    analyze.add_argument("--window", type=_WINDOW, default=600.0, metavar="SECONDS",
-                         help=f"Prometheus: seconds of history per run, {_WINDOW.range_text} (default 600)")
-    analyze.add_argument("--step", type=_STEP, default=30.0, metavar="SECONDS",
-                         help=f"Prometheus: seconds per interval, at least two scrape intervals, {_STEP.range_text} "
-                              "(default 30)")
-    analyze.add_argument("--last", type=_LAST, default=20, metavar="STEPS",
-                         help=f"traces: steps per run, {_LAST.range_text} (default 20)")
-    analyze.add_argument("--history", type=_LAST, default=200, metavar="STEPS",
-                         help="traces: judge the last --last steps against this many steps of the run before their "
-                              "end, so that excursions healthy ranks and links of this run show too, and single "
-                              f"transient ones, page nobody, {_LAST.range_text} (default 200)")
-    analyze.add_argument("--interval", type=_INTERVAL, default=30.0, metavar="SECONDS",
-                         help=f"seconds between runs, {_INTERVAL.range_text}; after a failed run twice as long "
-                              "(default 30)")
+    analyze.add_argument(
+        "--job", help="only this job (the job label, matched exactly; default: every job Prometheus has)"
+    )
+    analyze.add_argument(
+        "--window",
+        type=_WINDOW,
+        default=600.0,
+        metavar="SECONDS",
+        help=f"Prometheus: seconds of history per run, {_WINDOW.range_text} (default 600)",
+    )
+    analyze.add_argument(
+        "--step",
+        type=_STEP,
+        default=30.0,
+        metavar="SECONDS",
+        help=f"Prometheus: seconds per interval, at least two scrape intervals, {_STEP.range_text} (default 30)",
+    )
+    analyze.add_argument(
+        "--last",
+        type=_LAST,
+        default=20,
+        metavar="STEPS",
+        help=f"traces: steps per run, {_LAST.range_text} (default 20)",
+    )
+    analyze.add_argument(
+        "--history",
+        type=_LAST,
+        default=200,
+        metavar="STEPS",
+        help="traces: judge the last --last steps against this many steps of the run before their "
+        "end, so that excursions healthy ranks and links of this run show too, and single "
+        f"transient ones, page nobody, {_LAST.range_text} (default 200)",
+    )
+    analyze.add_argument(
+        "--interval",
+        type=_INTERVAL,
+        default=30.0,
+        metavar="SECONDS",
+        help=f"seconds between runs, {_INTERVAL.range_text}; after a failed run twice as long (default 30)",
+    )
     analyze.add_argument("--once", action="store_true", help="run once, print the result and exit (serves nothing)")
     analyze.add_argument("--json", action="store_true", help="with --once: print the result as JSON")
-    analyze.add_argument("--duration", type=_DURATION, metavar="SECONDS",
-                         help=f"stop after this long, {_DURATION.range_text} (default: until stopped)")
-    analyze.add_argument("--prometheus-timeout", type=_TIMEOUT, default=10.0, metavar="SECONDS",
-                         help=f"the longest Prometheus may take to answer a query, {_TIMEOUT.range_text} "
-                              "(default 10); a slower answer is a failed run")
+    analyze.add_argument(
+        "--duration",
+        type=_DURATION,
+        metavar="SECONDS",
+        help=f"stop after this long, {_DURATION.range_text} (default: until stopped)",
+    )
+    analyze.add_argument(
+        "--prometheus-timeout",
+        type=_TIMEOUT,
+        default=10.0,
+        metavar="SECONDS",
+        help=f"the longest Prometheus may take to answer a query, {_TIMEOUT.range_text} "
+        "(default 10); a slower answer is a failed run",
+    )
     analyze.add_argument("--prometheus-ca-file", help="CA bundle to verify an https Prometheus")
     analyze.add_argument("--prometheus-bearer-token-file", help="file holding a bearer token for Prometheus")
     analyze.add_argument("--prometheus-basic-auth-username", help="basic-auth user for Prometheus")

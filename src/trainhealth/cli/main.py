@@ -18,22 +18,22 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn
 
+from trainhealth._extras import missing_extra
+from trainhealth._files import check_output_directory, check_output_file, same_file
 from trainhealth._version import __version__
-from trainhealth.cli.generate import add_commands as add_alerting_commands
 from trainhealth.catalog import CATALOG
-from trainhealth.cli.probe import add_commands as add_probe_commands
-from trainhealth.config import ConfigError, SettingInfo, Settings, setting_infos
 from trainhealth.cli.demo import add_commands as add_demo_commands
 from trainhealth.cli.detect import add_commands as add_detection_commands
 from trainhealth.cli.docgen import render_configuration_markdown, render_metrics_markdown
-from trainhealth.cli.numbers import PORT_OR_ZERO, Bounded
-from trainhealth._extras import missing_extra
-from trainhealth._files import check_output_directory, check_output_file, same_file
-from trainhealth.errors import UsageError
-from trainhealth.identity import Identity
+from trainhealth.cli.generate import add_commands as add_alerting_commands
 from trainhealth.cli.localize import add_commands as add_localization_commands
+from trainhealth.cli.numbers import PORT_OR_ZERO, Bounded
+from trainhealth.cli.probe import add_commands as add_probe_commands
 from trainhealth.cli.selftest import add_commands as add_selftest_commands
 from trainhealth.cli.stack import add_commands as add_stack_commands
+from trainhealth.config import ConfigError, SettingInfo, Settings, setting_infos
+from trainhealth.errors import UsageError
+from trainhealth.identity import Identity
 from trainhealth.traces.ops import TraceError
 
 __all__ = ["main"]
@@ -106,7 +106,7 @@ def _wrap_value(text: str, width: int) -> list[str]:
     for part in re.findall(r"[^;]+;?|;", text):
         pieces: list[str] = []
         for piece in filter(None, re.findall(r"[^,=( ]*[,=( ]?", part)):
-            pieces.extend(piece[start:start + width - 2] for start in range(0, len(piece), width - 2))
+            pieces.extend(piece[start : start + width - 2] for start in range(0, len(piece), width - 2))
         line = ""
         for piece in pieces:
             if line.strip() and len(line) + len(piece) > width:
@@ -144,10 +144,19 @@ NODE_EXPORTER_PORT = 9449
 
 #: ``trainhealth export`` options that are settings (dest -> setting name).
 _EXPORT_SETTINGS = {
-    "backend": "gpu_backend", "gpus": "gpus", "interval": "gpu_sample_interval", "addr": "prometheus_addr",
-    "port": "prometheus_port", "simulated_gpus": "simulated_gpus", "dcgm": "dcgm", "dcgm_host": "dcgm_host",
-    "tls_certfile": "tls_certfile", "tls_keyfile": "tls_keyfile", "tls_client_cafile": "tls_client_cafile",
-    "basic_auth_username": "basic_auth_username", "basic_auth_password_file": "basic_auth_password_file",
+    "backend": "gpu_backend",
+    "gpus": "gpus",
+    "interval": "gpu_sample_interval",
+    "addr": "prometheus_addr",
+    "port": "prometheus_port",
+    "simulated_gpus": "simulated_gpus",
+    "dcgm": "dcgm",
+    "dcgm_host": "dcgm_host",
+    "tls_certfile": "tls_certfile",
+    "tls_keyfile": "tls_keyfile",
+    "tls_client_cafile": "tls_client_cafile",
+    "basic_auth_username": "basic_auth_username",
+    "basic_auth_password_file": "basic_auth_password_file",
 }
 #: The ranges of ``trainhealth export``'s numbers (the settings' own ranges: gpu_sample_interval, simulated_gpus).
 EXPORT_INTERVAL = Bounded(float, 0.01, 86400, unit="seconds")
@@ -195,8 +204,11 @@ def _cmd_export(args: argparse.Namespace) -> int:
 
 def _export_error(args: argparse.Namespace, exc: ConfigError) -> UsageError:
     """The setting's error, led by the option the user typed when the setting came from one."""
-    options = {setting: "--" + dest.replace("_", "-") for dest, setting in _EXPORT_SETTINGS.items()
-               if getattr(args, dest) is not None}
+    options = {
+        setting: "--" + dest.replace("_", "-")
+        for dest, setting in _EXPORT_SETTINGS.items()
+        if getattr(args, dest) is not None
+    }
     option = options.get(exc.setting)
     return UsageError(f"{option}: {exc}" if option else str(exc))
 
@@ -234,16 +246,22 @@ def _cmd_trace_convert(args: argparse.Namespace) -> int:
     written = save(trace, output)
     for note in notes:
         print(f"note: {note}", file=sys.stderr)
-    print(f"wrote {len(trace.records)} records from {len(trace.sources)} file(s) to "
-          f"{', '.join(str(path) for path in written)}")
+    print(
+        f"wrote {len(trace.records)} records from {len(trace.sources)} file(s) to "
+        f"{', '.join(str(path) for path in written)}"
+    )
     return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="trainhealth", description="Observability for large-model training.")
     parser.add_argument("--version", action="version", version=f"trainhealth {__version__}")
-    commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser,
-                                     help="the command to run (trainhealth COMMAND --help describes it)")
+    commands = parser.add_subparsers(
+        dest="command",
+        metavar="COMMAND",
+        parser_class=_Parser,
+        help="the command to run (trainhealth COMMAND --help describes it)",
+    )
 
     metrics = commands.add_parser("metrics", help="print the metric catalogue")
     metrics_format = metrics.add_mutually_exclusive_group()
@@ -252,10 +270,11 @@ def build_parser() -> argparse.ArgumentParser:
     metrics.set_defaults(handler=_cmd_metrics)
 
     config = commands.add_parser(
-        "config", help="show the resolved settings and identity of this environment",
+        "config",
+        help="show the resolved settings and identity of this environment",
         description="List every setting under its group: its value here (unset when it has none; secrets "
-                    "<hidden>) and where it came from (default, or the TRAINHEALTH_* variable that set it), then "
-                    "the identity this process would report (job, host, rank, ...).",
+        "<hidden>) and where it came from (default, or the TRAINHEALTH_* variable that set it), then "
+        "the identity this process would report (job, host, rank, ...).",
     )
     config_format = config.add_mutually_exclusive_group()
     config_format.add_argument("--json", action="store_true", help="as JSON")
@@ -263,49 +282,73 @@ def build_parser() -> argparse.ArgumentParser:
     config.set_defaults(handler=_cmd_config)
 
     export = commands.add_parser(
-        "export", help="serve this node's GPU metrics (NVML, XIDs, DCGM), like dcgm-exporter",
+        "export",
+        help="serve this node's GPU metrics (NVML, XIDs, DCGM), like dcgm-exporter",
         description="Serve the GPU metrics of this node until stopped. Options override TRAINHEALTH_* variables.",
     )
     export.add_argument("--backend", choices=("nvml", "simulated"), help="GPU backend (default nvml)")
     export.add_argument("--gpus", help="all (default), or NVML indices like 0,2")
-    export.add_argument("--interval", type=EXPORT_INTERVAL, metavar="SECONDS",
-                        help=f"seconds between sampling passes, {EXPORT_INTERVAL.range_text} (default 5)")
+    export.add_argument(
+        "--interval",
+        type=EXPORT_INTERVAL,
+        metavar="SECONDS",
+        help=f"seconds between sampling passes, {EXPORT_INTERVAL.range_text} (default 5)",
+    )
     export.add_argument("--addr", help="address to bind (default 0.0.0.0)")
-    export.add_argument("--port", type=PORT_OR_ZERO, help=f"port to serve on (default {NODE_EXPORTER_PORT}; 0 picks one)")
-    export.add_argument("--simulated-gpus", type=EXPORT_SIMULATED_GPUS, metavar="N",
-                        help=f"GPUs of the simulated backend, {EXPORT_SIMULATED_GPUS.range_text} (default 8)")
-    export.add_argument("--dcgm", action=argparse.BooleanOptionalAction, default=None,
-                        help="read DCGM profiling fields (default: when DCGM is present)")
+    export.add_argument(
+        "--port", type=PORT_OR_ZERO, help=f"port to serve on (default {NODE_EXPORTER_PORT}; 0 picks one)"
+    )
+    export.add_argument(
+        "--simulated-gpus",
+        type=EXPORT_SIMULATED_GPUS,
+        metavar="N",
+        help=f"GPUs of the simulated backend, {EXPORT_SIMULATED_GPUS.range_text} (default 8)",
+    )
+    export.add_argument(
+        "--dcgm",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="read DCGM profiling fields (default: when DCGM is present)",
+    )
     export.add_argument("--dcgm-host", help="nv-hostengine address (default localhost)")
     export.add_argument("--tls-certfile", help="serve HTTPS with this certificate")
     export.add_argument("--tls-keyfile", help="private key of --tls-certfile")
     export.add_argument("--tls-client-cafile", help="require client certificates signed by this CA")
     export.add_argument("--basic-auth-username", help="require HTTP basic auth with this user")
     export.add_argument("--basic-auth-password-file", help="file holding the basic-auth password")
-    export.add_argument("--duration", type=EXPORT_DURATION, metavar="SECONDS",
-                        help=f"stop after this long, {EXPORT_DURATION.range_text} (default: run until stopped)")
+    export.add_argument(
+        "--duration",
+        type=EXPORT_DURATION,
+        metavar="SECONDS",
+        help=f"stop after this long, {EXPORT_DURATION.range_text} (default: run until stopped)",
+    )
     export.set_defaults(handler=_cmd_export)
     add_detection_commands(commands, _Parser)
 
-
     trace = commands.add_parser("trace", help="inspect and convert collective traces (trace format v1)")
-    trace_commands = trace.add_subparsers(dest="trace_command", metavar="COMMAND", parser_class=_Parser, required=True,
-                                          help="what to do with the traces")
+    trace_commands = trace.add_subparsers(
+        dest="trace_command", metavar="COMMAND", parser_class=_Parser, required=True, help="what to do with the traces"
+    )
     kinds = ("auto", "v1", "flight-recorder", "straggler-analysis")
     info = trace_commands.add_parser("info", help="ranks, groups, steps, ops, time span and per-op durations")
     info.add_argument("traces", nargs="+", metavar="TRACE", help="trace files or directories")
-    info.add_argument("--from", dest="input_format", choices=kinds, default="auto", help="input format (default: detect)")
+    info.add_argument(
+        "--from", dest="input_format", choices=kinds, default="auto", help="input format (default: detect)"
+    )
     info.add_argument("--topology", help="topology sidecar (default: topology.json in a trace directory)")
     info.add_argument("--json", action="store_true", help="as JSON")
     info.set_defaults(handler=_cmd_trace_info)
     convert = trace_commands.add_parser(
-        "convert", help="convert traces (v1, Flight Recorder dumps, StragglerAnalysis parquet) to trace format v1",
+        "convert",
+        help="convert traces (v1, Flight Recorder dumps, StragglerAnalysis parquet) to trace format v1",
         description="Write the inputs as one trace: OUT with a trace extension (.parquet, .jsonl[.gz], .csv[.gz]) "
-                    "is one file; any other OUT is a directory receiving trace.parquet and topology.json.",
+        "is one file; any other OUT is a directory receiving trace.parquet and topology.json.",
     )
     convert.add_argument("inputs", nargs="+", metavar="IN", help="input files or directories")
     convert.add_argument("-o", "--output", required=True, metavar="OUT", help="output file or directory")
-    convert.add_argument("--from", dest="input_format", choices=kinds, default="auto", help="input format (default: detect)")
+    convert.add_argument(
+        "--from", dest="input_format", choices=kinds, default="auto", help="input format (default: detect)"
+    )
     convert.add_argument("--topology", help="topology sidecar for v1 inputs")
     convert.set_defaults(handler=_cmd_trace_convert)
     add_localization_commands(commands, _Parser)
@@ -319,8 +362,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 #: The extra each command needs beyond the core install (see trainhealth._extras).
 COMMAND_EXTRAS = {
-    "detect": "analysis", "trace": "analysis", "localize": "analysis", "sim": "analysis",
-    "analyze": "analysis", "alerts": "dashboards", "dashboards": "dashboards", "stack": "demo", "demo": "demo",
+    "detect": "analysis",
+    "trace": "analysis",
+    "localize": "analysis",
+    "sim": "analysis",
+    "analyze": "analysis",
+    "alerts": "dashboards",
+    "dashboards": "dashboards",
+    "stack": "demo",
+    "demo": "demo",
 }
 
 

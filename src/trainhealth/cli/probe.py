@@ -36,8 +36,9 @@ def _sizes(text: str) -> tuple[int, ...]:
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected byte counts like 4096,1048576, got {text[:60]!r}") from None
     if len(set(sizes)) < 2 or min(sizes) < 1 or max(sizes) > MAX_SIZE:
-        raise argparse.ArgumentTypeError(f"expected two or more distinct byte counts from 1 to {MAX_SIZE}, "
-                                         f"got {text[:60]!r}")
+        raise argparse.ArgumentTypeError(
+            f"expected two or more distinct byte counts from 1 to {MAX_SIZE}, got {text[:60]!r}"
+        )
     return sizes
 
 
@@ -66,17 +67,27 @@ def _cmd_probe(args: argparse.Namespace) -> int:
 
 def add_commands(commands: argparse._SubParsersAction, parser_class: type[argparse.ArgumentParser]) -> None:
     probe = commands.add_parser(
-        "probe", help="measure every pair of ranks (latency, bandwidth) and name the rank with slow links",
+        "probe",
+        help="measure every pair of ranks (latency, bandwidth) and name the rank with slow links",
         description="Run once per rank (torchrun, or RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT set by hand). "
-                    "Rank 0 writes the result (see docs/localization.md) and prints a table.",
+        "Rank 0 writes the result (see docs/localization.md) and prints a table.",
     )
     probe.add_argument("--out", required=True, help="JSON file written by rank 0")
-    probe.add_argument("--sizes", type=_sizes, default=(4096, 1 << 20), metavar="BYTES,BYTES",
-                       help="message sizes: the smallest measures latency, the largest bandwidth "
-                            "(default 4096,1048576)")
-    probe.add_argument("--repeats", type=_REPEATS, default=5,
-                       help=f"exchanges per size and pair, {_REPEATS.range_text} (default 5)")
-    probe.add_argument("--timeout", type=_TIMEOUT, default=60.0, metavar="SECONDS",
-                       help=f"longest wait for a peer before its link is reported failed, {_TIMEOUT.range_text} "
-                            "(default 60)")
+    probe.add_argument(
+        "--sizes",
+        type=_sizes,
+        default=(4096, 1 << 20),
+        metavar="BYTES,BYTES",
+        help="message sizes: the smallest measures latency, the largest bandwidth (default 4096,1048576)",
+    )
+    probe.add_argument(
+        "--repeats", type=_REPEATS, default=5, help=f"exchanges per size and pair, {_REPEATS.range_text} (default 5)"
+    )
+    probe.add_argument(
+        "--timeout",
+        type=_TIMEOUT,
+        default=60.0,
+        metavar="SECONDS",
+        help=f"longest wait for a peer before its link is reported failed, {_TIMEOUT.range_text} (default 60)",
+    )
     probe.set_defaults(handler=_cmd_probe)

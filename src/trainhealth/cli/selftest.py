@@ -44,11 +44,15 @@ def _cmd_selftest(args: argparse.Namespace) -> int:
     else:
         for r in results:
             status = "pass" if r.passed else "FAIL"
-            print(f"{r.device:<8} {r.check:<12} {status}  error {r.max_error:.3g} (tolerance {r.tolerance:.3g}), "
-                  f"{r.seconds * 1000:.1f} ms{'  ' + r.detail if r.detail else ''}")
+            print(
+                f"{r.device:<8} {r.check:<12} {status}  error {r.max_error:.3g} (tolerance {r.tolerance:.3g}), "
+                f"{r.seconds * 1000:.1f} ms{'  ' + r.detail if r.detail else ''}"
+            )
         failed = sorted({r.device for r in results if not r.passed})
-        print(f"selftest: {'FAILED on ' + ', '.join(failed) if failed else 'every check passed'} "
-              f"({len(devices)} device{'s' if len(devices) > 1 else ''})")
+        print(
+            f"selftest: {'FAILED on ' + ', '.join(failed) if failed else 'every check passed'} "
+            f"({len(devices)} device{'s' if len(devices) > 1 else ''})"
+        )
     return 1 if any(not r.passed for r in results) else 0
 
 
@@ -56,9 +60,9 @@ def _write_metrics(path: Path, results: list[SelftestResult]) -> None:
     """The results in Prometheus text format, for node_exporter's textfile collector (written atomically)."""
     from prometheus_client import CollectorRegistry, write_to_textfile
 
-    from trainhealth.sinks.prometheus import StoreCollector
     from trainhealth.identity import Identity
     from trainhealth.sdc.selftest import publish_results
+    from trainhealth.sinks.prometheus import StoreCollector
     from trainhealth.store import MetricStore
 
     store = MetricStore()
@@ -73,17 +77,21 @@ def _write_metrics(path: Path, results: list[SelftestResult]) -> None:
 
 def add_commands(commands: argparse._SubParsersAction, parser_class: type[argparse.ArgumentParser]) -> None:
     selftest = commands.add_parser(
-        "selftest", help="run deterministic GEMM, reduction and elementwise checks against a golden reference",
+        "selftest",
+        help="run deterministic GEMM, reduction and elementwise checks against a golden reference",
         description="Checks each device against float64 references computed on the CPU, runs the GEMM twice "
-                    "(bit-identical or broken) and compares devices with each other. Exit status 1 if a check "
-                    "fails: usable before a job to keep a bad GPU out.",
+        "(bit-identical or broken) and compares devices with each other. Exit status 1 if a check "
+        "fails: usable before a job to keep a bad GPU out.",
     )
-    selftest.add_argument("--device", action="append", metavar="DEVICE",
-                          help="cpu, cuda:N or all (repeatable; default all)")
-    selftest.add_argument("--size", type=_SIZE, default=1024,
-                          help=f"matrix size of the GEMM, {_SIZE.range_text} (default 1024)")
+    selftest.add_argument(
+        "--device", action="append", metavar="DEVICE", help="cpu, cuda:N or all (repeatable; default all)"
+    )
+    selftest.add_argument(
+        "--size", type=_SIZE, default=1024, help=f"matrix size of the GEMM, {_SIZE.range_text} (default 1024)"
+    )
     selftest.add_argument("--seed", type=_SEED, default=0, help=f"seed of the inputs, {_SEED.range_text} (default 0)")
     selftest.add_argument("--json", action="store_true", help="print the results as JSON")
-    selftest.add_argument("--metrics-file", metavar="PATH",
-                          help="also write the results for node_exporter's textfile collector")
+    selftest.add_argument(
+        "--metrics-file", metavar="PATH", help="also write the results for node_exporter's textfile collector"
+    )
     selftest.set_defaults(handler=_cmd_selftest)

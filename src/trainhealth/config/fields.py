@@ -150,11 +150,21 @@ def _number(value: float) -> str:
     return format(value, "g")
 
 
-def setting(name: str, default: Any, parse: Callable[[str], Any], help: str, *, secret: bool = False,
-            bounds: Range | None = None) -> Any:
+def setting(
+    name: str,
+    default: Any,
+    parse: Callable[[str], Any],
+    help: str,
+    *,
+    secret: bool = False,
+    bounds: Range | None = None,
+) -> Any:
     """Declare a field of a :class:`SettingGroup`: the setting ``name``, its default, parser, help and range."""
-    return field(default=default, repr=not secret,
-                 metadata={"setting": name, "parse": parse, "help": help, "secret": secret, "bounds": bounds})
+    return field(
+        default=default,
+        repr=not secret,
+        metadata={"setting": name, "parse": parse, "help": help, "secret": secret, "bounds": bounds},
+    )
 
 
 def bounds_of(spec: dataclasses.Field) -> Range | None:

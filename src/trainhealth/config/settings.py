@@ -55,8 +55,9 @@ class Settings:
     def __post_init__(self) -> None:
         for spec in dataclasses.fields(self):
             if not isinstance(getattr(self, spec.name), _GROUPS[spec.name]):
-                raise TypeError(f"Settings.{spec.name} must be a {_GROUPS[spec.name].__name__}, "
-                                f"got {getattr(self, spec.name)!r}")
+                raise TypeError(
+                    f"Settings.{spec.name} must be a {_GROUPS[spec.name].__name__}, got {getattr(self, spec.name)!r}"
+                )
 
     @classmethod
     def resolve(cls, env: Mapping[str, str] | None = None, **explicit: Any) -> Settings:
@@ -139,15 +140,17 @@ def setting_infos() -> tuple[SettingInfo, ...]:
             help = spec.metadata["help"]
             if bounds is not None:
                 help = f"{help} Range: {bounds}."
-            infos.append(SettingInfo(
-                name=name,
-                env=env_name(name),
-                type=type_name(spec),
-                default=spec.default,
-                help=help,
-                secret=spec.metadata["secret"],
-                group=group.TITLE,
-                attribute=f"{attribute}.{spec.name}",
-                range=None if bounds is None else str(bounds),
-            ))
+            infos.append(
+                SettingInfo(
+                    name=name,
+                    env=env_name(name),
+                    type=type_name(spec),
+                    default=spec.default,
+                    help=help,
+                    secret=spec.metadata["secret"],
+                    group=group.TITLE,
+                    attribute=f"{attribute}.{spec.name}",
+                    range=None if bounds is None else str(bounds),
+                )
+            )
     return tuple(infos)

@@ -31,50 +31,88 @@ def _advice_markdown() -> str:
 def incidents_dashboard(alerts: Iterable[AlertLike]) -> Dashboard:
     panels = [
         Table(
-            title="Firing alerts", unit="none",
+            title="Firing alerts",
+            unit="none",
             description="Every trainhealth alert firing now, pages first; each has a runbook and a mitigation.",
             targets=[target('ALERTS{alertstate="firing",job=~"$job"}', instant=True, table=True)],
-            transformations=[{"id": "organize", "options": {"excludeByName": {"Time": True, "__name__": True,
-                                                                              "alertstate": True, "Value": True}}}],
+            transformations=[
+                {
+                    "id": "organize",
+                    "options": {"excludeByName": {"Time": True, "__name__": True, "alertstate": True, "Value": True}},
+                }
+            ],
             sortBy=[g.TableSortByField(displayName="severity", desc=False)],
         ),
         Table(
-            title="Ranked suspects", unit="none", colored=True,
+            title="Ranked suspects",
+            unit="none",
+            colored=True,
             description="From trainhealth analyze: 0.5 and more blames the component; kind gpu means compute "
-                        "(straggler), nic/host/switch communication.",
+            "(straggler), nic/host/switch communication.",
             targets=[target(f'{c.SUSPECT_SCORE.prometheus_name}{{job=~"$job"}} > 0', instant=True, table=True)],
-            transformations=[{"id": "organize", "options": {"excludeByName": {"Time": True, "__name__": True},
-                                                            "renameByName": {"Value": "score"}}}],
+            transformations=[
+                {
+                    "id": "organize",
+                    "options": {"excludeByName": {"Time": True, "__name__": True}, "renameByName": {"Value": "score"}},
+                }
+            ],
             sortBy=[g.TableSortByField(displayName="score", desc=True)],
         ),
         Stat(
-            title="Verdict", format="none", textMode="name", colorMode="background", graphMode="none",
+            title="Verdict",
+            format="none",
+            textMode="name",
+            colorMode="background",
+            graphMode="none",
             reduceCalc="lastNotNull",
             targets=[target(f'{c.ANALYSIS_VERDICT.prometheus_name}{{job=~"$job"}} == 1', "{{verdict}}", instant=True)],
             mappings=[{"type": "value", "options": {"1": {"color": "orange"}}}],
         ),
         Stat(
-            title="SDC suspects and failed self-tests", format="none", graphMode="none", reduceCalc="lastNotNull",
+            title="SDC suspects and failed self-tests",
+            format="none",
+            graphMode="none",
+            reduceCalc="lastNotNull",
             description="Ranks a cross-replica check put in the minority, and self-test checks that got a device's "
-                        "numbers wrong (trainhealth selftest).",
-            targets=[target(f'sum by (job) ({c.SDC_SUSPECT.prometheus_name}{{job=~"$job"}})', "{{job}} suspects",
-                            instant=True),
-                     target(f'count by (host) ({c.SELFTEST_PASSED.prometheus_name}{{job=~"$job"}} == 0)',
-                            "{{host}} failed self-tests", ref="B", instant=True)],
+            "numbers wrong (trainhealth selftest).",
+            targets=[
+                target(
+                    f'sum by (job) ({c.SDC_SUSPECT.prometheus_name}{{job=~"$job"}})', "{{job}} suspects", instant=True
+                ),
+                target(
+                    f'count by (host) ({c.SELFTEST_PASSED.prometheus_name}{{job=~"$job"}} == 0)',
+                    "{{host}} failed self-tests",
+                    ref="B",
+                    instant=True,
+                ),
+            ],
         ),
         TimeSeries(
-            title="Scrape targets up", unit="none", tooltipMode="multi", tooltipSort="desc",
+            title="Scrape targets up",
+            unit="none",
+            tooltipMode="multi",
+            tooltipSort="desc",
             description="Prometheus's up for every trainhealth endpoint; 0: its metrics and alerts are blind.",
             targets=[target('up{job=~"trainhealth.*"}', "{{instance}} ({{job}})")],
         ),
         TimeSeries(
-            title="Time since the analyzer's last localization", unit="s", tooltipMode="multi", tooltipSort="desc",
+            title="Time since the analyzer's last localization",
+            unit="s",
+            tooltipMode="multi",
+            tooltipSort="desc",
             description="Suspects and the verdict are as old as this.",
-            targets=[target(f'time() - max by (job) ({c.ANALYSIS_LAST_RUN_TIMESTAMP.prometheus_name}'
-                            f'{{job=~"$job"}})', "{{job}}")],
+            targets=[
+                target(
+                    f'time() - max by (job) ({c.ANALYSIS_LAST_RUN_TIMESTAMP.prometheus_name}{{job=~"$job"}})', "{{job}}"
+                )
+            ],
         ),
         Text(title="Advice", mode="markdown", content=_advice_markdown()),
     ]
-    return dashboard(UID, "trainhealth / Incidents",
-                     "Firing alerts, ranked suspects and what to do about them.",
-                     arrange(panels, wide=[True, True, False, False, False, False, True]), alerts)
+    return dashboard(
+        UID,
+        "trainhealth / Incidents",
+        "Firing alerts, ranked suspects and what to do about them.",
+        arrange(panels, wide=[True, True, False, False, False, False, True]),
+        alerts,
+    )

@@ -20,11 +20,22 @@ from typing import Any, Protocol
 from grafanalib import core as g
 
 from trainhealth import catalog as c
-from trainhealth.knowledge.limits import Limit, PanelRef
 from trainhealth.dashboards.model import BASE_STEP, DATASOURCE, Dashboard, Row, Target, Variable
+from trainhealth.knowledge.limits import Limit, PanelRef
 
-__all__ = ["AlertLike", "DCGM_FILTER", "GPU_FILTER", "RANK_FILTER", "SEVERITY_COLORS", "annotation", "arrange",
-           "dashboard", "limit_steps", "target", "templating"]
+__all__ = [
+    "AlertLike",
+    "DCGM_FILTER",
+    "GPU_FILTER",
+    "RANK_FILTER",
+    "SEVERITY_COLORS",
+    "annotation",
+    "arrange",
+    "dashboard",
+    "limit_steps",
+    "target",
+    "templating",
+]
 
 RANK_FILTER = 'job=~"$job",host=~"$host",rank=~"$rank"'
 GPU_FILTER = 'job=~"$job",host=~"$host",gpu=~"$gpu"'
@@ -53,13 +64,13 @@ class AlertLike(Protocol):
 
 
 def target(expr: str, legend: str = "", ref: str = "A", instant: bool = False, table: bool = False) -> Target:
-    return Target(expr=expr, legendFormat=legend, refId=ref, instant=instant,
-                  format="table" if table else "time_series")
+    return Target(
+        expr=expr, legendFormat=legend, refId=ref, instant=instant, format="table" if table else "time_series"
+    )
 
 
 def _variable(name: str, query: str, label: str) -> Variable:
-    return Variable(name=name, label=label, query=query, includeAll=True, multi=True, allValue=".*", refresh=2,
-                    sort=3)
+    return Variable(name=name, label=label, query=query, includeAll=True, multi=True, allValue=".*", refresh=2, sort=3)
 
 
 def templating(gpu: bool = False) -> g.Templating:
@@ -108,8 +119,10 @@ def limit_steps(limits: Iterable[tuple[float, str, str]]) -> list[dict[str, Any]
     sides = set()
     for value, bad, severity in limits:
         if bad not in ("above", "below") or severity not in SEVERITY_COLORS:
-            raise ValueError(f"a limit is bad 'above' or 'below' with a severity in {sorted(SEVERITY_COLORS)}, "
-                             f"got {bad!r}, {severity!r}")
+            raise ValueError(
+                f"a limit is bad 'above' or 'below' with a severity in {sorted(SEVERITY_COLORS)}, "
+                f"got {bad!r}, {severity!r}"
+            )
         sides.add(bad)
         if value not in worst or _RANKING.index(severity) > _RANKING.index(worst[value]):
             worst[value] = severity
@@ -141,19 +154,46 @@ def _draw_limits(uid: str, panels: Sequence[Any], alerts: Iterable[AlertLike]) -
         by_id[panel_id].thresholds = limit_steps(drawn)
 
 
-def dashboard(uid: str, title: str, description: str, panels: list[Any], alerts: Iterable[AlertLike], *,
-              gpu: bool = False, annotations: list[dict[str, Any]] | None = None) -> Dashboard:
+def dashboard(
+    uid: str,
+    title: str,
+    description: str,
+    panels: list[Any],
+    alerts: Iterable[AlertLike],
+    *,
+    gpu: bool = False,
+    annotations: list[dict[str, Any]] | None = None,
+) -> Dashboard:
     """A dashboard of placed ``panels``, with the limits of the ``alerts`` that point at them drawn in."""
     _draw_limits(uid, panels, alerts)
     return Dashboard(
-        uid=uid, title=title, description=description, tags=["trainhealth"], panels=panels,
-        templating=templating(gpu), annotations=g.Annotations(list=annotations or []),
-        time=g.Time("now-6h", "now"), refresh="30s", timezone="utc", editable=True, graphTooltip=1,
-        schemaVersion=42, version=1,
+        uid=uid,
+        title=title,
+        description=description,
+        tags=["trainhealth"],
+        panels=panels,
+        templating=templating(gpu),
+        annotations=g.Annotations(list=annotations or []),
+        time=g.Time("now-6h", "now"),
+        refresh="30s",
+        timezone="utc",
+        editable=True,
+        graphTooltip=1,
+        schemaVersion=42,
+        version=1,
     )
 
 
 def annotation(name: str, expr: str, color: str, title: str) -> dict[str, Any]:
     """A Prometheus annotation: a mark wherever ``expr`` has a value."""
-    return {"name": name, "datasource": dict(DATASOURCE), "enable": True, "hide": False, "expr": expr,
-            "iconColor": color, "step": "60s", "titleFormat": title, "useValueForTime": False}
+    return {
+        "name": name,
+        "datasource": dict(DATASOURCE),
+        "enable": True,
+        "hide": False,
+        "expr": expr,
+        "iconColor": color,
+        "step": "60s",
+        "titleFormat": title,
+        "useValueForTime": False,
+    }

@@ -29,8 +29,20 @@ from grafanalib import core as g
 
 from trainhealth.catalog import MetricSpec, Unit
 
-__all__ = ["BASE_STEP", "DATASOURCE", "Dashboard", "Heatmap", "Row", "Stat", "Table", "Target", "Text", "TimeSeries",
-           "Variable", "unit_of"]
+__all__ = [
+    "BASE_STEP",
+    "DATASOURCE",
+    "Dashboard",
+    "Heatmap",
+    "Row",
+    "Stat",
+    "Table",
+    "Target",
+    "Text",
+    "TimeSeries",
+    "Variable",
+    "unit_of",
+]
 
 #: Every query and panel reads the Prometheus datasource the dashboard's ``datasource`` variable selects.
 DATASOURCE: dict[str, str] = {"type": "prometheus", "uid": "${datasource}"}
@@ -39,10 +51,21 @@ BASE_STEP: dict[str, Any] = {"color": "green", "value": None}
 
 #: The catalogue's units as Grafana unit ids (grafana-data's valueFormats/categories.ts).
 _UNITS = {
-    Unit.SECONDS: "s", Unit.BYTES: "bytes", Unit.CELSIUS: "celsius", Unit.WATTS: "watt", Unit.JOULES: "joule",
-    Unit.HERTZ: "hertz", Unit.RATIO: "percentunit", Unit.BYTES_PER_SECOND: "Bps",
-    Unit.TOKENS_PER_SECOND: "suffix: tokens/s", Unit.DIMENSIONLESS: "none", Unit.STEPS: "none",
-    Unit.TOKENS: "short", Unit.ERRORS: "short", Unit.EVENTS: "short", Unit.OPERATIONS: "short",
+    Unit.SECONDS: "s",
+    Unit.BYTES: "bytes",
+    Unit.CELSIUS: "celsius",
+    Unit.WATTS: "watt",
+    Unit.JOULES: "joule",
+    Unit.HERTZ: "hertz",
+    Unit.RATIO: "percentunit",
+    Unit.BYTES_PER_SECOND: "Bps",
+    Unit.TOKENS_PER_SECOND: "suffix: tokens/s",
+    Unit.DIMENSIONLESS: "none",
+    Unit.STEPS: "none",
+    Unit.TOKENS: "short",
+    Unit.ERRORS: "short",
+    Unit.EVENTS: "short",
+    Unit.OPERATIONS: "short",
     Unit.RECORDS: "short",
 }
 
@@ -61,20 +84,35 @@ class Target(g.Target):
     """A Prometheus query (``expr``), instant or over the range, as Grafana's Prometheus query editor saves it."""
 
     def to_json_data(self) -> dict[str, Any]:
-        return {"datasource": dict(DATASOURCE), "editorMode": "code", "expr": self.expr, "format": self.format,
-                "instant": self.instant, "range": not self.instant, "legendFormat": self.legendFormat,
-                "refId": self.refId}
+        return {
+            "datasource": dict(DATASOURCE),
+            "editorMode": "code",
+            "expr": self.expr,
+            "format": self.format,
+            "instant": self.instant,
+            "range": not self.instant,
+            "legendFormat": self.legendFormat,
+            "refId": self.refId,
+        }
 
 
 def _thresholds(panel: Any) -> dict[str, Any]:
     return {"mode": "absolute", "steps": list(panel.thresholds) or [dict(BASE_STEP)]}
 
 
-def _panel(panel: Any, kind: str, options: dict[str, Any], defaults: dict[str, Any],
-           overrides: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+def _panel(
+    panel: Any,
+    kind: str,
+    options: dict[str, Any],
+    defaults: dict[str, Any],
+    overrides: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
     """The parts every panel shares; ``defaults`` are the plugin's field defaults (unit, custom, mappings)."""
     data: dict[str, Any] = {
-        "type": kind, "title": panel.title, "datasource": dict(DATASOURCE), "targets": panel.targets,
+        "type": kind,
+        "title": panel.title,
+        "datasource": dict(DATASOURCE),
+        "targets": panel.targets,
         "options": options,
         "fieldConfig": {"defaults": {"thresholds": _thresholds(panel), **defaults}, "overrides": overrides or []},
     }
@@ -96,27 +134,59 @@ class TimeSeries(g.TimeSeries):
         scale: dict[str, Any] = {"type": self.scaleDistributionType}
         if self.scaleDistributionType == "log":
             scale["log"] = self.scaleDistributionLog
-        custom = {"drawStyle": self.drawStyle, "lineWidth": self.lineWidth, "fillOpacity": self.fillOpacity,
-                  "showPoints": self.showPoints, "spanNulls": self.spanNulls, "axisPlacement": self.axisPlacement,
-                  "scaleDistribution": scale,
-                  "thresholdsStyle": {"mode": "dashed" if len(self.thresholds) > 1 else "off"}}
-        options = {"legend": {"displayMode": self.legendDisplayMode, "placement": self.legendPlacement,
-                              "showLegend": True, "calcs": list(self.legendCalcs)},
-                   "tooltip": {"mode": self.tooltipMode, "sort": self.tooltipSort}}
-        return _panel(self, "timeseries", options, {"unit": self.unit or "short", "color": {"mode": self.colorMode},
-                                                    "custom": custom, "mappings": list(self.mappings)})
+        custom = {
+            "drawStyle": self.drawStyle,
+            "lineWidth": self.lineWidth,
+            "fillOpacity": self.fillOpacity,
+            "showPoints": self.showPoints,
+            "spanNulls": self.spanNulls,
+            "axisPlacement": self.axisPlacement,
+            "scaleDistribution": scale,
+            "thresholdsStyle": {"mode": "dashed" if len(self.thresholds) > 1 else "off"},
+        }
+        options = {
+            "legend": {
+                "displayMode": self.legendDisplayMode,
+                "placement": self.legendPlacement,
+                "showLegend": True,
+                "calcs": list(self.legendCalcs),
+            },
+            "tooltip": {"mode": self.tooltipMode, "sort": self.tooltipSort},
+        }
+        return _panel(
+            self,
+            "timeseries",
+            options,
+            {
+                "unit": self.unit or "short",
+                "color": {"mode": self.colorMode},
+                "custom": custom,
+                "mappings": list(self.mappings),
+            },
+        )
 
 
 class Stat(g.Stat):
     """A single value (``format`` is its unit, as in grafanalib)."""
 
     def to_json_data(self) -> dict[str, Any]:
-        options = {"graphMode": self.graphMode, "colorMode": self.colorMode, "justifyMode": "auto",
-                   "textMode": self.textMode, "wideLayout": True, "showPercentChange": False,
-                   "percentChangeColorMode": "standard", "orientation": self.orientation,
-                   "reduceOptions": {"calcs": [self.reduceCalc], "fields": self.fields, "values": False}}
-        return _panel(self, "stat", options, {"unit": self.format, "color": {"mode": "thresholds"},
-                                              "mappings": list(self.mappings)})
+        options = {
+            "graphMode": self.graphMode,
+            "colorMode": self.colorMode,
+            "justifyMode": "auto",
+            "textMode": self.textMode,
+            "wideLayout": True,
+            "showPercentChange": False,
+            "percentChangeColorMode": "standard",
+            "orientation": self.orientation,
+            "reduceOptions": {"calcs": [self.reduceCalc], "fields": self.fields, "values": False},
+        }
+        return _panel(
+            self,
+            "stat",
+            options,
+            {"unit": self.format, "color": {"mode": "thresholds"}, "mappings": list(self.mappings)},
+        )
 
 
 class Table(g.Table):
@@ -134,11 +204,23 @@ class Table(g.Table):
             options["sortBy"] = [{"displayName": s.displayName, "desc": s.desc} for s in self.sortBy]
         custom = {"align": self.align, "inspect": False, "cellOptions": {"type": "auto"}}
         numeric = {"id": "byValue", "options": {"reducer": "max", "op": "gte", "value": 0}}
-        overrides = [{"matcher": numeric,
-                      "properties": [{"id": "custom.cellOptions", "value": {"type": "color-background"}}]}
-                     ] if self.colored else []
-        return _panel(self, "table", options, {"unit": self.unit or "short", "color": {"mode": "thresholds"},
-                                               "custom": custom, "mappings": list(self.mappings)}, overrides)
+        overrides = (
+            [{"matcher": numeric, "properties": [{"id": "custom.cellOptions", "value": {"type": "color-background"}}]}]
+            if self.colored
+            else []
+        )
+        return _panel(
+            self,
+            "table",
+            options,
+            {
+                "unit": self.unit or "short",
+                "color": {"mode": "thresholds"},
+                "custom": custom,
+                "mappings": list(self.mappings),
+            },
+            overrides,
+        )
 
 
 class Heatmap(g.Heatmap):
@@ -150,14 +232,29 @@ class Heatmap(g.Heatmap):
         self.unit = unit
 
     def to_json_data(self) -> dict[str, Any]:
-        options = {"calculate": False, "cellGap": 1, "showValue": "never", "rowsFrame": {"layout": "auto"},
-                   "color": {"mode": "scheme", "scheme": "Oranges", "fill": "dark-orange", "exponent": 0.5,
-                             "steps": 64, "reverse": False},
-                   "yAxis": {"axisPlacement": "left", "unit": "none"}, "cellValues": {"unit": self.unit},
-                   "legend": {"show": True}, "tooltip": {"mode": "single", "yHistogram": False},
-                   "exemplars": {"color": "rgba(255,0,255,0.7)"}}
-        custom = {"scaleDistribution": {"type": "linear"},
-                  "hideFrom": {"legend": False, "tooltip": False, "viz": False}}
+        options = {
+            "calculate": False,
+            "cellGap": 1,
+            "showValue": "never",
+            "rowsFrame": {"layout": "auto"},
+            "color": {
+                "mode": "scheme",
+                "scheme": "Oranges",
+                "fill": "dark-orange",
+                "exponent": 0.5,
+                "steps": 64,
+                "reverse": False,
+            },
+            "yAxis": {"axisPlacement": "left", "unit": "none"},
+            "cellValues": {"unit": self.unit},
+            "legend": {"show": True},
+            "tooltip": {"mode": "single", "yHistogram": False},
+            "exemplars": {"color": "rgba(255,0,255,0.7)"},
+        }
+        custom = {
+            "scaleDistribution": {"type": "linear"},
+            "hideFrom": {"legend": False, "tooltip": False, "viz": False},
+        }
         return _panel(self, "heatmap", options, {"unit": self.unit, "custom": custom})
 
 
@@ -184,14 +281,36 @@ class Variable(g.Template):
     """A template variable: ``datasource``, or a Prometheus ``label_values`` query with All selected."""
 
     def to_json_data(self) -> dict[str, Any]:
-        data: dict[str, Any] = {"type": self.type, "name": self.name, "label": self.label, "hide": self.hide,
-                                "query": self.query, "options": [], "skipUrlSync": False}
+        data: dict[str, Any] = {
+            "type": self.type,
+            "name": self.name,
+            "label": self.label,
+            "hide": self.hide,
+            "query": self.query,
+            "options": [],
+            "skipUrlSync": False,
+        }
         if self.type == "datasource":
-            return {**data, "current": {"text": "Prometheus", "value": "prometheus"}, "multi": False,
-                    "includeAll": False, "refresh": 1, "regex": ""}
-        return {**data, "datasource": dict(DATASOURCE), "definition": self.query, "refresh": self.refresh,
-                "sort": self.sort, "multi": self.multi, "includeAll": self.includeAll, "allValue": self.allValue,
-                "current": {"text": ["All"], "value": ["$__all"]}, "regex": ""}
+            return {
+                **data,
+                "current": {"text": "Prometheus", "value": "prometheus"},
+                "multi": False,
+                "includeAll": False,
+                "refresh": 1,
+                "regex": "",
+            }
+        return {
+            **data,
+            "datasource": dict(DATASOURCE),
+            "definition": self.query,
+            "refresh": self.refresh,
+            "sort": self.sort,
+            "multi": self.multi,
+            "includeAll": self.includeAll,
+            "allValue": self.allValue,
+            "current": {"text": ["All"], "value": ["$__all"]},
+            "regex": "",
+        }
 
 
 class Dashboard(g.Dashboard):
@@ -199,11 +318,22 @@ class Dashboard(g.Dashboard):
 
     def to_json_data(self) -> dict[str, Any]:
         data: dict[str, Any] = {
-            "annotations": self.annotations, "description": self.description, "editable": self.editable,
-            "fiscalYearStartMonth": 0, "graphTooltip": self.graphTooltip, "links": list(self.links),
-            "panels": self.panels, "refresh": self.refresh, "schemaVersion": self.schemaVersion, "tags": self.tags,
-            "templating": self.templating, "time": self.time, "timepicker": {}, "timezone": self.timezone,
-            "title": self.title, "version": self.version,
+            "annotations": self.annotations,
+            "description": self.description,
+            "editable": self.editable,
+            "fiscalYearStartMonth": 0,
+            "graphTooltip": self.graphTooltip,
+            "links": list(self.links),
+            "panels": self.panels,
+            "refresh": self.refresh,
+            "schemaVersion": self.schemaVersion,
+            "tags": self.tags,
+            "templating": self.templating,
+            "time": self.time,
+            "timepicker": {},
+            "timezone": self.timezone,
+            "title": self.title,
+            "version": self.version,
         }
         if self.uid is not None:
             data["uid"] = self.uid

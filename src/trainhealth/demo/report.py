@@ -46,25 +46,46 @@ def write_report(out: Path, incident: Incident) -> Path:
     matplotlib.use("Agg")
     out.mkdir(parents=True, exist_ok=True)
     culprit = _culprit(incident.localization)
-    found = story.detections(incident.events, incident.histories, incident.pages, incident.localization,
-                             incident.verdicts)
+    found = story.detections(
+        incident.events, incident.histories, incident.pages, incident.localization, incident.verdicts
+    )
     items = story.findings(incident.schedule, found, incident.histories, incident.localization, CHECKPOINT_EVERY)
     last_step = max((int(r["step"]) for rows in incident.histories.values() for r in rows), default=0)
     false_alarms = story.unexplained(incident.schedule, found, last_step)
-    plots = [name for name, draw in (("timeline.png", _plot_timeline), ("loss.png", _plot_loss),
-                                     ("step_times.png", _plot_step_times), ("gpus.png", _plot_gpus))
-             if draw(out / name, incident, culprit)]
+    plots = [
+        name
+        for name, draw in (
+            ("timeline.png", _plot_timeline),
+            ("loss.png", _plot_loss),
+            ("step_times.png", _plot_step_times),
+            ("gpus.png", _plot_gpus),
+        )
+        if draw(out / name, incident, culprit)
+    ]
     page = out / "report.html"
     page.write_text(_html(incident, plots, culprit, items, false_alarms), encoding="utf-8")
     (out / "report.md").write_text(_markdown(incident, plots, culprit, items, false_alarms), encoding="utf-8")
-    (out / "report.json").write_text(json.dumps({
-        "schedule": incident.schedule, "faults": incident.faults,
-        "findings": [dict(zip(story.TABLE_HEADER, row)) for row in story.table_rows(items)],
-        "false_alarms": [{"source": d.source, "what": d.what, "rank": d.rank, "step": d.step} for d in false_alarms],
-        "events": incident.events, "localization": incident.localization,
-        "pages": incident.pages, "verdicts": incident.verdicts, "interrupted": incident.interrupted,
-        "wall_s": incident.wall_s},
-        indent=2, default=str), encoding="utf-8")
+    (out / "report.json").write_text(
+        json.dumps(
+            {
+                "schedule": incident.schedule,
+                "faults": incident.faults,
+                "findings": [dict(zip(story.TABLE_HEADER, row)) for row in story.table_rows(items)],
+                "false_alarms": [
+                    {"source": d.source, "what": d.what, "rank": d.rank, "step": d.step} for d in false_alarms
+                ],
+                "events": incident.events,
+                "localization": incident.localization,
+                "pages": incident.pages,
+                "verdicts": incident.verdicts,
+                "interrupted": incident.interrupted,
+                "wall_s": incident.wall_s,
+            },
+            indent=2,
+            default=str,
+        ),
+        encoding="utf-8",
+    )
     return page
 
 
@@ -76,8 +97,12 @@ def _culprit(localization: dict[str, Any] | None) -> int | None:
     return None
 
 
-_MARKERS = {"event": ("v", "#d62728"), "telemetry": ("o", "#ff7f0e"), "page": ("s", "#9467bd"),
-            "analyzer": ("D", "#2ca02c")}
+_MARKERS = {
+    "event": ("v", "#d62728"),
+    "telemetry": ("o", "#ff7f0e"),
+    "page": ("s", "#9467bd"),
+    "analyzer": ("D", "#2ca02c"),
+}
 
 
 def _plot_timeline(path: Path, incident: Incident, culprit: int | None) -> bool:
@@ -98,16 +123,28 @@ def _plot_timeline(path: Path, incident: Incident, culprit: int | None) -> bool:
         targets = [int(fault["gpu"])] if fault.get("kind") == "gpu" else fault.get("ranks") or ranks
         label = story.describe(fault).split(": ", 1)[-1]
         for position, rank in enumerate(r for r in targets if r in row):
-            axes.broken_barh([(start, max(end - start, last / 200))], (row[rank] - 0.35 + number * lane, lane), alpha=0.5,
-                             color=colours(number % 10), label=label if position == 0 else None)
+            axes.broken_barh(
+                [(start, max(end - start, last / 200))],
+                (row[rank] - 0.35 + number * lane, lane),
+                alpha=0.5,
+                color=colours(number % 10),
+                label=label if position == 0 else None,
+            )
     shown: set[str] = set()
-    for found in story.detections(incident.events, incident.histories, incident.pages, incident.localization,
-                                  incident.verdicts):
+    for found in story.detections(
+        incident.events, incident.histories, incident.pages, incident.localization, incident.verdicts
+    ):
         marker, colour = _MARKERS.get(found.source, ("x", "black"))
         for rank in [found.rank] if found.rank in row else ranks:
-            axes.plot(last if found.step is None else found.step, row[rank], marker=marker, color=colour,
-                      linestyle="none", markersize=7,
-                      label=f"detection: {found.source}" if found.source not in shown else None)
+            axes.plot(
+                last if found.step is None else found.step,
+                row[rank],
+                marker=marker,
+                color=colour,
+                linestyle="none",
+                markersize=7,
+                label=f"detection: {found.source}" if found.source not in shown else None,
+            )
             shown.add(found.source)
     axes.set_yticks(range(len(ranks)), [f"rank {r}" for r in ranks])
     axes.set_ylim(len(ranks) - 0.5, -0.5)
@@ -129,8 +166,13 @@ def _plot_loss(path: Path, incident: Incident, culprit: int | None) -> bool:
         return False
     figure, axes = plt.subplots(figsize=(9, 3.2))
     axes.plot([r["step"] for r in rows], [r["loss"] for r in rows], color="#1f77b4", linewidth=1, label="loss (rank 0)")
-    spikes = sorted({e["step"] for e in incident.events
-                     if e.get("event") == "anomaly" and e.get("signal") == "loss" and e.get("step") is not None})
+    spikes = sorted(
+        {
+            e["step"]
+            for e in incident.events
+            if e.get("event") == "anomaly" and e.get("signal") == "loss" and e.get("step") is not None
+        }
+    )
     for position, step in enumerate(spikes):
         axes.axvline(step, color="#d62728", alpha=0.6, linewidth=1, label="loss anomaly" if position == 0 else None)
     axes.set_xlabel("step")
@@ -157,13 +199,17 @@ def _plot_step_times(path: Path, incident: Incident, culprit: int | None) -> boo
         for r in incident.histories[rank]:
             grid[row_number, index[r["step"]]] = r["step_time"]
     figure, axes = plt.subplots(figsize=(9, 0.5 * len(ranks) + 1.6))
-    image = axes.imshow(grid, aspect="auto", interpolation="nearest", cmap="magma",
-                        extent=(steps[0], steps[-1], len(ranks) - 0.5, -0.5))
+    image = axes.imshow(
+        grid, aspect="auto", interpolation="nearest", cmap="magma", extent=(steps[0], steps[-1], len(ranks) - 0.5, -0.5)
+    )
     axes.set_yticks(range(len(ranks)), [f"rank {r}" for r in ranks])
     if culprit is not None and culprit in ranks:
         row = ranks.index(culprit)
-        axes.add_patch(plt.Rectangle((steps[0], row - 0.5), steps[-1] - steps[0], 1, fill=False,
-                                     edgecolor="#00e5ff", linewidth=2.5))
+        axes.add_patch(
+            plt.Rectangle(
+                (steps[0], row - 0.5), steps[-1] - steps[0], 1, fill=False, edgecolor="#00e5ff", linewidth=2.5
+            )
+        )
         axes.set_title(f"step time by rank; suspect: rank {culprit} (outlined)")
     else:
         axes.set_title("step time by rank")
@@ -201,8 +247,10 @@ def _evidence(loc: dict[str, Any]) -> list[str]:
     """The localizer's reasons (a healthy verdict's detection power, why the data could not tell), each
     suspect's evidence and the events that blamed nobody, in words."""
     lines = [str(r) for r in loc.get("reasons", [])]
-    lines += [f"{s.get('component', s.get('kind'))} (score {float(s.get('score', 0)):.2f}): {s.get('evidence', '')}"
-              for s in loc.get("suspects", [])]
+    lines += [
+        f"{s.get('component', s.get('kind'))} (score {float(s.get('score', 0)):.2f}): {s.get('evidence', '')}"
+        for s in loc.get("suspects", [])
+    ]
     lines += [f"event, not a fault: {e.get('component')}: {e.get('evidence', '')}" for e in loc.get("events", [])]
     if lines and loc.get("evidence_source"):
         lines.append(f"evidence from: {loc['evidence_source']}")
@@ -210,36 +258,56 @@ def _evidence(loc: dict[str, Any]) -> list[str]:
 
 
 def _verdict_lines(items: list[story.Finding]) -> list[str]:
-    return [f"{item.description}: " + (f"caught by {item.first.what} after {item.delay()}" if item.first is not None
-                                       else "NOT DETECTED") for item in items]
+    return [
+        f"{item.description}: "
+        + (f"caught by {item.first.what} after {item.delay()}" if item.first is not None else "NOT DETECTED")
+        for item in items
+    ]
 
 
 def _false_alarm_lines(false_alarms: list[story.Detection]) -> list[str]:
-    return [f"{d.what} on " + ("every rank" if d.rank is None else f"rank {d.rank}")
-            + (f" at step {d.step}" if d.step is not None else " (end of run)") for d in false_alarms]
+    return [
+        f"{d.what} on "
+        + ("every rank" if d.rank is None else f"rank {d.rank}")
+        + (f" at step {d.step}" if d.step is not None else " (end of run)")
+        for d in false_alarms
+    ]
 
 
-def _html(incident: Incident, plots: list[str], culprit: int | None, items: list[story.Finding],
-          false_alarms: list[story.Detection]) -> str:
+def _html(
+    incident: Incident,
+    plots: list[str],
+    culprit: int | None,
+    items: list[story.Finding],
+    false_alarms: list[story.Detection],
+) -> str:
     e = html.escape
     loc = incident.localization or {}
     suspects = loc.get("suspects", [])
     header = "".join(f"<th>{e(h)}</th>" for h in story.TABLE_HEADER)
-    findings = "".join("<tr>" + "".join(f"<td>{e(cell)}</td>" for cell in row) + "</tr>"
-                       for row in story.table_rows(items))
+    findings = "".join(
+        "<tr>" + "".join(f"<td>{e(cell)}</td>" for cell in row) + "</tr>" for row in story.table_rows(items)
+    )
     verdicts = "".join(f"<li>{e(line)}</li>" for line in _verdict_lines(items))
-    rows = "".join(f"<tr><td>{e(str(s.get('kind')))}</td><td>{e(str(s.get('component', '')))}</td>"
-                   f"<td>{e(', '.join(str(r) for r in s.get('ranks', [])))}</td><td>{e(str(s.get('host', '')))}</td>"
-                   f"<td>{float(s.get('score', 0)):.2f}</td><td>{e(str(s.get('evidence', '')))}</td></tr>"
-                   for s in suspects)
+    rows = "".join(
+        f"<tr><td>{e(str(s.get('kind')))}</td><td>{e(str(s.get('component', '')))}</td>"
+        f"<td>{e(', '.join(str(r) for r in s.get('ranks', [])))}</td><td>{e(str(s.get('host', '')))}</td>"
+        f"<td>{float(s.get('score', 0)):.2f}</td><td>{e(str(s.get('evidence', '')))}</td></tr>"
+        for s in suspects
+    )
     reasons = "".join(f"<li>{e(line)}</li>" for line in _evidence(loc))
-    events = "".join(f"<li>rank {e(str(ev.get('rank')))}: {e(str(ev.get('summary')))}</li>"
-                     for ev in incident.events[:200])
-    pages = "".join(f"<li>{e(str(p.get('labels', {}).get('alertname')))}: "
-                    f"{e(str(p.get('annotations', {}).get('summary', '')))}<br><i>{e(str(p.get('annotations', {}).get('mitigation', '')))}</i></li>"
-                    for p in incident.pages)
-    todo = "".join(f"<li><b>{e(item.description)}</b><ul>{''.join(f'<li>{e(a)}</li>' for a in item.advice)}</ul></li>"
-                   for item in items)
+    events = "".join(
+        f"<li>rank {e(str(ev.get('rank')))}: {e(str(ev.get('summary')))}</li>" for ev in incident.events[:200]
+    )
+    pages = "".join(
+        f"<li>{e(str(p.get('labels', {}).get('alertname')))}: "
+        f"{e(str(p.get('annotations', {}).get('summary', '')))}<br><i>{e(str(p.get('annotations', {}).get('mitigation', '')))}</i></li>"
+        for p in incident.pages
+    )
+    todo = "".join(
+        f"<li><b>{e(item.description)}</b><ul>{''.join(f'<li>{e(a)}</li>' for a in item.advice)}</ul></li>"
+        for item in items
+    )
     images = "".join(f'<p><img src="{e(p)}" alt="{e(p)}"></p>' for p in plots)
     alarms = "".join(f"<li>{e(line)}</li>" for line in _false_alarm_lines(false_alarms))
     verdict = e(str(loc.get("verdict", "not localized (no collective trace)")))
@@ -273,28 +341,57 @@ def _took(incident: Incident) -> str:
     return "" if incident.wall_s is None else f"; the demo took {incident.wall_s:.0f} s, start-up included"
 
 
-def _markdown(incident: Incident, plots: list[str], culprit: int | None, items: list[story.Finding],
-              false_alarms: list[story.Detection]) -> str:
+def _markdown(
+    incident: Incident,
+    plots: list[str],
+    culprit: int | None,
+    items: list[story.Finding],
+    false_alarms: list[story.Detection],
+) -> str:
     def cell(text: str) -> str:
         return text.replace("|", "\\|").replace("\n", " ")
 
     loc = incident.localization or {}
-    lines = ["# trainhealth demo: incident report", "",
-             f"A real {len(incident.histories)}-rank training job on CPU with simulated GPUs{_took(incident)}."
-             + (" Interrupted (Ctrl-C): the report covers the steps run." if incident.interrupted else ""), "",
-             "## Faults injected and what caught them", "",
-             "| " + " | ".join(story.TABLE_HEADER) + " |", "|" + "---|" * len(story.TABLE_HEADER)]
+    lines = [
+        "# trainhealth demo: incident report",
+        "",
+        f"A real {len(incident.histories)}-rank training job on CPU with simulated GPUs{_took(incident)}."
+        + (" Interrupted (Ctrl-C): the report covers the steps run." if incident.interrupted else ""),
+        "",
+        "## Faults injected and what caught them",
+        "",
+        "| " + " | ".join(story.TABLE_HEADER) + " |",
+        "|" + "---|" * len(story.TABLE_HEADER),
+    ]
     lines += ["| " + " | ".join(cell(c) for c in row) + " |" for row in story.table_rows(items)]
-    lines += ["", "## Verdict", "", *(f"- {line}" for line in _verdict_lines(items)), "",
-              "## False alarms", "", f"Detections that no injected fault explains: {len(false_alarms)}.", "",
-              *(f"- {line}" for line in _false_alarm_lines(false_alarms)), "",
-              f"Localizer: **{loc.get('verdict', 'not localized (no collective trace)')}**"
-              + (f"; top suspect: rank {culprit}" if culprit is not None else ""), "",
-              "## The localizer's evidence", "", *(f"- {line}" for line in _evidence(loc)), "", "## What to do", ""]
+    lines += [
+        "",
+        "## Verdict",
+        "",
+        *(f"- {line}" for line in _verdict_lines(items)),
+        "",
+        "## False alarms",
+        "",
+        f"Detections that no injected fault explains: {len(false_alarms)}.",
+        "",
+        *(f"- {line}" for line in _false_alarm_lines(false_alarms)),
+        "",
+        f"Localizer: **{loc.get('verdict', 'not localized (no collective trace)')}**"
+        + (f"; top suspect: rank {culprit}" if culprit is not None else ""),
+        "",
+        "## The localizer's evidence",
+        "",
+        *(f"- {line}" for line in _evidence(loc)),
+        "",
+        "## What to do",
+        "",
+    ]
     for item in items:
         lines += [f"- **{item.description}**", *(f"  - {a}" for a in item.advice)]
     lines += ["", "## Pages from Alertmanager", ""]
-    lines += [f"- {p.get('labels', {}).get('alertname')}: {p.get('annotations', {}).get('summary', '')}"
-              for p in incident.pages] or ["- None received (no stack running, or nothing paged)."]
+    lines += [
+        f"- {p.get('labels', {}).get('alertname')}: {p.get('annotations', {}).get('summary', '')}"
+        for p in incident.pages
+    ] or ["- None received (no stack running, or nothing paged)."]
     lines += ["", "## Plots", "", *(f"![{p}]({p})" for p in plots), ""]
     return "\n".join(lines)

@@ -21,10 +21,10 @@ from pathlib import Path
 from typing import Any
 
 from trainhealth._files import output_directory
+from trainhealth._ports import free_port
 from trainhealth.demo.report import Incident, write_report
 from trainhealth.demo.schedule import describe
 from trainhealth.demo.worker import DemoConfig, rank_main
-from trainhealth._ports import free_port
 
 __all__ = ["DemoOptions", "run_demo"]
 
@@ -88,9 +88,16 @@ def run_demo(options: DemoOptions) -> int:
     out = output_directory(options.out, "out", empty=True)  # new or empty: nothing of anyone else's is touched
     context = multiprocessing.get_context("spawn")
     progress, stop = context.Queue(maxsize=10_000), context.Event()
-    config = DemoConfig(ranks=options.ranks, duration_s=options.duration_s, out=str(out), addr=options.addr,
-                        port_base=options.port_base, faults=options.faults,
-                        master_port=options.master_port or free_port(), seed=options.seed)
+    config = DemoConfig(
+        ranks=options.ranks,
+        duration_s=options.duration_s,
+        out=str(out),
+        addr=options.addr,
+        port_base=options.port_base,
+        faults=options.faults,
+        master_port=options.master_port or free_port(),
+        seed=options.seed,
+    )
     verdicts: list[dict[str, Any]] = []
     analyzer, analyzer_stop, sinks = _start_analyzer(options, verdicts)
     pages = _Pages()
@@ -102,14 +109,17 @@ def run_demo(options: DemoOptions) -> int:
         stop.set()
 
     previous = signal.signal(signal.SIGINT, on_interrupt)
-    console.print(f"[bold]trainhealth demo[/bold]: {options.ranks} ranks on CPU (gloo), simulated GPUs, "
-                  f"~{options.duration_s:.0f} s; report in {escape(str(out))}/report.html")
+    console.print(
+        f"[bold]trainhealth demo[/bold]: {options.ranks} ranks on CPU (gloo), simulated GPUs, "
+        f"~{options.duration_s:.0f} s; report in {escape(str(out))}/report.html"
+    )
     # The ranks start with SIGINT blocked (the mask survives exec) and ignore it before unblocking: a Ctrl-C
     # while they import torch reaches only this process, which stops them all at the same step.
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
-        processes = mp.start_processes(rank_main, args=(config, progress, stop), nprocs=options.ranks, join=False,
-                                       start_method="spawn")
+        processes = mp.start_processes(
+            rank_main, args=(config, progress, stop), nprocs=options.ranks, join=False, start_method="spawn"
+        )
     finally:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     try:
@@ -129,13 +139,24 @@ def run_demo(options: DemoOptions) -> int:
     if webhook is not None:
         webhook.shutdown()
     histories = _histories(out / "history")
-    incident = Incident(histories, [describe(f) for f in view.schedule], view.events, localization,
-                        pages.alerts, interrupted.is_set(), schedule=view.schedule, verdicts=verdicts)
+    incident = Incident(
+        histories,
+        [describe(f) for f in view.schedule],
+        view.events,
+        localization,
+        pages.alerts,
+        interrupted.is_set(),
+        schedule=view.schedule,
+        verdicts=verdicts,
+    )
     incident.wall_s = time.monotonic() - began
     page = write_report(out, incident)
     _summary(console, localization, page, view.failures)
-    console.print(f"wall time: {time.monotonic() - began:.0f} s ({options.duration_s:g} s of training, then the "
-                  "report)", markup=False, highlight=False)
+    console.print(
+        f"wall time: {time.monotonic() - began:.0f} s ({options.duration_s:g} s of training, then the report)",
+        markup=False,
+        highlight=False,
+    )
     return 1 if view.failures else 0
 
 
@@ -145,21 +166,21 @@ def _start_analyzer(options: DemoOptions, verdicts: list[dict[str, Any]]) -> tup
     if options.analyzer_port is None:
         return None, None, None
     from trainhealth.config import Settings
-    from trainhealth.sinks.service import Sinks
     from trainhealth.identity import Identity
     from trainhealth.localize.analyzer import Analyzer
     from trainhealth.localize.sources import TraceDirectory
+    from trainhealth.sinks.service import Sinks
     from trainhealth.store import MetricStore
 
     logging.getLogger("trainhealth.localize").setLevel(logging.ERROR)  # "no trace files yet" is expected early on
-    settings = Settings.resolve(env={}, job="demo", prometheus_addr=options.addr,
-                                prometheus_port=options.analyzer_port)
+    settings = Settings.resolve(env={}, job="demo", prometheus_addr=options.addr, prometheus_port=options.analyzer_port)
     store = MetricStore()
     analyzer = Analyzer(TraceDirectory(options.out / "traces", 40), store)
     sinks = Sinks.start(store, Identity.node(settings=settings), settings)
     stop = threading.Event()
-    threading.Thread(target=_analyze, args=(analyzer, stop, verdicts), name="trainhealth-demo-analyzer",
-                     daemon=True).start()
+    threading.Thread(
+        target=_analyze, args=(analyzer, stop, verdicts), name="trainhealth-demo-analyzer", daemon=True
+    ).start()
     return analyzer, stop, sinks
 
 
@@ -169,9 +190,12 @@ def _analyze(analyzer: Any, stop: threading.Event, verdicts: list[dict[str, Any]
         began = time.monotonic()
         result = analyzer.run_once()
         if result is not None:
-            entry = {"time": time.time(), "verdict": result.verdict,
-                     "ranks": sorted({int(r) for s in result.suspects for r in s.ranks}),
-                     "component": result.suspects[0].component if result.suspects else None}
+            entry = {
+                "time": time.time(),
+                "verdict": result.verdict,
+                "ranks": sorted({int(r) for s in result.suspects for r in s.ranks}),
+                "component": result.suspects[0].component if result.suspects else None,
+            }
             last = verdicts[-1] if verdicts else {}
             if (last.get("verdict"), last.get("ranks")) != (entry["verdict"], entry["ranks"]):
                 verdicts.append(entry)
@@ -296,16 +320,20 @@ class _Live:
 
     def _show_pages(self) -> None:
         with self.pages.lock:
-            new = self.pages.alerts[self._shown_pages:]
+            new = self.pages.alerts[self._shown_pages :]
             self._shown_pages = len(self.pages.alerts)
         for alert in new:
             if alert.get("status") == "firing":
                 labels, annotations = alert.get("labels", {}), alert.get("annotations", {})
-                self._note(f"{str(alert.get('receiver')).upper()} {labels.get('alertname')}: {annotations.get('summary')}")
+                self._note(
+                    f"{str(alert.get('receiver')).upper()} {labels.get('alertname')}: {annotations.get('summary')}"
+                )
 
     def _line(self) -> str:
-        parts = [f"rank {r}: step {m['step']} loss {m['loss']:.3f} compute {_ms(m.get('compute'))} "
-                 f"wait {_ms(m.get('wait'))}" for r, m in sorted(self.latest.items())]
+        parts = [
+            f"rank {r}: step {m['step']} loss {m['loss']:.3f} compute {_ms(m.get('compute'))} wait {_ms(m.get('wait'))}"
+            for r, m in sorted(self.latest.items())
+        ]
         return " | ".join(parts) or "starting ranks..."
 
     def _table(self) -> Any:
@@ -315,8 +343,11 @@ class _Live:
 
         # Every rank's step takes as long as the slowest one's, so step time cannot name the straggler;
         # the split can: the straggler computes longest and waits least (its peers wait for it).
-        table = Table(title=f"trainhealth demo ({self.steps or '?'} steps)", expand=False,
-                      caption="compute and wait per step: the straggler waits least")
+        table = Table(
+            title=f"trainhealth demo ({self.steps or '?'} steps)",
+            expand=False,
+            caption="compute and wait per step: the straggler waits least",
+        )
         for column in ("rank", "step", "loss", "compute", "wait", "GPU °C", "GPU up", "XIDs"):
             table.add_column(column, justify="right")
         for rank in range(self.options.ranks):
@@ -325,10 +356,16 @@ class _Live:
                 table.add_row(str(rank), "-", "-", "-", "-", "-", "-", "-")
                 continue
             up = m.get("gpu_up")
-            table.add_row(str(rank), str(m["step"]), f"{m['loss']:.3f}", _ms(m.get("compute")), _ms(m.get("wait")),
-                          "-" if m.get("temperature") is None else f"{m['temperature']:.0f}",
-                          "-" if up is None else ("[green]yes[/green]" if up else "[red]LOST[/red]"),
-                          f"{m.get('xids', 0):.0f}")
+            table.add_row(
+                str(rank),
+                str(m["step"]),
+                f"{m['loss']:.3f}",
+                _ms(m.get("compute")),
+                _ms(m.get("wait")),
+                "-" if m.get("temperature") is None else f"{m['temperature']:.0f}",
+                "-" if up is None else ("[green]yes[/green]" if up else "[red]LOST[/red]"),
+                f"{m.get('xids', 0):.0f}",
+            )
         return Group(table, *(Text(line) for line in self.recent))  # text, not markup: ranks' errors hold brackets
 
 

@@ -22,8 +22,13 @@ def default_schedule(steps: int, ranks: int, step_seconds: float = 0.1) -> list[
     straggler, hot, lost = min(2, ranks - 1), min(1, ranks - 1), ranks - 1
     return [
         {"kind": "gpu", "fault": "thermal_throttle", "gpu": hot, "step": int(0.10 * steps), "ranks": [hot]},
-        {"kind": "delay", "seconds": round(2.0 * step_seconds, 3), "step": int(0.30 * steps),
-         "until": int(0.60 * steps), "ranks": [straggler]},
+        {
+            "kind": "delay",
+            "seconds": round(2.0 * step_seconds, 3),
+            "step": int(0.30 * steps),
+            "until": int(0.60 * steps),
+            "ranks": [straggler],
+        },
         {"kind": "lr_scale", "factor": 30.0, "step": int(0.65 * steps), "until": int(0.65 * steps) + 4},
         {"kind": "gpu", "fault": "xid", "xid": 79, "gpu": lost, "step": int(0.80 * steps), "ranks": [lost]},
     ]
@@ -34,7 +39,9 @@ def describe(fault: dict[str, Any]) -> str:
     kind = fault["kind"]
     ranks = fault.get("ranks")
     who = "every rank" if ranks is None else "rank " + ", ".join(str(r) for r in ranks)
-    when = f"step {fault['step']}" + (f"-{fault['until']}" if fault.get("until", fault["step"]) != fault["step"] else "")
+    when = f"step {fault['step']}" + (
+        f"-{fault['until']}" if fault.get("until", fault["step"]) != fault["step"] else ""
+    )
     if kind == "gpu":
         what = f"simulated {fault['fault'].replace('_', ' ')}" + (f" (XID {fault['xid']})" if fault.get("xid") else "")
     elif kind == "delay":

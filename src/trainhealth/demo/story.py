@@ -23,24 +23,45 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from trainhealth.knowledge.advice import advice_for, rewind_advice, xid_advice
 from trainhealth.demo.schedule import describe
+from trainhealth.knowledge.advice import advice_for, rewind_advice, xid_advice
 
-__all__ = ["FAMILIES", "GRACE_STEPS", "TABLE_HEADER", "Detection", "Finding", "advice", "detections", "findings", "match",
-           "table_rows", "unexplained"]
+__all__ = [
+    "FAMILIES",
+    "GRACE_STEPS",
+    "TABLE_HEADER",
+    "Detection",
+    "Finding",
+    "advice",
+    "detections",
+    "findings",
+    "match",
+    "table_rows",
+    "unexplained",
+]
 
 #: Steps after a fault's last step in which a detection still counts as catching it.
 GRACE_STEPS = 30
 #: The detection family that can show each fault kind (others: "numerics"; pages show any fault).
 FAMILIES = {"delay": "timing", "collective_delay": "timing"}
 _SLOW_GPU = ("thermal_throttle", "power_throttle", "slow_clocks")  # gpu faults shown by the clocks, not by errors
-_SIGNAL_FAMILY = {"loss": "numerics", "grad_norm": "numerics", "step_time": "timing", "throughput": "timing",
-                  "comm_duration": "timing"}
+_SIGNAL_FAMILY = {
+    "loss": "numerics",
+    "grad_norm": "numerics",
+    "step_time": "timing",
+    "throughput": "timing",
+    "comm_duration": "timing",
+}
 #: Alerts about a symptom every rank of a synchronous job shows when one rank is slow (naming it is
 #: StragglerSuspect's part, which must name the right rank).
 _TIMING_SYMPTOMS = ("IrregularSteps", "ThroughputDrop", "ThroughputDegraded")
-_EVENT_FAMILY = {"gpu.xid": "gpu-error", "gpu.lost": "gpu-error", "sdc_suspect": "numerics", "loss_spike_unrecovered": "numerics",
-                 "nonfinite_origin": "numerics"}
+_EVENT_FAMILY = {
+    "gpu.xid": "gpu-error",
+    "gpu.lost": "gpu-error",
+    "sdc_suspect": "numerics",
+    "loss_spike_unrecovered": "numerics",
+    "nonfinite_origin": "numerics",
+}
 TABLE_HEADER = ("fault", "rank", "injected", "first detection", "delay", "advice")
 
 
@@ -124,11 +145,18 @@ def match(fault: dict[str, Any], found: list[Detection], last_step: int, grace: 
     start = int(fault["step"])
     until = int(fault.get("until", start))
     end = last_step if fault.get("kind") == "gpu" and until == start else until + grace
-    hits = [d for d in found
-            if d.family in families
-            and (ranks is None or d.rank is None or d.rank in ranks
-                 or (job_wide and d.family == "timing" and d.source in ("event", "page")))
-            and (d.step is None or start <= d.step <= end)]
+    hits = [
+        d
+        for d in found
+        if d.family in families
+        and (
+            ranks is None
+            or d.rank is None
+            or d.rank in ranks
+            or (job_wide and d.family == "timing" and d.source in ("event", "page"))
+        )
+        and (d.step is None or start <= d.step <= end)
+    ]
     return sorted(hits, key=lambda d: (d.step is None, d.step or 0))
 
 
@@ -148,9 +176,13 @@ def unexplained(schedule: list[dict[str, Any]], found: list[Detection], last_ste
     return sorted((d for d in found if id(d) not in explained), key=lambda d: (d.step is None, d.step or 0))
 
 
-def detections(events: list[dict[str, Any]], histories: dict[int, list[dict[str, Any]]],
-               pages: list[dict[str, Any]], localization: dict[str, Any] | None,
-               verdicts: Sequence[dict[str, Any]] = ()) -> list[Detection]:
+def detections(
+    events: list[dict[str, Any]],
+    histories: dict[int, list[dict[str, Any]]],
+    pages: list[dict[str, Any]],
+    localization: dict[str, Any] | None,
+    verdicts: Sequence[dict[str, Any]] = (),
+) -> list[Detection]:
     """Every detection of the run: the events, the GPU telemetry, the pages, the live analyzer's verdicts
     other than healthy (each change, dated) and the final verdict (undated)."""
     found = []
@@ -165,8 +197,16 @@ def detections(events: list[dict[str, Any]], histories: dict[int, list[dict[str,
         time = event.get("time")
         if step is None and time is not None:
             step = _step_at(histories.get(int(event["rank"]), []), float(time))
-        found.append(Detection("event", what, family, int(event["rank"]), None if step is None else int(step),
-                               None if time is None else float(time)))
+        found.append(
+            Detection(
+                "event",
+                what,
+                family,
+                int(event["rank"]),
+                None if step is None else int(step),
+                None if time is None else float(time),
+            )
+        )
     for rank, rows in histories.items():
         found += _telemetry(rank, rows)
     for page in pages:
@@ -175,24 +215,39 @@ def detections(events: list[dict[str, Any]], histories: dict[int, list[dict[str,
         time = _timestamp(page.get("startsAt"))
         rows = histories.get(int(rank), []) if rank is not None else next(iter(histories.values()), [])
         family = "timing" if labels.get("alertname") in _TIMING_SYMPTOMS else "any"
-        found.append(Detection("page", f"Alertmanager: {labels.get('alertname')}", family,
-                               None if rank is None else int(rank), None if time is None else _step_at(rows, time),
-                               time))
+        found.append(
+            Detection(
+                "page",
+                f"Alertmanager: {labels.get('alertname')}",
+                family,
+                None if rank is None else int(rank),
+                None if time is None else _step_at(rows, time),
+                time,
+            )
+        )
     first_rows = next(iter(histories.values()), [])
     for verdict in verdicts:
         if verdict.get("verdict") in ("healthy", "insufficient_data", None):
             continue
         time = float(verdict["time"])
         step = _step_at(first_rows, time)
-        what = f"live analyzer: {verdict['verdict']}" + (f", suspect {verdict['component']}"
-                                                         if verdict.get("component") else "")
+        what = f"live analyzer: {verdict['verdict']}" + (
+            f", suspect {verdict['component']}" if verdict.get("component") else ""
+        )
         for rank in verdict.get("ranks") or [None]:
             found.append(Detection("analyzer", what, "timing", rank, step, time))
     loc = localization or {}
     for suspect in loc.get("suspects", []):
         for rank in suspect.get("ranks") or []:
-            found.append(Detection("analyzer", f"localizer: {loc.get('verdict')}, suspect {suspect.get('component')}",
-                                   "timing", int(rank), None))
+            found.append(
+                Detection(
+                    "analyzer",
+                    f"localizer: {loc.get('verdict')}, suspect {suspect.get('component')}",
+                    "timing",
+                    int(rank),
+                    None,
+                )
+            )
     return found
 
 
@@ -204,13 +259,28 @@ def _telemetry(rank: int, rows: list[dict[str, Any]]) -> list[Detection]:
         nominal = float(clocks[0]["sm_clock"])
         slow = next((r for r in clocks if float(r["sm_clock"]) < 0.9 * nominal), None)
         if slow is not None:
-            found.append(Detection("telemetry", f"GPU telemetry: SM clock {nominal / 1e6:.0f} -> "
-                                   f"{float(slow['sm_clock']) / 1e6:.0f} MHz", "gpu-clock", rank, int(slow["step"]),
-                                   float(slow["time"])))
+            found.append(
+                Detection(
+                    "telemetry",
+                    f"GPU telemetry: SM clock {nominal / 1e6:.0f} -> {float(slow['sm_clock']) / 1e6:.0f} MHz",
+                    "gpu-clock",
+                    rank,
+                    int(slow["step"]),
+                    float(slow["time"]),
+                )
+            )
     down = next((r for r in rows if r.get("gpu_up") == 0), None)
     if down is not None:
-        found.append(Detection("telemetry", "GPU telemetry: GPU down (gpu_up 0)", "gpu-error", rank, int(down["step"]),
-                               float(down["time"])))
+        found.append(
+            Detection(
+                "telemetry",
+                "GPU telemetry: GPU down (gpu_up 0)",
+                "gpu-error",
+                rank,
+                int(down["step"]),
+                float(down["time"]),
+            )
+        )
     return found
 
 
@@ -235,8 +305,14 @@ def advice(fault: dict[str, Any], localization: dict[str, Any] | None, checkpoin
         extra = advice_for("gpu_lost") if xid.xid == 79 else advice_for(f"xid_{xid.severity}")
         return (f"XID {xid.xid} ({xid.meaning}): {xid.action}. {xid.follow_up}", *extra)
     if kind == "gpu":
-        key = {"thermal_throttle": "thermal", "power_throttle": "power", "pcie_replays": "pcie",
-               "nvlink_crc": "nvlink", "nvlink_down": "nvlink", "slow_clocks": "compute"}.get(str(fault.get("fault")))
+        key = {
+            "thermal_throttle": "thermal",
+            "power_throttle": "power",
+            "pcie_replays": "pcie",
+            "nvlink_crc": "nvlink",
+            "nvlink_down": "nvlink",
+            "slow_clocks": "compute",
+        }.get(str(fault.get("fault")))
         return tuple(advice_for(key or str(fault.get("fault"))) or advice_for("xid_critical"))
     if kind in ("delay", "collective_delay"):
         if named & set(_fault_ranks(fault) or named) and loc.get("advice"):
@@ -251,8 +327,13 @@ def advice(fault: dict[str, Any], localization: dict[str, Any] | None, checkpoin
     return tuple(advice_for("sdc"))
 
 
-def findings(schedule: list[dict[str, Any]], found: list[Detection], histories: dict[int, list[dict[str, Any]]],
-             localization: dict[str, Any] | None, checkpoint_every: int) -> list[Finding]:
+def findings(
+    schedule: list[dict[str, Any]],
+    found: list[Detection],
+    histories: dict[int, list[dict[str, Any]]],
+    localization: dict[str, Any] | None,
+    checkpoint_every: int,
+) -> list[Finding]:
     """Every injected fault, in schedule order, with what caught it (first per source) and the advice."""
     last_step = max((int(r["step"]) for rows in histories.values() for r in rows), default=0)
     result = []
@@ -264,8 +345,9 @@ def findings(schedule: list[dict[str, Any]], found: list[Detection], histories: 
         ranks = _fault_ranks(fault)
         rows = histories.get(ranks[0] if ranks else 0, [])
         injected = next((float(r["time"]) for r in rows if int(r["step"]) >= int(fault["step"])), None)
-        result.append(Finding(fault, describe(fault), tuple(caught), advice(fault, localization, checkpoint_every),
-                              injected))
+        result.append(
+            Finding(fault, describe(fault), tuple(caught), advice(fault, localization, checkpoint_every), injected)
+        )
     return result
 
 
@@ -274,9 +356,20 @@ def table_rows(items: list[Finding]) -> list[tuple[str, ...]]:
     rows: list[tuple[str, ...]] = []
     for item in items:
         ranks = _fault_ranks(item.fault)
-        caught = "; ".join(f"{d.what} (" + (f"step {d.step}" if d.step is not None else "end of run") + ")"
-                           for d in item.caught) or "not detected"
-        rows.append((item.description.split(": ", 1)[-1], "all" if ranks is None else ", ".join(map(str, ranks)),
-                     f"step {item.fault['step']}", caught, item.delay() if item.caught else "not detected",
-                     item.advice[0] if item.advice else "-"))
+        caught = (
+            "; ".join(
+                f"{d.what} (" + (f"step {d.step}" if d.step is not None else "end of run") + ")" for d in item.caught
+            )
+            or "not detected"
+        )
+        rows.append(
+            (
+                item.description.split(": ", 1)[-1],
+                "all" if ranks is None else ", ".join(map(str, ranks)),
+                f"step {item.fault['step']}",
+                caught,
+                item.delay() if item.caught else "not detected",
+                item.advice[0] if item.advice else "-",
+            )
+        )
     return rows

@@ -35,8 +35,15 @@ CPU_PEAK_FLOPS = 5e10
 CHECKPOINT_EVERY = 100
 #: The demo's model: TinyGPT of this shape.
 MODEL_SHAPE = {"vocab": 128, "width": 64, "layers": 2, "heads": 4, "context": 32}
-FORWARDED_EVENTS = ("anomaly", "sdc_suspect", "gpu.xid", "gpu.lost", "fault_injected", "loss_spike_unrecovered",
-                    "nonfinite_origin")
+FORWARDED_EVENTS = (
+    "anomaly",
+    "sdc_suspect",
+    "gpu.xid",
+    "gpu.lost",
+    "fault_injected",
+    "loss_spike_unrecovered",
+    "nonfinite_origin",
+)
 
 
 @dataclass(frozen=True)
@@ -63,8 +70,13 @@ def rank_main(rank: int, config: DemoConfig, progress: Any, stop: Any) -> None:
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # blocked by the demo while it started the ranks
     torch.set_num_threads(1)
     _log_to_file(Path(config.out) / "logs" / f"rank-{rank}.log")
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(config.master_port), RANK=str(rank),
-                      LOCAL_RANK=str(rank), WORLD_SIZE=str(config.ranks))
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(config.master_port),
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        WORLD_SIZE=str(config.ranks),
+    )
     dist.init_process_group("gloo", rank=rank, world_size=config.ranks)
     try:
         _train(rank, config, progress, stop, torch, dist)
@@ -93,9 +105,9 @@ def _log_to_file(path: Path) -> None:
 def _train(rank: int, config: DemoConfig, progress: Any, stop: Any, torch: Any, dist: Any) -> None:
     from trainhealth import comm
     from trainhealth.demo.schedule import default_schedule
+    from trainhealth.demo.tiny_gpt import TinyGPT, synthetic_batch
     from trainhealth.exporters.monitor import Monitor
     from trainhealth.injectors.schedule import Injector
-    from trainhealth.demo.tiny_gpt import TinyGPT, synthetic_batch
 
     out = Path(config.out)
     torch.manual_seed(config.seed)
@@ -104,11 +116,24 @@ def _train(rank: int, config: DemoConfig, progress: Any, stop: Any, torch: Any, 
     ddp = torch.nn.parallel.DistributedDataParallel(model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
     parameters = sum(p.numel() for p in model.parameters())
-    monitor = Monitor(ddp, optimizer, job=config.job, comm=True, trace_dir=str(out / "traces"),
-                      gpu_backend="simulated", simulated_gpus=config.ranks, gpu_sample_interval=1.0,
-                      prometheus_addr=config.addr, prometheus_port=config.port_base + rank, comm_flush_interval=1.0,
-                      stats_every=10, sdc_interval=50, detectors=DEMO_DETECTORS,
-                      flops_per_token=6.0 * parameters, peak_flops=CPU_PEAK_FLOPS)
+    monitor = Monitor(
+        ddp,
+        optimizer,
+        job=config.job,
+        comm=True,
+        trace_dir=str(out / "traces"),
+        gpu_backend="simulated",
+        simulated_gpus=config.ranks,
+        gpu_sample_interval=1.0,
+        prometheus_addr=config.addr,
+        prometheus_port=config.port_base + rank,
+        comm_flush_interval=1.0,
+        stats_every=10,
+        sdc_interval=50,
+        detectors=DEMO_DETECTORS,
+        flops_per_token=6.0 * parameters,
+        peak_flops=CPU_PEAK_FLOPS,
+    )
     seen: dict[tuple[str, ...], float] = {}
     monitor.events.add_listener(lambda event: _forward(event, rank, progress, seen))
     comm.instrument_ddp(ddp)  # DDP's bucket all-reduces bypass torch.distributed: record them with a comm hook
@@ -131,9 +156,16 @@ def _train(rank: int, config: DemoConfig, progress: Any, stop: Any, torch: Any, 
     dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
     steps = max(60, int(config.duration_s / float(slowest)))
     schedule = config.faults if config.faults is not None else default_schedule(steps, config.ranks, float(slowest))
-    injector = Injector(schedule, model=model, optimizer=optimizer, rank=rank, seed=config.seed,
-                        ground_truth=out / "faults.jsonl", events=monitor.events,
-                        simulated_gpu=monitor.gpu.simulator if monitor.gpu is not None else None)
+    injector = Injector(
+        schedule,
+        model=model,
+        optimizer=optimizer,
+        rank=rank,
+        seed=config.seed,
+        ground_truth=out / "faults.jsonl",
+        events=monitor.events,
+        simulated_gpu=monitor.gpu.simulator if monitor.gpu is not None else None,
+    )
     _send(progress, {"rank": rank, "steps": steps, "metrics_url": monitor.metrics_url, "schedule": schedule})
     history: list[dict[str, Any]] = []
     flag = torch.zeros(1)
@@ -143,8 +175,14 @@ def _train(rank: int, config: DemoConfig, progress: Any, stop: Any, torch: Any, 
             seconds, loss = one_step(step)
             flag[0] = 1.0 if stop.is_set() else 0.0
             dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-            row = {"step": step, "time": time.time(), "loss": float(loss.detach()), "step_time": seconds,
-                   **_step_split(monitor), **_gpu_readings(monitor, rank)}
+            row = {
+                "step": step,
+                "time": time.time(),
+                "loss": float(loss.detach()),
+                "step_time": seconds,
+                **_step_split(monitor),
+                **_gpu_readings(monitor, rank),
+            }
             history.append(row)
             _send(progress, {"rank": rank, **row})
             logger = comm.installed() if step % 20 == 0 else None
@@ -179,8 +217,10 @@ def _step_split(monitor: Any) -> dict[str, float | None]:
     """Compute and wait of this rank's last accounted step, as the collective logger exports them."""
     from trainhealth import catalog
 
-    readings = {"compute": monitor.store.value(catalog.TRAIN_LAST_STEP_COMPUTE),
-                "wait": monitor.store.value(catalog.TRAIN_LAST_STEP_WAIT)}
+    readings = {
+        "compute": monitor.store.value(catalog.TRAIN_LAST_STEP_COMPUTE),
+        "wait": monitor.store.value(catalog.TRAIN_LAST_STEP_WAIT),
+    }
     return {name: None if value is None else float(value) for name, value in readings.items()}
 
 
@@ -196,10 +236,17 @@ def _gpu_readings(monitor: Any, rank: int) -> dict[str, float | None]:
                 return float(reading)
         return None
 
-    xids = [float(v) for labels, v in store.series(catalog.GPU_XID_ERRORS)
-            if dict(zip(catalog.GPU_XID_ERRORS.labels, labels)).get("gpu") == str(rank)]
-    return {"temperature": value(catalog.GPU_TEMPERATURE), "sm_clock": value(catalog.GPU_CLOCK, clock="sm"),
-            "gpu_up": value(catalog.GPU_UP), "xids": sum(xids) if xids else 0.0}
+    xids = [
+        float(v)
+        for labels, v in store.series(catalog.GPU_XID_ERRORS)
+        if dict(zip(catalog.GPU_XID_ERRORS.labels, labels)).get("gpu") == str(rank)
+    ]
+    return {
+        "temperature": value(catalog.GPU_TEMPERATURE),
+        "sm_clock": value(catalog.GPU_CLOCK, clock="sm"),
+        "gpu_up": value(catalog.GPU_UP),
+        "xids": sum(xids) if xids else 0.0,
+    }
 
 
 def _forward(event: Any, rank: int, progress: Any, seen: dict[tuple[str, ...], float]) -> None:
@@ -207,14 +254,27 @@ def _forward(event: Any, rank: int, progress: Any, seen: dict[tuple[str, ...], f
     if event.name not in FORWARDED_EVENTS:
         return
     attributes = event.attributes
-    key = (event.name, str(attributes.get("kind", "")), str(attributes.get("signal", "")),
-           str(attributes.get("detector", "")))
+    key = (
+        event.name,
+        str(attributes.get("kind", "")),
+        str(attributes.get("signal", "")),
+        str(attributes.get("detector", "")),
+    )
     quiet_for = float("inf") if event.name == "fault_injected" else 30.0
     if event.time - seen.get(key, -float("inf")) < quiet_for:
         return
     seen[key] = event.time
-    _send(progress, {"rank": rank, "event": event.name, "summary": event.summary, "time": event.time,
-                     "signal": attributes.get("signal"), "step": attributes.get("step")})
+    _send(
+        progress,
+        {
+            "rank": rank,
+            "event": event.name,
+            "summary": event.summary,
+            "time": event.time,
+            "signal": attributes.get("signal"),
+            "step": attributes.get("step"),
+        },
+    )
 
 
 def _send(progress: Any, message: dict[str, Any]) -> None:
@@ -222,4 +282,3 @@ def _send(progress: Any, message: dict[str, Any]) -> None:
         progress.put_nowait(message)
     except (queue.Full, ValueError, OSError):
         pass
-

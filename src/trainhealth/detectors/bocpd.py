@@ -99,8 +99,9 @@ class BOCPD(Detector):
         alpha = _ALPHA0 + runs / 2
         self._kappa = _KAPPA0 + runs
         self._alpha = alpha
-        self._log_normaliser = np.array([math.lgamma(a + 0.5) - math.lgamma(a) for a in alpha]) \
-            - 0.5 * np.log(2 * alpha * math.pi)
+        self._log_normaliser = np.array([math.lgamma(a + 0.5) - math.lgamma(a) for a in alpha]) - 0.5 * np.log(
+            2 * alpha * math.pi
+        )
         self._hazard = 1.0 / self.expected_run
 
     def _allocate(self, n_series: int) -> None:
@@ -131,8 +132,11 @@ class BOCPD(Detector):
         spread = beta * (self._kappa + 1) / (self._alpha * self._kappa)
         with np.errstate(invalid="ignore"):
             residual = (y - self._values[:, 0])[:, None] - mean
-            log_predictive = self._log_normaliser - 0.5 * np.log(spread) \
+            log_predictive = (
+                self._log_normaliser
+                - 0.5 * np.log(spread)
                 - (self._alpha + 0.5) * np.log1p(residual * residual / (2 * self._alpha * spread))
+            )
         log_predictive = np.where(self._posterior > 0, log_predictive, -np.inf)
         best = np.max(log_predictive, axis=1, keepdims=True)
         joint = self._posterior * np.exp(log_predictive - np.where(np.isfinite(best), best, 0.0))
@@ -150,7 +154,7 @@ class BOCPD(Detector):
         changed = updated[:, : self.recent + 1].sum(axis=1)
         if self.direction != "both":
             newest = np.concatenate([y[:, None], self._values[:, : self.recent - 1]], axis=1).mean(axis=1)
-            before = self._values[:, self.recent - 1: 2 * self.recent - 1].mean(axis=1)
+            before = self._values[:, self.recent - 1 : 2 * self.recent - 1].mean(axis=1)
             rising = newest > before
             changed = np.where(rising if self.direction == "up" else ~rising, changed, 0.0)
         ready = (self._count >= self.warmup) & np.isfinite(y)
@@ -170,9 +174,12 @@ class BOCPD(Detector):
         difference = np.abs(y - self._values[:, 0])
         rate = 2.0 / (self.max_run + 1)
         with np.errstate(invalid="ignore"):
-            mean_difference = np.where(np.isnan(self._mean_difference), difference, self._mean_difference
-                                       + rate * (np.minimum(difference, 5 * self._mean_difference)
-                                                 - self._mean_difference))
+            mean_difference = np.where(
+                np.isnan(self._mean_difference),
+                difference,
+                self._mean_difference
+                + rate * (np.minimum(difference, 5 * self._mean_difference) - self._mean_difference),
+            )
         self._mean_difference = np.where(seen, mean_difference, self._mean_difference)
         if learning.all():
             self._values[:, 1:] = self._values[:, :-1].copy()

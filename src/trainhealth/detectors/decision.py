@@ -38,9 +38,17 @@ class DecisionStep:
 class Decision:
     """Thresholds scores into events, per series, with hysteresis, cooldown and protection."""
 
-    def __init__(self, threshold: float, *, release: float | None = None, cooldown: int = 0,
-                 min_consecutive: int = 1, protect: bool = True, max_protected: int = 32,
-                 max_protected_share: float = 0.05) -> None:
+    def __init__(
+        self,
+        threshold: float,
+        *,
+        release: float | None = None,
+        cooldown: int = 0,
+        min_consecutive: int = 1,
+        protect: bool = True,
+        max_protected: int = 32,
+        max_protected_share: float = 0.05,
+    ) -> None:
         release = threshold if release is None else release
         if release > threshold:
             raise ValueError("release must not exceed threshold")
@@ -79,7 +87,9 @@ class Decision:
         flagged = (hit | (was_active & held)) if self.protect else np.zeros(len(scores), dtype=bool)
         self._protected_run = np.where(flagged, self._protected_run + 1, 0)
         self._flagged_share += (flagged - self._flagged_share) / 64.0
-        flagged = flagged & (self._protected_run <= self.max_protected) & (self._flagged_share <= self.max_protected_share)
+        flagged = (
+            flagged & (self._protected_run <= self.max_protected) & (self._flagged_share <= self.max_protected_share)
+        )
         return DecisionStep(np.flatnonzero(opening), np.flatnonzero(closing), flagged, self._active.copy())
 
     @property

@@ -126,8 +126,11 @@ class Divergence(Detector):
         limit = np.where(np.isnan(self._mean_absolute), np.inf, self.clip * self._scale())
         clipped = np.clip(residual, -limit, limit)  # Huber: one value moves level and noise by little
         first_residual = learning & ~starting & np.isnan(self._mean_absolute)
-        mean_absolute = np.where(first_residual, np.abs(clipped),
-                                 self._mean_absolute + 0.5 * self._rate * (np.abs(clipped) - self._mean_absolute))
+        mean_absolute = np.where(
+            first_residual,
+            np.abs(clipped),
+            self._mean_absolute + 0.5 * self._rate * (np.abs(clipped) - self._mean_absolute),
+        )
         self._mean_absolute = np.where(learning & ~starting, mean_absolute, self._mean_absolute)
         self._level = np.where(starting, y, np.where(learning, self._level + self._rate * clipped, self._level))
         self._cusum = np.where(learning & ~np.isnan(cusum), cusum, self._cusum)

@@ -30,7 +30,8 @@ from typing import Any
 import numpy as np
 
 from trainhealth.detectors.base import Detector, Direction
-from trainhealth.detectors.rolling import RollingQuantiles, default_refresh, fill_zero as _fill_zero
+from trainhealth.detectors.rolling import RollingQuantiles, default_refresh
+from trainhealth.detectors.rolling import fill_zero as _fill_zero
 
 __all__ = ["LevelShift"]
 
@@ -106,8 +107,10 @@ class LevelShift(Detector):
     def _standardise(self, x: np.ndarray) -> np.ndarray:
         median = self._reference.quantile(0.5)[:, 0]
         scale = 1.4826 * self._reference.median_absolute_deviation(median)
-        scale = np.maximum(_fill_zero(scale, self._reference.robust_sigma),
-                           np.maximum(self.min_relative * np.abs(median), self.min_scale))
+        scale = np.maximum(
+            _fill_zero(scale, self._reference.robust_sigma),
+            np.maximum(self.min_relative * np.abs(median), self.min_scale),
+        )
         with np.errstate(invalid="ignore"):
             return np.clip((x - median) / scale, -self.clip, self.clip)
 

@@ -51,8 +51,7 @@ def load_series(path: str | os.PathLike[str]) -> pd.DataFrame:
     try:
         mode = os.stat(path).st_mode
     except OSError as exc:
-        raise SeriesError(f"{path}: {'no such file' if isinstance(exc, FileNotFoundError) else exc.strerror}") \
-            from None
+        raise SeriesError(f"{path}: {'no such file' if isinstance(exc, FileNotFoundError) else exc.strerror}") from None
     if not stat.S_ISREG(mode):
         raise SeriesError(f"{path}: not a regular file")
     try:
@@ -69,15 +68,22 @@ def load_series(path: str | os.PathLike[str]) -> pd.DataFrame:
     except SeriesError:
         raise
     except Exception as exc:
-        raise SeriesError(f"{path}: not readable: {str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__}") \
-            from None
+        raise SeriesError(
+            f"{path}: not readable: {str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__}"
+        ) from None
     if frame.empty:
         raise SeriesError(f"{path}: no rows")
     return frame
 
 
-def detect(frame: pd.DataFrame, column: str, specs: Sequence[WatchSpec], *, series_column: str | None = None,
-           time_column: str | None = None) -> list[Anomaly]:
+def detect(
+    frame: pd.DataFrame,
+    column: str,
+    specs: Sequence[WatchSpec],
+    *,
+    series_column: str | None = None,
+    time_column: str | None = None,
+) -> list[Anomaly]:
     """Every anomaly the detectors find in ``column``, in order of start.
 
     With ``series_column`` the rows are one value per (time, series) and every

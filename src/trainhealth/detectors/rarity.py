@@ -163,13 +163,15 @@ class Rarity(Detector):
         upper = np.take_along_axis(ordered, np.maximum(n - 1 - k, 0)[:, None], axis=1)[:, 0]
         top = (index >= (n - k)[:, None]) & (index < n[:, None])
         up_excess = np.where(top, ordered - upper[:, None], 0.0)
-        self._upper_scale[rows], self._upper_shape[rows] = _pareto_tail(up_excess, index - (n - k)[:, None], k,
-                                                                        largest - upper, floor)
+        self._upper_scale[rows], self._upper_shape[rows] = _pareto_tail(
+            up_excess, index - (n - k)[:, None], k, largest - upper, floor
+        )
         lower = np.take_along_axis(ordered, np.minimum(k, n - 1)[:, None], axis=1)[:, 0]
         bottom = index < k[:, None]
         down_excess = np.where(bottom, lower[:, None] - ordered, 0.0)
-        self._lower_scale[rows], self._lower_shape[rows] = _pareto_tail(down_excess, k[:, None] - 1 - index, k,
-                                                                        lower - smallest, floor)
+        self._lower_scale[rows], self._lower_shape[rows] = _pareto_tail(
+            down_excess, k[:, None] - 1 - index, k, lower - smallest, floor
+        )
         self._median[rows] = np.take_along_axis(ordered, ((n - 1) // 2)[:, None], axis=1)[:, 0]
         self._largest[rows], self._smallest[rows] = largest, smallest
         self._since_fit[rows] = 0
@@ -178,8 +180,9 @@ class Rarity(Detector):
         return np.where(self._count > 0, self._median, np.nan)
 
 
-def _pareto_tail(excess: np.ndarray, rank: np.ndarray, k: np.ndarray, reach: np.ndarray,
-                 floor: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _pareto_tail(
+    excess: np.ndarray, rank: np.ndarray, k: np.ndarray, reach: np.ndarray, floor: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
     """(scale, shape) of a generalised Pareto tail beyond the extreme, fitted to ``k`` excesses per row.
 
     ``excess`` holds each row's excesses over the tail's threshold (0 elsewhere), ``rank`` their ranks

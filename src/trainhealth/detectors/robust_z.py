@@ -20,7 +20,8 @@ from typing import Any
 import numpy as np
 
 from trainhealth.detectors.base import Detector, Direction, directional
-from trainhealth.detectors.rolling import RollingQuantiles, default_refresh, fill_zero as _fill_zero
+from trainhealth.detectors.rolling import RollingQuantiles, default_refresh
+from trainhealth.detectors.rolling import fill_zero as _fill_zero
 
 __all__ = ["RobustZ"]
 

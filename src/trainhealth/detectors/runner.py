@@ -43,8 +43,15 @@ log = logging.getLogger(__name__)
 class SignalDetectors:
     """Per signal (and per series of a signal, like each collective group), the watches of a spec."""
 
-    def __init__(self, specs: Sequence[WatchSpec], *, store: MetricStore | None = None,
-                 events: EventLog | None = None, max_series: int = 256, warmup: int = 0) -> None:
+    def __init__(
+        self,
+        specs: Sequence[WatchSpec],
+        *,
+        store: MetricStore | None = None,
+        events: EventLog | None = None,
+        max_series: int = 256,
+        warmup: int = 0,
+    ) -> None:
         if warmup < 0:
             raise ValueError(f"warmup must be >= 0, got {warmup!r}")
         self._specs: dict[str, list[WatchSpec]] = {}
@@ -77,8 +84,9 @@ class SignalDetectors:
             ]
         return watches
 
-    def observe(self, signal: str, value: float, *, step: int | None = None, time: float | None = None,
-                series: str = "") -> list[Anomaly]:
+    def observe(
+        self, signal: str, value: float, *, step: int | None = None, time: float | None = None, series: str = ""
+    ) -> list[Anomaly]:
         """Feed one value of ``signal``; returns the anomalies that began with it.
 
         The first ``warmup`` values of each signal and series reach only the non-finite check: a
@@ -123,8 +131,13 @@ class SignalDetectors:
             store.set(catalog.ANOMALIES_LAST_TIMESTAMP, anomaly.start_time, labels)
         for watch in watches:
             name = watch.detector.name
-            active = sum(len(w.active) for (s, _), ws in self._watches.items() if s == signal
-                         for w in ws if w.detector.name == name)
+            active = sum(
+                len(w.active)
+                for (s, _), ws in self._watches.items()
+                if s == signal
+                for w in ws
+                if w.detector.name == name
+            )
             store.set(catalog.ANOMALIES_ACTIVE, float(active), (name, signal))
             unkeyed = watch.series == ("",) and watch.detector.n_series
             if unkeyed and isinstance(watch.detector, SpikeScore):
@@ -134,8 +147,12 @@ class SignalDetectors:
 
     def _emit(self, anomaly: Anomaly, *, begun: bool) -> None:
         attributes: dict[str, str | int | float] = {
-            "detector": anomaly.detector, "signal": anomaly.signal, "series": anomaly.series,
-            "value": anomaly.value, "score": anomaly.score, "severity": anomaly.severity.value,
+            "detector": anomaly.detector,
+            "signal": anomaly.signal,
+            "series": anomaly.series,
+            "value": anomaly.value,
+            "score": anomaly.score,
+            "severity": anomaly.severity.value,
         }
         if anomaly.step is not None:
             attributes["step"] = anomaly.step
@@ -145,8 +162,13 @@ class SignalDetectors:
             event = Event("anomaly", anomaly.severity, anomaly.summary(), attributes, time=anomaly.start_time)
         else:
             attributes["start_time"] = anomaly.start_time
-            event = Event("anomaly.resolved", Severity.INFO, "resolved: " + anomaly.summary(), attributes,
-                          time=anomaly.end_time or anomaly.time)
+            event = Event(
+                "anomaly.resolved",
+                Severity.INFO,
+                "resolved: " + anomaly.summary(),
+                attributes,
+                time=anomaly.end_time or anomaly.time,
+            )
         if self._events is not None:
             self._events.emit(event)
         else:

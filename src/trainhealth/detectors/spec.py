@@ -49,21 +49,51 @@ from trainhealth.detectors.spike import SpikeScore
 from trainhealth.detectors.stl import STLDetector
 from trainhealth.detectors.zscore import ZScore
 
-__all__ = ["DEFAULT_SPEC", "DETECTORS", "MAX_PARAMETER", "SIGNALS", "WatchSpec", "build_detector", "parse_item",
-           "parse_setting", "parse_spec"]
+__all__ = [
+    "DEFAULT_SPEC",
+    "DETECTORS",
+    "MAX_PARAMETER",
+    "SIGNALS",
+    "WatchSpec",
+    "build_detector",
+    "parse_item",
+    "parse_setting",
+    "parse_spec",
+]
 
-DETECTORS: dict[str, type[Detector]] = {cls.name: cls for cls in (
-    ZScore, RobustZ, IQR, STLDetector, DeltaIrregularity, SpikeScore, LevelShift, NonFinite, PeerOutlier,
-    Divergence, BOCPD, Rarity,
-)}
+DETECTORS: dict[str, type[Detector]] = {
+    cls.name: cls
+    for cls in (
+        ZScore,
+        RobustZ,
+        IQR,
+        STLDetector,
+        DeltaIrregularity,
+        SpikeScore,
+        LevelShift,
+        NonFinite,
+        PeerOutlier,
+        Divergence,
+        BOCPD,
+        Rarity,
+    )
+}
 
 #: Signals the Monitor and the collective logger feed to detectors.
 SIGNALS = ("loss", "grad_norm", "step_time", "throughput", "comm_duration")
 
 DEFAULT_SPEC = DEFAULT_DETECTORS  # the default of the ``detectors`` setting
 
-_DECISION_PARAMETERS = ("threshold", "release", "cooldown", "min_consecutive", "protect", "max_protected",
-                        "max_protected_share", "critical")
+_DECISION_PARAMETERS = (
+    "threshold",
+    "release",
+    "cooldown",
+    "min_consecutive",
+    "protect",
+    "max_protected",
+    "max_protected_share",
+    "critical",
+)
 
 #: The largest count a parameter may take (a window of a million values per series is already 8 MB each).
 MAX_PARAMETER = 1_000_000
@@ -91,9 +121,15 @@ class WatchSpec:
     critical: float | None = None
 
     def decision(self) -> Decision:
-        return Decision(self.threshold, release=self.release, cooldown=self.cooldown,
-                        min_consecutive=self.min_consecutive, protect=self.protect, max_protected=self.max_protected,
-                        max_protected_share=self.max_protected_share)
+        return Decision(
+            self.threshold,
+            release=self.release,
+            cooldown=self.cooldown,
+            min_consecutive=self.min_consecutive,
+            protect=self.protect,
+            max_protected=self.max_protected,
+            max_protected_share=self.max_protected_share,
+        )
 
 
 def _value(text: str) -> Any:
@@ -137,8 +173,14 @@ def _check(key: str, value: Any, annotation: Any) -> None:
         if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= MAX_PARAMETER:
             raise ValueError(f"{key} must be a whole number from {low} to {MAX_PARAMETER}, got {_shown(value)}")
     elif annotation is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0 \
-                or (key in _POSITIVE and value == 0) or (key in _SHARES and value > 1):
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, (int, float))
+            or not math.isfinite(value)
+            or value < 0
+            or (key in _POSITIVE and value == 0)
+            or (key in _SHARES and value > 1)
+        ):
             what = "above 0" if key in _POSITIVE else "from 0 to 1" if key in _SHARES else "0 or more"
             raise ValueError(f"{key} must be a finite number {what}, got {_shown(value)}")
 
@@ -148,8 +190,16 @@ def _shown(value: Any) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
-_DECISION_TYPES = {"threshold": float, "release": float, "critical": float, "cooldown": int, "min_consecutive": int,
-                   "max_protected": int, "max_protected_share": float, "protect": bool}
+_DECISION_TYPES = {
+    "threshold": float,
+    "release": float,
+    "critical": float,
+    "cooldown": int,
+    "min_consecutive": int,
+    "max_protected": int,
+    "max_protected_share": float,
+    "protect": bool,
+}
 
 
 def build_detector(name: str, parameters: dict[str, Any], signal: str = "the signal") -> WatchSpec:
@@ -157,8 +207,10 @@ def build_detector(name: str, parameters: dict[str, Any], signal: str = "the sig
     if cls is None:
         raise ValueError(f"unknown detector {_shown(name)} for {signal}; known: {', '.join(sorted(DETECTORS))}")
     types_of = typing.get_type_hints(cls)
-    known = {field.name: types_of[field.name] for field in dataclasses.fields(cls)  # type: ignore[arg-type]
-             } | _DECISION_TYPES
+    known = {
+        field.name: types_of[field.name]
+        for field in dataclasses.fields(cls)  # type: ignore[arg-type]
+    } | _DECISION_TYPES
     for key, value in parameters.items():
         if key not in known:
             raise ValueError(f"{name} for {signal}: unknown parameter {_shown(key)}; known: {', '.join(sorted(known))}")

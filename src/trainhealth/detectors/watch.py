@@ -73,8 +73,15 @@ class WatchUpdate:
 class Watch:
     """Runs ``detector`` on ``signal`` (one value per series per update) and reports anomalies."""
 
-    def __init__(self, signal: str, detector: Detector, *, decision: Decision | None = None,
-                 series: Sequence[str] | None = None, critical: float | None = None) -> None:
+    def __init__(
+        self,
+        signal: str,
+        detector: Detector,
+        *,
+        decision: Decision | None = None,
+        series: Sequence[str] | None = None,
+        critical: float | None = None,
+    ) -> None:
         self.signal = signal
         self.detector = detector
         self.decision = decision or Decision(detector.default_threshold, cooldown=3)
@@ -100,9 +107,17 @@ class Watch:
         opened, closed = [], []
         for index in decided.opened:
             anomaly = Anomaly(
-                detector=self.detector.name, signal=self.signal, series=self._key(int(index)), step=step, time=now,
-                value=float(x[index]), expected=_number(expected, index), score=float(scores[index]),
-                severity=self._severity(float(scores[index])), start_step=step, start_time=now,
+                detector=self.detector.name,
+                signal=self.signal,
+                series=self._key(int(index)),
+                step=step,
+                time=now,
+                value=float(x[index]),
+                expected=_number(expected, index),
+                score=float(scores[index]),
+                severity=self._severity(float(scores[index])),
+                start_step=step,
+                start_time=now,
             )
             self._open[int(index)] = anomaly
             opened.append(anomaly)
@@ -112,9 +127,15 @@ class Watch:
                 closed.append(replace(anomaly, end_step=step, end_time=now))
                 del self._open[index]
             elif np.isfinite(score) and score > anomaly.score:  # keep the strongest point of the event
-                self._open[index] = replace(anomaly, step=step, time=now, value=float(x[index]),
-                                            expected=_number(expected, index), score=score,
-                                            severity=max(anomaly.severity, self._severity(score), key=_rank))
+                self._open[index] = replace(
+                    anomaly,
+                    step=step,
+                    time=now,
+                    value=float(x[index]),
+                    expected=_number(expected, index),
+                    score=score,
+                    severity=max(anomaly.severity, self._severity(score), key=_rank),
+                )
         return WatchUpdate(opened, closed, scores)
 
     @property

@@ -22,10 +22,17 @@ __all__ = [
     "TLSFiles",
 ]
 
-_HOME = {"LayerGroupStats": "exporters.step_records", "Monitor": "exporters.monitor",
-         "StepStats": "exporters.step_records", "OtelExporter": "sinks.otel", "BasicAuth": "sinks.prometheus",
-         "MetricsServer": "sinks.prometheus",
-         "StoreCollector": "sinks.prometheus", "TLSFiles": "sinks.prometheus", "Sinks": "sinks.service"}
+_HOME = {
+    "LayerGroupStats": "exporters.step_records",
+    "Monitor": "exporters.monitor",
+    "StepStats": "exporters.step_records",
+    "OtelExporter": "sinks.otel",
+    "BasicAuth": "sinks.prometheus",
+    "MetricsServer": "sinks.prometheus",
+    "StoreCollector": "sinks.prometheus",
+    "TLSFiles": "sinks.prometheus",
+    "Sinks": "sinks.service",
+}
 
 
 __getattr__ = lazy_attributes(__name__, {name: f"trainhealth.{home}" for name, home in _HOME.items()})

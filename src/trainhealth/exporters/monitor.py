@@ -128,15 +128,17 @@ class Monitor:
         self._hook_handles: list[Any] = []
 
         self.events = EventLog()
-        self.detectors = SignalDetectors(watched, store=self.store, events=self.events,
-                                         warmup=settings.detectors.warmup_steps)
+        self.detectors = SignalDetectors(
+            watched, store=self.store, events=self.events, warmup=settings.detectors.warmup_steps
+        )
         for signal in ("loss", "grad_norm"):  # from 0, so the first non-finite step is an increase
             self.store.inc(catalog.TRAIN_NONFINITE_STEPS, 0.0, (signal,))
         self._sinks = Sinks.start(self.store, identity, settings, env, events=self.events)
         self.health: ModelHealth | None = None
         if model is not None:
-            self.health = ModelHealth(torch, model, settings, self.store, self.events, start_time=time.time(),
-                                      sdc_group=sdc_group, env=env)
+            self.health = ModelHealth(
+                torch, model, settings, self.store, self.events, start_time=time.time(), sdc_group=sdc_group, env=env
+            )
         try:
             self.gpu = GpuTelemetry.start(self.store, self.events, settings, identity, role="rank", env=env)
         except Exception:
@@ -151,8 +153,18 @@ class Monitor:
             self._owns_comm = comm_module.installed() is None
             self.comm = comm_module.install(store=self.store, settings=settings, detectors=self.detectors)
         markers = StepMarkers(self.comm, self.store) if self.comm is not None else None
-        self._recorder = StepRecorder(torch, self.store, settings.training, stats, group_labels, optimizer,
-                                      self.detectors, self.health, markers, lr_source=lr_source)
+        self._recorder = StepRecorder(
+            torch,
+            self.store,
+            settings.training,
+            stats,
+            group_labels,
+            optimizer,
+            self.detectors,
+            self.health,
+            markers,
+            lr_source=lr_source,
+        )
         self._hook(model, optimizer, markers)
         self._atexit = close_at_exit(self)
 
@@ -162,12 +174,16 @@ class Monitor:
             # the timing hooks run inside the statistics hooks, so the optimizer row times the update alone
             self._hook_handles.append(optimizer.register_step_pre_hook(recorder.before_optimizer_step))
             if markers is not None:
-                self._hook_handles += [optimizer.register_step_pre_hook(markers.optimizer_step_begins),
-                                       optimizer.register_step_post_hook(markers.optimizer_step_ends)]
+                self._hook_handles += [
+                    optimizer.register_step_pre_hook(markers.optimizer_step_begins),
+                    optimizer.register_step_post_hook(markers.optimizer_step_ends),
+                ]
             self._hook_handles.append(optimizer.register_step_post_hook(recorder.after_optimizer_step))
         if markers is not None and model is not None and hasattr(model, "register_forward_pre_hook"):
-            self._hook_handles += [model.register_forward_pre_hook(markers.forward_begins),
-                                   model.register_forward_hook(markers.forward_ends)]
+            self._hook_handles += [
+                model.register_forward_pre_hook(markers.forward_begins),
+                model.register_forward_hook(markers.forward_ends),
+            ]
 
     # --- public ---------------------------------------------------------------------
     @property

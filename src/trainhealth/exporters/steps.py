@@ -43,9 +43,20 @@ class StepRecorder:
     ``param_groups`` give the learning rates (default ``optimizer``).
     """
 
-    def __init__(self, torch: Any, store: MetricStore, training: TrainingSettings, stats: ParameterStats,
-                 group_labels: tuple[str, ...], optimizer: Any, detectors: SignalDetectors,
-                 health: ModelHealth | None, markers: StepMarkers | None, *, lr_source: Any = None) -> None:
+    def __init__(
+        self,
+        torch: Any,
+        store: MetricStore,
+        training: TrainingSettings,
+        stats: ParameterStats,
+        group_labels: tuple[str, ...],
+        optimizer: Any,
+        detectors: SignalDetectors,
+        health: ModelHealth | None,
+        markers: StepMarkers | None,
+        *,
+        lr_source: Any = None,
+    ) -> None:
         self._torch = torch
         self._store = store
         self._training = training
@@ -86,8 +97,10 @@ class StepRecorder:
             if self._waiting_for_closure == index:  # inside step(closure): the pre-hook has run, the update has not
                 self._waiting_for_closure = None
                 results = self._gradient_results(index)
-                self._hook_results.grad_norm, self._hook_results.group_grad_norms = (results.grad_norm,
-                                                                                     results.group_grad_norms)
+                self._hook_results.grad_norm, self._hook_results.group_grad_norms = (
+                    results.grad_norm,
+                    results.group_grad_norms,
+                )
             else:  # before step(): the pre-hook will use these
                 self._early_results = (index, self._gradient_statistics(index))
         except Exception as exc:
@@ -182,8 +195,9 @@ class StepRecorder:
         self._checkpoint_since_last_step = False
         step_index = index if step is None else self._guard("monitor", lambda: int(step), index)
         self._last_step_label = step_index
-        if tokens is not None and (isinstance(tokens, bool) or not isinstance(tokens, (int, float))
-                                   or not 0 <= tokens < float("inf")):
+        if tokens is not None and (
+            isinstance(tokens, bool) or not isinstance(tokens, (int, float)) or not 0 <= tokens < float("inf")
+        ):
             self._store.record_error("monitor", ValueError(f"tokens must be a non-negative number, got {tokens!r}"))
             tokens = None
         markers, health = self._markers, self._health
@@ -256,9 +270,13 @@ class StepRecorder:
         if not heavy and self._caller_supplies_grad_norm:
             return results
         if self.stats.params and not self.stats.has_gradients():  # a zero norm would read as vanishing gradients
-            self._store.record_error("grad_norm", LookupError(
-                "no watched parameter has a gradient (optimizer or Monitor step before backward, or after "
-                "zero_grad): this step's gradient norms are left out"))
+            self._store.record_error(
+                "grad_norm",
+                LookupError(
+                    "no watched parameter has a gradient (optimizer or Monitor step before backward, or after "
+                    "zero_grad): this step's gradient norms are left out"
+                ),
+            )
             return results
         if heavy:
             results.grad_norm, results.group_grad_norms = self.stats.grad_norms_by_group()
@@ -270,7 +288,7 @@ class StepRecorder:
         read: dict[str, Any] = dict(pending.values)
         offset = 0
         for name, length in pending.fields:
-            chunk = vector[offset: offset + length]
+            chunk = vector[offset : offset + length]
             # per-group values stay a list, whatever the number of groups (a one-group model has one)
             read[name] = chunk if length != 1 or name.startswith("group_") else chunk[0]
             offset += length
@@ -285,8 +303,9 @@ class StepRecorder:
         self.latest = stats
         self._worker.submit(self._export, stats, pending.wall_time)
 
-    def _step_stats(self, pending: PendingStep, read: dict[str, Any],
-                    learning_rates: tuple[float | None, ...]) -> StepStats:
+    def _step_stats(
+        self, pending: PendingStep, read: dict[str, Any], learning_rates: tuple[float | None, ...]
+    ) -> StepStats:
         duration = pending.duration_s
         throughput = None
         if pending.tokens is not None and duration is not None and duration > 0:
@@ -354,8 +373,12 @@ class StepRecorder:
             _set_if(store, catalog.TRAIN_LAYER_GRAD_NORM, layer.grad_norm, labels)
             _set_if(store, catalog.TRAIN_LAYER_PARAM_NORM, layer.param_norm, labels)
             _set_if(store, catalog.TRAIN_LAYER_UPDATE_RATIO, layer.update_ratio, labels)
-        for signal, value in (("loss", stats.loss), ("grad_norm", stats.grad_norm),
-                              ("step_time", stats.duration_s), ("throughput", stats.tokens_per_second)):
+        for signal, value in (
+            ("loss", stats.loss),
+            ("grad_norm", stats.grad_norm),
+            ("step_time", stats.duration_s),
+            ("throughput", stats.tokens_per_second),
+        ):
             if value is None or signal in stats.unjudged:
                 continue
             try:  # a loss spike reaches model health as an event (ModelHealth listens to the event log)

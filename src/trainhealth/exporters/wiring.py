@@ -8,7 +8,6 @@ import logging
 import weakref
 from typing import Any, Protocol
 
-
 from trainhealth.exporters.training.layer_groups import group_parameters
 from trainhealth.exporters.training.param_stats import ParameterStats
 from trainhealth.store import MetricStore
@@ -20,8 +19,11 @@ log = logging.getLogger(__name__)
 
 def base_optimizer(optimizer: Any) -> Any:
     """The torch optimizer inside wrappers such as Accelerate's AcceleratedOptimizer (they forward ``step``)."""
-    while optimizer is not None and not hasattr(optimizer, "_optimizer_step_pre_hooks") and hasattr(
-            optimizer, "optimizer"):
+    while (
+        optimizer is not None
+        and not hasattr(optimizer, "_optimizer_step_pre_hooks")
+        and hasattr(optimizer, "optimizer")
+    ):
         optimizer = optimizer.optimizer
     return optimizer
 
@@ -45,14 +47,22 @@ def hookable_optimizer(optimizer: Any, store: MetricStore) -> Any:
     try:
         for group in optimizer.param_groups:
             list(group["params"])
-        missing = [name for name in ("register_step_pre_hook", "register_step_post_hook")
-                   if not callable(getattr(optimizer, name, None))]
+        missing = [
+            name
+            for name in ("register_step_pre_hook", "register_step_post_hook")
+            if not callable(getattr(optimizer, name, None))
+        ]
         if missing:
             raise TypeError(f"no {' or '.join(missing)}")
     except Exception as exc:
-        store.record_error("optimizer", TypeError(f"cannot hook {type(optimizer).__name__} as a torch optimizer "
-                                                  f"({type(exc).__name__}: {exc}); its statistics come from the "
-                                                  f"model's parameters"))
+        store.record_error(
+            "optimizer",
+            TypeError(
+                f"cannot hook {type(optimizer).__name__} as a torch optimizer "
+                f"({type(exc).__name__}: {exc}); its statistics come from the "
+                f"model's parameters"
+            ),
+        )
         return None
     return optimizer
 

@@ -49,12 +49,23 @@ class Injector:
 
     _delay_installed: Callable[[], None] | None  # set by _install_collective_delay, cleared by close
 
-    def __init__(self, schedule: str | os.PathLike[str] | Sequence[Mapping[str, Any]] | Sequence[FaultSpec] | None,
-                 *, model: Any = None, optimizer: Any = None, rank: int | None = None, seed: int = 0,
-                 ground_truth: str | os.PathLike[str] | None = None, events: EventLog | None = None,
-                 simulated_gpu: Any = None) -> None:
-        if schedule is not None and not isinstance(schedule, (str, os.PathLike)) and all(
-                isinstance(s, FaultSpec) for s in schedule):
+    def __init__(
+        self,
+        schedule: str | os.PathLike[str] | Sequence[Mapping[str, Any]] | Sequence[FaultSpec] | None,
+        *,
+        model: Any = None,
+        optimizer: Any = None,
+        rank: int | None = None,
+        seed: int = 0,
+        ground_truth: str | os.PathLike[str] | None = None,
+        events: EventLog | None = None,
+        simulated_gpu: Any = None,
+    ) -> None:
+        if (
+            schedule is not None
+            and not isinstance(schedule, (str, os.PathLike))
+            and all(isinstance(s, FaultSpec) for s in schedule)
+        ):
             self.schedule: list[FaultSpec] = cast("list[FaultSpec]", list(schedule))
         else:  # a file, dictionaries (FaultSpec.from_dict checks each) or None
             self.schedule = load_schedule(cast("str | os.PathLike[str] | Sequence[Mapping[str, Any]] | None", schedule))
@@ -218,8 +229,10 @@ class Injector:
 
         logger = trainhealth.comm.installed()
         if logger is None:
-            raise ScheduleError("collective_delay faults need trainhealth.comm installed first "
-                                "(trainhealth.comm.install() or Monitor(comm=True))")
+            raise ScheduleError(
+                "collective_delay faults need trainhealth.comm installed first "
+                "(trainhealth.comm.install() or Monitor(comm=True))"
+            )
         from trainhealth.exporters.collectives.wrappers import COMMUNICATION_FUNCTIONS
 
         recorder = logger
@@ -254,22 +267,29 @@ class Injector:
         return sleeping
 
     def _simulated_gpu_fault(self, spec: FaultSpec, step: int) -> None:
-        from trainhealth.exporters.gpu.simulated import SimulatedFaultKind, SimulatedFault
+        from trainhealth.exporters.gpu.simulated import SimulatedFault, SimulatedFaultKind
 
         if self.simulated_gpu is None:
             raise ScheduleError("gpu faults need the simulated GPU backend (gpu_backend=simulated)")
         try:
             kind = SimulatedFaultKind(spec.fault)
         except ValueError:
-            raise ScheduleError(f"unknown gpu fault {spec.fault!r}; one of "
-                                f"{', '.join(k.value for k in SimulatedFaultKind)}") from None
+            raise ScheduleError(
+                f"unknown gpu fault {spec.fault!r}; one of {', '.join(k.value for k in SimulatedFaultKind)}"
+            ) from None
         self.simulated_gpu.inject(SimulatedFault(kind, gpu=spec.gpu, xid=spec.xid))
         self._record(spec, step, fault=spec.fault, gpu=spec.gpu, xid=spec.xid)
 
     # --- ground truth ---------------------------------------------------------------
     def _record(self, spec: FaultSpec, step: int, **details: Any) -> None:
-        entry = {"time": time.time(), "step": step, "rank": self.rank, "kind": spec.kind,
-                 **({"target": spec.target} if spec.kind in ("bitflip", "nan", "inf") else {}), **details}
+        entry = {
+            "time": time.time(),
+            "step": step,
+            "rank": self.rank,
+            "kind": spec.kind,
+            **({"target": spec.target} if spec.kind in ("bitflip", "nan", "inf") else {}),
+            **details,
+        }
         with self._lock:
             self.log.append(entry)
             if self._ground_truth is not None:
@@ -281,9 +301,14 @@ class Injector:
                     log.warning("trainhealth: cannot write fault ground truth to %s", self._ground_truth, exc_info=True)
         if self.events is not None:
             what = ", ".join(f"{k}={v}" for k, v in details.items() if k != "changes")
-            self.events.emit(Event("fault_injected", Severity.INFO, f"injected {spec.kind} on rank {self.rank} at "
-                                   f"step {step}" + (f" ({what})" if what else ""),
-                                   {"kind": spec.kind, "rank": str(self.rank)}))
+            self.events.emit(
+                Event(
+                    "fault_injected",
+                    Severity.INFO,
+                    f"injected {spec.kind} on rank {self.rank} at step {step}" + (f" ({what})" if what else ""),
+                    {"kind": spec.kind, "rank": str(self.rank)},
+                )
+            )
 
 
 def _rank() -> int:

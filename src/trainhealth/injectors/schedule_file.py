@@ -55,8 +55,21 @@ __all__ = ["FAULT_KINDS", "FaultSpec", "ScheduleError", "load_schedule"]
 
 FAULT_KINDS = ("bitflip", "nan", "inf", "delay", "collective_delay", "lr_scale", "batch", "gpu")
 TARGETS = ("parameter", "gradient", "activation")
-_FIELDS = {"kind", "step", "until", "ranks", "target", "tensor", "bit", "count", "seconds", "factor", "fault", "gpu",
-           "xid"}
+_FIELDS = {
+    "kind",
+    "step",
+    "until",
+    "ranks",
+    "target",
+    "tensor",
+    "bit",
+    "count",
+    "seconds",
+    "factor",
+    "fault",
+    "gpu",
+    "xid",
+}
 
 
 class ScheduleError(ValueError):
@@ -99,8 +112,12 @@ def _number(where: str, name: str, value: Any, low: float, high: float, *, low_o
             number = float(value)
         except (ValueError, OverflowError):
             number = None
-    inside = number is not None and math.isfinite(number) and (number > low if low_open else number >= low) \
+    inside = (
+        number is not None
+        and math.isfinite(number)
+        and (number > low if low_open else number >= low)
         and number <= high
+    )
     if not inside:
         span = f"above {low:g} up to {high:g}" if low_open else f"from {low:g} to {high:g}"
         raise ScheduleError(f"{where}: {name} must be a finite number {span}, got {value!r}")
@@ -127,8 +144,7 @@ def _bit(where: str, value: Any) -> int | str:
         return value
     if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= 63:
         return value
-    raise ScheduleError(f"{where}: bit must be an index from 0 to 63 or one of {', '.join(BIT_FIELDS)}, "
-                        f"got {value!r}")
+    raise ScheduleError(f"{where}: bit must be an index from 0 to 63 or one of {', '.join(BIT_FIELDS)}, got {value!r}")
 
 
 def _gpu_fault(where: str, value: Any) -> str:
@@ -178,13 +194,19 @@ class FaultSpec:
         if kind in ("delay", "collective_delay") and not seconds > 0:
             raise ScheduleError(f"{where}: seconds must be positive (up to {MAX_SECONDS:g}), got {seconds!r}")
         spec = cls(
-            kind=kind, step=step, until=until, ranks=_ranks(where, entry.get("ranks")),
+            kind=kind,
+            step=step,
+            until=until,
+            ranks=_ranks(where, entry.get("ranks")),
             target=_text(where, "target", entry.get("target", "parameter")),
             tensor=_text(where, "tensor", entry.get("tensor", "*")),
             bit=_bit(where, entry.get("bit", "exponent-high")),
-            count=_integer(where, "count", entry.get("count", 1), 1, MAX_COUNT), seconds=seconds,
+            count=_integer(where, "count", entry.get("count", 1), 1, MAX_COUNT),
+            seconds=seconds,
             factor=_number(where, "factor", entry.get("factor", 1.0), -MAX_FACTOR, MAX_FACTOR),
-            fault=_gpu_fault(where, entry.get("fault")) if kind == "gpu" else _text(where, "fault", entry.get("fault", "")),
+            fault=_gpu_fault(where, entry.get("fault"))
+            if kind == "gpu"
+            else _text(where, "fault", entry.get("fault", "")),
             gpu=_integer(where, "gpu", entry.get("gpu", 0), 0, MAX_GPU),
             xid=None if entry.get("xid") is None else _integer(where, "xid", entry["xid"], 0, MAX_XID),
         )

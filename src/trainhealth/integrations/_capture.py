@@ -21,8 +21,10 @@ class ForwardCapture:
         self._losses: list[Any] = []
         self._tokens = 0
         self._normalised_per_step = False
-        self._handles = [model.register_forward_pre_hook(self._count, with_kwargs=True),
-                         model.register_forward_hook(self._keep)]
+        self._handles = [
+            model.register_forward_pre_hook(self._count, with_kwargs=True),
+            model.register_forward_hook(self._keep),
+        ]
 
     def _count(self, module: Any, args: tuple, kwargs: dict) -> None:
         if not module.training:

@@ -38,8 +38,10 @@ def instrument(monitor: Monitor, model: Any) -> bool:
         if not isinstance(model, DistributedDataParallel):
             return False
         if getattr(model, "_comm_hooks", None):
-            log.info("trainhealth: the DDP model has a communication hook already; its bucket all-reduces "
-                     "are recorded only if that hook is trainhealth.comm.instrument_ddp's")
+            log.info(
+                "trainhealth: the DDP model has a communication hook already; its bucket all-reduces "
+                "are recorded only if that hook is trainhealth.comm.instrument_ddp's"
+            )
             return False
         comm.instrument_ddp(model)
         return True

@@ -49,8 +49,10 @@ def unsupported(distribution: str, installed: str) -> UnsupportedVersion | None:
     if _release(low) <= _release(installed) < _release(high):
         return None
     spec = f">={low},<{high}"
-    return UnsupportedVersion(f"trainhealth.integrations needs {distribution} {spec} (tested); {installed} is "
-                              f"installed: pip install '{distribution}{spec}'")
+    return UnsupportedVersion(
+        f"trainhealth.integrations needs {distribution} {spec} (tested); {installed} is "
+        f"installed: pip install '{distribution}{spec}'"
+    )
 
 
 def require(distribution: str) -> None:

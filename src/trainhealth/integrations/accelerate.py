@@ -92,8 +92,9 @@ class TrainhealthTracker(GeneralTracker):
                 self._offset = int(step) - pending
             except (TypeError, ValueError):
                 pass
-        self.monitor.step(loss=values.get("loss"), tokens=values.get("tokens"), grad_norm=values.get("grad_norm"),
-                          step=step)
+        self.monitor.step(
+            loss=values.get("loss"), tokens=values.get("tokens"), grad_norm=values.get("grad_norm"), step=step
+        )
 
     def finish(self) -> None:
         self._record_pending()

@@ -78,8 +78,9 @@ class TrainhealthCallback(TrainerCallback):
         trainer.add_callback(callback)
         return callback
 
-    def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, optimizer: Any = None,
-                       **kwargs: Any) -> None:
+    def on_train_begin(
+        self, args: Any, state: Any, control: Any, model: Any = None, optimizer: Any = None, **kwargs: Any
+    ) -> None:
         self._finish()  # a train() that raised never reached on_train_end
         trainer = _running_trainer() or self._trainer
         self.monitor = Monitor(model, optimizer, **self.monitor_settings)
@@ -114,8 +115,7 @@ class TrainhealthCallback(TrainerCallback):
             else:
                 monitor.step(loss=loss, tokens=tokens, step=state.global_step)
 
-    def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None,
-               **kwargs: Any) -> None:
+    def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any) -> None:
         self._step_deferred((logs or {}).get("grad_norm"))
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
@@ -205,8 +205,13 @@ class _TrainerTaps:
     def _norm(self, result: Any, args: tuple, kwargs: dict) -> None:
         self._grad_norm = result
 
-    def _wrap(self, owner: Any, name: str, observe: Callable[[Any, tuple, dict], None] | None,
-              before: Callable[[], None] | None = None) -> None:
+    def _wrap(
+        self,
+        owner: Any,
+        name: str,
+        observe: Callable[[Any, tuple, dict], None] | None,
+        before: Callable[[], None] | None = None,
+    ) -> None:
         original = getattr(owner, name)
         had_own = name in vars(owner)
         active = True

@@ -46,7 +46,11 @@ class TrainhealthLogger:
 
     def log(self, metrics: dict[str, Any], step: int) -> None:
         now = time.perf_counter()
-        loss, grad_norm, throughput = _first(metrics, "loss"), _first(metrics, "grad_norm"), _first(metrics, "throughput")
+        loss, grad_norm, throughput = (
+            _first(metrics, "loss"),
+            _first(metrics, "grad_norm"),
+            _first(metrics, "throughput"),
+        )
         tokens = None
         if throughput is not None and self._last_call is not None:
             tokens = round(float(throughput) * (now - self._last_call))

@@ -36,5 +36,8 @@ def string_literal(value: str) -> str:
     >>> print(string_literal("back\\slash, new\nline, bell\a, naïve"))
     "back\\slash, new\nline, bell\x07, naïve"
     """
-    return '"' + "".join(_ESCAPES.get(c) or (f"\\x{ord(c):02x}" if ord(c) < 0x20 or ord(c) == 0x7F else c)
-                         for c in value) + '"'
+    return (
+        '"'
+        + "".join(_ESCAPES.get(c) or (f"\\x{ord(c):02x}" if ord(c) < 0x20 or ord(c) == 0x7F else c) for c in value)
+        + '"'
+    )

@@ -98,7 +98,8 @@ class Analyzer:
                 result = localize(window.records, window.topology, self.thresholds, window.probe, window.judge_last)
                 if window.hangs is not None and window.hangs.paused:
                     result.details.setdefault("notes", []).append(
-                        "hang verdicts held: " + "; ".join(window.hangs.paused) + " (an announced pause)")
+                        "hang verdicts held: " + "; ".join(window.hangs.paused) + " (an announced pause)"
+                    )
             self.publish(result, _gpus(window.records), time.perf_counter() - began)
         except (SourceError, TraceError) as exc:
             if strict:
@@ -134,9 +135,13 @@ class Analyzer:
         """Log one line, count the error, mark what is served as stale. Every failure is logged: runs are an
         interval or two apart, so the log stays small (``MetricStore.record_error`` would add a second line)."""
         self.failures += 1
-        log.warning("trainhealth analyze: %s (%d failed run%s in a row; %s)", _one_line(message), self.failures,
-                    "" if self.failures == 1 else "s",
-                    "serving the last verdict, stale" if self._served() else "no verdict yet")
+        log.warning(
+            "trainhealth analyze: %s (%d failed run%s in a row; %s)",
+            _one_line(message),
+            self.failures,
+            "" if self.failures == 1 else "s",
+            "serving the last verdict, stale" if self._served() else "no verdict yet",
+        )
         if exc is not None:
             log.debug("trainhealth analyze: the failed run's traceback", exc_info=exc)
         self.store.inc(catalog.EXPORTER_ERRORS, 1.0, ("analyze",))
@@ -155,15 +160,20 @@ class Analyzer:
                 self.store.remove(spec, labels)
         for labels, suspect in current.items():
             self.store.set(catalog.SUSPECT_SCORE, suspect.score, labels)
-            for spec, value in ((catalog.SUSPECT_SLOWDOWN, suspect.slowdown),
-                                (catalog.SUSPECT_SINCE_STEP, suspect.since_step)):
+            for spec, value in (
+                (catalog.SUSPECT_SLOWDOWN, suspect.slowdown),
+                (catalog.SUSPECT_SINCE_STEP, suspect.since_step),
+            ):
                 if value is None:
                     self.store.remove(spec, labels)
                 else:
                     self.store.set(spec, float(value), labels)
         self._published = set(current)
-        ranks = {(str(row["rank"]),): row for row in result.details.get("compute_and_wait", [])
-                 if row["compute_seconds"] is not None}
+        ranks = {
+            (str(row["rank"]),): row
+            for row in result.details.get("compute_and_wait", [])
+            if row["compute_seconds"] is not None
+        }
         for labels in self._ranks - set(ranks):
             self.store.remove(catalog.ANALYSIS_RANK_COMPUTE, labels)
             self.store.remove(catalog.ANALYSIS_RANK_WAIT, labels)

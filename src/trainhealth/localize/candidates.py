@@ -11,7 +11,17 @@ import numpy as np
 from trainhealth.localize.evidence import Evidence
 from trainhealth.localize.stretches import Stretch
 
-__all__ = ["BLAMABLE_SHAPES", "Candidate", "Thresholds", "best", "ranks_text", "row_noise", "rows_noise", "steps_text", "stretch_effect"]
+__all__ = [
+    "BLAMABLE_SHAPES",
+    "Candidate",
+    "Thresholds",
+    "best",
+    "ranks_text",
+    "row_noise",
+    "rows_noise",
+    "steps_text",
+    "stretch_effect",
+]
 
 
 #: the shapes of slowness that blame a device (a measured intermittent fault is recurrent too)
@@ -87,9 +97,13 @@ class Candidate:
 
     def strength(self, thresholds: Thresholds) -> float:
         """z over the threshold of its basis: 1 or more blames it."""
-        threshold = {"compute": thresholds.gpu_z, "derived": thresholds.collectives_z,
-                     "measured": thresholds.straggler_z, "measured-path": thresholds.path_z,
-                     "probe": 1.0}.get(self.basis, thresholds.link_z)
+        threshold = {
+            "compute": thresholds.gpu_z,
+            "derived": thresholds.collectives_z,
+            "measured": thresholds.straggler_z,
+            "measured-path": thresholds.path_z,
+            "probe": 1.0,
+        }.get(self.basis, thresholds.link_z)
         return self.z / threshold
 
 
@@ -118,8 +132,12 @@ def rows_noise(values: np.ndarray, floor: float | np.ndarray = 1e-6) -> np.ndarr
 def best(stretch: Stretch, whole: Stretch) -> tuple[np.ndarray, Stretch]:
     """The larger z of the two; the stretch is reported unless the level is far stronger."""
     use_level = whole.z > 2.0 * stretch.z
-    chosen = Stretch(np.where(use_level, whole.start, stretch.start), np.where(use_level, whole.stop, stretch.stop),
-                     np.where(use_level, whole.effect, stretch.effect), np.maximum(whole.z, stretch.z))
+    chosen = Stretch(
+        np.where(use_level, whole.start, stretch.start),
+        np.where(use_level, whole.stop, stretch.stop),
+        np.where(use_level, whole.effect, stretch.effect),
+        np.maximum(whole.z, stretch.z),
+    )
     return chosen.z, chosen
 
 
@@ -128,7 +146,9 @@ def stretch_effect(values: np.ndarray, start: int, stop: int) -> float:
     with np.errstate(all="ignore"), warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # rows without values there
         inside = np.nanmean(values[:, start:stop], axis=1)
-        outside = np.nanmean(np.delete(values, np.s_[start:stop], axis=1), axis=1) if stop - start < values.shape[1] else 0.0
+        outside = (
+            np.nanmean(np.delete(values, np.s_[start:stop], axis=1), axis=1) if stop - start < values.shape[1] else 0.0
+        )
         difference = inside - outside
     difference = difference[np.isfinite(difference)]
     return float(np.median(difference)) if len(difference) else 0.0

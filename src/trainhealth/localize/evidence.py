@@ -36,7 +36,16 @@ import pandas as pd
 
 from trainhealth.traces.format import COMMUNICATION_OPS
 
-__all__ = ["COMPUTE_OPS", "Evidence", "Transfers", "covered", "gather_evidence", "group_kind", "last_steps", "rank_hosts"]
+__all__ = [
+    "COMPUTE_OPS",
+    "Evidence",
+    "Transfers",
+    "covered",
+    "gather_evidence",
+    "group_kind",
+    "last_steps",
+    "rank_hosts",
+]
 
 _KIND = re.compile(r"^(tp|dp|pp|ep|cp|emb|sp)(?=[-:_.]|\d|$)")
 COMPUTE_OPS = ("forward", "backward", "optimizer", "compute")
@@ -88,8 +97,9 @@ class Evidence:
     switches: dict[int, str]
 
 
-def gather_evidence(records: pd.DataFrame, hosts: Mapping[int, str] | None = None,
-                    switches: Mapping[int, str] | None = None) -> Evidence:
+def gather_evidence(
+    records: pd.DataFrame, hosts: Mapping[int, str] | None = None, switches: Mapping[int, str] | None = None
+) -> Evidence:
     """Evidence from ``records`` (trace format v1 with canonical dtypes)."""
     rank_code, ranks = _small_codes(records["rank"].to_numpy(dtype=np.int64))
     step_code, steps = _small_codes(records["step"].to_numpy(dtype=np.int64))
@@ -112,8 +122,9 @@ def gather_evidence(records: pd.DataFrame, hosts: Mapping[int, str] | None = Non
     # a replica: the ranks joined by the groups that are neither peer nor expert groups (those span replicas)
     replica_of = _joined(instances.group, member_rank, ~np.isin(member_kind, (peer_kind, "ep")), n_ranks)
     # ranks in lockstep: joined by tensor- and context-parallel groups (one layer's shards)
-    lockstep_of = _joined(instances.group, member_rank, np.isin(member_kind, ("tp", "cp")) & (peer_kind != "tp"),
-                          n_ranks)
+    lockstep_of = _joined(
+        instances.group, member_rank, np.isin(member_kind, ("tp", "cp")) & (peer_kind != "tp"), n_ranks
+    )
 
     last_count = np.bincount(member_rank[instances.last_row], minlength=n_ranks)
     taken = np.bincount(member_rank, minlength=n_ranks)
@@ -125,8 +136,9 @@ def gather_evidence(records: pd.DataFrame, hosts: Mapping[int, str] | None = Non
     if derived:  # collectives only: what a rank spends outside them is its compute
         # sends are left out: a sender computes on while its send waits for the receiver
         rows = instances.rows[~op.among(("send",))[instances.rows]]
-        in_collectives = covered(rank_code[rows] * n_steps + step_code[rows], start[rows], duration[rows],
-                                  n_ranks * n_steps)
+        in_collectives = covered(
+            rank_code[rows] * n_steps + step_code[rows], start[rows], duration[rows], n_ranks * n_steps
+        )
         # a step computes, then communicates: from the end of the rank's previous step to the end of this one,
         # so the compute before a step's first collective counts (the first step has no earlier end)
         iteration = np.full((n_ranks, n_steps), np.nan)
@@ -134,21 +146,47 @@ def gather_evidence(records: pd.DataFrame, hosts: Mapping[int, str] | None = Non
         busy = np.maximum(iteration.reshape(-1) - in_collectives, 0.0)
         cells = np.flatnonzero(np.isfinite(busy))
         compute, compute_change, compute_seconds = _compute(
-            cells // n_steps, cells % n_steps, np.full(len(cells), "compute", dtype=object), first.reshape(-1)[cells],
-            busy[cells], peer_of, replica_of, n_ranks, n_steps)
+            cells // n_steps,
+            cells % n_steps,
+            np.full(len(cells), "compute", dtype=object),
+            first.reshape(-1)[cells],
+            busy[cells],
+            peer_of,
+            replica_of,
+            n_ranks,
+            n_steps,
+        )
     else:
-        compute, compute_change, compute_seconds = _compute(rank_code[chosen], step_code[chosen], op.names(chosen),
-                                                            start[chosen], duration[chosen], peer_of, replica_of,
-                                                            n_ranks, n_steps)
+        compute, compute_change, compute_seconds = _compute(
+            rank_code[chosen],
+            step_code[chosen],
+            op.names(chosen),
+            start[chosen],
+            duration[chosen],
+            peer_of,
+            replica_of,
+            n_ranks,
+            n_steps,
+        )
 
     host_names = np.array([host_of.get(int(r), "") for r in ranks])
     transfers = _transfers(records, op, instances, kinds, member_rank, host_names, step_code, peer_of)
     return Evidence(
-        ranks=ranks.astype(np.int64), steps=steps.astype(np.int64), step_time=step_time, peer_of=peer_of,
-        peer_kind=peer_kind, replica_of=replica_of, lockstep_of=lockstep_of, compute=compute, compute_change=compute_change,
-        compute_seconds=compute_seconds, compute_derived=derived,
-        last_share=np.where(taken > 0, last_count / np.maximum(taken, 1), 0.0), transfers=transfers,
-        hosts={int(r): str(h) for r, h in zip(ranks, host_names) if h}, switches=switch_of,
+        ranks=ranks.astype(np.int64),
+        steps=steps.astype(np.int64),
+        step_time=step_time,
+        peer_of=peer_of,
+        peer_kind=peer_kind,
+        replica_of=replica_of,
+        lockstep_of=lockstep_of,
+        compute=compute,
+        compute_change=compute_change,
+        compute_seconds=compute_seconds,
+        compute_derived=derived,
+        last_share=np.where(taken > 0, last_count / np.maximum(taken, 1), 0.0),
+        transfers=transfers,
+        hosts={int(r): str(h) for r, h in zip(ranks, host_names) if h},
+        switches=switch_of,
     )
 
 
@@ -163,12 +201,18 @@ def last_steps(evidence: Evidence, count: int) -> Evidence:
     renumber[kept] = np.arange(int(kept.sum()))
     members = kept[transfers.member_instance]
     return replace(
-        evidence, steps=evidence.steps[columns], step_time=evidence.step_time[columns],
-        compute=evidence.compute[:, columns], compute_change=evidence.compute_change[:, columns],
+        evidence,
+        steps=evidence.steps[columns],
+        step_time=evidence.step_time[columns],
+        compute=evidence.compute[:, columns],
+        compute_change=evidence.compute_change[:, columns],
         compute_seconds=evidence.compute_seconds[:, columns],
-        transfers=Transfers(excess=transfers.excess[kept], step=transfers.step[kept] - first,
-                            member_instance=renumber[transfers.member_instance[members]],
-                            member_rank=transfers.member_rank[members]),
+        transfers=Transfers(
+            excess=transfers.excess[kept],
+            step=transfers.step[kept] - first,
+            member_instance=renumber[transfers.member_instance[members]],
+            member_rank=transfers.member_rank[members],
+        ),
     )
 
 
@@ -216,8 +260,9 @@ def covered(cell: np.ndarray, start: np.ndarray, duration: np.ndarray, n_cells: 
     return np.bincount(cell, weights=added, minlength=n_cells)
 
 
-def _spans(rank_code: np.ndarray, step_code: np.ndarray, start: np.ndarray, duration: np.ndarray,
-           n_ranks: int, n_steps: int) -> tuple[np.ndarray, np.ndarray]:
+def _spans(
+    rank_code: np.ndarray, step_code: np.ndarray, start: np.ndarray, duration: np.ndarray, n_ranks: int, n_steps: int
+) -> tuple[np.ndarray, np.ndarray]:
     """Per rank and step: when its first record starts, and how long its records span (NaN if none)."""
     cell = rank_code * n_steps + step_code
     first = np.full(n_ranks * n_steps, np.inf)
@@ -252,8 +297,16 @@ def _instances(records: pd.DataFrame, op: _Ops) -> _Instances:
     instance = pd.factorize(instance)[0]
     size = np.bincount(instance)
     by_instance = pd.Series(records["duration"].to_numpy(dtype=np.float64)[rows]).groupby(instance)
-    return _Instances(rows, instance, group, group_names, size, by_instance.median().to_numpy(),
-                      by_instance.min().to_numpy(), by_instance.idxmin().to_numpy())
+    return _Instances(
+        rows,
+        instance,
+        group,
+        group_names,
+        size,
+        by_instance.median().to_numpy(),
+        by_instance.min().to_numpy(),
+        by_instance.idxmin().to_numpy(),
+    )
 
 
 class _Ops:
@@ -272,8 +325,9 @@ class _Ops:
         return np.where(codes >= 0, self._names[np.maximum(codes, 0)], "")
 
 
-def _peer_groups(member_kind: np.ndarray, member_rank: np.ndarray, member_group: np.ndarray,
-                 n_ranks: int) -> tuple[np.ndarray, str]:
+def _peer_groups(
+    member_kind: np.ndarray, member_rank: np.ndarray, member_group: np.ndarray, n_ranks: int
+) -> tuple[np.ndarray, str]:
     """Per rank the index of its peer group: the members of its data-parallel group (else tp, cp, any)."""
     for kind in _PEER_KINDS:
         chosen = member_kind == kind
@@ -313,9 +367,17 @@ def _joined(member_group: np.ndarray, member_rank: np.ndarray, chosen: np.ndarra
         label = updated
 
 
-def _compute(rank: np.ndarray, step: np.ndarray, op: np.ndarray, start: np.ndarray, duration: np.ndarray,
-             peer_of: np.ndarray, replica_of: np.ndarray, n_ranks: int,
-             n_steps: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _compute(
+    rank: np.ndarray,
+    step: np.ndarray,
+    op: np.ndarray,
+    start: np.ndarray,
+    duration: np.ndarray,
+    peer_of: np.ndarray,
+    replica_of: np.ndarray,
+    n_ranks: int,
+    n_steps: int,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per rank and step: log compute time relative to peers, relative to the rank's own usual, and seconds.
 
     The k-th forward of a rank in a step is compared with the k-th forward of its
@@ -332,10 +394,13 @@ def _compute(rank: np.ndarray, step: np.ndarray, op: np.ndarray, start: np.ndarr
     boundary = np.r_[True, cell[1:] != cell[:-1]]
     position = np.arange(len(cell)) - np.maximum.accumulate(np.where(boundary, np.arange(len(cell)), 0))
     log_duration = np.log(np.maximum(duration, 1e-9))
-    frame = pd.DataFrame({"peer": peer_of[rank], "rank": rank, "step": step, "op": op_code, "k": position,
-                          "log": log_duration})
+    frame = pd.DataFrame(
+        {"peer": peer_of[rank], "rank": rank, "step": step, "op": op_code, "k": position, "log": log_duration}
+    )
     rank_step = rank * n_steps + step
-    versus_peers = log_duration - frame.groupby(["peer", "step", "op", "k"], sort=False)["log"].transform("median").to_numpy()
+    versus_peers = (
+        log_duration - frame.groupby(["peer", "step", "op", "k"], sort=False)["log"].transform("median").to_numpy()
+    )
     frame["own"] = log_duration - frame.groupby(["rank", "op", "k"], sort=False)["log"].transform("median").to_numpy()
     # the replica's shared change, for replicas of three or more ranks (a median of two would split a fault)
     large = np.bincount(replica_of)[replica_of[rank]] >= 3
@@ -362,8 +427,16 @@ def _robust_cell_mean(values: np.ndarray, cell: np.ndarray, n_ranks: int, n_step
         return (total / count).reshape(n_ranks, n_steps)
 
 
-def _transfers(records: pd.DataFrame, op_column: _Ops, instances: _Instances, kinds: np.ndarray, member_rank: np.ndarray,
-               rank_hosts: np.ndarray, step_code: np.ndarray, peer_of: np.ndarray) -> Transfers:
+def _transfers(
+    records: pd.DataFrame,
+    op_column: _Ops,
+    instances: _Instances,
+    kinds: np.ndarray,
+    member_rank: np.ndarray,
+    rank_hosts: np.ndarray,
+    step_code: np.ndarray,
+    peer_of: np.ndarray,
+) -> Transfers:
     """Inter-host instances with log(transfer time / median of the instances of their class).
 
     A class is the same operation (sends and receives alike), group kind, size
@@ -384,7 +457,7 @@ def _transfers(records: pd.DataFrame, op_column: _Ops, instances: _Instances, ki
         np.maximum.at(high, instances.instance, host_code)
         inter = high > low
     rows = instances.rows[first]
-    nbytes = (records["bytes"].to_numpy()[rows] if "bytes" in records.columns else np.zeros(n))
+    nbytes = records["bytes"].to_numpy()[rows] if "bytes" in records.columns else np.zeros(n)
     op = op_column.names(rows)
     member_peer = peer_of[member_rank]
     low_peer = np.full(n, np.iinfo(np.int64).max)
@@ -399,11 +472,18 @@ def _transfers(records: pd.DataFrame, op_column: _Ops, instances: _Instances, ki
     starts = np.maximum.accumulate(np.where(boundary, np.arange(n), 0))
     position = np.empty(n, dtype=np.int64)
     position[order] = np.arange(n) - starts
-    classes = pd.DataFrame({
-        "op": np.where(np.isin(op, ("send", "recv")), "p2p", op), "kind": kinds[group],
-        "bytes": pd.to_numeric(pd.Series(nbytes), errors="coerce").fillna(-1).to_numpy(), "size": instances.size,
-        "inter": inter, "low": low_peer, "high": high_peer, "position": position,
-    })
+    classes = pd.DataFrame(
+        {
+            "op": np.where(np.isin(op, ("send", "recv")), "p2p", op),
+            "kind": kinds[group],
+            "bytes": pd.to_numeric(pd.Series(nbytes), errors="coerce").fillna(-1).to_numpy(),
+            "size": instances.size,
+            "inter": inter,
+            "low": low_peer,
+            "high": high_peer,
+            "position": position,
+        }
+    )
     class_code = classes.groupby(list(classes.columns), sort=False).ngroup().to_numpy()
     shortest = np.maximum(instances.shortest, 1e-9)
     typical = pd.Series(np.log(shortest)).groupby(class_code).transform("median").to_numpy()
@@ -413,6 +493,8 @@ def _transfers(records: pd.DataFrame, op_column: _Ops, instances: _Instances, ki
     renumber[keep] = np.arange(len(keep))
     member_keep = inter[instances.instance]
     return Transfers(
-        excess=excess[keep], step=step_code[rows][keep],
-        member_instance=renumber[instances.instance[member_keep]], member_rank=member_rank[member_keep],
+        excess=excess[keep],
+        step=step_code[rows][keep],
+        member_instance=renumber[instances.instance[member_keep]],
+        member_rank=member_rank[member_keep],
     )

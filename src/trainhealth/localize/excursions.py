@@ -113,9 +113,15 @@ def episodes(values: np.ndarray, level: float | np.ndarray, min_length: int = 2)
     return out
 
 
-def recurrent_members(values: np.ndarray, level: float | np.ndarray, min_episodes: int = 3, false_blame: float = 0.01,
-                      min_length: int = 2, partners: Callable[[], dict[int, set[int]]] | None = None,
-                      rarity: float = 1.5) -> dict[int, list[tuple[int, int]]]:
+def recurrent_members(
+    values: np.ndarray,
+    level: float | np.ndarray,
+    min_episodes: int = 3,
+    false_blame: float = 0.01,
+    min_length: int = 2,
+    partners: Callable[[], dict[int, set[int]]] | None = None,
+    rarity: float = 1.5,
+) -> dict[int, list[tuple[int, int]]]:
     """Rows slow in ``min_episodes`` or more separate episodes, more than chance allows: with K episodes in
     the run falling on N rows at random, a row gets k or more with probability P(Binomial(K, 1/N) >= k); a
     row is recurrent when that is at most ``false_blame / N`` (so a healthy run names one with probability at
@@ -138,11 +144,15 @@ def recurrent_members(values: np.ndarray, level: float | np.ndarray, min_episode
         found = _without_echoes(values, found, partners())
     rows = len(found)
     sizes = [_sizes(values, row, own) for row, own in enumerate(found)]
-    run = (np.sort(np.concatenate([length for length, _ in sizes])), np.sort(np.concatenate([mean for _, mean in sizes])))
+    run = (
+        np.sort(np.concatenate([length for length, _ in sizes])),
+        np.sort(np.concatenate([mean for _, mean in sizes])),
+    )
     out = {}
     for row, own in enumerate(found):
-        if len(own) >= min_episodes and _more_than_chance(sizes[row], run, rows, min_episodes, false_blame / rows,
-                                                          rarity):
+        if len(own) >= min_episodes and _more_than_chance(
+            sizes[row], run, rows, min_episodes, false_blame / rows, rarity
+        ):
             out[row] = own
     return out
 
@@ -156,8 +166,14 @@ def _sizes(values: np.ndarray, row: int, own: list[tuple[int, int]]) -> tuple[np
     return lengths, means
 
 
-def _more_than_chance(own: tuple[np.ndarray, np.ndarray], run: tuple[np.ndarray, np.ndarray], rows: int,
-                      min_episodes: int, alpha: float, rarity: float) -> bool:
+def _more_than_chance(
+    own: tuple[np.ndarray, np.ndarray],
+    run: tuple[np.ndarray, np.ndarray],
+    rows: int,
+    min_episodes: int,
+    alpha: float,
+    rarity: float,
+) -> bool:
     """Whether a row's episodes are more than chance allows. Episodes are ranked by length and, apart, by mean
     value; for each ``j`` from ``min_episodes`` up, the row's ``j`` largest are set against the run's episodes
     that reach 1/``rarity`` of them (K of them): P(Binomial(K, 1/rows) >= j) at most ``alpha``, shared among
@@ -187,11 +203,14 @@ def _merged(found: list[tuple[int, int]], gap: int) -> list[tuple[int, int]]:
     return out
 
 
-def _without_echoes(values: np.ndarray, found: list[list[tuple[int, int]]],
-                    partners: dict[int, set[int]]) -> list[list[tuple[int, int]]]:
+def _without_echoes(
+    values: np.ndarray, found: list[list[tuple[int, int]]], partners: dict[int, set[int]]
+) -> list[list[tuple[int, int]]]:
     """Episodes kept strongest first; one that overlaps a kept episode of a partner row is dropped."""
-    ranked = sorted(((float(np.nanmean(values[row, a:b])), row, a, b) for row, own in enumerate(found)
-                     for a, b in own), reverse=True)
+    ranked = sorted(
+        ((float(np.nanmean(values[row, a:b])), row, a, b) for row, own in enumerate(found) for a, b in own),
+        reverse=True,
+    )
     kept: list[list[tuple[int, int]]] = [[] for _ in found]
     for _, row, a, b in ranked:
         if any(a < stop and start < b for other in partners.get(row, ()) for start, stop in kept[other]):
@@ -213,12 +232,14 @@ def binomial_tail(successes: int, trials: int, p: float) -> float:
     if trials > 2000:  # a normal approximation with continuity correction; exact sums get slow
         mean, sd = trials * p, math.sqrt(trials * p * (1 - p))
         return 0.5 * math.erfc((successes - 0.5 - mean) / (sd * math.sqrt(2))) if sd > 0 else float(successes <= mean)
-    return float(min(1.0, sum(math.comb(trials, k) * p**k * (1 - p) ** (trials - k)
-                              for k in range(successes, trials + 1))))
+    return float(
+        min(1.0, sum(math.comb(trials, k) * p**k * (1 - p) ** (trials - k) for k in range(successes, trials + 1)))
+    )
 
 
-def detectable_effect(sigma: float, z: float, n_steps: int, length: int, min_effect: float,
-                      elsewhere: float = 0.0, rarity: float = 1.0) -> float:
+def detectable_effect(
+    sigma: float, z: float, n_steps: int, length: int, min_effect: float, elsewhere: float = 0.0, rarity: float = 1.0
+) -> float:
     """The smallest log slowdown of one member over its last ``length`` steps that the scan would blame: its
     z-value against the rest of the window reaches ``z`` with per-step noise ``sigma``, it is at least
     ``min_effect`` and ``rarity`` times what other members reach over that length here (``elsewhere``).

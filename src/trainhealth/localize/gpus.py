@@ -58,12 +58,20 @@ def gpu_candidates(evidence: Evidence, thresholds: Thresholds, history: Evidence
     minimum = thresholds.min_compute_effect
     noise = row_noise(change, minimum / 4)
     if evidence.compute_derived:  # no per-operation median dropped its GC pauses: medians over longer stretches
-        stretch = strongest_robust_stretch(change, np.maximum(noise, _step_noise(change)), thresholds.min_length_derived)
+        stretch = strongest_robust_stretch(
+            change, np.maximum(noise, _step_noise(change)), thresholds.min_length_derived
+        )
     else:
-        stretch = strongest_stretch(change, np.isfinite(change).astype(np.float64), noise, thresholds.min_length,
-                                    thresholds.decay)
-    whole = level(np.nan_to_num(versus_peers), np.isfinite(versus_peers).astype(np.float64),
-                  row_noise(versus_peers, minimum / 4), thresholds.compute_allowance, thresholds.min_length)
+        stretch = strongest_stretch(
+            change, np.isfinite(change).astype(np.float64), noise, thresholds.min_length, thresholds.decay
+        )
+    whole = level(
+        np.nan_to_num(versus_peers),
+        np.isfinite(versus_peers).astype(np.float64),
+        row_noise(versus_peers, minimum / 4),
+        thresholds.compute_allowance,
+        thresholds.min_length,
+    )
     threshold = thresholds.collectives_z if evidence.compute_derived else thresholds.gpu_z
     z, chosen = best(stretch, whole)
     z = np.where(chosen.effect >= minimum, z, 0.0)
@@ -85,18 +93,35 @@ def gpu_candidates(evidence: Evidence, thresholds: Thresholds, history: Evidence
         stronger.append((start, stop, effect))
         shape = "throughout" if not partial else shape_of(change[index], start, stop)
         if shape != "transient":
-            elsewhere = (float(np.delete(whole.effect, index).max(initial=0.0)) if not partial
-                         else largest_elsewhere(census, index, stop - start))
+            elsewhere = (
+                float(np.delete(whole.effect, index).max(initial=0.0))
+                if not partial
+                else largest_elsewhere(census, index, stop - start)
+            )
             shape = shape if effect >= thresholds.rarity * elsewhere else "ordinary"
         text = _gpu_evidence(evidence, index, basis, start, stop, effect, float(z[index]), shape)
-        out.append(Candidate("gpu", f"gpu:rank-{rank}", (rank,), evidence.hosts.get(rank), float(z[index]), text, basis,
-                             math.exp(effect), None if not partial else int(evidence.steps[start]), shape))
-    return out + _recurrent(history or evidence, census, threshold, thresholds, basis,
-                            {c.ranks[0] for c in out if c.blamable})
+        out.append(
+            Candidate(
+                "gpu",
+                f"gpu:rank-{rank}",
+                (rank,),
+                evidence.hosts.get(rank),
+                float(z[index]),
+                text,
+                basis,
+                math.exp(effect),
+                None if not partial else int(evidence.steps[start]),
+                shape,
+            )
+        )
+    return out + _recurrent(
+        history or evidence, census, threshold, thresholds, basis, {c.ranks[0] for c in out if c.blamable}
+    )
 
 
-def _recurrent(evidence: Evidence, change: np.ndarray, threshold: float, thresholds: Thresholds, basis: str,
-               blamed: set[int]) -> list[Candidate]:
+def _recurrent(
+    evidence: Evidence, change: np.ndarray, threshold: float, thresholds: Thresholds, basis: str, blamed: set[int]
+) -> list[Candidate]:
     """GPUs slow in episode after episode (:func:`.excursions.recurrent_members`), each episode alone an event."""
     # episodes of two-step means, each GPU's standing out from its own noise (MoE routing skew and uneven packs
     # make some noisier): four standard errors of a two-step mean
@@ -106,8 +131,14 @@ def _recurrent(evidence: Evidence, change: np.ndarray, threshold: float, thresho
         paired = np.nanmean(np.stack([change[:, :-1], change[:, 1:]]), axis=0)
     level = np.maximum(thresholds.recurrent_effect, 4.0 * own / math.sqrt(2))
     out = []
-    for index, found in recurrent_members(paired, level, thresholds.recurrent_episodes, thresholds.false_blame,
-                                          thresholds.min_length - 1, rarity=thresholds.rarity).items():
+    for index, found in recurrent_members(
+        paired,
+        level,
+        thresholds.recurrent_episodes,
+        thresholds.false_blame,
+        thresholds.min_length - 1,
+        rarity=thresholds.rarity,
+    ).items():
         found = [(start, stop + 1) for start, stop in found]  # a two-step mean covers its next step too
         rank = int(evidence.ranks[index])
         if rank in blamed:
@@ -120,11 +151,25 @@ def _recurrent(evidence: Evidence, change: np.ndarray, threshold: float, thresho
         if z < threshold:
             continue
         where = ", ".join(f"{evidence.steps[a]}-{evidence.steps[b - 1]}" for a, b in found[:6])
-        text = (f"computes {math.exp(effect):.2f}x as long as usual in {len(found)} separate episodes (steps {where}"
-                f"{', ...' if len(found) > 6 else ''}; z={z:.1f}), far more than episodes falling on random GPUs of "
-                f"this run would give one GPU: a recurrent fault")
-        out.append(Candidate("gpu", f"gpu:rank-{rank}", (rank,), evidence.hosts.get(rank), z, text, basis,
-                             math.exp(effect), int(evidence.steps[found[0][0]]), "recurrent"))
+        text = (
+            f"computes {math.exp(effect):.2f}x as long as usual in {len(found)} separate episodes (steps {where}"
+            f"{', ...' if len(found) > 6 else ''}; z={z:.1f}), far more than episodes falling on random GPUs of "
+            f"this run would give one GPU: a recurrent fault"
+        )
+        out.append(
+            Candidate(
+                "gpu",
+                f"gpu:rank-{rank}",
+                (rank,),
+                evidence.hosts.get(rank),
+                z,
+                text,
+                basis,
+                math.exp(effect),
+                int(evidence.steps[found[0][0]]),
+                "recurrent",
+            )
+        )
     return out
 
 
@@ -148,15 +193,18 @@ def _shared_by(change: np.ndarray, group_of: np.ndarray, index: int, start: int,
     return stretch_effect(change[peers], start, stop)
 
 
-def _gpu_evidence(evidence: Evidence, index: int, what: str, start: int, stop: int, effect: float, z: float,
-                  shape: str = "persistent") -> str:
+def _gpu_evidence(
+    evidence: Evidence, index: int, what: str, start: int, stop: int, effect: float, z: float, shape: str = "persistent"
+) -> str:
     steps = steps_text(evidence, start, stop)
     if what == "compute":
         head = f"computes {np.exp(effect):.2f}x as long as its data-parallel peers {steps}"
     else:
         head = f"spends {np.exp(effect):.2f}x as long outside collectives (computing) as its peers {steps}"
-    text = (f"{head} (z={z:.1f}); its collectives look normal while its peers wait for it "
-            f"(last to arrive in {evidence.last_share[index]:.0%} of them)")
+    text = (
+        f"{head} (z={z:.1f}); its collectives look normal while its peers wait for it "
+        f"(last to arrive in {evidence.last_share[index]:.0%} of them)"
+    )
     return text + _SHAPE_NOTE.get(shape, "")
 
 

@@ -41,8 +41,18 @@ from trainhealth.knowledge.advice import advice_for
 from trainhealth.localize.result import LocalizationResult, Suspect
 
 __all__ = [
-    "DEFAULT_THRESHOLD_S", "GoneRank", "HangReport", "HangSuspect", "Positions", "RankCommState", "RankWatch",
-    "find_hangs", "hang_result", "judge_hangs", "positions_from_records", "positions_from_samples",
+    "DEFAULT_THRESHOLD_S",
+    "GoneRank",
+    "HangReport",
+    "HangSuspect",
+    "Positions",
+    "RankCommState",
+    "RankWatch",
+    "find_hangs",
+    "hang_result",
+    "judge_hangs",
+    "positions_from_records",
+    "positions_from_samples",
     "states_from_samples",
 ]
 
@@ -81,8 +91,9 @@ class GoneRank:
     last_seq: Mapping[str, int] = field(default_factory=dict)
 
     def text(self, group: str) -> str:
-        since = (f" since {time.strftime('%H:%M:%S', time.gmtime(self.last_seen))} UTC"
-                 if self.last_seen is not None else "")
+        since = (
+            f" since {time.strftime('%H:%M:%S', time.gmtime(self.last_seen))} UTC" if self.last_seen is not None else ""
+        )
         seq = self.last_seq.get(group)
         return f"rank {self.rank} missing{since}" + (f" (last at #{seq} of {group})" if seq is not None else "")
 
@@ -129,21 +140,33 @@ class HangSuspect:
         waiting = self.waiting
         parts = [gone.text(self.group) for gone in self.missing]
         live = [r for r in self.lagging_ranks if r not in {g.rank for g in self.missing}]
-        parts += [f"rank {r} never entered it ({self.doing.get(r) or f'last entered #{self.lagging_at.get(r, -1)}'})"
-                  for r in live]
+        parts += [
+            f"rank {r} never entered it ({self.doing.get(r) or f'last entered #{self.lagging_at.get(r, -1)}'})"
+            for r in live
+        ]
         if self.mismatch:
-            parts.append("mismatch: " + ", ".join(f"rank {r} is in {op} #{self.seq}" for r, op in self.mismatch.items()))
+            parts.append(
+                "mismatch: " + ", ".join(f"rank {r} is in {op} #{self.seq}" for r, op in self.mismatch.items())
+            )
         if not parts:
             return f"every member entered {self.op} #{self.seq}: the communication path is stuck; {waiting}"
         return "; ".join(parts + [waiting])
 
     def to_dict(self) -> dict[str, Any]:
-        return {"group": self.group, "seq": self.seq, "op": self.op, "waiting_ranks": list(self.waiting_ranks),
-                "lagging_ranks": list(self.lagging_ranks), "waited_s": round(self.waited_s, 1),
-                "missing": [{"rank": g.rank, "last_seen": g.last_seen, "last_seq": g.last_seq.get(self.group)}
-                            for g in self.missing],
-                "mismatch": {str(r): op for r, op in self.mismatch.items()},
-                "doing": {str(r): text for r, text in self.doing.items()}, "verdict": self.verdict}
+        return {
+            "group": self.group,
+            "seq": self.seq,
+            "op": self.op,
+            "waiting_ranks": list(self.waiting_ranks),
+            "lagging_ranks": list(self.lagging_ranks),
+            "waited_s": round(self.waited_s, 1),
+            "missing": [
+                {"rank": g.rank, "last_seen": g.last_seen, "last_seq": g.last_seq.get(self.group)} for g in self.missing
+            ],
+            "mismatch": {str(r): op for r, op in self.mismatch.items()},
+            "doing": {str(r): text for r, text in self.doing.items()},
+            "verdict": self.verdict,
+        }
 
 
 @dataclass(frozen=True)
@@ -166,10 +189,14 @@ class HangReport:
         return tuple(list(main.mismatch) + gone + [r for r in main.lagging_ranks if r not in gone])
 
 
-def find_hangs(states: Iterable[RankCommState], *, min_wait_s: float = DEFAULT_THRESHOLD_S,
-               members: Mapping[str, Sequence[int]] | None = None,
-               gone: Mapping[int, GoneRank] | None = None,
-               watch: Mapping[int, RankWatch] | None = None) -> list[HangSuspect]:
+def find_hangs(
+    states: Iterable[RankCommState],
+    *,
+    min_wait_s: float = DEFAULT_THRESHOLD_S,
+    members: Mapping[str, Sequence[int]] | None = None,
+    gone: Mapping[int, GoneRank] | None = None,
+    watch: Mapping[int, RankWatch] | None = None,
+) -> list[HangSuspect]:
     """Groups in which some rank has waited at least ``min_wait_s`` in a collective, and who is behind,
     largest group first.
 
@@ -191,21 +218,26 @@ def find_hangs(states: Iterable[RankCommState], *, min_wait_s: float = DEFAULT_T
         behind = {s.rank: s.started_seq for s in group_states if s.started_seq < seq}
         reporting = {s.rank for s in group_states}
         missing = [rank for rank in (members or {}).get(group, ()) if rank not in reporting]
-        hangs.append(HangSuspect(
-            group=group, seq=seq, op=op,
-            waiting_ranks=tuple(sorted(s.rank for s in at_seq)),
-            lagging_ranks=tuple(sorted([*behind, *missing])),
-            lagging_at=dict(sorted(behind.items())),
-            waited_s=max(s.inflight_s for s in waiting),
-            missing=tuple((gone or {}).get(rank, GoneRank(rank, None)) for rank in sorted(missing)),
-            mismatch=_mismatch(at_seq, op),
-            doing={rank: _doing(rank, group, states, (watch or {}).get(rank)) for rank in sorted(behind)},
-        ))
+        hangs.append(
+            HangSuspect(
+                group=group,
+                seq=seq,
+                op=op,
+                waiting_ranks=tuple(sorted(s.rank for s in at_seq)),
+                lagging_ranks=tuple(sorted([*behind, *missing])),
+                lagging_at=dict(sorted(behind.items())),
+                waited_s=max(s.inflight_s for s in waiting),
+                missing=tuple((gone or {}).get(rank, GoneRank(rank, None)) for rank in sorted(missing)),
+                mismatch=_mismatch(at_seq, op),
+                doing={rank: _doing(rank, group, states, (watch or {}).get(rank)) for rank in sorted(behind)},
+            )
+        )
     return _root_first(hangs, states, members)
 
 
-def _root_first(hangs: list[HangSuspect], states: Sequence[RankCommState],
-                members: Mapping[str, Sequence[int]] | None) -> list[HangSuspect]:
+def _root_first(
+    hangs: list[HangSuspect], states: Sequence[RankCommState], members: Mapping[str, Sequence[int]] | None
+) -> list[HangSuspect]:
     """The hang that holds the others first: one that names someone (a lagging or mismatched rank) before one
     where every member entered; then one whose lagging ranks are not themselves waiting in a collective (stuck
     in host code, gone); among those, or in a cycle of groups waiting on each other, the largest group."""
@@ -243,16 +275,26 @@ def judge_hangs(positions: Positions, min_wait_s: float | None = None) -> HangRe
     paused = tuple(f"rank {rank}: {', '.join(w.paused)}" for rank, w in sorted(positions.watch.items()) if w.paused)
     if paused:
         return HangReport((), threshold, paused)
-    hangs = find_hangs(positions.states, min_wait_s=threshold, members=positions.members, gone=positions.gone,
-                       watch=positions.watch)
+    hangs = find_hangs(
+        positions.states, min_wait_s=threshold, members=positions.members, gone=positions.gone, watch=positions.watch
+    )
     # a lagging rank inside another group's collective makes that group part of the hang, however long its
     # members have waited yet (two groups waiting on each other): the largest group's view comes first
     hung = {h.group for h in hangs}
-    involved = {s.group for h in hangs for s in positions.states if s.rank in h.lagging_ranks
-                and s.group not in hung and s.started_seq > s.completed_seq}
+    involved = {
+        s.group
+        for h in hangs
+        for s in positions.states
+        if s.rank in h.lagging_ranks and s.group not in hung and s.started_seq > s.completed_seq
+    }
     if involved:
-        hangs += find_hangs([s for s in positions.states if s.group in involved], min_wait_s=0.0,
-                            members=positions.members, gone=positions.gone, watch=positions.watch)
+        hangs += find_hangs(
+            [s for s in positions.states if s.group in involved],
+            min_wait_s=0.0,
+            members=positions.members,
+            gone=positions.gone,
+            watch=positions.watch,
+        )
     return HangReport(tuple(_root_first(hangs, positions.states, positions.members)), threshold)
 
 
@@ -273,24 +315,30 @@ def hang_result(report: HangReport) -> LocalizationResult:
         if rank in gone:
             evidence = f"{gone[rank].text(main.group)}; its peers wait in {main.op} #{main.seq}"
         elif rank in main.mismatch:
-            evidence = (f"mismatch: rank {rank} is in {main.mismatch[rank]} #{main.seq} of {main.group}, its peers "
-                        f"in {main.op}")
+            evidence = (
+                f"mismatch: rank {rank} is in {main.mismatch[rank]} #{main.seq} of {main.group}, its peers in {main.op}"
+            )
         else:
             doing = main.doing.get(rank) or f"last entered #{main.lagging_at.get(rank, -1)}"
             evidence = f"rank {rank} never entered it ({doing}); {main.waiting}"
         suspects.append(Suspect("rank", (rank,), None, main.group, 1.0, evidence, f"rank:{rank}"))
     if not suspects:  # every member entered: the communication path between them
-        suspects.append(Suspect("link", main.waiting_ranks, None, main.group, 1.0, main.verdict,
-                                f"group:{main.group}"))
-    details = {"hangs": [h.to_dict() for h in report.hangs], "hang_threshold_s": round(report.threshold_s, 1),
-               "reasons": [h.verdict for h in report.hangs]}
+        suspects.append(Suspect("link", main.waiting_ranks, None, main.group, 1.0, main.verdict, f"group:{main.group}"))
+    details = {
+        "hangs": [h.to_dict() for h in report.hangs],
+        "hang_threshold_s": round(report.threshold_s, 1),
+        "reasons": [h.verdict for h in report.hangs],
+    }
     return LocalizationResult("hang", tuple(suspects[:5]), (), advice_for("hang"), details)
 
 
 def _doing(rank: int, group: str, states: Sequence[RankCommState], watch: RankWatch | None) -> str:
     """Where a lagging rank is: inside a collective of another group, or where its watcher found it."""
-    elsewhere = [s for s in states if s.rank == rank and s.group != group and s.started_seq > s.completed_seq
-                 and s.inflight_s > 0]
+    elsewhere = [
+        s
+        for s in states
+        if s.rank == rank and s.group != group and s.started_seq > s.completed_seq and s.inflight_s > 0
+    ]
     if elsewhere:
         other = max(elsewhere, key=lambda s: s.inflight_s)
         return f"in {other.inflight_op} #{other.started_seq} of {other.group} for {other.inflight_s:.0f} s"
@@ -325,8 +373,10 @@ def states_from_samples(samples: Iterable[tuple[str, Mapping[str, str], float]])
     ]
 
 
-def positions_from_samples(samples: Iterable[tuple[str, Mapping[str, str], float]],
-                           gone_samples: Iterable[tuple[str, Mapping[str, str], float]] = ()) -> Positions:
+def positions_from_samples(
+    samples: Iterable[tuple[str, Mapping[str, str], float]],
+    gone_samples: Iterable[tuple[str, Mapping[str, str], float]] = (),
+) -> Positions:
     """Every rank's position from scraped samples of the live ranks, and from the last samples of ranks that
     stopped reporting (``gone_samples``: ``trainhealth_comm_started_seq``, ``..._watch_timestamp_seconds``
     and ``..._group_info`` as Prometheus last saw them)."""
@@ -347,8 +397,11 @@ def positions_from_samples(samples: Iterable[tuple[str, Mapping[str, str], float
             entry["paused"].append(labels.get("reason", "pause"))
         elif name == "trainhealth_comm_stuck_duration_seconds":
             state = labels.get("state", "").replace("_", " ")
-            what = (f"in {labels.get('op')} #{labels.get('seq')} of {labels.get('group')}"
-                    if labels.get("state") == "in_collective" else state)
+            what = (
+                f"in {labels.get('op')} #{labels.get('seq')} of {labels.get('group')}"
+                if labels.get("state") == "in_collective"
+                else state
+            )
             entry["stuck"] = f"{what} for {value:.0f} s at {labels.get('where', '?')}"
     states = tuple(states_from_samples(samples))
     live = {s.rank for s in states}
@@ -367,9 +420,12 @@ def positions_from_samples(samples: Iterable[tuple[str, Mapping[str, str], float
             last_seq.setdefault(rank, {})[labels["group"]] = int(value)
     for rank in sorted(set(last_seen) | set(last_seq)):
         gone[rank] = GoneRank(rank, last_seen.get(rank), last_seq.get(rank, {}))
-    return Positions(states, members,
-                     {rank: RankWatch(w["threshold_s"], tuple(w["paused"]), w["stuck"]) for rank, w in watch.items()},
-                     gone)
+    return Positions(
+        states,
+        members,
+        {rank: RankWatch(w["threshold_s"], tuple(w["paused"]), w["stuck"]) for rank, w in watch.items()},
+        gone,
+    )
 
 
 def positions_from_records(records: Any, members: Mapping[str, Sequence[int]], dumped_at: float) -> Positions:
@@ -389,10 +445,17 @@ def positions_from_records(records: Any, members: Mapping[str, Sequence[int]], d
         finished = int(done["seq"].max()) if len(done) else -1
         inflight = started > finished
         size = last.get("bytes")
-        states.append(RankCommState(
-            int(rank), str(group), started, finished, str(last["op"]) if inflight else "",
-            max(0.0, dumped_at - float(last["start"])) if inflight else 0.0,
-            int(size) if inflight and size is not None and not pd.isna(size) else None))
+        states.append(
+            RankCommState(
+                int(rank),
+                str(group),
+                started,
+                finished,
+                str(last["op"]) if inflight else "",
+                max(0.0, dumped_at - float(last["start"])) if inflight else 0.0,
+                int(size) if inflight and size is not None and not pd.isna(size) else None,
+            )
+        )
     return Positions(tuple(states), {str(g): tuple(int(r) for r in m) for g, m in members.items()})
 
 

@@ -30,8 +30,10 @@ def imbalance_reasons(evidence: Evidence, thresholds: Thresholds) -> list[str]:
         uneven = np.flatnonzero(excess > thresholds.stage_imbalance)
         if len(uneven):
             ranks = evidence.ranks[np.isin(evidence.peer_of, uneven)]
-            reasons.append(f"uneven stages: ranks {ranks_text(ranks)} compute {excess[uneven].max() + 1:.2f}x as long "
-                           f"per step as the median peer group, in every replica alike (no single device)")
+            reasons.append(
+                f"uneven stages: ranks {ranks_text(ranks)} compute {excess[uneven].max() + 1:.2f}x as long "
+                f"per step as the median peer group, in every replica alike (no single device)"
+            )
     if int(evidence.replica_of.max()) >= 1:
         per_replica = pd.DataFrame(evidence.compute).groupby(evidence.replica_of).median().to_numpy()
         with warnings.catch_warnings():
@@ -39,8 +41,10 @@ def imbalance_reasons(evidence: Evidence, thresholds: Thresholds) -> list[str]:
             varying = per_replica - np.nanmedian(per_replica, axis=1, keepdims=True)
             spread = 1.4826 * float(np.nanmedian(np.abs(varying))) if np.isfinite(varying).any() else 0.0
         if spread > thresholds.replica_imbalance:
-            reasons.append(f"uneven batches: whole replicas compute {np.exp(spread) - 1:.1%} longer or shorter from "
-                           f"step to step (sequence lengths vary), every GPU of a replica alike")
+            reasons.append(
+                f"uneven batches: whole replicas compute {np.exp(spread) - 1:.1%} longer or shorter from "
+                f"step to step (sequence lengths vary), every GPU of a replica alike"
+            )
     return reasons
 
 

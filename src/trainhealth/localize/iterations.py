@@ -60,8 +60,13 @@ def infer_steps(records: pd.DataFrame) -> Iterations:
     if communication.empty:
         return Iterations(None, {}, "the trace has no collectives to find iterations in")
     nbytes = communication["bytes"] if "bytes" in communication.columns else pd.Series(-1, index=communication.index)
-    signature = pd.factorize(communication["op"].astype(str) + "|" + communication["group"].astype(str) + "|"
-                             + pd.to_numeric(nbytes, errors="coerce").fillna(-1).astype(np.int64).astype(str))[0]
+    signature = pd.factorize(
+        communication["op"].astype(str)
+        + "|"
+        + communication["group"].astype(str)
+        + "|"
+        + pd.to_numeric(nbytes, errors="coerce").fillna(-1).astype(np.int64).astype(str)
+    )[0]
     ranks = communication["rank"].to_numpy()
     steps = np.empty(len(communication), dtype=np.int64)
     periods: dict[int, int] = {}
@@ -77,8 +82,12 @@ def infer_steps(records: pd.DataFrame) -> Iterations:
         paced = _period(signature[begin:end] * 2 + pauses)
         period = paced if paced is not None else _period(signature[begin:end])
         if period is None:
-            return Iterations(None, {}, f"rank {rank}'s {end - begin} collectives do not repeat in a pattern "
-                                        f"(no step markers: record steps with trainhealth.Monitor or mon.step())")
+            return Iterations(
+                None,
+                {},
+                f"rank {rank}'s {end - begin} collectives do not repeat in a pattern "
+                f"(no step markers: record steps with trainhealth.Monitor or mon.step())",
+            )
         # a step begins where the pauses fall (collectives before the first one, at set-up, join step 0)
         phase = int(np.argmax([pauses[offset::period].sum() for offset in range(period)])) if paced else 0
         split = _iterations_in_period(signature[begin:end], starts[begin:end], ends[begin:end], period, phase)
@@ -91,18 +100,23 @@ def infer_steps(records: pd.DataFrame) -> Iterations:
         periods[rank] = period
         position = np.arange(int(np.sum(ranks == rank)))
         begins = (position >= phase) & np.isin((position - phase) % period, firsts)
-        steps[begin:begin + len(position)] = np.maximum(np.cumsum(begins) - (0 if phase else 1), 0)
+        steps[begin : begin + len(position)] = np.maximum(np.cumsum(begins) - (0 if phase else 1), 0)
     counts = pd.Series(steps).groupby(ranks).max() + 1
     if counts.max() - counts.min() > 1:
-        return Iterations(None, periods, f"the ranks' inferred iteration counts differ ({counts.min()}-{counts.max()}): "
-                                         f"their traces do not cover the same steps")
+        return Iterations(
+            None,
+            periods,
+            f"the ranks' inferred iteration counts differ ({counts.min()}-{counts.max()}): "
+            f"their traces do not cover the same steps",
+        )
     out = communication.copy()
     out["step"] = steps
     return Iterations(out.reset_index(drop=True), periods)
 
 
-def _iterations_in_period(signature: np.ndarray, starts: np.ndarray, ends: np.ndarray, period: int,
-                          phase: int) -> tuple[int, ...] | None:
+def _iterations_in_period(
+    signature: np.ndarray, starts: np.ndarray, ends: np.ndarray, period: int, phase: int
+) -> tuple[int, ...] | None:
     """Where, within one period of the pattern, iterations begin when it holds several: the positions before
     which the rank computes (is idle between collectives) about as long in every period, each the same
     collective. None when the period is one iteration (DDP's buckets: different sizes, backward's chunks
@@ -116,7 +130,9 @@ def _iterations_in_period(signature: np.ndarray, starts: np.ndarray, ends: np.nd
     if period < 2 or repeats < _MIN_REPEATS:
         return None
     reach = np.maximum.accumulate(ends)
-    idle = np.maximum(starts - np.r_[-np.inf, reach[:-1]], 0.0)[phase:phase + repeats * period].reshape(repeats, period)
+    idle = np.maximum(starts - np.r_[-np.inf, reach[:-1]], 0.0)[phase : phase + repeats * period].reshape(
+        repeats, period
+    )
     typical = np.median(idle[1:] if repeats > 1 else idle, axis=0)  # the first period may hold set-up time
     if not np.isfinite(typical).all() or typical.max() <= 0:
         return None

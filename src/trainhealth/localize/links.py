@@ -74,9 +74,14 @@ def find_slow_paths(measured: Measured, settings: LinkSettings) -> tuple[list[Sl
     matters = settings.min_step_share * step_seconds if np.isfinite(step_seconds) else 0.0
     for row, name in enumerate(names):
         finite = np.flatnonzero(measured_columns[row])
-        if len(finite) and shift.stop[row] > finite[-1] and shift.start[row] > finite[0] \
-                and shift.effect[row] >= settings.min_effect and shift.z[row] >= settings.z \
-                and usual[row] * math.expm1(shift.effect[row]) >= matters:
+        if (
+            len(finite)
+            and shift.stop[row] > finite[-1]
+            and shift.start[row] > finite[0]
+            and shift.effect[row] >= settings.min_effect
+            and shift.z[row] >= settings.z
+            and usual[row] * math.expm1(shift.effect[row]) >= matters
+        ):
             slow[name] = (float(shift.z[row]), float(shift.effect[row]), int(measured.steps[shift.start[row]]))
     for name, z, effect, extra in _slower_than_their_kind(names, logs, members, settings):
         if extra >= matters:
@@ -90,8 +95,9 @@ def _members(measured: Measured, name: str) -> tuple[int, ...]:
     return measured.members.get(name, ())
 
 
-def _slower_than_their_kind(names: np.ndarray, logs: np.ndarray, members: dict[str, tuple[int, ...]],
-                            settings: LinkSettings) -> list[tuple[str, float, float, float]]:
+def _slower_than_their_kind(
+    names: np.ndarray, logs: np.ndarray, members: dict[str, tuple[int, ...]], settings: LinkSettings
+) -> list[tuple[str, float, float, float]]:
     """Communicators whose usual transfer time is far above that of the others of their kind and size: name,
     z, effect and the seconds per step above the kind's usual."""
     with np.errstate(all="ignore"):
@@ -119,8 +125,9 @@ def _kind(name: str) -> str:
     return "".join(ch for ch in head if ch.isalpha())[:4] or "group"
 
 
-def _explain(slow: dict[str, tuple[float, float, int | None]], members: dict[str, tuple[int, ...]],
-             names: np.ndarray) -> list[SlowPath]:
+def _explain(
+    slow: dict[str, tuple[float, float, int | None]], members: dict[str, tuple[int, ...]], names: np.ndarray
+) -> list[SlowPath]:
     """The one rank in every slow communicator (or, of several, the one in no healthy communicator); else the
     slow communicators themselves."""
     slow_sets = [set(members[name]) for name in slow if members[name]]
@@ -136,17 +143,35 @@ def _explain(slow: dict[str, tuple[float, float, int | None]], members: dict[str
     shown = ", ".join(groups[:4]) + (", ..." if len(groups) > 4 else "")
     if len(shared) == 1:
         rank = shared.pop()
-        return [SlowPath((rank,), f"nic:rank-{rank}", z, effect, since, groups,
-                         f"transfers take {math.exp(effect):.2f}x their usual time {when} in {shown}, and rank "
-                         f"{rank} is the one member they all share: even the last member to arrive waits in "
-                         f"them, so the path through rank {rank}'s link is slow")]
+        return [
+            SlowPath(
+                (rank,),
+                f"nic:rank-{rank}",
+                z,
+                effect,
+                since,
+                groups,
+                f"transfers take {math.exp(effect):.2f}x their usual time {when} in {shown}, and rank "
+                f"{rank} is the one member they all share: even the last member to arrive waits in "
+                f"them, so the path through rank {rank}'s link is slow",
+            )
+        ]
     out = []
     for name in groups:
         z_group, effect_group, onset = slow[name]
         at = f"since step {onset}" if onset is not None else "throughout the window"
-        out.append(SlowPath(members[name], f"group:{name}", z_group, effect_group, onset, (name,),
-                            f"transfers in {name} (ranks {', '.join(map(str, members[name][:8]))}) take "
-                            f"{math.exp(effect_group):.2f}x their usual time {at}, the last member to arrive too: "
-                            f"its network path is slow, and every collective spans the same ranks, so timings "
-                            f"cannot say which link; run `trainhealth probe` to name it"))
+        out.append(
+            SlowPath(
+                members[name],
+                f"group:{name}",
+                z_group,
+                effect_group,
+                onset,
+                (name,),
+                f"transfers in {name} (ranks {', '.join(map(str, members[name][:8]))}) take "
+                f"{math.exp(effect_group):.2f}x their usual time {at}, the last member to arrive too: "
+                f"its network path is slow, and every collective spans the same ranks, so timings "
+                f"cannot say which link; run `trainhealth probe` to name it",
+            )
+        )
     return out

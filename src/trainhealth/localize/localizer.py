@@ -69,9 +69,13 @@ class Analysis:
     undecided: tuple[str, ...] = ()  # why nobody is blamed and yet the window cannot be called healthy
 
 
-def localize(records: pd.DataFrame, topology: Topology | Mapping[str, Any] | None = None,
-             thresholds: Thresholds | None = None, probe: Any = None,
-             judge_last: int | None = None) -> LocalizationResult:
+def localize(
+    records: pd.DataFrame,
+    topology: Topology | Mapping[str, Any] | None = None,
+    thresholds: Thresholds | None = None,
+    probe: Any = None,
+    judge_last: int | None = None,
+) -> LocalizationResult:
     """Localize the cause of irregular steps in ``records`` (trace format v1, canonical dtypes).
 
     ``probe`` is a :class:`trainhealth.exporters.collectives.probe.ProbeResult` (or ``None``): a pairwise link
@@ -99,8 +103,13 @@ def recorded_passes(records: pd.DataFrame) -> bool:
     return not running_beside and not needs_inference(records)
 
 
-def analyze(records: pd.DataFrame, topology: Topology | Mapping[str, Any] | None,
-            thresholds: Thresholds, probe: Any = None, judge_last: int | None = None) -> Analysis:
+def analyze(
+    records: pd.DataFrame,
+    topology: Topology | Mapping[str, Any] | None,
+    thresholds: Thresholds,
+    probe: Any = None,
+    judge_last: int | None = None,
+) -> Analysis:
     """Score every candidate GPU and network component, and look for uneven work (in the last ``judge_last``
     steps against the history before them, when given; see :func:`localize`)."""
     if isinstance(topology, Mapping):
@@ -123,8 +132,16 @@ def _measured(records: pd.DataFrame, topology: Topology | None, thresholds: Thre
     details = dict(found.details)
     if topology is not None and topology.simulated:
         details["simulated"] = True
-    return Analysis(found.candidates, found.imbalance, found.irregular_steps, details, found.insufficient,
-                    found.power, found.uncovered, found.undecided)
+    return Analysis(
+        found.candidates,
+        found.imbalance,
+        found.irregular_steps,
+        details,
+        found.insufficient,
+        found.power,
+        found.uncovered,
+        found.undecided,
+    )
 
 
 def _with_probe(analysis: Analysis, probe: Any) -> Analysis:
@@ -132,36 +149,54 @@ def _with_probe(analysis: Analysis, probe: Any) -> Analysis:
     details = {**analysis.details, "probe": probe.to_dict()}
     slow = probe.slow_ranks()
     if slow is None:
-        return Analysis(analysis.candidates, analysis.imbalance, analysis.irregular_steps, details,
-                        analysis.insufficient)
-    named = Candidate("link", f"nic:rank-{slow.rank}", (slow.rank,), slow.host, float("inf"),
-                      f"the pairwise probe confirms it: {slow.evidence}", "probe",
-                      slowdown=slow.factor if math.isfinite(slow.factor) else None)
+        return Analysis(
+            analysis.candidates, analysis.imbalance, analysis.irregular_steps, details, analysis.insufficient
+        )
+    named = Candidate(
+        "link",
+        f"nic:rank-{slow.rank}",
+        (slow.rank,),
+        slow.host,
+        float("inf"),
+        f"the pairwise probe confirms it: {slow.evidence}",
+        "probe",
+        slowdown=slow.factor if math.isfinite(slow.factor) else None,
+    )
     others = tuple(c for c in analysis.candidates if c.kind != "link")
     return Analysis((named,) + others, analysis.imbalance, analysis.irregular_steps, details, None)
 
 
-def _recorded(records: pd.DataFrame, topology: Topology | None, thresholds: Thresholds,
-              judge_last: int | None = None) -> Analysis:
+def _recorded(
+    records: pd.DataFrame, topology: Topology | None, thresholds: Thresholds, judge_last: int | None = None
+) -> Analysis:
     evidence = gather_evidence(records, topology.hosts if topology else None, topology.switches if topology else None)
     history = None
     if judge_last is not None and len(evidence.steps) > judge_last:
         history, evidence = evidence, last_steps(evidence, judge_last)
     median_step = float(np.median(evidence.step_time)) if len(evidence.step_time) else 0.0
-    window = {"steps": [int(evidence.steps[0]), int(evidence.steps[-1])] if len(evidence.steps) else [],
-              "ranks": len(evidence.ranks), "median_step_seconds": round(median_step, 6)}
+    window = {
+        "steps": [int(evidence.steps[0]), int(evidence.steps[-1])] if len(evidence.steps) else [],
+        "ranks": len(evidence.ranks),
+        "median_step_seconds": round(median_step, 6),
+    }
     if len(evidence.steps) < MIN_STEPS or len(evidence.ranks) < 2:
         what = f"{len(evidence.steps)} steps" if len(evidence.steps) < MIN_STEPS else f"{len(evidence.ranks)} rank"
-        return Analysis((), (), (), {"window": window, "evidence_source": "compute and collectives"},
-                        f"{what} in the trace; at least {MIN_STEPS} steps of 2 or more ranks are needed to tell a "
-                        f"slow device or uneven work from noise")
+        return Analysis(
+            (),
+            (),
+            (),
+            {"window": window, "evidence_source": "compute and collectives"},
+            f"{what} in the trace; at least {MIN_STEPS} steps of 2 or more ranks are needed to tell a "
+            f"slow device or uneven work from noise",
+        )
     irregular = tuple(int(s) for s in evidence.steps[evidence.step_time > thresholds.irregular * median_step])
     gpus = gpu_candidates(evidence, thresholds, history)
     clearly_slow = tuple(c.ranks[0] for c in gpus if c.z >= thresholds.explain_z)
     paths, network_notes = path_candidates(evidence, thresholds, clearly_slow, history)
     candidates = gpus + paths
     simulated = bool(topology and topology.simulated) or bool(
-        "simulated" in records.columns and records["simulated"].fillna(False).astype(bool).any())
+        "simulated" in records.columns and records["simulated"].fillna(False).astype(bool).any()
+    )
     details: dict[str, Any] = {
         "window": window,
         "evidence_source": "collectives" if evidence.compute_derived else "compute and collectives",
@@ -171,14 +206,21 @@ def _recorded(records: pd.DataFrame, topology: Topology | None, thresholds: Thre
     if network_notes:
         details["notes"] = network_notes
     threshold = thresholds.collectives_z if evidence.compute_derived else thresholds.gpu_z
-    power = detection_power(evidence.compute_change, gpu_noise(evidence, thresholds), threshold,
-                            thresholds.min_compute_effect, thresholds.rarity, thresholds.power_steps,
-                            history.compute_change if history is not None else None)
+    power = detection_power(
+        evidence.compute_change,
+        gpu_noise(evidence, thresholds),
+        threshold,
+        thresholds.min_compute_effect,
+        thresholds.rarity,
+        thresholds.power_steps,
+        history.compute_change if history is not None else None,
+    )
     if history is not None:
         details["history"] = {"steps": [int(history.steps[0]), int(history.steps[-1])]}
     uncovered = uncovered_ranks(evidence.ranks, evidence.compute, _members(topology))
-    return Analysis(tuple(candidates), tuple(imbalance_reasons(evidence, thresholds)), irregular, details, None,
-                    power, uncovered)
+    return Analysis(
+        tuple(candidates), tuple(imbalance_reasons(evidence, thresholds)), irregular, details, None, power, uncovered
+    )
 
 
 def _members(topology: Topology | None) -> set[int] | None:
@@ -202,15 +244,18 @@ def decide(analysis: Analysis, thresholds: Thresholds) -> LocalizationResult:
     ranked = sorted(analysis.candidates, key=lambda c: c.strength(thresholds), reverse=True)
     faults = [c for c in ranked if c.blamable and c.strength(thresholds) >= 1.0]
     # an excursion no other member matched (transient) tells more than one as common as the run's noise
-    events = sorted((c for c in ranked if not c.blamable and c.strength(thresholds) >= 1.0),
-                    key=lambda c: c.shape == "ordinary")
+    events = sorted(
+        (c for c in ranked if not c.blamable and c.strength(thresholds) >= 1.0), key=lambda c: c.shape == "ordinary"
+    )
     near = [c for c in ranked if c.blamable and 0.5 <= c.strength(thresholds) < 1.0]
     details = dict(analysis.details)
     if events:
         details["events"] = [_event(c) for c in events[: thresholds.max_suspects]]
     if near:
-        details["near_misses"] = [{"component": c.component, "strength": round(c.strength(thresholds), 3)}
-                                  for c in near[: thresholds.max_suspects]]
+        details["near_misses"] = [
+            {"component": c.component, "strength": round(c.strength(thresholds), 3)}
+            for c in near[: thresholds.max_suspects]
+        ]
     if analysis.power is not None:
         details["power"] = analysis.power.to_dict()
     if analysis.uncovered:
@@ -218,44 +263,71 @@ def decide(analysis: Analysis, thresholds: Thresholds) -> LocalizationResult:
     if faults:
         verdict = "compute" if faults[0].kind == "gpu" else "communication"
         suspects = tuple(_suspect(c, thresholds) for c in faults[: thresholds.max_suspects])
-        return LocalizationResult(verdict, suspects, analysis.irregular_steps, advice_for(verdict),
-                                  {**details, "reasons": []})
+        return LocalizationResult(
+            verdict, suspects, analysis.irregular_steps, advice_for(verdict), {**details, "reasons": []}
+        )
     if analysis.imbalance:  # robust to one device's excursion (:func:`.imbalance.imbalance_reasons`)
-        return LocalizationResult("imbalance", (), analysis.irregular_steps, advice_for("imbalance"),
-                                  {**details, "reasons": list(analysis.imbalance)})
+        return LocalizationResult(
+            "imbalance",
+            (),
+            analysis.irregular_steps,
+            advice_for("imbalance"),
+            {**details, "reasons": list(analysis.imbalance)},
+        )
     unseen = _unseen(analysis, events, thresholds)
     if unseen is not None or analysis.power is None:
-        return LocalizationResult("insufficient_data", (), analysis.irregular_steps, advice_for("insufficient_data"),
-                                  {**details, "reasons": [unseen or "no detection power to state"]})
-    return LocalizationResult("healthy", (), analysis.irregular_steps, advice_for("healthy"),
-                              {**details, "reasons": [f"healthy: {analysis.power.sentence()}"]})
+        return LocalizationResult(
+            "insufficient_data",
+            (),
+            analysis.irregular_steps,
+            advice_for("insufficient_data"),
+            {**details, "reasons": [unseen or "no detection power to state"]},
+        )
+    return LocalizationResult(
+        "healthy",
+        (),
+        analysis.irregular_steps,
+        advice_for("healthy"),
+        {**details, "reasons": [f"healthy: {analysis.power.sentence()}"]},
+    )
 
 
 def _unseen(analysis: Analysis, events: list[Candidate], thresholds: Thresholds) -> str | None:
     """Why the window cannot be called healthy, or None when it can."""
     if analysis.uncovered:
         shown = ", ".join(map(str, analysis.uncovered[:8])) + (", ..." if len(analysis.uncovered) > 8 else "")
-        return (f"rank{'s' if len(analysis.uncovered) > 1 else ''} {shown} measured in fewer than half of the "
-                f"window's steps (no records, or no step markers where other ranks have them): record every rank "
-                f"with the same tools (trainhealth.Monitor or trainhealth.comm on each)")
+        return (
+            f"rank{'s' if len(analysis.uncovered) > 1 else ''} {shown} measured in fewer than half of the "
+            f"window's steps (no records, or no step markers where other ranks have them): record every rank "
+            f"with the same tools (trainhealth.Monitor or trainhealth.comm on each)"
+        )
     if analysis.undecided:
         return analysis.undecided[0]
     ongoing = [c for c in events if c.shape == "ordinary"]  # slow to the window's end, like the run's noise
     if ongoing:
         since = f"since step {ongoing[0].since}" if ongoing[0].since is not None else "all window"
-        return (f"{ongoing[0].component} is {ongoing[0].slowdown or 0:.2f}x slow {since}, and other members of this "
-                f"run went as far for as long: too soon to tell a fault from this run's noise")
+        return (
+            f"{ongoing[0].component} is {ongoing[0].slowdown or 0:.2f}x slow {since}, and other members of this "
+            f"run went as far for as long: too soon to tell a fault from this run's noise"
+        )
     if analysis.power is None:
         return "the window's noise could not be measured: no detection power to state"
     if analysis.power.slowdown > thresholds.max_hidden:
-        return (f"too noisy to call healthy: only {analysis.power.sentence().replace(' would have', ', or more, would have')}; "
-                f"a longer window (more steps) or steadier timings are needed")
+        return (
+            f"too noisy to call healthy: only {analysis.power.sentence().replace(' would have', ', or more, would have')}; "
+            f"a longer window (more steps) or steadier timings are needed"
+        )
     return None
 
 
 def _event(candidate: Candidate) -> dict[str, Any]:
-    out: dict[str, Any] = {"component": candidate.component, "kind": candidate.kind, "ranks": list(candidate.ranks),
-                           "shape": candidate.shape, "evidence": candidate.evidence}
+    out: dict[str, Any] = {
+        "component": candidate.component,
+        "kind": candidate.kind,
+        "ranks": list(candidate.ranks),
+        "shape": candidate.shape,
+        "evidence": candidate.evidence,
+    }
     if candidate.slowdown is not None:
         out["slowdown"] = round(candidate.slowdown, 4)
     if candidate.since is not None:
@@ -266,5 +338,14 @@ def _event(candidate: Candidate) -> dict[str, Any]:
 def _suspect(candidate: Candidate, thresholds: Thresholds) -> Suspect:
     strength = candidate.strength(thresholds)
     score = 1.0 if math.isinf(strength) else strength**2 / (strength**2 + 1.0)
-    return Suspect(candidate.kind, candidate.ranks, candidate.host, None, score, candidate.evidence,
-                   candidate.component, candidate.slowdown, candidate.since)
+    return Suspect(
+        candidate.kind,
+        candidate.ranks,
+        candidate.host,
+        None,
+        score,
+        candidate.evidence,
+        candidate.component,
+        candidate.slowdown,
+        candidate.since,
+    )

@@ -21,13 +21,13 @@ from trainhealth.localize.candidates import Candidate, Thresholds
 from trainhealth.localize.iterations import infer_steps, needs_inference
 from trainhealth.localize.links import LinkSettings, find_slow_paths
 from trainhealth.localize.power import Power, detection_power, uncovered_ranks
-from trainhealth.localize.stretches_scan import burst_factor
 from trainhealth.localize.stragglers import (
     Straggler,
     StragglerSettings,
     find_stragglers,
     undecided_pairs,
 )
+from trainhealth.localize.stretches_scan import burst_factor
 from trainhealth.localize.waits import Measured, measure
 from trainhealth.traces.topology import Topology
 
@@ -63,8 +63,13 @@ def analyze_measured(records: pd.DataFrame, topology: Topology | None, threshold
     if needs_inference(records):
         inferred = infer_steps(records)
         if inferred.records is None:
-            return MeasuredAnalysis((), (), (), {"evidence_source": "collectives"},
-                                    f"no step markers and no repeating pattern of collectives: {inferred.problem}")
+            return MeasuredAnalysis(
+                (),
+                (),
+                (),
+                {"evidence_source": "collectives"},
+                f"no step markers and no repeating pattern of collectives: {inferred.problem}",
+            )
         records = inferred.records
         details["steps_inferred"] = {"collectives_per_step": sorted(set(inferred.period.values()))}
     records = _without_warmup(records)
@@ -72,26 +77,53 @@ def analyze_measured(records: pd.DataFrame, topology: Topology | None, threshold
     measured = measure(records, hosts)
     usable = int(np.isfinite(measured.step_time).any(axis=0).sum())
     details["evidence_source"] = "step markers and collectives" if measured.markers else "collectives (steps inferred)"
-    details["window"] = {"steps": [int(measured.steps[0]), int(measured.steps[-1])] if len(measured.steps) else [],
-                         "ranks": len(measured.ranks),
-                         "median_step_seconds": round(_median(measured.step_time), 6)}
+    details["window"] = {
+        "steps": [int(measured.steps[0]), int(measured.steps[-1])] if len(measured.steps) else [],
+        "ranks": len(measured.ranks),
+        "median_step_seconds": round(_median(measured.step_time), 6),
+    }
     if usable < MIN_STEPS:
-        return MeasuredAnalysis((), (), (), details, f"{usable} measured steps; at least {MIN_STEPS} are needed to "
-                                                     f"tell a slow device from noise")
+        return MeasuredAnalysis(
+            (),
+            (),
+            (),
+            details,
+            f"{usable} measured steps; at least {MIN_STEPS} are needed to tell a slow device from noise",
+        )
     if not measured.groups:
-        return MeasuredAnalysis((), (), (), details, "no collective has two or more members in the trace: there are "
-                                                     "no peers to compare ranks with")
+        return MeasuredAnalysis(
+            (),
+            (),
+            (),
+            details,
+            "no collective has two or more members in the trace: there are no peers to compare ranks with",
+        )
     settings = StragglerSettings(z=thresholds.straggler_z, rarity=thresholds.rarity)
     found, compute_noise = find_stragglers(measured, settings)
     # the power of the stretch scan: its noise is the per-step noise discounted by the run's burstiness
     stretch_noise = compute_noise * burst_factor(measured.relative, compute_noise, settings.min_length)
-    power = detection_power(measured.relative, stretch_noise, settings.z, settings.min_effect, settings.rarity,
-                            thresholds.power_steps)
-    expected = {int(r) for members in topology.groups.values() for r in members} if topology and topology.groups else None
+    power = detection_power(
+        measured.relative, stretch_noise, settings.z, settings.min_effect, settings.rarity, thresholds.power_steps
+    )
+    expected = (
+        {int(r) for members in topology.groups.values() for r in members} if topology and topology.groups else None
+    )
     uncovered = uncovered_ranks(measured.ranks, measured.busy, expected)
-    candidates = [Candidate("gpu", f"gpu:rank-{s.rank}", (s.rank,), measured.hosts.get(s.rank), s.z, s.evidence,
-                            "measured", math.exp(s.effect), None if s.shape == "throughout" else s.steps[0], s.shape)
-                  for s in found]
+    candidates = [
+        Candidate(
+            "gpu",
+            f"gpu:rank-{s.rank}",
+            (s.rank,),
+            measured.hosts.get(s.rank),
+            s.z,
+            s.evidence,
+            "measured",
+            math.exp(s.effect),
+            None if s.shape == "throughout" else s.steps[0],
+            s.shape,
+        )
+        for s in found
+    ]
     paths, transfer_noise = find_slow_paths(measured, LinkSettings(z=thresholds.path_z))
     blamed = [s for s in found if s.z >= thresholds.straggler_z]
     notes = []
@@ -101,20 +133,40 @@ def analyze_measured(records: pd.DataFrame, topology: Topology | None, threshold
             # a straggler's own collectives slowed with it (a starved CPU runs its communication threads late
             # too): the device explains them, they are no second fault
             culprit = ", ".join(f"rank {r}" for r in sorted(explaining))
-            notes.append(f"the transfers of {path.component} slowed {math.exp(path.effect):.2f}x too: explained by "
-                         f"the straggler in it ({culprit})")
+            notes.append(
+                f"the transfers of {path.component} slowed {math.exp(path.effect):.2f}x too: explained by "
+                f"the straggler in it ({culprit})"
+            )
             continue
-        candidates.append(Candidate("link", path.component, path.ranks,
-                                    measured.hosts.get(path.ranks[0]) if len(path.ranks) == 1 else None, path.z,
-                                    path.evidence, "measured-path", math.exp(path.effect), path.since,
-                                    "throughout" if path.since is None else "persistent"))
+        candidates.append(
+            Candidate(
+                "link",
+                path.component,
+                path.ranks,
+                measured.hosts.get(path.ranks[0]) if len(path.ranks) == 1 else None,
+                path.z,
+                path.evidence,
+                "measured-path",
+                math.exp(path.effect),
+                path.since,
+                "throughout" if path.since is None else "persistent",
+            )
+        )
     if notes:
         details["notes"] = notes
     details["noise"] = {"compute_per_step": round(compute_noise, 4), "transfer_per_step": round(transfer_noise, 4)}
     details["compute_and_wait"] = _compute_and_wait(measured)
     irregular = _irregular_steps(measured)
-    return MeasuredAnalysis(tuple(candidates), tuple(_imbalance(measured)), irregular, details, None, power,
-                            uncovered, tuple(undecided_pairs(measured, settings)))
+    return MeasuredAnalysis(
+        tuple(candidates),
+        tuple(_imbalance(measured)),
+        irregular,
+        details,
+        None,
+        power,
+        uncovered,
+        tuple(undecided_pairs(measured, settings)),
+    )
 
 
 def _same_time(straggler: Straggler, since: int | None, steps: np.ndarray) -> bool:
@@ -149,9 +201,14 @@ def _compute_and_wait(measured: Measured) -> list[dict[str, Any]]:
     for index, rank in enumerate(measured.ranks):
         busy, waited = measured.busy[index], measured.waited[index]
         seen = bool(np.isfinite(busy).any())
-        out.append({"rank": int(rank), "compute_seconds": round(_median(busy), 6) if seen else None,
-                    "wait_seconds": round(_median(waited), 6) if seen else None,
-                    "slowest_share": round(float(measured.slowest[index].mean()), 3)})
+        out.append(
+            {
+                "rank": int(rank),
+                "compute_seconds": round(_median(busy), 6) if seen else None,
+                "wait_seconds": round(_median(waited), 6) if seen else None,
+                "slowest_share": round(float(measured.slowest[index].mean()), 3),
+            }
+        )
     return out
 
 
@@ -181,16 +238,20 @@ def _imbalance(measured: Measured) -> list[str]:
         longest = per_component.idxmax()
         if per_component.max() - centre >= _STAGE_IMBALANCE:
             ranks = sorted(int(r) for r in measured.ranks if components.get(int(r)) == longest)
-            reasons.append(f"uneven stages: ranks {', '.join(map(str, ranks[:8]))} are busy "
-                           f"{math.exp(per_component.max() - centre):.2f}x as long per step as the median stage, "
-                           f"on every replica alike (no single device)")
+            reasons.append(
+                f"uneven stages: ranks {', '.join(map(str, ranks[:8]))} are busy "
+                f"{math.exp(per_component.max() - centre):.2f}x as long per step as the median stage, "
+                f"on every replica alike (no single device)"
+            )
     spread = _spread(measured.relative)
     if spread >= _MOVING_WORK:
         share = measured.slowest.mean(axis=1)
         top = np.argsort(-share)[:3]
         shown = ", ".join(f"rank {int(measured.ranks[i])} {share[i]:.0%}" for i in top)
-        reasons.append(f"uneven work: ranks' compute differs by {math.exp(spread) - 1:.0%} from step to step and the "
-                       f"slowest rank changes (slowest in: {shown}), as varying sequence lengths or data do")
+        reasons.append(
+            f"uneven work: ranks' compute differs by {math.exp(spread) - 1:.0%} from step to step and the "
+            f"slowest rank changes (slowest in: {shown}), as varying sequence lengths or data do"
+        )
     return reasons
 
 

@@ -48,8 +48,9 @@ class _Layer:
     component: np.ndarray
 
 
-def path_candidates(evidence: Evidence, thresholds: Thresholds, slow_gpus: tuple[int, ...],
-                    history: Evidence | None = None) -> tuple[list[Candidate], list[str]]:
+def path_candidates(
+    evidence: Evidence, thresholds: Thresholds, slow_gpus: tuple[int, ...], history: Evidence | None = None
+) -> tuple[list[Candidate], list[str]]:
     """Greedy explaining-away: name the strongest component, drop the transfers it explains, repeat.
 
     Transfers of a clearly slow GPU are explained by it (in real pipelines a
@@ -72,8 +73,9 @@ def path_candidates(evidence: Evidence, thresholds: Thresholds, slow_gpus: tuple
     _explain(run, run_explained, slow_gpus)
     remembered: dict[tuple[int, bytes], tuple[np.ndarray, Stretch, np.ndarray]] = {}
 
-    def score(of: Evidence, layer: _Layer, marked: np.ndarray,
-              layer_noise: dict[str, float]) -> tuple[np.ndarray, Stretch, np.ndarray]:
+    def score(
+        of: Evidence, layer: _Layer, marked: np.ndarray, layer_noise: dict[str, float]
+    ) -> tuple[np.ndarray, Stretch, np.ndarray]:
         """:func:`_score_layer`, once per layer and set of explained transfers (the recurrence test, the first
         round and a candidate's comparison with the run's other NICs often ask the same)."""
         key = (id(layer), np.packbits(marked).tobytes())
@@ -92,21 +94,32 @@ def path_candidates(evidence: Evidence, thresholds: Thresholds, slow_gpus: tuple
         index = int(np.argmax(nic_z))
         if nic_z[index] < 0.5 * thresholds.link_z:
             break
-        start, stop, effect = int(nic_stretch.start[index]), int(nic_stretch.stop[index]), float(nic_stretch.effect[index])
+        start, stop, effect = (
+            int(nic_stretch.start[index]),
+            int(nic_stretch.stop[index]),
+            float(nic_stretch.effect[index]),
+        )
         shared = stretch_effect(nic_values, start, stop)
-        candidate = _widest(evidence, layers, scores, index, float(nic_z[index]), effect, thresholds,
-                            switch_only=shared >= 0.5 * effect)
+        candidate = _widest(
+            evidence, layers, scores, index, float(nic_z[index]), effect, thresholds, switch_only=shared >= 0.5 * effect
+        )
         if candidate is None and shared >= 0.5 * effect:
-            notes.append(f"all inter-host transfers were {np.exp(shared):.2f}x slower {steps_text(evidence, start, stop)}: "
-                         f"network-wide, no single NIC, host or known switch stands out")
+            notes.append(
+                f"all inter-host transfers were {np.exp(shared):.2f}x slower {steps_text(evidence, start, stop)}: "
+                f"network-wide, no single NIC, host or known switch stands out"
+            )
             break
         if candidate is None:
             rank = int(evidence.ranks[index])
-            text = (f"inter-host transfers through its NIC take {np.exp(effect):.2f}x their usual "
-                    f"time {steps_text(evidence, start, stop)} (z={nic_z[index]:.1f}); every member of those "
-                    f"collectives is slow, the last to arrive too")
-            candidate = Candidate("link", f"nic:rank-{rank}", (rank,), evidence.hosts.get(rank),
-                                  float(nic_z[index]), text)
+            text = (
+                f"inter-host transfers through its NIC take {np.exp(effect):.2f}x their usual "
+                f"time {steps_text(evidence, start, stop)} (z={nic_z[index]:.1f}); every member of those "
+                f"collectives is slow, the last to arrive too"
+            )
+            candidate = Candidate(
+                "link", f"nic:rank-{rank}", (rank,), evidence.hosts.get(rank), float(nic_z[index]), text
+            )
+
         def elsewhere(candidate: Candidate = candidate) -> np.ndarray:
             """The run's other NICs, without the transfers the candidate explains (its partners' share)."""
             others = run_explained.copy()
@@ -127,8 +140,15 @@ def _recurrent(evidence: Evidence, values: np.ndarray, thresholds: Thresholds) -
     # GPU's) is measured on fewer of them and is noisier than the rest
     sigma = rows_noise(values, row_noise(values, thresholds.min_transfer_effect / 4))
     level = np.maximum(thresholds.recurrent_effect, 4.0 * sigma)
-    found = recurrent_members(values, level, thresholds.recurrent_episodes, thresholds.false_blame,
-                              thresholds.min_length - 1, lambda: _partners(evidence), thresholds.rarity)
+    found = recurrent_members(
+        values,
+        level,
+        thresholds.recurrent_episodes,
+        thresholds.false_blame,
+        thresholds.min_length - 1,
+        lambda: _partners(evidence),
+        thresholds.rarity,
+    )
     best: Candidate | None = None
     for index, episodes in found.items():
         slow = np.zeros(values.shape[1], dtype=bool)
@@ -140,11 +160,23 @@ def _recurrent(evidence: Evidence, values: np.ndarray, thresholds: Thresholds) -
             continue
         rank = int(evidence.ranks[index])
         where = ", ".join(f"{evidence.steps[a]}-{evidence.steps[b - 1]}" for a, b in episodes[:6])
-        text = (f"inter-host transfers through its NIC take {math.exp(effect):.2f}x their usual time in "
-                f"{len(episodes)} separate episodes (steps {where}{', ...' if len(episodes) > 6 else ''}; z={z:.1f}), "
-                f"far more than episodes falling on random NICs of this run would give one NIC: a recurrent fault")
-        best = Candidate("link", f"nic:rank-{rank}", (rank,), evidence.hosts.get(rank), z, text, "transfers",
-                         math.exp(effect), int(evidence.steps[episodes[0][0]]), "recurrent")
+        text = (
+            f"inter-host transfers through its NIC take {math.exp(effect):.2f}x their usual time in "
+            f"{len(episodes)} separate episodes (steps {where}{', ...' if len(episodes) > 6 else ''}; z={z:.1f}), "
+            f"far more than episodes falling on random NICs of this run would give one NIC: a recurrent fault"
+        )
+        best = Candidate(
+            "link",
+            f"nic:rank-{rank}",
+            (rank,),
+            evidence.hosts.get(rank),
+            z,
+            text,
+            "transfers",
+            math.exp(effect),
+            int(evidence.steps[episodes[0][0]]),
+            "recurrent",
+        )
     return [best] if best is not None else []
 
 
@@ -166,8 +198,16 @@ def _partners(evidence: Evidence) -> dict[int, set[int]]:
     return out
 
 
-def _judged(candidate: Candidate, evidence: Evidence, row: np.ndarray, elsewhere: Callable[[], np.ndarray], start: int,
-            stop: int, effect: float, thresholds: Thresholds) -> Candidate:
+def _judged(
+    candidate: Candidate,
+    evidence: Evidence,
+    row: np.ndarray,
+    elsewhere: Callable[[], np.ndarray],
+    start: int,
+    stop: int,
+    effect: float,
+    thresholds: Thresholds,
+) -> Candidate:
     """The candidate with its shape (:mod:`.excursions`): slow all window, from an onset on, or an event (it
     came and went, or other NICs of the run, without the transfers it explains, went as far for as long)."""
     whole = start <= 0 and stop >= len(row)
@@ -175,10 +215,17 @@ def _judged(candidate: Candidate, evidence: Evidence, row: np.ndarray, elsewhere
     covered = np.flatnonzero(np.isin(evidence.ranks, candidate.ranks))  # a host's or switch's NICs are not "others"
     if shape != "transient" and effect < thresholds.rarity * largest_elsewhere(elsewhere(), covered, stop - start):
         shape = "ordinary"
-    note = {"transient": "; it came and went: an event, not a faulty component",
-            "ordinary": "; other NICs of this run went as far for as long: an event, not a faulty component"}
-    return replace(candidate, evidence=candidate.evidence + note.get(shape, ""), shape=shape,
-                   slowdown=float(np.exp(effect)), since=None if whole else int(evidence.steps[start]))
+    note = {
+        "transient": "; it came and went: an event, not a faulty component",
+        "ordinary": "; other NICs of this run went as far for as long: an event, not a faulty component",
+    }
+    return replace(
+        candidate,
+        evidence=candidate.evidence + note.get(shape, ""),
+        shape=shape,
+        slowdown=float(np.exp(effect)),
+        since=None if whole else int(evidence.steps[start]),
+    )
 
 
 def _transfer_noise(excess: np.ndarray, values: np.ndarray, counts: np.ndarray, floor: float) -> float:
@@ -227,8 +274,9 @@ def _layers(evidence: Evidence) -> list[_Layer]:
     return layers
 
 
-def _score_layer(evidence: Evidence, layer: _Layer, explained: np.ndarray, thresholds: Thresholds,
-                 noise: dict[str, float]) -> tuple[np.ndarray, Stretch, np.ndarray]:
+def _score_layer(
+    evidence: Evidence, layer: _Layer, explained: np.ndarray, thresholds: Thresholds, noise: dict[str, float]
+) -> tuple[np.ndarray, Stretch, np.ndarray]:
     """Per component: z, stretch and per-step mean excess of the transfers crossing it, not yet explained.
 
     Each transfer counts once; the noise is one transfer's, inflated by how much
@@ -246,8 +294,9 @@ def _score_layer(evidence: Evidence, layer: _Layer, explained: np.ndarray, thres
     with np.errstate(invalid="ignore", divide="ignore"):
         values = np.where(counts > 0, sums / counts, np.nan)
     if layer.name not in noise:
-        noise[layer.name] = _transfer_noise(transfers.excess[instance], values, counts,
-                                            thresholds.min_transfer_effect / 4)
+        noise[layer.name] = _transfer_noise(
+            transfers.excess[instance], values, counts, thresholds.min_transfer_effect / 4
+        )
     sigma = noise[layer.name]
     stretch = strongest_stretch(sums, counts, sigma, thresholds.min_length, thresholds.decay)
     whole = level(sums, counts, sigma, thresholds.transfer_allowance, thresholds.min_length)
@@ -255,9 +304,16 @@ def _score_layer(evidence: Evidence, layer: _Layer, explained: np.ndarray, thres
     return np.where(chosen.effect >= thresholds.min_transfer_effect, z, 0.0), chosen, values
 
 
-def _widest(evidence: Evidence, layers: list[_Layer], scores: dict[str, tuple[np.ndarray, Stretch, np.ndarray]],
-            index: int, nic_z: float, nic_effect: float, thresholds: Thresholds,
-            switch_only: bool = False) -> Candidate | None:
+def _widest(
+    evidence: Evidence,
+    layers: list[_Layer],
+    scores: dict[str, tuple[np.ndarray, Stretch, np.ndarray]],
+    index: int,
+    nic_z: float,
+    nic_effect: float,
+    thresholds: Thresholds,
+    switch_only: bool = False,
+) -> Candidate | None:
     """The switch or host behind rank ``index`` when it explains the NIC's slow transfers, else None.
 
     It explains them when its own transfers are slow by at least ``explain_share``
@@ -279,10 +335,14 @@ def _widest(evidence: Evidence, layers: list[_Layer], scores: dict[str, tuple[np
         factor = np.exp(stretch.effect[code])
         if layer.name == "switch":
             hosts = len({evidence.hosts.get(r, str(r)) for r in covered})
-            text = (f"inter-host transfers of all {hosts} hosts under {label} take {factor:.2f}x their usual "
-                    f"time {steps} (z={z[code]:.1f}): the switch, not one host or NIC")
+            text = (
+                f"inter-host transfers of all {hosts} hosts under {label} take {factor:.2f}x their usual "
+                f"time {steps} (z={z[code]:.1f}): the switch, not one host or NIC"
+            )
             return Candidate("link", f"switch:{label}", covered, None, float(z[code]), text)
-        text = (f"inter-host transfers of every GPU on {label} take {factor:.2f}x their usual time {steps} "
-                f"(z={z[code]:.1f}): the host's network path, not one NIC")
+        text = (
+            f"inter-host transfers of every GPU on {label} take {factor:.2f}x their usual time {steps} "
+            f"(z={z[code]:.1f}): the host's network path, not one NIC"
+        )
         return Candidate("host", f"host:{label}", covered, label, float(z[code]), text)
     return None

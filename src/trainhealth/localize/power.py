@@ -42,15 +42,24 @@ class Power:
     noise: float  # one step's standard deviation of the compared quantity (log)
 
     def sentence(self) -> str:
-        return (f"a rank {self.slowdown:.2f}x slower for its last {self.steps} steps would have been blamed "
-                f"(noise {100 * self.noise:.1f}% per step)")
+        return (
+            f"a rank {self.slowdown:.2f}x slower for its last {self.steps} steps would have been blamed "
+            f"(noise {100 * self.noise:.1f}% per step)"
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return {"slowdown": round(self.slowdown, 4), "steps": self.steps, "noise_per_step": round(self.noise, 4)}
 
 
-def detection_power(values: np.ndarray, sigma: float, z: float, min_effect: float, rarity: float,
-                    steps: int, census: np.ndarray | None = None) -> Power:
+def detection_power(
+    values: np.ndarray,
+    sigma: float,
+    z: float,
+    min_effect: float,
+    rarity: float,
+    steps: int,
+    census: np.ndarray | None = None,
+) -> Power:
     """The power of a scan over ``values`` (member x step, log relative times) with per-step noise ``sigma``:
     the last ``steps`` steps (at most half the window) against the rest, at threshold ``z``, at least
     ``min_effect``, and ``rarity`` times what members of the run (``census``: their values over a longer

@@ -58,8 +58,9 @@ class PrometheusClient:
 
     def query_range(self, promql: str, start: float, end: float, step: float) -> list[Series]:
         """A range query (a matrix: the samples every ``step`` seconds from ``start`` to ``end``)."""
-        body = self._get("/api/v1/query_range", {"query": promql, "start": f"{start:.3f}", "end": f"{end:.3f}",
-                                                 "step": f"{step:g}"})
+        body = self._get(
+            "/api/v1/query_range", {"query": promql, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{step:g}"}
+        )
         return _series(body, "matrix", f"Prometheus at {self.url}")
 
     def _get(self, path: str, params: dict[str, str]) -> object:
@@ -85,8 +86,9 @@ class PrometheusClient:
         try:
             return json.loads(raw)
         except (ValueError, RecursionError) as exc:  # garbage, truncated, not UTF-8, nested too deep
-            raise SourceError(f"{where} answered something that is not JSON ({len(raw)} bytes: "
-                              f"{one_line(exc)})") from None
+            raise SourceError(
+                f"{where} answered something that is not JSON ({len(raw)} bytes: {one_line(exc)})"
+            ) from None
 
     def _read(self, response: http.client.HTTPResponse, deadline: float) -> bytes:
         """The body, within the deadline (a server that trickles bytes times out too) and ``max_bytes``."""
@@ -155,8 +157,9 @@ def _series(body: object, kind: str, where: str = "Prometheus") -> list[Series]:
         raise _shape(f"the answer is a {type(body).__name__}, not an object")
     status = body.get("status")
     if status == "error":
-        raise SourceError(f"{where} refused the query: {one_line(body.get('errorType', 'error'))}: "
-                          f"{one_line(body.get('error', ''))}")
+        raise SourceError(
+            f"{where} refused the query: {one_line(body.get('errorType', 'error'))}: {one_line(body.get('error', ''))}"
+        )
     if status != "success":
         raise _shape(f"status is {one_line(status)}, not success")
     data = body.get("data")
@@ -173,8 +176,9 @@ def _series(body: object, kind: str, where: str = "Prometheus") -> list[Series]:
         if not isinstance(item, dict):
             raise _shape(f"{at} is not an object")
         labels = item.get("metric")
-        if not isinstance(labels, dict) or not all(isinstance(k, str) and isinstance(v, str)
-                                                   for k, v in labels.items()):
+        if not isinstance(labels, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in labels.items()
+        ):
             raise _shape(f"{at}.metric is not an object of label names and values")
         samples: tuple[tuple[float, float], ...]
         if kind == "vector":

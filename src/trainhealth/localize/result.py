@@ -35,8 +35,14 @@ class Suspect:
     since_step: int | None = None  # the step the slowness began, where an onset was found
 
     def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"kind": self.kind, "ranks": list(self.ranks), "host": self.host, "group": self.group,
-                               "score": round(self.score, 4), "evidence": self.evidence}
+        out: dict[str, Any] = {
+            "kind": self.kind,
+            "ranks": list(self.ranks),
+            "host": self.host,
+            "group": self.group,
+            "score": round(self.score, 4),
+            "evidence": self.evidence,
+        }
         if self.component is not None:
             out["component"] = self.component
         if self.slowdown is not None:
@@ -72,7 +78,10 @@ class LocalizationResult:
         if self.details.get("simulated"):
             lines[0] += "  (input is SIMULATED)"
         steps = self.irregular_steps
-        lines.append(f"irregular steps: {len(steps)}" + (f" ({', '.join(map(str, steps[:12]))}{', ...' if len(steps) > 12 else ''})" if steps else ""))
+        lines.append(
+            f"irregular steps: {len(steps)}"
+            + (f" ({', '.join(map(str, steps[:12]))}{', ...' if len(steps) > 12 else ''})" if steps else "")
+        )
         if self.suspects:
             lines.append("suspects:")
             for position, suspect in enumerate(self.suspects, start=1):

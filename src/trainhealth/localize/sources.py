@@ -49,8 +49,15 @@ MAX_SECONDS = 86400.0
 _IMPLAUSIBLE = object()  # a sample that cannot be a timing of the window
 
 __all__ = [
-    "MAX_SECONDS", "PROBE_FILE", "PrometheusClient", "PrometheusSource", "Series", "SourceError", "TraceDirectory",
-    "Window", "load_probe",
+    "MAX_SECONDS",
+    "PROBE_FILE",
+    "PrometheusClient",
+    "PrometheusSource",
+    "Series",
+    "SourceError",
+    "TraceDirectory",
+    "Window",
+    "load_probe",
 ]
 
 log = logging.getLogger(__name__)
@@ -98,7 +105,7 @@ class TraceDirectory:
         if not frames:
             raise SourceError(f"{self.directory}: no readable trace files yet")
         records = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
-        steps = np.sort(records["step"].unique())[-max(self.window, self.history):]
+        steps = np.sort(records["step"].unique())[-max(self.window, self.history) :]
         records = records[records["step"].isin(steps)].reset_index(drop=True)
         topology = None
         if (self.directory / TOPOLOGY_FILE).is_file():
@@ -111,8 +118,7 @@ class TraceDirectory:
         probe, problem = load_probe(self.directory / PROBE_FILE)
         if problem:
             notes.append(problem)
-        return Window(records, topology, tuple(notes), probe,
-                      self.window if self.history > self.window else None)
+        return Window(records, topology, tuple(notes), probe, self.window if self.history > self.window else None)
 
 
 def load_probe(path: Path) -> tuple[Any, str | None]:
@@ -156,20 +162,33 @@ class PrometheusSource:
 
     def hangs(self) -> HangReport:
         """Every rank's position now (and the last one of ranks that stopped reporting), judged for hangs."""
-        names = (catalog.COMM_STARTED_SEQ, catalog.COMM_COMPLETED_SEQ, catalog.COMM_INFLIGHT_DURATION,
-                 catalog.COMM_GROUP, catalog.COMM_HANG_THRESHOLD, catalog.COMM_STUCK_DURATION, catalog.COMM_PAUSED)
+        names = (
+            catalog.COMM_STARTED_SEQ,
+            catalog.COMM_COMPLETED_SEQ,
+            catalog.COMM_INFLIGHT_DURATION,
+            catalog.COMM_GROUP,
+            catalog.COMM_HANG_THRESHOLD,
+            catalog.COMM_STUCK_DURATION,
+            catalog.COMM_PAUSED,
+        )
         queries = [(spec.prometheus_name, self._select(spec.prometheus_name)) for spec in names]
         # a pause holds the verdict a while after it ends: the peers' wait may be from an older scrape
         paused = catalog.COMM_PAUSED.prometheus_name
         queries[-1] = (paused, f"max_over_time({self._select(paused)}[{PAUSE_HOLD_S}s])")
-        samples = [(name, series.labels, value) for name, promql in queries
-                   for series in self.client.query(promql) for _, value in series.samples[-1:]]
+        samples = [
+            (name, series.labels, value)
+            for name, promql in queries
+            for series in self.client.query(promql)
+            for _, value in series.samples[-1:]
+        ]
         gone = []
         for spec in (catalog.COMM_STARTED_SEQ, catalog.COMM_WATCH_TIMESTAMP, catalog.COMM_GROUP):
             selector = self._select(spec.prometheus_name)
-            gone += [(spec.prometheus_name, series.labels, value) for series in
-                     self.client.query(f"last_over_time({selector}[{self.GONE_WITHIN_S}s]) unless {selector}")
-                     for _, value in series.samples[-1:]]
+            gone += [
+                (spec.prometheus_name, series.labels, value)
+                for series in self.client.query(f"last_over_time({selector}[{self.GONE_WITHIN_S}s]) unless {selector}")
+                for _, value in series.samples[-1:]
+            ]
         return judge_hangs(positions_from_samples(samples, gone))
 
     def _window(self) -> Window:
@@ -183,36 +202,64 @@ class PrometheusSource:
         interval = f"[{max(int(self.step), 1)}s]"
         collectives = self.client.query_range(
             f"sum by ({by_op}) (rate({self._select(comm_sum)}{interval})) / "
-            f"sum by ({by_op}) (rate({self._select(comm_count)}{interval}))", start, end, self.step)
+            f"sum by ({by_op}) (rate({self._select(comm_count)}{interval}))",
+            start,
+            end,
+            self.step,
+        )
         if not collectives:
-            raise SourceError(f"no {catalog.COMM_OP_DURATION.prometheus_name} series in {self.describe()} over the "
-                              f"last {self.window:g}s: are the ranks running trainhealth.comm and being scraped?")
+            raise SourceError(
+                f"no {catalog.COMM_OP_DURATION.prometheus_name} series in {self.describe()} over the "
+                f"last {self.window:g}s: are the ranks running trainhealth.comm and being scraped?"
+            )
         compute = self._measured_compute(interval, start, end, by_rank)
         if not compute:  # ranks without the measured split: the mean step time minus the collective time per step
             step_mean = self.client.query_range(
                 f"sum by ({by_rank}) (rate({self._select(step_sum)}{interval})) / "
-                f"sum by ({by_rank}) (rate({self._select(step_count)}{interval}))", start, end, self.step)
+                f"sum by ({by_rank}) (rate({self._select(step_count)}{interval}))",
+                start,
+                end,
+                self.step,
+            )
             comm_per_step = self.client.query_range(
                 f"sum by ({by_rank}) (rate({self._select(comm_sum)}{interval})) / "
-                f"sum by ({by_rank}) (rate({self._select(step_count)}{interval}))", start, end, self.step)
-        gpus = {(series.labels.get("job"), series.labels.get("rank")): series.labels.get("local_rank")
-                for series in self.client.query(self._select(catalog.RANK_INFO.prometheus_name))}
-        rows = [self._row(series.labels, t, value, start, end, gpus)
-                for series in collectives for t, value in series.samples]
+                f"sum by ({by_rank}) (rate({self._select(step_count)}{interval}))",
+                start,
+                end,
+                self.step,
+            )
+        gpus = {
+            (series.labels.get("job"), series.labels.get("rank")): series.labels.get("local_rank")
+            for series in self.client.query(self._select(catalog.RANK_INFO.prometheus_name))
+        }
+        rows = [
+            self._row(series.labels, t, value, start, end, gpus)
+            for series in collectives
+            for t, value in series.samples
+        ]
         if compute:
-            rows += [self._row({**series.labels, "op": "compute"}, t, value, start, end, gpus)
-                     for series in compute for t, value in series.samples]
+            rows += [
+                self._row({**series.labels, "op": "compute"}, t, value, start, end, gpus)
+                for series in compute
+                for t, value in series.samples
+            ]
         else:
             rows += self._compute_rows(step_mean, comm_per_step, start, end, gpus)
         dropped = sum(1 for row in rows if row is _IMPLAUSIBLE)
         notes: tuple[str, ...] = ()
         if dropped:
-            notes = ((f"left out {dropped} samples that cannot be timings of this window: a duration infinite or "
-                      f"over {MAX_SECONDS:g} s, a time outside it or a rank label that is not a rank"),)
+            notes = (
+                (
+                    f"left out {dropped} samples that cannot be timings of this window: a duration infinite or "
+                    f"over {MAX_SECONDS:g} s, a time outside it or a rank label that is not a rank"
+                ),
+            )
         frame = pd.DataFrame([row for row in rows if isinstance(row, dict)])
         if frame.empty:
-            raise SourceError(f"no collectives completed in {self.describe()} over the last {self.window:g}s"
-                              + (f"; {notes[0]}" if notes else ""))
+            raise SourceError(
+                f"no collectives completed in {self.describe()} over the last {self.window:g}s"
+                + (f"; {notes[0]}" if notes else "")
+            )
         frame["seq"] = frame["step"].where(frame["op"] != "compute")
         frame.loc[frame["op"] == "compute", "group"] = None
         try:
@@ -227,33 +274,53 @@ class PrometheusSource:
         steps_total = catalog.TRAIN_STEPS.prometheus_name
         return self.client.query_range(
             f"sum by ({by_rank}) (rate({self._select(compute_total)}{interval})) / "
-            f"sum by ({by_rank}) (rate({self._select(steps_total)}{interval}))", start, end, self.step)
+            f"sum by ({by_rank}) (rate({self._select(steps_total)}{interval}))",
+            start,
+            end,
+            self.step,
+        )
 
     def _select(self, metric: str) -> str:
         return f"{metric}{{job={string_literal(self.job)}}}" if self.job else metric
 
-    def _row(self, labels: dict[str, str], t: float, value: float, start: float, end: float,
-             gpus: dict[tuple[Any, Any], Any]) -> dict[str, Any] | object | None:
+    def _row(
+        self, labels: dict[str, str], t: float, value: float, start: float, end: float, gpus: dict[tuple[Any, Any], Any]
+    ) -> dict[str, Any] | object | None:
         """One record; None for NaN (an interval without operations) and a negative difference (compute
         derived from two rates), ``_IMPLAUSIBLE`` for what cannot be a timing of the window."""
         if math.isnan(value) or -MAX_SECONDS <= value < 0:
             return None
         rank = labels.get("rank", "")
-        if (not 0 <= value <= MAX_SECONDS or not start - self.step <= t <= end + self.step
-                or not (rank.isascii() and rank.isdigit() and len(rank) <= 9)):
+        if (
+            not 0 <= value <= MAX_SECONDS
+            or not start - self.step <= t <= end + self.step
+            or not (rank.isascii() and rank.isdigit() and len(rank) <= 9)
+        ):
             return _IMPLAUSIBLE
-        row = {"rank": int(rank), "step": round((t - start) / self.step), "op": labels.get("op", ""),
-               "group": labels.get("group", ""), "start": t, "duration": value, "host": labels.get("host") or None}
+        row = {
+            "rank": int(rank),
+            "step": round((t - start) / self.step),
+            "op": labels.get("op", ""),
+            "group": labels.get("group", ""),
+            "start": t,
+            "duration": value,
+            "host": labels.get("host") or None,
+        }
         gpu = gpus.get((labels.get("job"), rank))
         if gpu is not None and gpu.isascii() and gpu.isdigit() and len(gpu) <= 9:
             row["gpu"] = int(gpu)
         return row
 
-    def _compute_rows(self, step_mean: list[Series], comm_per_step: list[Series], start: float, end: float,
-                      gpus: dict[tuple[Any, Any], Any]) -> list[dict[str, Any] | object | None]:
+    def _compute_rows(
+        self,
+        step_mean: list[Series],
+        comm_per_step: list[Series],
+        start: float,
+        end: float,
+        gpus: dict[tuple[Any, Any], Any],
+    ) -> list[dict[str, Any] | object | None]:
         """Per rank and interval: the mean step time minus the collective time per step."""
-        communication = {(s.labels.get("job"), s.labels.get("rank"), t): v
-                         for s in comm_per_step for t, v in s.samples}
+        communication = {(s.labels.get("job"), s.labels.get("rank"), t): v for s in comm_per_step for t, v in s.samples}
         out = []
         for series in step_mean:
             labels = series.labels

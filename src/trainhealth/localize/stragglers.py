@@ -118,14 +118,15 @@ def _without_echoes(measured: Measured, found: list[Straggler]) -> Measured:
     columns = np.zeros(len(measured.steps), dtype=bool)
     for onset in onsets:
         at = int(np.searchsorted(measured.steps, onset))
-        columns[at:at + _ECHO_STEPS] = True
+        columns[at : at + _ECHO_STEPS] = True
     relative = measured.relative.copy()
     relative[:, columns] = np.nan
     return replace(measured, relative=relative, slowest=measured.slowest & ~columns[None, :])
 
 
-def _candidates(measured: Measured, sigma: float, chance: np.ndarray, skip: set[int],
-                settings: StragglerSettings) -> list[Straggler]:
+def _candidates(
+    measured: Measured, sigma: float, chance: np.ndarray, skip: set[int], settings: StragglerSettings
+) -> list[Straggler]:
     relative = measured.relative
     stretch_sigma = sigma * burst_factor(relative, sigma, settings.min_length)  # stretches: bursts discounted
     change = strongest_shift(relative, stretch_sigma, settings.min_length, settings.allowance, whole=False)
@@ -159,14 +160,17 @@ def undecided_pairs(measured: Measured, settings: StragglerSettings) -> list[str
     for index in np.flatnonzero(paired & (level.z >= settings.z)).tolist():
         peers = _peer_rows(measured, index)
         other = int(measured.ranks[peers[0]]) if len(peers) else -1
-        out.append(f"rank {int(measured.ranks[index])} is busy {math.exp(level.effect[index]):.2f}x as long as its only "
-                   f"peer, rank {other}, all window: with two ranks there is no majority to say which one is slow "
-                   f"(run `trainhealth probe`, or compare with a third rank doing the same work)")
+        out.append(
+            f"rank {int(measured.ranks[index])} is busy {math.exp(level.effect[index]):.2f}x as long as its only "
+            f"peer, rank {other}, all window: with two ranks there is no majority to say which one is slow "
+            f"(run `trainhealth probe`, or compare with a third rank doing the same work)"
+        )
     return out
 
 
-def _stretch(measured: Measured, index: int, shift: Shift, sigma: float, chance: float,
-             settings: StragglerSettings) -> Straggler | None:
+def _stretch(
+    measured: Measured, index: int, shift: Shift, sigma: float, chance: float, settings: StragglerSettings
+) -> Straggler | None:
     start, stop = int(shift.start[index]), int(shift.stop[index])
     effect, z = float(shift.effect[index]), float(shift.z[index])
     finite = np.flatnonzero(np.isfinite(measured.relative[index]))
@@ -216,8 +220,7 @@ class _SlowSteps:
         spiking = (relative > settings.spike_z * sigma) & (relative >= settings.min_effect) & measured.slowest
         return cls(relative, spiking, np.where(spiking, relative, 0.0).sum(axis=1))
 
-    def straggler(self, measured: Measured, index: int, sigma: float,
-                  settings: StragglerSettings) -> Straggler | None:
+    def straggler(self, measured: Measured, index: int, sigma: float, settings: StragglerSettings) -> Straggler | None:
         """The rank's slow steps as an intermittent fault: at least a few, and far more single-step slowness
         on this rank than on any other (uneven work spreads it over every rank)."""
         own = np.flatnonzero(self.spiking[index])
@@ -230,8 +233,9 @@ class _SlowSteps:
         return _straggler(measured, index, z, effect, steps, "intermittent", 1.0)
 
 
-def _straggler(measured: Measured, index: int, z: float, effect: float, steps: tuple[int, ...], shape: str,
-               share: float) -> Straggler:
+def _straggler(
+    measured: Measured, index: int, z: float, effect: float, steps: tuple[int, ...], shape: str, share: float
+) -> Straggler:
     rank = int(measured.ranks[index])
     columns = np.isin(measured.steps, steps)
     peers = _peer_rows(measured, index)
@@ -244,9 +248,11 @@ def _straggler(measured: Measured, index: int, z: float, effect: float, steps: t
         "throughout": "throughout the window",
         "intermittent": f"in {len(steps)} separate steps ({_list(steps)})",
     }[shape]
-    evidence = (f"rank {rank} computes {math.exp(effect):.2f}x as long as its peers {where} (z={z:.1f}); "
-                f"it was the slowest of its peers in {share:.0%} of those steps and arrived last at their "
-                f"collectives, where they waited {1e3 * others_waited:.1f} ms per step for it")
+    evidence = (
+        f"rank {rank} computes {math.exp(effect):.2f}x as long as its peers {where} (z={z:.1f}); "
+        f"it was the slowest of its peers in {share:.0%} of those steps and arrived last at their "
+        f"collectives, where they waited {1e3 * others_waited:.1f} ms per step for it"
+    )
     if shape == "transient":
         evidence += "; it came and went: an event, not a faulty device"
     elif shape == "ordinary":

@@ -44,8 +44,9 @@ def _weights(n_steps: int, decay: float) -> np.ndarray:
     return decay ** np.arange(n_steps - 1, -1, -1, dtype=np.float64)
 
 
-def strongest_stretch(sums: np.ndarray, counts: np.ndarray, sigma: float, min_length: int = 3,
-                      decay: float = 1.0) -> Stretch:
+def strongest_stretch(
+    sums: np.ndarray, counts: np.ndarray, sigma: float, min_length: int = 3, decay: float = 1.0
+) -> Stretch:
     """The slow stretch with the largest z per row; ``sigma`` is one observation's standard deviation."""
     sums, counts, edges = _blocks(np.nan_to_num(sums), counts)
     rows, n_blocks = sums.shape
@@ -53,7 +54,9 @@ def strongest_stretch(sums: np.ndarray, counts: np.ndarray, sigma: float, min_le
     weighted_sum = np.concatenate([np.zeros((rows, 1)), np.cumsum(sums * weights, axis=1)], axis=1)
     weighted_count = np.concatenate([np.zeros((rows, 1)), np.cumsum(counts * weights, axis=1)], axis=1)
     squared = np.concatenate([np.zeros((rows, 1)), np.cumsum(counts * weights**2, axis=1)], axis=1)
-    best = Stretch(np.zeros(rows, dtype=np.int64), np.zeros(rows, dtype=np.int64), np.zeros(rows), np.full(rows, -np.inf))
+    best = Stretch(
+        np.zeros(rows, dtype=np.int64), np.zeros(rows, dtype=np.int64), np.zeros(rows), np.full(rows, -np.inf)
+    )
     total_sum, total_count, total_squared = weighted_sum[:, -1], weighted_count[:, -1], squared[:, -1]
     length = max(1, min(min_length, n_blocks))
     with np.errstate(invalid="ignore", divide="ignore"):
@@ -66,8 +69,9 @@ def strongest_stretch(sums: np.ndarray, counts: np.ndarray, sigma: float, min_le
                 inside_sum = weighted_sum[:, stop] - weighted_sum[:, start]
                 inside_squared = squared[:, stop] - squared[:, start]
                 effect = inside_sum / inside_count - (total_sum - inside_sum) / outside_count
-                spread = sigma * np.sqrt(inside_squared / inside_count**2
-                                         + (total_squared - inside_squared) / outside_count**2)
+                spread = sigma * np.sqrt(
+                    inside_squared / inside_count**2 + (total_squared - inside_squared) / outside_count**2
+                )
                 z = np.nan_to_num(effect / spread, nan=-np.inf)
                 better = z > best.z
                 best.start[better], best.stop[better] = start, stop
@@ -75,8 +79,9 @@ def strongest_stretch(sums: np.ndarray, counts: np.ndarray, sigma: float, min_le
     return Stretch(edges[best.start], edges[best.stop], best.effect, np.where(np.isfinite(best.z), best.z, 0.0))
 
 
-def strongest_robust_stretch(values: np.ndarray, sigma: float | np.ndarray, min_length: int = 5,
-                             min_outside: int = 3) -> Stretch:
+def strongest_robust_stretch(
+    values: np.ndarray, sigma: float | np.ndarray, min_length: int = 5, min_outside: int = 3
+) -> Stretch:
     """Like :func:`strongest_stretch` with medians for means, no decay, and longer stretches: a run of
     ``min_length`` steps counts only when most of its steps are slow, so two unlucky steps in a row
     (GC pauses) do not make one. For series with no per-operation robustness of their own; ``sigma``

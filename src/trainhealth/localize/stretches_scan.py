@@ -75,8 +75,7 @@ def burst_factor(values: np.ndarray, sigma: float, block: int = 3) -> float:
     return max(1.0, observed / (sigma / np.sqrt(block)))
 
 
-def strongest_shift(values: np.ndarray, sigma: float, min_length: int, allowance: float,
-                    whole: bool = True) -> Shift:
+def strongest_shift(values: np.ndarray, sigma: float, min_length: int, allowance: float, whole: bool = True) -> Shift:
     """The stretch of each row whose mean differs most from the rest of the row, in units of its standard error;
     without ``whole``, only stretches that leave ``min_length`` steps or more outside (a change, with its onset)."""
     n_rows, n_steps = values.shape
@@ -86,8 +85,9 @@ def strongest_shift(values: np.ndarray, sigma: float, min_length: int, allowance
     sums[:, 1:] = np.cumsum(np.where(finite, values, 0.0), axis=1)
     counts[:, 1:] = np.cumsum(finite, axis=1)
     starts, stops = np.triu_indices(n_steps + 1, k=min_length)
-    out = Shift(np.zeros(n_rows, dtype=np.int64), np.full(n_rows, n_steps, dtype=np.int64), np.zeros(n_rows),
-                np.zeros(n_rows))
+    out = Shift(
+        np.zeros(n_rows, dtype=np.int64), np.full(n_rows, n_steps, dtype=np.int64), np.zeros(n_rows), np.zeros(n_rows)
+    )
     if not len(starts):
         return out
     rows_per_chunk = max(1, _CHUNK_CELLS // len(starts))
@@ -124,5 +124,9 @@ def whole_level(values: np.ndarray, sigma: float, allowance: float) -> Shift:
         mean = np.where(finite, values, 0.0).sum(axis=1) / count
         z = (mean - allowance) / (sigma / np.sqrt(count))
     n_rows, n_steps = values.shape
-    return Shift(np.zeros(n_rows, dtype=np.int64), np.full(n_rows, n_steps, dtype=np.int64), np.nan_to_num(mean),
-                 np.maximum(np.nan_to_num(z, nan=0.0, neginf=0.0), 0.0))
+    return Shift(
+        np.zeros(n_rows, dtype=np.int64),
+        np.full(n_rows, n_steps, dtype=np.int64),
+        np.nan_to_num(mean),
+        np.maximum(np.nan_to_num(z, nan=0.0, neginf=0.0), 0.0),
+    )

@@ -86,10 +86,13 @@ def measure(records: pd.DataFrame, hosts: Mapping[int, str] | None = None) -> Me
         step_time = step_time.reshape(-1)
     step_time[~np.isfinite(step_time) | (step_time <= 0)] = np.nan
 
-    comm = np.flatnonzero(np.isin(op, COMMUNICATION_OPS) & records["group"].notna().to_numpy()
-                          & records["seq"].notna().to_numpy())
+    comm = np.flatnonzero(
+        np.isin(op, COMMUNICATION_OPS) & records["group"].notna().to_numpy() & records["seq"].notna().to_numpy()
+    )
     group_name = records["group"].astype(str).to_numpy()[comm]
-    instance = pd.factorize(pd.Series(group_name) + "#" + records["seq"].to_numpy()[comm].astype(np.int64).astype(str))[0]
+    instance = pd.factorize(pd.Series(group_name) + "#" + records["seq"].to_numpy()[comm].astype(np.int64).astype(str))[
+        0
+    ]
     members = np.bincount(instance)[instance]
     shortest = pd.Series(duration[comm]).groupby(instance).transform("min").to_numpy()
     excess = np.where(members >= 2, duration[comm] - shortest, 0.0)
@@ -116,13 +119,29 @@ def measure(records: pd.DataFrame, hosts: Mapping[int, str] | None = None) -> Me
     groups = _symmetric_groups(group_name[symmetric & ~p2p], ranks[rank_code[comm]][symmetric & ~p2p])
     members = _members(group_name[symmetric], ranks[rank_code[comm]][symmetric])
     relative, slowest = _compare(busy, groups, ranks, frozenset())
-    transfer = pd.DataFrame({"group": group_name[symmetric], "step": steps[step_code[comm]][symmetric],
-                             "instance": instance[symmetric], "seconds": shortest[symmetric]})
-    transfer = (transfer.drop_duplicates("instance").groupby(["group", "step"], sort=True)["seconds"].sum()
-                .reset_index())
-    return Measured(ranks=ranks, steps=steps, step_time=step_time, busy=busy,
-                    waited=waited.reshape(n_ranks, n_steps), relative=relative, slowest=slowest, transfer=transfer,
-                    groups=groups, members=members, hosts=rank_hosts(records, hosts), markers=bool(markers.any()))
+    transfer = pd.DataFrame(
+        {
+            "group": group_name[symmetric],
+            "step": steps[step_code[comm]][symmetric],
+            "instance": instance[symmetric],
+            "seconds": shortest[symmetric],
+        }
+    )
+    transfer = transfer.drop_duplicates("instance").groupby(["group", "step"], sort=True)["seconds"].sum().reset_index()
+    return Measured(
+        ranks=ranks,
+        steps=steps,
+        step_time=step_time,
+        busy=busy,
+        waited=waited.reshape(n_ranks, n_steps),
+        relative=relative,
+        slowest=slowest,
+        transfer=transfer,
+        groups=groups,
+        members=members,
+        hosts=rank_hosts(records, hosts),
+        markers=bool(markers.any()),
+    )
 
 
 def without(measured: Measured, ranks: frozenset[int]) -> Measured:
@@ -132,8 +151,9 @@ def without(measured: Measured, ranks: frozenset[int]) -> Measured:
     return replace(measured, relative=relative, slowest=slowest)
 
 
-def _compare(busy: np.ndarray, groups: dict[str, tuple[int, ...]], ranks: np.ndarray,
-             excluded: frozenset[int]) -> tuple[np.ndarray, np.ndarray]:
+def _compare(
+    busy: np.ndarray, groups: dict[str, tuple[int, ...]], ranks: np.ndarray, excluded: frozenset[int]
+) -> tuple[np.ndarray, np.ndarray]:
     """Per rank and step: log busy relative to its peers, and whether it was the slowest of them."""
     log_busy = np.log(busy)
     reference = log_busy.copy()
@@ -160,16 +180,20 @@ def _per_cell(cell: np.ndarray, values: np.ndarray, n_cells: int, combine: np.uf
     return out
 
 
-def _asynchronous(records: pd.DataFrame, rows: np.ndarray, rank_code: np.ndarray, start: np.ndarray,
-                  duration: np.ndarray) -> np.ndarray:
+def _asynchronous(
+    records: pd.DataFrame, rows: np.ndarray, rank_code: np.ndarray, start: np.ndarray, duration: np.ndarray
+) -> np.ndarray:
     """Per communication row: whether it ran beside the training thread — the trace's ``async`` column where
     it has one (``trainhealth.comm`` writes it), else whether it overlaps another collective of its rank."""
     if "async" in records.columns:
         flag = records["async"].to_numpy()[rows]
         known = pd.notna(flag)
         if known.all():
-            return np.array([str(v).lower() in ("true", "1") for v in flag], dtype=bool) \
-                if flag.dtype == object else flag.astype(bool)
+            return (
+                np.array([str(v).lower() in ("true", "1") for v in flag], dtype=bool)
+                if flag.dtype == object
+                else flag.astype(bool)
+            )
     return _overlaps(rank_code[rows], start[rows], duration[rows])
 
 
@@ -206,8 +230,9 @@ def _symmetric_groups(names: np.ndarray, member_ranks: np.ndarray) -> dict[str, 
     return found
 
 
-def _relative(log_busy: np.ndarray, reference: np.ndarray, groups: dict[str, tuple[int, ...]],
-              ranks: np.ndarray) -> np.ndarray:
+def _relative(
+    log_busy: np.ndarray, reference: np.ndarray, groups: dict[str, tuple[int, ...]], ranks: np.ndarray
+) -> np.ndarray:
     """log busy minus the median, over the rank's groups, of the other members' median (leave one out) of
     ``reference`` (log busy with the ranks left out of comparisons as NaN)."""
     index = {int(r): i for i, r in enumerate(ranks)}

@@ -49,8 +49,18 @@ class ReplicaCheckResult:
 class ReplicaChecks:
     """Schedules and runs the checks for one rank; ``group`` is the set of ranks holding identical replicas."""
 
-    def __init__(self, torch: Any, model: Any, store: MetricStore, events: EventLog, *,
-                 sdc_interval: int, grad_check_every: int, group: Any = None, timeout_s: float = 60.0) -> None:
+    def __init__(
+        self,
+        torch: Any,
+        model: Any,
+        store: MetricStore,
+        events: EventLog,
+        *,
+        sdc_interval: int,
+        grad_check_every: int,
+        group: Any = None,
+        timeout_s: float = 60.0,
+    ) -> None:
         self._torch = torch
         self._model = model
         self._store = store
@@ -110,14 +120,18 @@ class ReplicaChecks:
         self._store.record_error("sdc", exc)
         if self._grad_norm is not None:
             self._grad_norm.armed = False
-        log.warning("trainhealth: the cross-replica check at step %d failed (%s); the checks are off on this rank "
-                    "from now on", step, self.disabled.splitlines()[0])
+        log.warning(
+            "trainhealth: the cross-replica check at step %d failed (%s); the checks are off on this rank from now on",
+            step,
+            self.disabled.splitlines()[0],
+        )
 
     # --- checks -------------------------------------------------------------------
     def _members(self) -> list[int]:
         dist = self._torch.distributed
-        return dist.get_process_group_ranks(self._group) if self._group is not None else list(
-            range(dist.get_world_size()))
+        return (
+            dist.get_process_group_ranks(self._group) if self._group is not None else list(range(dist.get_world_size()))
+        )
 
     def _check_grad_norm(self, step: int) -> ReplicaCheckResult:
         assert self._grad_norm is not None
@@ -130,8 +144,13 @@ class ReplicaChecks:
         median = others[len(others) // 2] if others else math.nan
         known = mine >= 0  # UNKNOWN: our own measurement failed, which is no finding
         ratio = mine / median if known and others and median > 0 else None
-        return ReplicaCheckResult(GRAD_NORM, step, tuple(members[i] for i in outliers),
-                                  local_grad_norm=mine if known else None, peer_ratio=ratio)
+        return ReplicaCheckResult(
+            GRAD_NORM,
+            step,
+            tuple(members[i] for i in outliers),
+            local_grad_norm=mine if known else None,
+            peer_ratio=ratio,
+        )
 
     def _check_fingerprints(self, step: int) -> ReplicaCheckResult:
         if self._fingerprints is None:
@@ -159,17 +178,29 @@ class ReplicaChecks:
             return
         store.inc(catalog.SDC_MISMATCHES, labels=labels)
         if result.check == FINGERPRINT:
-            shown = ", ".join(result.tensors[:5]) + (f" and {len(result.tensors) - 5} more"
-                                                     if len(result.tensors) > 5 else "")
-            summary = (f"rank {rank}: parameters differ from the other replicas at step {result.step} ({shown}); "
-                       f"silent data corruption suspected")
+            shown = ", ".join(result.tensors[:5]) + (
+                f" and {len(result.tensors) - 5} more" if len(result.tensors) > 5 else ""
+            )
+            summary = (
+                f"rank {rank}: parameters differ from the other replicas at step {result.step} ({shown}); "
+                f"silent data corruption suspected"
+            )
         elif result.local_grad_norm is None or not math.isfinite(result.local_grad_norm):
-            summary = (f"rank {rank}: local gradient norm is not finite at step {result.step} (before the "
-                       f"all-reduce); silent data corruption or a numerical fault on this rank")
+            summary = (
+                f"rank {rank}: local gradient norm is not finite at step {result.step} (before the "
+                f"all-reduce); silent data corruption or a numerical fault on this rank"
+            )
         else:
-            summary = (f"rank {rank}: local gradient norm {result.local_grad_norm:.4g} is "
-                       f"{result.peer_ratio or math.nan:.3g}x the other ranks' median at step {result.step}; "
-                       f"silent data corruption suspected")
-        self._events.emit(Event("sdc_suspect", Severity.CRITICAL, summary,
-                                {"check": result.check, "rank": str(rank), "step": result.step,
-                                 "tensors": ",".join(result.tensors)}))
+            summary = (
+                f"rank {rank}: local gradient norm {result.local_grad_norm:.4g} is "
+                f"{result.peer_ratio or math.nan:.3g}x the other ranks' median at step {result.step}; "
+                f"silent data corruption suspected"
+            )
+        self._events.emit(
+            Event(
+                "sdc_suspect",
+                Severity.CRITICAL,
+                summary,
+                {"check": result.check, "rank": str(rank), "step": result.step, "tensors": ",".join(result.tensors)},
+            )
+        )

@@ -78,8 +78,7 @@ class FingerprintCheck:
         named = [(name.removeprefix("module."), p) for name, p in model.named_parameters()]
         self.names = [name for name, _ in named]
         self._parameters = [p for _, p in named]
-        self.ranks = (dist.get_process_group_ranks(group) if group is not None
-                      else list(range(dist.get_world_size())))
+        self.ranks = dist.get_process_group_ranks(group) if group is not None else list(range(dist.get_world_size()))
 
     def check(self) -> list[Mismatch]:
         """All-gather every replica's fingerprint and vote (a collective: every member must call it)."""

@@ -49,8 +49,11 @@ def compare(norms: Sequence[float], factor: float = 4.0) -> list[int]:
         others.remove(norm)
         if len(others) < 2:
             continue
-        median = others[len(others) // 2] if len(others) % 2 else (others[len(others) // 2 - 1]
-                                                                    + others[len(others) // 2]) / 2
+        median = (
+            others[len(others) // 2]
+            if len(others) % 2
+            else (others[len(others) // 2 - 1] + others[len(others) // 2]) / 2
+        )
         if median > 0 and (norm > factor * median or norm * factor < median):
             out.append(position)
     return out

@@ -33,7 +33,7 @@ from typing import Any
 __all__ = ["CHECKS", "SelftestResult", "available_devices", "run_selftest"]
 
 CHECKS = ("gemm", "reduction", "elementwise", "repeat")
-_EPS32 = 2.0 ** -24  # float32 unit roundoff
+_EPS32 = 2.0**-24  # float32 unit roundoff
 
 
 @dataclass(frozen=True)
@@ -50,8 +50,15 @@ class SelftestResult:
     detail: str = ""
 
     def to_dict(self) -> dict[str, Any]:
-        return {"device": self.device, "check": self.check, "passed": self.passed, "max_error": self.max_error,
-                "tolerance": self.tolerance, "seconds": round(self.seconds, 6), "detail": self.detail}
+        return {
+            "device": self.device,
+            "check": self.check,
+            "passed": self.passed,
+            "max_error": self.max_error,
+            "tolerance": self.tolerance,
+            "seconds": round(self.seconds, 6),
+            "detail": self.detail,
+        }
 
 
 def available_devices() -> list[str]:
@@ -61,8 +68,12 @@ def available_devices() -> list[str]:
     return ["cpu"] + [f"cuda:{index}" for index in range(torch.cuda.device_count())]
 
 
-def run_selftest(devices: Sequence[str] | None = None, size: int = 1024, seed: int = 0,
-                 inject: Callable[[str, str, Any], None] | None = None) -> list[SelftestResult]:
+def run_selftest(
+    devices: Sequence[str] | None = None,
+    size: int = 1024,
+    seed: int = 0,
+    inject: Callable[[str, str, Any], None] | None = None,
+) -> list[SelftestResult]:
     """Every check on every device (default: all), then the cross-device comparison.
 
     ``inject(device, check, result)`` may corrupt a result in place before it is
@@ -91,8 +102,14 @@ def _chain(x: Any) -> Any:
     return (x.exp().log1p() * x.tanh()).sqrt() + x.sin() * 0.5
 
 
-def _run_device(torch: Any, device: str, inputs: dict[str, Any], golden: dict[str, Any], size: int,
-                inject: Callable[[str, str, Any], None] | None) -> list[SelftestResult]:
+def _run_device(
+    torch: Any,
+    device: str,
+    inputs: dict[str, Any],
+    golden: dict[str, Any],
+    size: int,
+    inject: Callable[[str, str, Any], None] | None,
+) -> list[SelftestResult]:
     on = {name: tensor.to(device=device, dtype=torch.float32) for name, tensor in inputs.items()}
     out = []
     first_gemm = None
@@ -113,8 +130,18 @@ def _run_device(torch: Any, device: str, inputs: dict[str, Any], golden: dict[st
         digest = hashlib.sha256(result.cpu().numpy().tobytes()).hexdigest()[:16]
         if check == "repeat":
             identical = first_gemm is not None and torch.equal(first_gemm, result.cpu())
-            out.append(SelftestResult(device, check, identical, 0.0 if identical else float("inf"), 0.0, seconds, digest,
-                                   "" if identical else "a second run of the same GEMM gave different bits"))
+            out.append(
+                SelftestResult(
+                    device,
+                    check,
+                    identical,
+                    0.0 if identical else float("inf"),
+                    0.0,
+                    seconds,
+                    digest,
+                    "" if identical else "a second run of the same GEMM gave different bits",
+                )
+            )
             continue
         if check == "gemm":
             first_gemm = result.cpu()
@@ -129,8 +156,18 @@ def _run_device(torch: Any, device: str, inputs: dict[str, Any], golden: dict[st
             tolerance = 64 * _EPS32
         error = (host - golden[check]).abs().max().item() / max(scale, 1e-300)
         passed = math.isfinite(error) and error <= tolerance
-        out.append(SelftestResult(device, check, passed, error, tolerance, seconds, digest,
-                               "" if passed else f"error {error:.3g} above tolerance {tolerance:.3g}"))
+        out.append(
+            SelftestResult(
+                device,
+                check,
+                passed,
+                error,
+                tolerance,
+                seconds,
+                digest,
+                "" if passed else f"error {error:.3g} above tolerance {tolerance:.3g}",
+            )
+        )
     return out
 
 
@@ -147,9 +184,12 @@ def _compare_devices(results: list[SelftestResult]) -> list[SelftestResult]:
                 continue
             for i in same:
                 if out[i].digest != common:
-                    out[i] = replace(out[i], passed=False,
-                                     detail=(out[i].detail + "; " if out[i].detail else "")
-                                     + f"differs from {count} of {len(same)} {kind} devices")
+                    out[i] = replace(
+                        out[i],
+                        passed=False,
+                        detail=(out[i].detail + "; " if out[i].detail else "")
+                        + f"differs from {count} of {len(same)} {kind} devices",
+                    )
     return out
 
 
@@ -164,7 +204,12 @@ def publish_results(store: Any, events: Any, results: Sequence[SelftestResult]) 
         if math.isfinite(result.max_error):
             store.set(catalog.SELFTEST_ERROR, result.max_error, labels)
         if not result.passed and events is not None:
-            events.emit(Event("selftest_failed", Severity.CRITICAL,
-                              f"self-test {result.check} failed on {result.device}: {result.detail}",
-                              {"device": result.device, "check": result.check}))
+            events.emit(
+                Event(
+                    "selftest_failed",
+                    Severity.CRITICAL,
+                    f"self-test {result.check} failed on {result.device}: {result.detail}",
+                    {"device": result.device, "check": result.check},
+                )
+            )
     store.set(catalog.SELFTEST_TIMESTAMP, time.time())

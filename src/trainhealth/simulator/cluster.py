@@ -80,5 +80,8 @@ class ClusterLayout:
         return f"sim-node-{host:04d}"
 
     def parallelism(self) -> dict[str, int]:
-        return {name: size for name, size in
-                (("dp", self.dp), ("pp", self.pp), ("tp", self.tp), ("cp", self.cp), ("ep", self.ep)) if size > 1}
+        return {
+            name: size
+            for name, size in (("dp", self.dp), ("pp", self.pp), ("tp", self.tp), ("cp", self.cp), ("ep", self.ep))
+            if size > 1
+        }

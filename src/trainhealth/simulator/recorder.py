@@ -42,19 +42,32 @@ class Recorder:
         self._seq[codes] += 1
         return self._seq[codes].copy()
 
-    def add(self, ranks: np.ndarray, step: int, op: str, start: np.ndarray, duration: np.ndarray,
-            group: np.ndarray | None = None, seq: np.ndarray | None = None, nbytes: int = 0,
-            peer: np.ndarray | None = None) -> None:
+    def add(
+        self,
+        ranks: np.ndarray,
+        step: int,
+        op: str,
+        start: np.ndarray,
+        duration: np.ndarray,
+        group: np.ndarray | None = None,
+        seq: np.ndarray | None = None,
+        nbytes: int = 0,
+        peer: np.ndarray | None = None,
+    ) -> None:
         n = ranks.size
-        self.chunks.append((
-            ranks.reshape(-1).astype(np.int32), np.full(n, step, dtype=np.int32), np.full(n, _OP[op], dtype=np.int8),
-            (group.reshape(-1) if group is not None else np.full(n, -1)).astype(np.int32),
-            (seq.reshape(-1) if seq is not None else np.full(n, -1)).astype(np.int64),
-            np.broadcast_to(start, ranks.shape).reshape(-1).astype(np.float64),
-            np.broadcast_to(duration, ranks.shape).reshape(-1).astype(np.float64),
-            np.full(n, nbytes, dtype=np.int64),
-            (peer.reshape(-1) if peer is not None else np.full(n, -1)).astype(np.int32),
-        ))
+        self.chunks.append(
+            (
+                ranks.reshape(-1).astype(np.int32),
+                np.full(n, step, dtype=np.int32),
+                np.full(n, _OP[op], dtype=np.int8),
+                (group.reshape(-1) if group is not None else np.full(n, -1)).astype(np.int32),
+                (seq.reshape(-1) if seq is not None else np.full(n, -1)).astype(np.int64),
+                np.broadcast_to(start, ranks.shape).reshape(-1).astype(np.float64),
+                np.broadcast_to(duration, ranks.shape).reshape(-1).astype(np.float64),
+                np.full(n, nbytes, dtype=np.int64),
+                (peer.reshape(-1) if peer is not None else np.full(n, -1)).astype(np.int32),
+            )
+        )
 
     def frame(self, layout: ClusterLayout) -> pd.DataFrame:
         """Every record as one trace frame, sorted by rank and start (stably); the chunks are released."""
@@ -66,17 +79,21 @@ class Recorder:
         rank, step, op, group, seq, start, duration, nbytes, peer = (column[order] for column in columns)
         del columns, order
         hosts = [layout.host_name(h) for h in range(int(layout.host_of(layout.world - 1)) + 1)]
-        frame = pd.DataFrame({
-            "rank": rank.astype(np.int64), "step": step.astype(np.int64),
-            "op": pd.Categorical.from_codes(op, categories=list(_OPS)),
-            "group": pd.Categorical.from_codes(group, categories=self.groups),
-            "seq": pd.arrays.IntegerArray(np.where(seq >= 0, seq, 0), seq < 0),
-            "start": start, "duration": duration,
-            "bytes": pd.arrays.IntegerArray(nbytes, np.zeros(len(nbytes), dtype=bool)),
-            "host": pd.Categorical.from_codes((rank // layout.gpus_per_host).astype(np.int64), categories=hosts),
-            "gpu": (rank % layout.gpus_per_host).astype(np.int64),
-            "peer": pd.arrays.IntegerArray(np.where(peer >= 0, peer, 0).astype(np.int64), peer < 0),
-        })
+        frame = pd.DataFrame(
+            {
+                "rank": rank.astype(np.int64),
+                "step": step.astype(np.int64),
+                "op": pd.Categorical.from_codes(op, categories=list(_OPS)),
+                "group": pd.Categorical.from_codes(group, categories=self.groups),
+                "seq": pd.arrays.IntegerArray(np.where(seq >= 0, seq, 0), seq < 0),
+                "start": start,
+                "duration": duration,
+                "bytes": pd.arrays.IntegerArray(nbytes, np.zeros(len(nbytes), dtype=bool)),
+                "host": pd.Categorical.from_codes((rank // layout.gpus_per_host).astype(np.int64), categories=hosts),
+                "gpu": (rank % layout.gpus_per_host).astype(np.int64),
+                "peer": pd.arrays.IntegerArray(np.where(peer >= 0, peer, 0).astype(np.int64), peer < 0),
+            }
+        )
         frame["simulated"] = True
         return frame
 
@@ -111,8 +128,9 @@ class GroupNames:
         return found
 
 
-def group_view(values: np.ndarray, axis: str,
-                layout: ClusterLayout) -> tuple[np.ndarray, Callable[[np.ndarray], np.ndarray]]:
+def group_view(
+    values: np.ndarray, axis: str, layout: ClusterLayout
+) -> tuple[np.ndarray, Callable[[np.ndarray], np.ndarray]]:
     """``values`` (dp, cp, tp) rearranged with the group's members on the last axis, and the inverse."""
     dp, cp, tp = values.shape
     if axis == "tp":

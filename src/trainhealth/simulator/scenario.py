@@ -93,8 +93,10 @@ class Scenario:
         if self.steps < 1 or self.microbatches < 1:
             raise ValueError("steps and microbatches must be >= 1")
         for fault in self.faults:
-            limit = {ClusterFaultKind.SWITCH: int(self.layout.leaf_of(self.layout.world - 1)) + 1,
-                     ClusterFaultKind.HOST: int(self.layout.host_of(self.layout.world - 1)) + 1}.get(fault.kind, self.layout.world)
+            limit = {
+                ClusterFaultKind.SWITCH: int(self.layout.leaf_of(self.layout.world - 1)) + 1,
+                ClusterFaultKind.HOST: int(self.layout.host_of(self.layout.world - 1)) + 1,
+            }.get(fault.kind, self.layout.world)
             if not 0 <= fault.target < limit:
                 raise ValueError(f"{fault.kind.value} fault target {fault.target} is outside the cluster")
 
@@ -114,14 +116,31 @@ class Scenario:
             else:
                 ranks = [fault.target]
                 component = f"{fault.kind.value}:rank-{fault.target}"
-            faults.append({**asdict(fault), "kind": fault.kind.value, "ranks": ranks, "component": component,
-                           "host": layout.host_name(int(layout.host_of(ranks[0])))})
+            faults.append(
+                {
+                    **asdict(fault),
+                    "kind": fault.kind.value,
+                    "ranks": ranks,
+                    "component": component,
+                    "host": layout.host_name(int(layout.host_of(ranks[0]))),
+                }
+            )
         if faults:
-            verdict = "compute" if self.faults[0].kind is ClusterFaultKind.GPU else "communication"  # the first is the one to find
+            verdict = (
+                "compute" if self.faults[0].kind is ClusterFaultKind.GPU else "communication"
+            )  # the first is the one to find
         else:
             verdict = "imbalance" if self.control is not Control.NONE else "healthy"
-        truth = {"simulated": True, "verdict": verdict, "control": self.control.value, "faults": faults,
-                 "layout": asdict(layout), "steps": self.steps, "microbatches": self.microbatches, "seed": self.seed}
+        truth = {
+            "simulated": True,
+            "verdict": verdict,
+            "control": self.control.value,
+            "faults": faults,
+            "layout": asdict(layout),
+            "steps": self.steps,
+            "microbatches": self.microbatches,
+            "seed": self.seed,
+        }
         if self.noise is not None:
             truth["noise"] = asdict(self.noise)
         return truth
@@ -131,15 +150,17 @@ def with_fault(scenario: Scenario, fault: InjectedFault) -> Scenario:
     return replace(scenario, faults=scenario.faults + (fault,))
 
 
-def recurrent_fault(kind: ClusterFaultKind, target: int, severity: float,
-                    episodes: Iterable[tuple[int, int]]) -> tuple[InjectedFault, ...]:
+def recurrent_fault(
+    kind: ClusterFaultKind, target: int, severity: float, episodes: Iterable[tuple[int, int]]
+) -> tuple[InjectedFault, ...]:
     """One device slow in separate episodes ``(start_step, end_step)``: a recurrent transient fault.
 
     >>> [(f.start_step, f.end_step) for f in recurrent_fault(ClusterFaultKind.GPU, 5, 1.5, [(40, 43), (10, 14)])]
     [(10, 14), (40, 43)]
     """
-    faults = tuple(InjectedFault(kind, target, severity, start_step=start, end_step=end)
-                   for start, end in sorted(episodes))
+    faults = tuple(
+        InjectedFault(kind, target, severity, start_step=start, end_step=end) for start, end in sorted(episodes)
+    )
     for before, after in pairwise(faults):
         if before.end_step is None or after.start_step <= before.end_step:
             raise ValueError("the episodes of a recurrent fault must be separate (a healthy step between them)")

@@ -103,12 +103,26 @@ def simulate(scenario: Scenario) -> SimulatedTrace:
     if scenario.noise is not None:
         noise = realise_noise(scenario.noise, layout, scenario.steps, scenario.microbatches, scenario.seed)
 
-    def compute(step: int, s: int, kind: str, start: np.ndarray, seqlen: np.ndarray, slow: np.ndarray,
-                extra: np.ndarray | None = None) -> np.ndarray:
+    def compute(
+        step: int,
+        s: int,
+        kind: str,
+        start: np.ndarray,
+        seqlen: np.ndarray,
+        slow: np.ndarray,
+        extra: np.ndarray | None = None,
+    ) -> np.ndarray:
         ranks = ranks_of[s]
         work = base[s] * (timing.backward_factor if kind == "backward" else 1.0)
         drift = 1.0 + timing.drift * step / max(1, scenario.steps - 1)
-        duration = work * speed[ranks] * slow[ranks] * drift * seqlen[:, None, None] * np.exp(rng.normal(0, timing.jitter, ranks.shape))
+        duration = (
+            work
+            * speed[ranks]
+            * slow[ranks]
+            * drift
+            * seqlen[:, None, None]
+            * np.exp(rng.normal(0, timing.jitter, ranks.shape))
+        )
         gc = rng.random(ranks.shape) < timing.gc_rate
         duration = duration + gc * rng.uniform(*timing.gc_pause, ranks.shape)
         if extra is not None:
@@ -116,8 +130,9 @@ def simulate(scenario: Scenario) -> SimulatedTrace:
         recorder.add(ranks, step, kind, start, duration)
         return start + duration
 
-    def collective(step: int, s: int, op: str, axis: str, arrival: np.ndarray, seconds: float, path: np.ndarray,
-                   nbytes: int) -> np.ndarray:
+    def collective(
+        step: int, s: int, op: str, axis: str, arrival: np.ndarray, seconds: float, path: np.ndarray, nbytes: int
+    ) -> np.ndarray:
         ranks = ranks_of[s]
         grouped, ungroup = group_view(arrival, axis, layout)
         factor, _ = group_view(path[ranks], axis, layout)
@@ -172,14 +187,29 @@ def simulate(scenario: Scenario) -> SimulatedTrace:
                         break
                     start = free[s]
                     if needs_peer:
-                        start = _transfer(recorder, names, layout, step, source[0], s, done[source], start, ranks_of,
-                                          hosts, path, timing, rng)
+                        start = _transfer(
+                            recorder,
+                            names,
+                            layout,
+                            step,
+                            source[0],
+                            s,
+                            done[source],
+                            start,
+                            ranks_of,
+                            hosts,
+                            path,
+                            timing,
+                            rng,
+                        )
                     pass_kind = "forward" if kind == "F" else "backward"
                     first_pass = kind == "F" and m == 0  # a stall holds up the step's first pass
                     end = compute(step, s, pass_kind, start, seqlen[m], passes_slow, stalled if first_pass else None)
-                    for axis, op, seconds in (("tp", "all_reduce", timing.tp_all_reduce),
-                                              ("cp", "all_gather", timing.cp_all_gather),
-                                              ("ep", "all_to_all", timing.ep_all_to_all)):
+                    for axis, op, seconds in (
+                        ("tp", "all_reduce", timing.tp_all_reduce),
+                        ("cp", "all_gather", timing.cp_all_gather),
+                        ("ep", "all_to_all", timing.ep_all_to_all),
+                    ):
                         if getattr(layout, axis) > 1:
                             end = collective(step, s, op, axis, end, seconds, path, nbytes=1 << 24)
                     (forward_done if kind == "F" else backward_done)[(s, m)] = end
@@ -192,7 +222,12 @@ def simulate(scenario: Scenario) -> SimulatedTrace:
             end = free[s]
             if layout.dp > 1:
                 end = collective(step, s, "all_reduce", "dp", end, timing.dp_all_reduce, path, nbytes=1 << 28)
-            opt = timing.optimizer * speed[ranks_of[s]] * slow[ranks_of[s]] * np.exp(rng.normal(0, timing.jitter, end.shape))
+            opt = (
+                timing.optimizer
+                * speed[ranks_of[s]]
+                * slow[ranks_of[s]]
+                * np.exp(rng.normal(0, timing.jitter, end.shape))
+            )
             recorder.add(ranks_of[s], step, "optimizer", end, opt)
             free[s] = end + opt
     records = recorder.frame(layout)
@@ -211,9 +246,21 @@ def simulate(scenario: Scenario) -> SimulatedTrace:
     return SimulatedTrace(records, topology, truth, noise.hiccups)
 
 
-def _transfer(recorder: Recorder, names: GroupNames, layout: ClusterLayout, step: int, source: int, target: int,
-              ready: np.ndarray, posted: np.ndarray, ranks_of: list[np.ndarray], hosts: np.ndarray,
-              path: np.ndarray, timing: Timing, rng: np.random.Generator) -> np.ndarray:
+def _transfer(
+    recorder: Recorder,
+    names: GroupNames,
+    layout: ClusterLayout,
+    step: int,
+    source: int,
+    target: int,
+    ready: np.ndarray,
+    posted: np.ndarray,
+    ranks_of: list[np.ndarray],
+    hosts: np.ndarray,
+    path: np.ndarray,
+    timing: Timing,
+    rng: np.random.Generator,
+) -> np.ndarray:
     """Send from stage ``source`` to ``target``: it ends when both sides are there plus the transfer."""
     senders, receivers = ranks_of[source], ranks_of[target]
     inter = hosts[senders] != hosts[receivers]

@@ -39,7 +39,10 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from opentelemetry._logs import SeverityNumber
 from opentelemetry.metrics import CallbackOptions, Observation
+from opentelemetry.sdk._logs import LoggerProvider
+from opentelemetry.sdk._logs.export import BatchLogRecordProcessor, LogRecordExporter
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import (
     MetricExporter,
@@ -48,9 +51,6 @@ from opentelemetry.sdk.metrics.export import (
     MetricsData,
     PeriodicExportingMetricReader,
 )
-from opentelemetry._logs import SeverityNumber
-from opentelemetry.sdk._logs import LoggerProvider
-from opentelemetry.sdk._logs.export import BatchLogRecordProcessor, LogRecordExporter
 from opentelemetry.sdk.metrics.view import ExplicitBucketHistogramAggregation, View
 from opentelemetry.sdk.resources import Resource
 
@@ -67,8 +67,11 @@ log = logging.getLogger(__name__)
 DEFAULT_SERVICE_NAME = "trainhealth"
 #: Seconds :meth:`OtelExporter.shutdown` waits for the last export (the ``otel_close_timeout`` setting's default).
 DEFAULT_CLOSE_TIMEOUT_S = 1.5
-_SEVERITY = {Severity.INFO: SeverityNumber.INFO, Severity.WARNING: SeverityNumber.WARN,
-             Severity.CRITICAL: SeverityNumber.ERROR}
+_SEVERITY = {
+    Severity.INFO: SeverityNumber.INFO,
+    Severity.WARNING: SeverityNumber.WARN,
+    Severity.CRITICAL: SeverityNumber.ERROR,
+}
 
 
 class _CountingExporter(MetricExporter):
@@ -197,7 +200,9 @@ class OtelExporter:
             if instrument is OtelInstrument.HISTOGRAM:
                 for spec in specs:
                     self._histograms[spec] = meter.create_histogram(
-                        name, unit=spec.otel_unit, description=spec.otel_description,
+                        name,
+                        unit=spec.otel_unit,
+                        description=spec.otel_description,
                         explicit_bucket_boundaries_advisory=list(spec.buckets),
                     )
                 continue
@@ -206,8 +211,12 @@ class OtelExporter:
                 OtelInstrument.COUNTER: meter.create_observable_counter,
                 OtelInstrument.UP_DOWN_COUNTER: meter.create_observable_up_down_counter,
             }[instrument]
-            create(name, callbacks=[self._callback(spec) for spec in specs], unit=first.otel_unit,
-                   description=first.otel_description)
+            create(
+                name,
+                callbacks=[self._callback(spec) for spec in specs],
+                unit=first.otel_unit,
+                description=first.otel_description,
+            )
         store.add_observer(self._record_observation)
         atexit.register(self.shutdown)
 
@@ -230,8 +239,11 @@ class OtelExporter:
         """An event as an OpenTelemetry log record named ``trainhealth.<event name>`` (the Events API is gone)."""
         try:
             self._logger.emit(
-                timestamp=int(event.time * 1e9), body=event.summary, attributes=dict(event.attributes),
-                event_name=f"trainhealth.{event.name}", severity_number=_SEVERITY[event.severity],
+                timestamp=int(event.time * 1e9),
+                body=event.summary,
+                attributes=dict(event.attributes),
+                event_name=f"trainhealth.{event.name}",
+                severity_number=_SEVERITY[event.severity],
                 severity_text=event.severity.value.upper(),
             )
         except Exception as exc:
@@ -261,8 +273,9 @@ class OtelExporter:
         for name, provider in (("metrics", self._provider), ("events", self._logs)):
             if provider is None:
                 continue
-            thread = threading.Thread(target=self._shutdown_provider, args=(provider,),
-                                      name=f"trainhealth-otel-close-{name}", daemon=True)
+            thread = threading.Thread(
+                target=self._shutdown_provider, args=(provider,), name=f"trainhealth-otel-close-{name}", daemon=True
+            )
             thread.start()
             closing.append((name, thread))
         late = set()
@@ -275,8 +288,11 @@ class OtelExporter:
             late.add("metrics")
         for name in sorted(late):
             self._store.record_error("otel")
-            log.warning("trainhealth: the OTLP endpoint did not take the last %s export within %g s; dropped",
-                        name, self._close_timeout_s)
+            log.warning(
+                "trainhealth: the OTLP endpoint did not take the last %s export within %g s; dropped",
+                name,
+                self._close_timeout_s,
+            )
 
     def _shutdown_provider(self, provider: MeterProvider | LoggerProvider) -> None:
         try:

@@ -103,8 +103,9 @@ def _to_metric(family: Family, identity_values: list[str]) -> Metric:
         if isinstance(value, HistogramValue):
             bounds = [floatToGoString(b) for b in spec.buckets] + ["+Inf"]
             # a histogram's samples are HistogramValues, a gauge's or a counter's are floats
-            cast(HistogramMetricFamily, metric).add_metric(label_values, list(zip(bounds, value.cumulative())),
-                                                           value.sum)
+            cast(HistogramMetricFamily, metric).add_metric(
+                label_values, list(zip(bounds, value.cumulative())), value.sum
+            )
         else:
             cast("GaugeMetricFamily | CounterMetricFamily", metric).add_metric(label_values, value)
     return metric
@@ -149,19 +150,23 @@ class TLSFiles:
         try:  # the certificates alone first, so a bad key is told apart from a bad certificate
             ssl.create_default_context().load_verify_locations(cafile=self.certfile)
         except ssl.SSLError as exc:
-            raise TLSError("certfile", f"{self.certfile} holds no usable PEM certificate ({exc.reason or exc})") from None
+            raise TLSError(
+                "certfile", f"{self.certfile} holds no usable PEM certificate ({exc.reason or exc})"
+            ) from None
         try:
             context.load_cert_chain(self.certfile, self.keyfile, password=_no_password)
         except (ssl.SSLError, TLSError) as exc:
             reason = exc.problem if isinstance(exc, TLSError) else exc.reason or str(exc)
-            raise TLSError("keyfile", f"{self.keyfile} is not a usable private key for {self.certfile} "
-                                      f"({reason})") from None
+            raise TLSError(
+                "keyfile", f"{self.keyfile} is not a usable private key for {self.certfile} ({reason})"
+            ) from None
         if self.client_cafile:
             try:
                 context.load_verify_locations(cafile=self.client_cafile)
             except ssl.SSLError as exc:
-                raise TLSError("client_cafile", f"{self.client_cafile} holds no usable PEM CA certificate "
-                                                f"({exc.reason or exc})") from None
+                raise TLSError(
+                    "client_cafile", f"{self.client_cafile} holds no usable PEM CA certificate ({exc.reason or exc})"
+                ) from None
             context.verify_mode = ssl.CERT_REQUIRED
         return context
 
@@ -198,10 +203,13 @@ def _require_basic_auth(app: WSGIApp, auth: BasicAuth) -> WSGIApp:
     def authenticated(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
         if auth.accepts(environ.get("HTTP_AUTHORIZATION", "")):
             return app(environ, start_response)
-        start_response("401 Unauthorized", [
-            ("WWW-Authenticate", 'Basic realm="trainhealth", charset="UTF-8"'),
-            ("Content-Type", "text/plain; charset=utf-8"),
-        ])
+        start_response(
+            "401 Unauthorized",
+            [
+                ("WWW-Authenticate", 'Basic realm="trainhealth", charset="UTF-8"'),
+                ("Content-Type", "text/plain; charset=utf-8"),
+            ],
+        )
         return [b"authentication required\n"]
 
     return authenticated
@@ -299,8 +307,9 @@ class MetricsServer:
             app = _require_basic_auth(app, basic_auth)
             if tls is None:
                 log.warning("trainhealth: basic auth without TLS sends the password in clear text")
-        self._server = BoundedHTTPServer(app, _listen(addr, port), tls=context, limits=limits,
-                                         name="trainhealth-metrics")
+        self._server = BoundedHTTPServer(
+            app, _listen(addr, port), tls=context, limits=limits, name="trainhealth-metrics"
+        )
 
     @property
     def port(self) -> int:

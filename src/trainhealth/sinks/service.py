@@ -18,8 +18,8 @@ from trainhealth import catalog
 from trainhealth._version import __version__
 from trainhealth.config import ConfigError, Settings
 from trainhealth.events import EventLog
-from trainhealth.sinks.prometheus import BasicAuth, MetricsServer, StoreCollector, TLSError, TLSFiles
 from trainhealth.identity import Identity
+from trainhealth.sinks.prometheus import BasicAuth, MetricsServer, StoreCollector, TLSError, TLSFiles
 from trainhealth.store import MetricStore
 
 if TYPE_CHECKING:  # imported where used: the OTel SDK is slow to import
@@ -79,8 +79,9 @@ class Sinks:
                 auth = BasicAuth(endpoint.basic_auth_username, password)
             port = endpoint.metrics_port(identity.local_rank)
             try:
-                server = MetricsServer(registry, addr=endpoint.addr, port=port, tls=tls, basic_auth=auth,
-                                       version=lambda: store.version)
+                server = MetricsServer(
+                    registry, addr=endpoint.addr, port=port, tls=tls, basic_auth=auth, version=lambda: store.version
+                )
             except TLSError as exc:
                 raise ConfigError(f"tls_{exc.field}", exc.problem) from None
             except OSError as exc:

@@ -77,8 +77,15 @@ class BoundedHTTPServer:
     With ``tls``, every connection is wrapped in it (client certificates as the context requires).
     """
 
-    def __init__(self, app: WSGIApp, listener: socket.socket, *, tls: ssl.SSLContext | None = None,
-                 limits: ServingLimits | None = None, name: str = "trainhealth-http") -> None:
+    def __init__(
+        self,
+        app: WSGIApp,
+        listener: socket.socket,
+        *,
+        tls: ssl.SSLContext | None = None,
+        limits: ServingLimits | None = None,
+        name: str = "trainhealth-http",
+    ) -> None:
         self.app = app
         self.tls = tls
         self.limits = limits or ServingLimits()
@@ -102,8 +109,9 @@ class BoundedHTTPServer:
             raise
 
     async def _start(self, listener: socket.socket) -> asyncio.AbstractServer:
-        return await self._loop.create_server(lambda: _Connection(self), sock=listener,
-                                              backlog=min(self.limits.max_connections, 1024))
+        return await self._loop.create_server(
+            lambda: _Connection(self), sock=listener, backlog=min(self.limits.max_connections, 1024)
+        )
 
     @property
     def open_connections(self) -> int:
@@ -191,8 +199,12 @@ class _Connection(asyncio.Protocol):
     async def _start_tls(self, transport: Any) -> None:
         try:
             self._transport = await self._loop.start_tls(
-                transport, self, self._server.tls, server_side=True,  # type: ignore[arg-type]  # set by the caller
-                ssl_handshake_timeout=self._server.limits.request_timeout_s)
+                transport,
+                self,
+                self._server.tls,  # type: ignore[arg-type]  # set by the caller
+                server_side=True,
+                ssl_handshake_timeout=self._server.limits.request_timeout_s,
+            )
         except (Exception, asyncio.CancelledError) as exc:  # refused certificate, timeout, reset, close
             log.debug("metrics server: TLS handshake failed: %r", exc)
             transport.abort()
@@ -239,11 +251,21 @@ class _Connection(asyncio.Protocol):
         host, port = self._server.address[:2]
         peer = self._transport.get_extra_info("peername") or ("", 0)
         environ: dict[str, Any] = {
-            "REQUEST_METHOD": method, "SCRIPT_NAME": "", "PATH_INFO": urllib.parse.unquote(path, "iso-8859-1"),
-            "QUERY_STRING": query, "SERVER_NAME": str(host), "SERVER_PORT": str(port),
-            "SERVER_PROTOCOL": f"HTTP/{version}", "REMOTE_ADDR": str(peer[0]),
-            "wsgi.version": (1, 0), "wsgi.url_scheme": self._server.scheme, "wsgi.input": io.BytesIO(),
-            "wsgi.errors": sys.stderr, "wsgi.multithread": True, "wsgi.multiprocess": False, "wsgi.run_once": False,
+            "REQUEST_METHOD": method,
+            "SCRIPT_NAME": "",
+            "PATH_INFO": urllib.parse.unquote(path, "iso-8859-1"),
+            "QUERY_STRING": query,
+            "SERVER_NAME": str(host),
+            "SERVER_PORT": str(port),
+            "SERVER_PROTOCOL": f"HTTP/{version}",
+            "REMOTE_ADDR": str(peer[0]),
+            "wsgi.version": (1, 0),
+            "wsgi.url_scheme": self._server.scheme,
+            "wsgi.input": io.BytesIO(),
+            "wsgi.errors": sys.stderr,
+            "wsgi.multithread": True,
+            "wsgi.multiprocess": False,
+            "wsgi.run_once": False,
         }
         for line in lines[1:]:
             name, colon, value = line.partition(":")
@@ -270,8 +292,10 @@ class _Connection(asyncio.Protocol):
     def _reply_now(self, status: bytes) -> None:
         self._reading = False
         body = status[4:] + b"\n"
-        self._write_and_close(b"HTTP/1.1 " + status + b"\r\nContent-Type: text/plain; charset=utf-8\r\n"
-                              b"Content-Length: " + str(len(body)).encode() + b"\r\nConnection: close\r\n\r\n" + body)
+        self._write_and_close(
+            b"HTTP/1.1 " + status + b"\r\nContent-Type: text/plain; charset=utf-8\r\n"
+            b"Content-Length: " + str(len(body)).encode() + b"\r\nConnection: close\r\n\r\n" + body
+        )
 
     def _write_and_close(self, response: bytes) -> None:
         if self._deadline is not None:
@@ -319,8 +343,11 @@ def _render(app: WSGIApp, environ: dict[str, Any]) -> bytes:
         status, headers = captured["status"], list(captured["headers"])
     except Exception:
         log.debug("metrics server: the application failed", exc_info=True)
-        status, headers, chunks = "500 Internal Server Error", [("Content-Type", "text/plain; charset=utf-8")], [
-            b"internal error\n"]
+        status, headers, chunks = (
+            "500 Internal Server Error",
+            [("Content-Type", "text/plain; charset=utf-8")],
+            [b"internal error\n"],
+        )
     body = b"".join(chunks)
     version = "HTTP/1.0" if environ.get("SERVER_PROTOCOL") == "HTTP/1.0" else "HTTP/1.1"
     names = {name.lower() for name, _ in headers}

@@ -89,9 +89,11 @@ def find_binary(name: str) -> str:
         path = shutil.which(candidate)
         if path:
             return path
-    raise UsageError(f"{name} not found on PATH (looked for {', '.join(BINARIES[name])}): install it "
-                     f"(Debian/Ubuntu: apt-get install {BINARIES[name][-1]}; or prometheus.io/download), "
-                     f"or use docker compose up")
+    raise UsageError(
+        f"{name} not found on PATH (looked for {', '.join(BINARIES[name])}): install it "
+        f"(Debian/Ubuntu: apt-get install {BINARIES[name][-1]}; or prometheus.io/download), "
+        f"or use docker compose up"
+    )
 
 
 def check_directory(directory: Path) -> None:
@@ -100,10 +102,11 @@ def check_directory(directory: Path) -> None:
     marker = directory / MARKER
     ours = marker.is_file() and not marker.is_symlink()
     if directory.is_dir() and not ours and any(directory.iterdir()):
-        raise UsageError(f"--dir {directory}: holds files that trainhealth stack up did not write; give a new or "
-                         f"empty directory (nothing there is overwritten)")
-    check_output_files(directory, (*WRITTEN, STATE, MARKER, *(f"{name}.log" for name in BINARIES), "demo.log"),
-                       "--dir")
+        raise UsageError(
+            f"--dir {directory}: holds files that trainhealth stack up did not write; give a new or "
+            f"empty directory (nothing there is overwritten)"
+        )
+    check_output_files(directory, (*WRITTEN, STATE, MARKER, *(f"{name}.log" for name in BINARIES), "demo.log"), "--dir")
 
 
 def _duration(seconds: float) -> str:
@@ -121,14 +124,22 @@ def write_configs(options: StackOptions) -> dict[str, Path]:
         "rule_files": ["trainhealth.rules.yml"],
         "alerting": {"alertmanagers": [{"static_configs": [{"targets": [f"127.0.0.1:{options.alertmanager_port}"]}]}]},
         "scrape_configs": [
-            {"job_name": "trainhealth-ranks", "honor_labels": True, "static_configs": [
-                {"targets": [f"127.0.0.1:{options.port_base + r}" for r in range(options.ranks)]}]},
-            {"job_name": "trainhealth-analyzer", "honor_labels": True, "static_configs": [
-                {"targets": [f"127.0.0.1:{options.analyzer_port}"]}]},
+            {
+                "job_name": "trainhealth-ranks",
+                "honor_labels": True,
+                "static_configs": [{"targets": [f"127.0.0.1:{options.port_base + r}" for r in range(options.ranks)]}],
+            },
+            {
+                "job_name": "trainhealth-analyzer",
+                "honor_labels": True,
+                "static_configs": [{"targets": [f"127.0.0.1:{options.analyzer_port}"]}],
+            },
         ],
     }
     paths = {key: directory / name for key, name in zip(("prometheus", "rules", "alertmanager"), WRITTEN)}
-    write_text(paths["prometheus"], "# Written by trainhealth stack up.\n" + yaml.safe_dump(prometheus, sort_keys=False))
+    write_text(
+        paths["prometheus"], "# Written by trainhealth stack up.\n" + yaml.safe_dump(prometheus, sort_keys=False)
+    )
     write_text(paths["rules"], rule_file_yaml(max_for_s=options.max_for_s))
     template = resources.files("trainhealth.stack").joinpath("alertmanager.yml").read_text(encoding="utf-8")
     write_text(paths["alertmanager"], template.replace("127.0.0.1:9096", f"127.0.0.1:{options.webhook_port}"))
@@ -156,19 +167,53 @@ def stack_up(options: StackOptions) -> list[Started]:
     write_text(directory / MARKER, "A state directory of trainhealth stack up.\n")
     paths = write_configs(options)
     commands = [
-        ("prometheus", [prometheus, f"--config.file={paths['prometheus']}",
-                        f"--storage.tsdb.path={directory / 'prometheus-data'}",
-                        f"--web.listen-address=127.0.0.1:{options.prometheus_port}"]),
-        ("alertmanager", [alertmanager, f"--config.file={paths['alertmanager']}",
-                          f"--storage.path={directory / 'alertmanager-data'}",
-                          f"--web.listen-address=127.0.0.1:{options.alertmanager_port}", "--cluster.listen-address="]),
+        (
+            "prometheus",
+            [
+                prometheus,
+                f"--config.file={paths['prometheus']}",
+                f"--storage.tsdb.path={directory / 'prometheus-data'}",
+                f"--web.listen-address=127.0.0.1:{options.prometheus_port}",
+            ],
+        ),
+        (
+            "alertmanager",
+            [
+                alertmanager,
+                f"--config.file={paths['alertmanager']}",
+                f"--storage.path={directory / 'alertmanager-data'}",
+                f"--web.listen-address=127.0.0.1:{options.alertmanager_port}",
+                "--cluster.listen-address=",
+            ],
+        ),
     ]
     if options.demo:
-        commands.append(("demo", [sys.executable, "-m", "trainhealth.cli", "demo", "--addr", "127.0.0.1",
-                                  "--duration", f"{options.demo_duration_s:g}", "--ranks", str(options.ranks),
-                                  "--port-base", str(options.port_base), "--analyzer-port", str(options.analyzer_port),
-                                  "--webhook-port", str(options.webhook_port), "--out", str(demo_directory(directory)),
-                                  *options.demo_args]))
+        commands.append(
+            (
+                "demo",
+                [
+                    sys.executable,
+                    "-m",
+                    "trainhealth.cli",
+                    "demo",
+                    "--addr",
+                    "127.0.0.1",
+                    "--duration",
+                    f"{options.demo_duration_s:g}",
+                    "--ranks",
+                    str(options.ranks),
+                    "--port-base",
+                    str(options.port_base),
+                    "--analyzer-port",
+                    str(options.analyzer_port),
+                    "--webhook-port",
+                    str(options.webhook_port),
+                    "--out",
+                    str(demo_directory(directory)),
+                    *options.demo_args,
+                ],
+            )
+        )
     started: list[Started] = []
     try:
         for name, command in commands:
@@ -177,8 +222,14 @@ def stack_up(options: StackOptions) -> list[Started]:
             flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
             handle = os.open(log, flags, 0o644)
             try:
-                process = subprocess.Popen(command, stdout=handle, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                           start_new_session=True, env={**os.environ, TOKEN_VARIABLE: token})
+                process = subprocess.Popen(
+                    command,
+                    stdout=handle,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    start_new_session=True,
+                    env={**os.environ, TOKEN_VARIABLE: token},
+                )
             finally:
                 os.close(handle)
             started.append(Started(name, process.pid, _start_time(process.pid), command, str(log), token))
@@ -224,11 +275,14 @@ def _verified(entry: Started, state: Path) -> bool:
         return False  # gone; the pid may be someone else's now
     where = f"{state}: {entry.name} (pid {entry.pid})"
     if _command_line(entry.pid) != entry.command:
-        raise UsageError(f"{where}: the process with that pid and start time runs another command line; "
-                         f"nothing was signalled")
+        raise UsageError(
+            f"{where}: the process with that pid and start time runs another command line; nothing was signalled"
+        )
     if _environment(entry.pid).get(TOKEN_VARIABLE) != entry.token:
-        raise UsageError(f"{where}: the process with that pid was not started by trainhealth stack up "
-                         f"(its token differs); nothing was signalled")
+        raise UsageError(
+            f"{where}: the process with that pid was not started by trainhealth stack up "
+            f"(its token differs); nothing was signalled"
+        )
     return True
 
 
@@ -238,7 +292,7 @@ def _start_time(pid: int) -> str:
         return ""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text(errors="replace")
-        fields = stat[stat.rindex(")") + 2:].split()
+        fields = stat[stat.rindex(")") + 2 :].split()
         return "" if fields[0] in ("Z", "X") else fields[19]
     except (OSError, ValueError, IndexError):
         return ""
@@ -325,9 +379,13 @@ def _entry(item: Any, where: str) -> Started:
     unknown = sorted(str(key) for key in item if key not in fields)
     missing = sorted(fields - set(item))
     if unknown or missing:
-        raise UsageError(f"{where}: " + "; ".join(
-            ([f"unknown field(s) {', '.join(unknown)}"] if unknown else [])
-            + ([f"missing field(s) {', '.join(missing)}"] if missing else [])))
+        raise UsageError(
+            f"{where}: "
+            + "; ".join(
+                ([f"unknown field(s) {', '.join(unknown)}"] if unknown else [])
+                + ([f"missing field(s) {', '.join(missing)}"] if missing else [])
+            )
+        )
     pid, highest = item["pid"], _pid_max()
     if isinstance(pid, bool) or not isinstance(pid, int) or not 1 < pid <= highest:
         raise UsageError(f"{where}: pid must be an integer from 2 to {highest}, got {pid!r}")

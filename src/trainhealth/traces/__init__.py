@@ -21,8 +21,17 @@ __all__ = [
     "write_trace",
 ]
 
-_HOME = {"COMMUNICATION_OPS": "ops", "COMPUTATION_OPS": "ops", "OPS": "ops", "TraceError": "ops",
-         "validate": "format", "Trace": "io", "read_trace": "io", "read_trace_file": "io", "write_trace": "io",
-         "Topology": "topology"}
+_HOME = {
+    "COMMUNICATION_OPS": "ops",
+    "COMPUTATION_OPS": "ops",
+    "OPS": "ops",
+    "TraceError": "ops",
+    "validate": "format",
+    "Trace": "io",
+    "read_trace": "io",
+    "read_trace_file": "io",
+    "write_trace": "io",
+    "Topology": "topology",
+}
 
 __getattr__ = lazy_attributes(__name__, {name: f"{__name__}.{home}" for name, home in _HOME.items()}, "analysis")

@@ -35,11 +35,14 @@ def detect_kind(path: Path) -> str:
     return "v1"
 
 
-def load_any(paths: Sequence[str | os.PathLike[str]], kind: str = "auto",
-             topology: str | os.PathLike[str] | None = None) -> tuple[Trace, list[str]]:
+def load_any(
+    paths: Sequence[str | os.PathLike[str]], kind: str = "auto", topology: str | os.PathLike[str] | None = None
+) -> tuple[Trace, list[str]]:
     """All inputs as one v1 trace, with notes for the user (skipped entries and the like)."""
     if kind not in INPUT_KINDS:
-        raise TraceError(", ".join(map(str, paths)), f"unknown input kind {kind!r}; expected one of {', '.join(INPUT_KINDS)}")
+        raise TraceError(
+            ", ".join(map(str, paths)), f"unknown input kind {kind!r}; expected one of {', '.join(INPUT_KINDS)}"
+        )
     by_kind: dict[str, list[Path]] = {}
     for path in map(Path, paths):
         if kind_of(path) is None:
@@ -52,12 +55,17 @@ def load_any(paths: Sequence[str | os.PathLike[str]], kind: str = "auto",
             for file in files:
                 found_dumps = _flight_recorder_files(file) if file.is_dir() else [file]
                 if not found_dumps:
-                    raise TraceError(str(file), "no Flight Recorder dumps in this directory (one file per rank, "
-                                                "named with the rank at its end: rank_3)")
+                    raise TraceError(
+                        str(file),
+                        "no Flight Recorder dumps in this directory (one file per rank, "
+                        "named with the rank at its end: rank_3)",
+                    )
                 dumps += found_dumps
             trace, skipped = import_flight_recorder(dumps)
-            notes += [f"skipped {count} Flight Recorder entr{'y' if count == 1 else 'ies'} of unrecognised operation {name!r}"
-                      for name, count in sorted(skipped.items())]
+            notes += [
+                f"skipped {count} Flight Recorder entr{'y' if count == 1 else 'ies'} of unrecognised operation {name!r}"
+                for name, count in sorted(skipped.items())
+            ]
         elif found == "straggler-analysis":
             imported = [import_straggler_analysis(file) for file in files]
             trace = imported[0] if len(imported) == 1 else _merge(imported)

@@ -23,8 +23,13 @@ from trainhealth.traces.ops import TraceError
 
 __all__ = ["kind_of", "read_bytes", "regular_file"]
 
-_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a named pipe"), (stat.S_ISSOCK, "a socket"),
-          (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))
+_KINDS = (
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISFIFO, "a named pipe"),
+    (stat.S_ISSOCK, "a socket"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+)
 
 
 def _problem(exc: OSError) -> str:
@@ -61,8 +66,9 @@ def regular_file(path: Path, *, max_bytes: int | None = None) -> int:
         kind = next((name for test, name in _KINDS if test(found.st_mode)), "not a file")
         raise TraceError(str(path), f"not a regular file ({kind})")
     if max_bytes is not None and found.st_size > max_bytes:
-        raise TraceError(str(path), f"{found.st_size} bytes: larger than the {max_bytes >> 20} MiB such a file "
-                                    "may have")
+        raise TraceError(
+            str(path), f"{found.st_size} bytes: larger than the {max_bytes >> 20} MiB such a file may have"
+        )
     return found.st_size
 
 

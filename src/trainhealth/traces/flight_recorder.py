@@ -46,20 +46,46 @@ from trainhealth.traces.topology import Topology
 __all__ = ["import_flight_recorder", "looks_like_flight_recorder"]
 
 _OPS = {
-    "all_reduce": "all_reduce", "allreduce": "all_reduce", "allreduce_coalesced": "all_reduce",
+    "all_reduce": "all_reduce",
+    "allreduce": "all_reduce",
+    "allreduce_coalesced": "all_reduce",
     "all_reduce_coalesced": "all_reduce",
-    "all_gather": "all_gather", "allgather": "all_gather", "_allgather_base": "all_gather",
-    "all_gather_into_tensor": "all_gather", "all_gather_into_tensor_coalesced": "all_gather",
+    "all_gather": "all_gather",
+    "allgather": "all_gather",
+    "_allgather_base": "all_gather",
+    "all_gather_into_tensor": "all_gather",
+    "all_gather_into_tensor_coalesced": "all_gather",
     "allgather_into_tensor_coalesced": "all_gather",
-    "reduce_scatter": "reduce_scatter", "_reduce_scatter_base": "reduce_scatter",
-    "reduce_scatter_tensor": "reduce_scatter", "reduce_scatter_tensor_coalesced": "reduce_scatter",
-    "all_to_all": "all_to_all", "alltoall": "all_to_all", "alltoall_base": "all_to_all",
+    "reduce_scatter": "reduce_scatter",
+    "_reduce_scatter_base": "reduce_scatter",
+    "reduce_scatter_tensor": "reduce_scatter",
+    "reduce_scatter_tensor_coalesced": "reduce_scatter",
+    "all_to_all": "all_to_all",
+    "alltoall": "all_to_all",
+    "alltoall_base": "all_to_all",
     "all_to_all_single": "all_to_all",
-    "broadcast": "broadcast", "reduce": "reduce", "barrier": "barrier",
-    "send": "send", "recv": "recv",
+    "broadcast": "broadcast",
+    "reduce": "reduce",
+    "barrier": "barrier",
+    "send": "send",
+    "recv": "recv",
 }
-_DTYPE_BYTES = {"Float": 4, "Double": 8, "Half": 2, "BFloat16": 2, "Long": 8, "Int": 4, "Short": 2, "Char": 1,
-                "Byte": 1, "Bool": 1, "Float8_e4m3fn": 1, "Float8_e5m2": 1, "ComplexFloat": 8, "ComplexDouble": 16}
+_DTYPE_BYTES = {
+    "Float": 4,
+    "Double": 8,
+    "Half": 2,
+    "BFloat16": 2,
+    "Long": 8,
+    "Int": 4,
+    "Short": 2,
+    "Char": 1,
+    "Byte": 1,
+    "Bool": 1,
+    "Float8_e4m3fn": 1,
+    "Float8_e5m2": 1,
+    "ComplexFloat": 8,
+    "ComplexDouble": 16,
+}
 _PEER = re.compile(r"(\d+)\s*(?:->|<-)\s*(\d+)")
 
 
@@ -93,8 +119,9 @@ def _rank_of(path: Path) -> int:
     if match is None:
         raise TraceError(str(path), "cannot tell the rank: Flight Recorder dump names end with it (nccl_trace_rank_3)")
     if len(match.group(1)) > 10 or int(match.group(1)) > MAX_RANK:
-        raise TraceError(str(path), f"rank {shown(int(match.group(1)))} in the file name is out of range "
-                                    f"(at most {MAX_RANK})")
+        raise TraceError(
+            str(path), f"rank {shown(int(match.group(1)))} in the file name is out of range (at most {MAX_RANK})"
+        )
     return int(match.group(1))
 
 
@@ -105,8 +132,11 @@ def _load(path: Path) -> dict[str, Any]:
     except RecursionError:
         raise TraceError(str(path), "not a readable Flight Recorder dump: nested too deeply") from None
     except Exception as exc:  # a malformed pickle raises almost anything (KeyError, IndexError, MemoryError, ...)
-        raise TraceError(str(path), f"not a readable Flight Recorder dump (truncated or not a pickle?): "
-                                    f"{type(exc).__name__}: {shown(str(exc))}") from None
+        raise TraceError(
+            str(path),
+            f"not a readable Flight Recorder dump (truncated or not a pickle?): "
+            f"{type(exc).__name__}: {shown(str(exc))}",
+        ) from None
     if not isinstance(dump, dict) or "entries" not in dump:
         raise TraceError(str(path), "not a Flight Recorder dump: no 'entries'")
     if not isinstance(dump["entries"], list):
@@ -130,9 +160,12 @@ def _group_members(config: Any, path: Path) -> dict[str, tuple[int, ...]]:
         if members is None:
             continue
         if not isinstance(members, (list, tuple)) or not all(
-                isinstance(r, int) and not isinstance(r, bool) and 0 <= r <= MAX_RANK for r in members):
-            raise TraceError(str(path), f"pg_config[{shown(name)}].ranks must list ranks from 0 to {MAX_RANK}, "
-                                        f"got {shown(entry.get('ranks'))}")
+            isinstance(r, int) and not isinstance(r, bool) and 0 <= r <= MAX_RANK for r in members
+        ):
+            raise TraceError(
+                str(path),
+                f"pg_config[{shown(name)}].ranks must list ranks from 0 to {MAX_RANK}, got {shown(entry.get('ranks'))}",
+            )
         if members:  # torch 2.13's gloo dumps file the default group (named "0") under an empty name
             groups[str(name) or "0"] = tuple(sorted(members))
     return groups
@@ -144,8 +177,10 @@ def _bytes(entry: dict[str, Any], fail: Any) -> int | None:
     if sizes is None or dtypes is None:
         return None
     if not isinstance(sizes, list) or not all(
-            isinstance(shape, (list, tuple)) and all(isinstance(d, int) and not isinstance(d, bool) and d >= 0
-                                                     for d in shape) for shape in sizes):
+        isinstance(shape, (list, tuple))
+        and all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)
+        for shape in sizes
+    ):
         raise fail(f"input_sizes must be a list of shapes (lists of dimensions), got {shown(sizes)}")
     if not isinstance(dtypes, list) or not all(isinstance(d, str) for d in dtypes):
         raise fail(f"input_dtypes must be a list of type names, got {shown(dtypes)}")
@@ -213,16 +248,23 @@ def _row(entry: dict[str, Any], rank: int, op: str, path: str, position: int) ->
         value = entry.get(key)
         if value is None:
             return None
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
-                or abs(value) > limit:
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, (int, float))
+            or not math.isfinite(value)
+            or abs(value) > limit
+        ):
             raise fail(f"{key} must be a finite number up to {limit:g}, got {shown(value)}")
         return value
 
     process_group = entry.get("process_group")
     if process_group is None:
         process_group = (entry.get("pg_id", ""), "")
-    if not isinstance(process_group, (tuple, list)) or not 1 <= len(process_group) <= 2 \
-            or not all(isinstance(part, (str, int)) and not isinstance(part, bool) for part in process_group):
+    if (
+        not isinstance(process_group, (tuple, list))
+        or not 1 <= len(process_group) <= 2
+        or not all(isinstance(part, (str, int)) and not isinstance(part, bool) for part in process_group)
+    ):
         raise fail(f"process_group must be (name, description), got {shown(process_group)}")
     is_p2p = bool(entry.get("is_p2p")) or op in ("send", "recv")
     seq = entry.get("p2p_seq_id" if is_p2p else "collective_seq_id")
@@ -249,8 +291,15 @@ def _row(entry: dict[str, Any], rank: int, op: str, path: str, position: int) ->
             peer = second if first == rank else first
     state = entry.get("state", "")
     return {
-        "rank": rank, "step": 0, "op": op, "group": str(process_group[0]), "seq": seq,
-        "start": begun / 1e9, "duration": duration,
-        "bytes": _bytes(entry, fail), "peer": peer, "state": state if isinstance(state, str) else shown(state),
+        "rank": rank,
+        "step": 0,
+        "op": op,
+        "group": str(process_group[0]),
+        "seq": seq,
+        "start": begun / 1e9,
+        "duration": duration,
+        "bytes": _bytes(entry, fail),
+        "peer": peer,
+        "state": state if isinstance(state, str) else shown(state),
         "pg_desc": str(process_group[1]) if len(process_group) > 1 else "",
     }

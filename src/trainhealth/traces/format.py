@@ -185,8 +185,9 @@ def _integers(raw: pd.Series, column: Column, fail: _Fail) -> pd.Series:
         if position is not None:
             raise fail("missing value", position, column.name)
         return pd.Series(values.astype(np.int64), index=raw.index)
-    return pd.Series(pd.array(np.where(present, values, 0).astype(np.int64), dtype="Int64"),
-                     index=raw.index).where(present.to_numpy(), pd.NA)
+    return pd.Series(pd.array(np.where(present, values, 0).astype(np.int64), dtype="Int64"), index=raw.index).where(
+        present.to_numpy(), pd.NA
+    )
 
 
 def _floats(raw: pd.Series, column: Column, fail: _Fail) -> pd.Series:
@@ -195,8 +196,11 @@ def _floats(raw: pd.Series, column: Column, fail: _Fail) -> pd.Series:
         values = raw.to_numpy().astype(np.float64, copy=False)
         position = _first_bad(~np.isfinite(values))
         if position is not None:
-            raise fail("missing value" if np.isnan(values[position]) else f"expected a finite number, got "
-                       f"{raw[position]!r}", position, column.name)
+            raise fail(
+                "missing value" if np.isnan(values[position]) else f"expected a finite number, got {raw[position]!r}",
+                position,
+                column.name,
+            )
     else:
         present = _present(raw)
         numbers = _to_numbers(raw.where(present))
@@ -212,23 +216,32 @@ def _floats(raw: pd.Series, column: Column, fail: _Fail) -> pd.Series:
             raise fail(f"expected a finite number, got {shown(raw[position])}", position, column.name)
     position = _first_bad(np.abs(values) > column.limit)
     if position is not None:
-        raise fail(f"value {values[position]:g} out of range (at most {column.limit:g} seconds)", position,
-                   column.name)
+        raise fail(f"value {values[position]:g} out of range (at most {column.limit:g} seconds)", position, column.name)
     return pd.Series(values, index=raw.index)
 
 
 def _refuse_non_numbers(raw: pd.Series, column: Column, fail: _Fail, expected: str) -> None:
     """Booleans, timestamps, lists and other objects where a number belongs: refused, not converted."""
-    if pd.api.types.is_bool_dtype(raw.dtype) or pd.api.types.is_datetime64_any_dtype(raw.dtype) \
-            or pd.api.types.is_timedelta64_dtype(raw.dtype) or isinstance(raw.dtype, pd.PeriodDtype):
+    if (
+        pd.api.types.is_bool_dtype(raw.dtype)
+        or pd.api.types.is_datetime64_any_dtype(raw.dtype)
+        or pd.api.types.is_timedelta64_dtype(raw.dtype)
+        or isinstance(raw.dtype, pd.PeriodDtype)
+    ):
         position = _first_bad(raw.notna().to_numpy())
         if position is not None:
             raise fail(f"expected {expected}, got {shown(raw[position])}", position, column.name)
         return
     if raw.dtype != object and not isinstance(raw.dtype, pd.CategoricalDtype):
         return
-    if pd.api.types.infer_dtype(raw, skipna=True) in ("string", "integer", "floating", "mixed-integer-float",
-                                                       "decimal", "empty"):
+    if pd.api.types.infer_dtype(raw, skipna=True) in (
+        "string",
+        "integer",
+        "floating",
+        "mixed-integer-float",
+        "decimal",
+        "empty",
+    ):
         return
     wrong = raw.map(lambda v: not (v is None or v is pd.NaT or _is_null(v) or _plain_number_or_text(v)))
     position = _first_bad(wrong.to_numpy(dtype=bool))

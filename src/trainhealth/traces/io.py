@@ -74,8 +74,11 @@ def _read_parquet(handle: Any) -> pd.DataFrame:
     Arrow's reader threads can abort the interpreter at exit (apache/arrow#34314)."""
     schema = pq.read_schema(handle)
     handle.seek(0)
-    text = [field.name for field in schema if field.name in _TEXT_COLUMNS
-            and (pa.types.is_string(field.type) or pa.types.is_large_string(field.type))]
+    text = [
+        field.name
+        for field in schema
+        if field.name in _TEXT_COLUMNS and (pa.types.is_string(field.type) or pa.types.is_large_string(field.type))
+    ]
     return pq.read_table(handle, use_threads=False, read_dictionary=text or None).to_pandas()
 
 
@@ -100,8 +103,15 @@ def read_trace_file(path: str | os.PathLike[str]) -> pd.DataFrame:
                 frame, lines = _parse_csv(text, str(path))
     except TraceError:
         raise
-    except (pa.ArrowException, OSError, EOFError, zlib.error, UnicodeDecodeError, pd.errors.ParserError,
-            pd.errors.EmptyDataError) as exc:
+    except (
+        pa.ArrowException,
+        OSError,
+        EOFError,
+        zlib.error,
+        UnicodeDecodeError,
+        pd.errors.ParserError,
+        pd.errors.EmptyDataError,
+    ) as exc:
         kind = {".parquet": "Parquet"}.get(suffix, suffix.lstrip(".").upper())
         raise TraceError(str(path), f"not a readable {kind} file (truncated or corrupt?): {_short(exc)}") from None
     return validate(frame, str(path), lines)
@@ -134,8 +144,7 @@ def _gunzip_whole_members(data: bytes, path: Path) -> bytes:
         if not member.eof:
             if not pieces:
                 raise EOFError("compressed file ended before the end-of-stream marker was reached")
-            log.warning("%s: ignored the last gzip member, cut off mid-write (a writer stopped or is writing)",
-                        path)
+            log.warning("%s: ignored the last gzip member, cut off mid-write (a writer stopped or is writing)", path)
             break
         pieces.append(piece)
         data = member.unused_data
@@ -151,15 +160,22 @@ def _parse_jsonl(text: str, path: str) -> tuple[pd.DataFrame, list[int]]:
         try:
             row = json.loads(line)
         except json.JSONDecodeError as exc:
-            raise TraceError(path, f"not valid JSON (truncated file?): {exc.msg}", row=len(rows) + 1, line=number) from None
+            raise TraceError(
+                path, f"not valid JSON (truncated file?): {exc.msg}", row=len(rows) + 1, line=number
+            ) from None
         except RecursionError:
             raise TraceError(path, "JSON nested too deeply", row=len(rows) + 1, line=number) from None
         if not isinstance(row, dict):
             raise TraceError(path, "each line must be a JSON object", row=len(rows) + 1, line=number)
         for name, value in row.items():
             if isinstance(value, (dict, list)):  # a trace row is flat: every value a number, text, bool or null
-                raise TraceError(path, f"expected a number, text, true, false or null, got {shown(value)}",
-                                 row=len(rows) + 1, line=number, column=name)
+                raise TraceError(
+                    path,
+                    f"expected a number, text, true, false or null, got {shown(value)}",
+                    row=len(rows) + 1,
+                    line=number,
+                    column=name,
+                )
         rows.append(row)
         lines.append(number)
     return pd.DataFrame.from_records(rows), lines
@@ -234,20 +250,25 @@ def write_trace(records: pd.DataFrame, path: str | os.PathLike[str]) -> None:
     frame = frame[known + [name for name in frame.columns if name not in known]]
     path.parent.mkdir(parents=True, exist_ok=True)
     if suffix == ".parquet":
-        fields = [pa.field(c.name, _ARROW_TYPES[c.kind], nullable=not c.required)
-                  for c in COLUMNS if c.name in frame.columns]
+        fields = [
+            pa.field(c.name, _ARROW_TYPES[c.kind], nullable=not c.required) for c in COLUMNS if c.name in frame.columns
+        ]
         schema = pa.schema(fields)
         table = pa.Table.from_pandas(frame[[f.name for f in fields]], schema=schema, preserve_index=False)
         for name in [name for name in frame.columns if name not in schema.names]:
             try:
                 column = pa.array(frame[name])
             except (pa.ArrowException, ValueError, TypeError, OverflowError):  # mixed types: kept as text
-                column = pa.array(frame[name].map(lambda v: None if v is None or v is pd.NA else str(v)),
-                                  type=pa.string())
+                column = pa.array(
+                    frame[name].map(lambda v: None if v is None or v is pd.NA else str(v)), type=pa.string()
+                )
             table = table.append_column(str(name), column)
     else:
-        text = frame.to_json(orient="records", lines=True, force_ascii=False) if suffix.startswith(".jsonl") \
+        text = (
+            frame.to_json(orient="records", lines=True, force_ascii=False)
+            if suffix.startswith(".jsonl")
             else frame.to_csv(index=False)
+        )
         data = text.encode("utf-8")
     descriptor, temporary = exclusive_temporary(path)
     try:
@@ -260,4 +281,3 @@ def write_trace(records: pd.DataFrame, path: str | os.PathLike[str]) -> None:
     except BaseException:
         temporary.unlink(missing_ok=True)
         raise
-

@@ -5,8 +5,17 @@ from __future__ import annotations
 
 __all__ = ["COMMUNICATION_OPS", "COMPUTATION_OPS", "MARKER_OPS", "OPS", "TraceError"]
 
-COMMUNICATION_OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "reduce", "barrier",
-                     "send", "recv")
+COMMUNICATION_OPS = (
+    "all_reduce",
+    "all_gather",
+    "reduce_scatter",
+    "all_to_all",
+    "broadcast",
+    "reduce",
+    "barrier",
+    "send",
+    "recv",
+)
 COMPUTATION_OPS = ("forward", "backward", "optimizer", "compute")
 #: Rows that mark time rather than do work: ``step`` spans one training step of the rank (optional; traces
 #: without markers stay valid).
@@ -17,8 +26,9 @@ OPS = COMMUNICATION_OPS + COMPUTATION_OPS + MARKER_OPS
 class TraceError(ValueError):
     """Invalid trace input; the message names the file, and the row and column where there is one."""
 
-    def __init__(self, path: str, problem: str, *, row: int | None = None, column: str | None = None,
-                 line: int | None = None) -> None:
+    def __init__(
+        self, path: str, problem: str, *, row: int | None = None, column: str | None = None, line: int | None = None
+    ) -> None:
         self.path, self.row, self.column, self.problem = path, row, column, problem
         where = [str(path)]
         if row is not None:

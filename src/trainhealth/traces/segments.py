@@ -38,15 +38,23 @@ __all__ = ["SEGMENT_SUFFIX", "SegmentWriter"]
 
 SEGMENT_SUFFIX = ".jsonl.gz"
 # O_NONBLOCK: a FIFO planted at the name fails at once (ENXIO) instead of blocking the writer
-_OPEN_FLAGS = (os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0)
-               | getattr(os, "O_CLOEXEC", 0))
+_OPEN_FLAGS = (
+    os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+)
 
 
 class SegmentWriter:
     """Appends rows to the segments ``<stem>.<n>.jsonl.gz`` of ``directory``; see the module docstring."""
 
-    def __init__(self, directory: str | os.PathLike[str], stem: str, *, segment_bytes: int = 64 << 20,
-                 compress_level: int = 6, durable: bool = True) -> None:
+    def __init__(
+        self,
+        directory: str | os.PathLike[str],
+        stem: str,
+        *,
+        segment_bytes: int = 64 << 20,
+        compress_level: int = 6,
+        durable: bool = True,
+    ) -> None:
         if segment_bytes < 1:
             raise ValueError("segment_bytes must be >= 1")
         self.directory = Path(directory)
@@ -115,8 +123,11 @@ class SegmentWriter:
 
     def _move_earlier_run_aside(self) -> None:
         """Move this stem's segments from an earlier process into ``previous-<k>/`` (the first free k)."""
-        earlier = [path for path in self.directory.iterdir() if self._pattern.match(path.name)
-                   and path.is_file() and not path.is_symlink()]
+        earlier = [
+            path
+            for path in self.directory.iterdir()
+            if self._pattern.match(path.name) and path.is_file() and not path.is_symlink()
+        ]
         if not earlier:
             return
         k = 1

@@ -107,20 +107,29 @@ def _meta(path: Path) -> dict[str, int]:
 
 
 #: StragglerAnalysis columns: (kind, smallest value, largest value)
-_CHECKS = {"dp_rank": ("int", 0, MAX_RANK), "stage": ("int", 0, MAX_RANK), "rank": ("int", 0, MAX_RANK),
-           "step": ("int", 0, MAX_COUNT), "seq_id": ("int", 0, MAX_COUNT), "mb_id": ("int", -1, MAX_COUNT),
-           "start_ts": ("float", -1e12, 1e12), "duration": ("float", 0.0, 1e9)}
+_CHECKS = {
+    "dp_rank": ("int", 0, MAX_RANK),
+    "stage": ("int", 0, MAX_RANK),
+    "rank": ("int", 0, MAX_RANK),
+    "step": ("int", 0, MAX_COUNT),
+    "seq_id": ("int", 0, MAX_COUNT),
+    "mb_id": ("int", -1, MAX_COUNT),
+    "start_ts": ("float", -1e12, 1e12),
+    "duration": ("float", 0.0, 1e9),
+}
 
 
 def _checked(frame: pd.DataFrame, name: str, source: str) -> np.ndarray:
     """Column ``name`` as int64 or float64 values, or a :class:`TraceError` naming its first bad row."""
     kind, low, high = _CHECKS[name]
     raw = frame[name]
-    if pd.api.types.is_bool_dtype(raw.dtype) or not (pd.api.types.is_numeric_dtype(raw.dtype)
-                                                   or raw.dtype == object or isinstance(raw.dtype, pd.CategoricalDtype)):
+    if pd.api.types.is_bool_dtype(raw.dtype) or not (
+        pd.api.types.is_numeric_dtype(raw.dtype) or raw.dtype == object or isinstance(raw.dtype, pd.CategoricalDtype)
+    ):
         raise TraceError(source, f"expected numbers, got a column of {raw.dtype}", row=1, column=name)
-    values = pd.to_numeric(raw if pd.api.types.is_numeric_dtype(raw.dtype) else raw.astype(object).map(_float_or_nan),
-                           errors="coerce")
+    values = pd.to_numeric(
+        raw if pd.api.types.is_numeric_dtype(raw.dtype) else raw.astype(object).map(_float_or_nan), errors="coerce"
+    )
     numbers = values.to_numpy(dtype=np.float64, na_value=np.nan)
     bad = ~np.isfinite(numbers) | (numbers < low) | (numbers > high)
     if kind == "int":
@@ -128,8 +137,12 @@ def _checked(frame: pd.DataFrame, name: str, source: str) -> np.ndarray:
     if bad.any():
         row = int(np.flatnonzero(bad)[0])
         expected = "an integer" if kind == "int" else "a number"
-        raise TraceError(source, f"expected {expected} from {low:g} to {high:g}, got {shown(raw.iloc[row])}",
-                         row=row + 1, column=name)
+        raise TraceError(
+            source,
+            f"expected {expected} from {low:g} to {high:g}, got {shown(raw.iloc[row])}",
+            row=row + 1,
+            column=name,
+        )
     return numbers.astype(np.int64) if kind == "int" else numbers
 
 
@@ -150,8 +163,11 @@ def import_straggler_analysis(path: str | os.PathLike[str]) -> Trace:
             # one thread: Arrow's reader threads can abort the interpreter at exit (apache/arrow#34314)
             frame = pq.read_table(handle, use_threads=False).to_pandas()
     except (pa.ArrowException, OSError) as exc:
-        raise TraceError(source, f"not a readable Parquet file (truncated or corrupt?): "
-                                 f"{shown(str(exc).splitlines()[0] if str(exc) else exc)}") from None
+        raise TraceError(
+            source,
+            f"not a readable Parquet file (truncated or corrupt?): "
+            f"{shown(str(exc).splitlines()[0] if str(exc) else exc)}",
+        ) from None
     missing = [name for name in COLUMNS if name not in frame.columns]
     if missing:
         raise TraceError(source, "missing StragglerAnalysis column(s)", column=", ".join(missing))
@@ -194,43 +210,67 @@ def import_straggler_analysis(path: str | os.PathLike[str]) -> Trace:
             groups[index] = None
 
     rank_at = {(d, s, t): r for d, s, t, r in zip(dp, stage, tp_index, rank)}
-    peers = pd.array([rank_at.get((d, ps, t)) if (snd or rcv) else None
-                      for d, ps, t, snd, rcv in zip(dp, peer_stage, tp_index, is_send, is_recv)], dtype="Int64")
+    peers = pd.array(
+        [
+            rank_at.get((d, ps, t)) if (snd or rcv) else None
+            for d, ps, t, snd, rcv in zip(dp, peer_stage, tp_index, is_send, is_recv)
+        ],
+        dtype="Int64",
+    )
 
     steps, relative, duration = checked["step"], checked["start_ts"], checked["duration"]
     span = pd.Series(relative + duration).groupby(steps).max()
     origin = dict(zip(span.index, np.concatenate([[0.0], np.cumsum(span.to_numpy())[:-1]])))
     start = relative + np.array([origin[s] for s in steps])
 
-    records = pd.DataFrame({
-        "rank": rank, "step": steps, "op": op, "group": groups, "seq": pd.array([None] * len(frame), dtype="Int64"),
-        "start": start, "duration": duration, "peer": peers,
-        "dp_rank": dp, "stage": stage,
-        "mb_id": checked["mb_id"] if "mb_id" in checked else -1,
-    })
+    records = pd.DataFrame(
+        {
+            "rank": rank,
+            "step": steps,
+            "op": op,
+            "group": groups,
+            "seq": pd.array([None] * len(frame), dtype="Int64"),
+            "start": start,
+            "duration": duration,
+            "peer": peers,
+            "dp_rank": dp,
+            "stage": stage,
+            "mb_id": checked["mb_id"] if "mb_id" in checked else -1,
+        }
+    )
     records["seq"] = _instance_numbers(records, instance_kind, checked["seq_id"])
     records = validate(records, source)
-    parallelism = {"dp": int(dp.max()) + 1, "pp": int(stage.max()) + 1, "tp": tp} | {k: v for k, v in meta.items() if v > 1}
+    parallelism = {"dp": int(dp.max()) + 1, "pp": int(stage.max()) + 1, "tp": tp} | {
+        k: v for k, v in meta.items() if v > 1
+    }
     members = records.dropna(subset=["group"]).groupby("group")["rank"].unique()
-    topology = Topology(groups={str(g): tuple(sorted(int(r) for r in m)) for g, m in members.items()},
-                        parallelism=parallelism)
+    topology = Topology(
+        groups={str(g): tuple(sorted(int(r) for r in m)) for g, m in members.items()}, parallelism=parallelism
+    )
     return Trace(records, topology, (source,))
 
 
 def _instance_numbers(records: pd.DataFrame, instance_kind: np.ndarray, seq_id: np.ndarray) -> pd.Series:
     """Number each group's instances in time order; the members of one instance share the number."""
     communication = records["group"].notna().to_numpy()
-    keys = pd.DataFrame({
-        "group": records["group"], "step": records["step"], "kind": instance_kind, "seq_id": seq_id,
-        "start": records["start"],
-    })[communication]
+    keys = pd.DataFrame(
+        {
+            "group": records["group"],
+            "step": records["step"],
+            "kind": instance_kind,
+            "seq_id": seq_id,
+            "start": records["start"],
+        }
+    )[communication]
     first_start = keys.groupby(["group", "step", "kind", "seq_id"], sort=False)["start"].transform("min")
     keys = keys.assign(first=first_start)
-    order = (keys.drop_duplicates(["group", "step", "kind", "seq_id"])
-             .sort_values(["group", "step", "first", "kind", "seq_id"]))
+    order = keys.drop_duplicates(["group", "step", "kind", "seq_id"]).sort_values(
+        ["group", "step", "first", "kind", "seq_id"]
+    )
     order["number"] = order.groupby("group").cumcount()
-    numbered = keys.merge(order[["group", "step", "kind", "seq_id", "number"]],
-                          on=["group", "step", "kind", "seq_id"], how="left")
+    numbered = keys.merge(
+        order[["group", "step", "kind", "seq_id", "number"]], on=["group", "step", "kind", "seq_id"], how="left"
+    )
     out = pd.Series(pd.array([None] * len(records), dtype="Int64"))
     out[np.flatnonzero(communication)] = numbered["number"].to_numpy()
     return out

@@ -49,16 +49,22 @@ class TraceSummary:
         lines = [
             f"records  {self.records}",
             f"ranks    {len(self.ranks)} ({_ranges(self.ranks)})",
-            f"hosts    {len(self.hosts)}" + (f" ({', '.join(self.hosts[:8])}{', ...' if len(self.hosts) > 8 else ''})" if self.hosts else ""),
-            f"groups   {len(self.groups)}" + (f" ({', '.join(list(self.groups)[:6])}{', ...' if len(self.groups) > 6 else ''})" if self.groups else ""),
+            f"hosts    {len(self.hosts)}"
+            + (f" ({', '.join(self.hosts[:8])}{', ...' if len(self.hosts) > 8 else ''})" if self.hosts else ""),
+            f"groups   {len(self.groups)}"
+            + (
+                f" ({', '.join(list(self.groups)[:6])}{', ...' if len(self.groups) > 6 else ''})" if self.groups else ""
+            ),
             f"steps    {len(self.steps)} ({_ranges(self.steps)})",
             f"span     {self.end - self.start:.3f} s",
             "",
             f"{'op':<15}{'count':>9}{'median':>12}{'p90':>12}{'p99':>12}{'max':>12}{'total':>12}",
         ]
         for s in self.ops:
-            lines.append(f"{s.op:<15}{s.count:>9}{_seconds(s.median_s):>12}{_seconds(s.p90_s):>12}"
-                         f"{_seconds(s.p99_s):>12}{_seconds(s.max_s):>12}{_seconds(s.total_s):>12}")
+            lines.append(
+                f"{s.op:<15}{s.count:>9}{_seconds(s.median_s):>12}{_seconds(s.p90_s):>12}"
+                f"{_seconds(s.p99_s):>12}{_seconds(s.max_s):>12}{_seconds(s.total_s):>12}"
+            )
         return "\n".join(lines)
 
 
@@ -88,8 +94,17 @@ def summarize(records: pd.DataFrame) -> TraceSummary:
     ops = []
     for op, durations in records.groupby("op", sort=True)["duration"]:
         values = durations.to_numpy()
-        ops.append(OpSummary(str(op), len(values), float(np.median(values)), float(np.quantile(values, 0.9)),
-                             float(np.quantile(values, 0.99)), float(values.max()), float(values.sum())))
+        ops.append(
+            OpSummary(
+                str(op),
+                len(values),
+                float(np.median(values)),
+                float(np.quantile(values, 0.9)),
+                float(np.quantile(values, 0.99)),
+                float(values.max()),
+                float(values.sum()),
+            )
+        )
     groups = records.dropna(subset=["group"]).groupby("group")["rank"].nunique()
     hosts = tuple(sorted(records["host"].dropna().unique())) if "host" in records.columns else ()
     return TraceSummary(

@@ -68,8 +68,10 @@ class Topology:
             try:
                 groups[str(name)] = tuple(rank(member, "") for member in members)
             except TraceError as exc:
-                raise fail(f"must be a list of non-negative ranks{exc.problem.removeprefix(': expected a rank')}",
-                           f"groups.{name}") from None
+                raise fail(
+                    f"must be a list of non-negative ranks{exc.problem.removeprefix(': expected a rank')}",
+                    f"groups.{name}",
+                ) from None
         hosts = names("hosts", "host")
         parallelism: dict[str, int] = {}
         for name, size in mapping("parallelism").items():

@@ -17,8 +17,9 @@ from trainhealth.traces import read_trace
 
 def _all_reduce_until_killed(rank: int, world: int, port: int, out: str) -> None:
     init_rank(rank, world, port)
-    trainhealth.comm.install(trace_dir=out, settings=trainhealth.Settings.resolve(
-        env={}, comm_flush_interval=0.05, trace_write_interval=0.2))
+    trainhealth.comm.install(
+        trace_dir=out, settings=trainhealth.Settings.resolve(env={}, comm_flush_interval=0.05, trace_write_interval=0.2)
+    )
     Path(out, f"pid-{rank}").write_text(str(os.getpid()))
     tensor = torch.ones(1024)
     step = 0

@@ -44,8 +44,9 @@ def _every_collective(rank: int, world: int, port: int, out: str) -> None:
     requests = [dist.isend(torch.ones(16), partner), dist.irecv(torch.zeros(16), partner)]
     for request in requests:
         request.wait()
-    works = dist.batch_isend_irecv([dist.P2POp(dist.isend, torch.ones(8), partner),
-                                    dist.P2POp(dist.irecv, torch.zeros(8), partner)])
+    works = dist.batch_isend_irecv(
+        [dist.P2POp(dist.isend, torch.ones(8), partner), dist.P2POp(dist.irecv, torch.zeros(8), partner)]
+    )
     for work in works:
         work.wait()
     pairs = dist.new_group([0, 1], group_desc="pair")
@@ -68,10 +69,15 @@ def _straggler(rank: int, world: int, port: int, out: str, slow_rank: int, norma
             time.sleep(0.04)
         dist.all_reduce(t)
     logger.flush()
-    Path(out, f"summary-{rank}.json").write_text(json.dumps({
-        "flushed": logger._flushed_total, "abnormal": len(logger.abnormal_records),
-        "fraction": logger.abnormal_fraction,
-    }))
+    Path(out, f"summary-{rank}.json").write_text(
+        json.dumps(
+            {
+                "flushed": logger._flushed_total,
+                "abnormal": len(logger.abnormal_records),
+                "fraction": logger.abnormal_fraction,
+            }
+        )
+    )
     trainhealth.comm.uninstall()
     dist.destroy_process_group()
 
@@ -98,8 +104,14 @@ def _ddp_straggler(rank: int, world: int, port: int, out: str, slow_rank: int) -
 
 def _hang(rank: int, world: int, port: int, out: str, absent_rank: int) -> None:
     init_rank(rank, world, port, timeout_s=60)
-    monitor = Monitor(comm=True, gpu_backend="off", comm_flush_interval=0.2,  # identity from RANK etc.
-                      prometheus_addr="127.0.0.1", prometheus_port=0, otel=False)
+    monitor = Monitor(
+        comm=True,
+        gpu_backend="off",
+        comm_flush_interval=0.2,  # identity from RANK etc.
+        prometheus_addr="127.0.0.1",
+        prometheus_port=0,
+        otel=False,
+    )
     Path(out, f"url-{rank}.txt").write_text(monitor.metrics_url)
     t = torch.ones(16)
     for _ in range(5):
@@ -120,8 +132,17 @@ def test_every_explicit_collective_is_recorded_with_matching_group_and_seq(tmp_p
     trace = read_trace([tmp_path])
     records = trace.records
     assert sorted(records["rank"].unique()) == [0, 1, 2, 3]
-    assert set(records["op"]) == {"all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast",
-                                  "reduce", "barrier", "send", "recv"}
+    assert set(records["op"]) == {
+        "all_reduce",
+        "all_gather",
+        "reduce_scatter",
+        "all_to_all",
+        "broadcast",
+        "reduce",
+        "barrier",
+        "send",
+        "recv",
+    }
     collectives = records[~records["op"].isin(["send", "recv"])]
     world = collectives[collectives["group"] == "default_pg:0"]
     per_instance = world.groupby("seq").agg(ranks=("rank", "nunique"), ops=("op", "nunique"))
@@ -208,8 +229,15 @@ def test_metrics_from_the_logger_in_one_process(tmp_path):
     init_rank(0, 1, port)
     unwrapped = dist.all_reduce
     try:
-        with Monitor(env={}, comm=True, gpu_backend="off", prometheus_addr="127.0.0.1", prometheus_port=0,
-                     otel=False, trace_dir=str(tmp_path)) as monitor:
+        with Monitor(
+            env={},
+            comm=True,
+            gpu_backend="off",
+            prometheus_addr="127.0.0.1",
+            prometheus_port=0,
+            otel=False,
+            trace_dir=str(tmp_path),
+        ) as monitor:
             for step in range(3):
                 for _ in range(4):
                     dist.all_reduce(torch.ones(256))
@@ -237,9 +265,9 @@ def test_metrics_from_the_logger_in_one_process(tmp_path):
 
 
 def test_the_ring_buffer_is_bounded_and_counts_what_it_dropped():
+    from trainhealth import catalog
     from trainhealth.exporters.collectives.logger import CollectiveLogger
     from trainhealth.store import MetricStore
-    from trainhealth import catalog
 
     store = MetricStore()
     logger = CollectiveLogger(rank=0, ring_size=100, store=store)
@@ -266,4 +294,3 @@ def test_wrappers_pass_errors_through_and_keep_no_record(tmp_path):
     finally:
         trainhealth.comm.uninstall()
         dist.destroy_process_group()
-

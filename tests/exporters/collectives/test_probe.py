@@ -69,8 +69,17 @@ def _synthetic(slow: int | None, *, failed: bool = False) -> ProbeResult:
     for index, (a, b) in enumerate(sorted(PAIRS)):
         wobble = 1 + 0.05 * ((index * 7) % 3 - 1)
         factor = 4.0 if slow in (a, b) else 1.0
-        links.append(LinkMeasurement(a, b, 2e-5 * wobble, 1e9 * wobble / factor, 0.1, 0.03,
-                                     "RuntimeError: timed out" if failed and slow in (a, b) else None))
+        links.append(
+            LinkMeasurement(
+                a,
+                b,
+                2e-5 * wobble,
+                1e9 * wobble / factor,
+                0.1,
+                0.03,
+                "RuntimeError: timed out" if failed and slow in (a, b) else None,
+            )
+        )
     return ProbeResult(tuple(links), tuple(range(WORLD)), {r: f"node-{r}" for r in range(WORLD)}, (4096, 1 << 20), 5)
 
 
@@ -107,12 +116,19 @@ def test_probe_needs_torch_distributed_initialised():
 def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     environment = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
     environment.update(env or {})
-    return subprocess.run([sys.executable, "-m", "trainhealth.cli", "probe", *args], capture_output=True, text=True,
-                          env=environment, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "trainhealth.cli", "probe", *args],
+        capture_output=True,
+        text=True,
+        env=environment,
+        timeout=60,
+    )
 
 
-@pytest.mark.parametrize("args", [["--out", "p.json", "--sizes", "4096"], ["--out", "p.json", "--repeats", "x"],
-                                  ["--bogus"], ["--out", "p.json"]])
+@pytest.mark.parametrize(
+    "args",
+    [["--out", "p.json", "--sizes", "4096"], ["--out", "p.json", "--repeats", "x"], ["--bogus"], ["--out", "p.json"]],
+)
 def test_cli_bad_arguments_exit_2_with_one_line(args):
     result = _cli(*args)
     assert result.returncode == 2
@@ -129,12 +145,34 @@ def test_probe_command_names_the_rate_limited_rank_in_network_namespaces(tmp_pat
         lab.slow_link(slow, rate_mbit=50)
         processes = []
         for rank, host in enumerate(lab.hosts):
-            env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(WORLD), MASTER_ADDR=lab.hosts[0].address,
-                       MASTER_PORT=str(port), GLOO_SOCKET_IFNAME=host.interface, NODE_NAME=host.name)
-            argv = [sys.executable, "-m", "trainhealth.cli", "probe", "--out", str(tmp_path / "probe.json"),
-                    "--sizes", "4096,262144", "--repeats", "4", "--timeout", "60"]
-            processes.append(subprocess.Popen(lab.command(rank, argv), env=env, stdout=subprocess.PIPE,
-                                              stderr=subprocess.STDOUT, text=True))
+            env = dict(
+                os.environ,
+                RANK=str(rank),
+                WORLD_SIZE=str(WORLD),
+                MASTER_ADDR=lab.hosts[0].address,
+                MASTER_PORT=str(port),
+                GLOO_SOCKET_IFNAME=host.interface,
+                NODE_NAME=host.name,
+            )
+            argv = [
+                sys.executable,
+                "-m",
+                "trainhealth.cli",
+                "probe",
+                "--out",
+                str(tmp_path / "probe.json"),
+                "--sizes",
+                "4096,262144",
+                "--repeats",
+                "4",
+                "--timeout",
+                "60",
+            ]
+            processes.append(
+                subprocess.Popen(
+                    lab.command(rank, argv), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+                )
+            )
         deadline = time.monotonic() + 150
         outputs = []
         try:

@@ -57,8 +57,18 @@ def _markers_and_live_trace(rank: int, world: int, port: int, out: str) -> None:
     torch.manual_seed(0)
     ddp = torch.nn.parallel.DistributedDataParallel(_Net(), bucket_cap_mb=0.01)
     optimizer = torch.optim.SGD(ddp.parameters(), lr=0.01)
-    monitor = Monitor(ddp, optimizer, env={}, comm=True, gpu_backend="off", prometheus=False, otel=False,
-                      trace_dir=out, comm_flush_interval=0.1, trace_write_interval=0.2)
+    monitor = Monitor(
+        ddp,
+        optimizer,
+        env={},
+        comm=True,
+        gpu_backend="off",
+        prometheus=False,
+        otel=False,
+        trace_dir=out,
+        comm_flush_interval=0.1,
+        trace_write_interval=0.2,
+    )
     trainhealth.comm.instrument_ddp(ddp)
     wall = _train(monitor, ddp, optimizer, STEPS)
     Path(out, f"wall-{rank}.json").write_text(json.dumps(wall))
@@ -73,13 +83,23 @@ def _markers_and_live_trace(rank: int, world: int, port: int, out: str) -> None:
 def _straggler(rank: int, world: int, port: int, out: str, slow_rank: int, delay_s: float) -> None:
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):  # as mp.spawn starts it: torch.distributed knows the rank
         os.environ.pop(name, None)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
-                            timeout=timedelta(seconds=60))
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world, timeout=timedelta(seconds=60)
+    )
     torch.manual_seed(0)
     ddp = torch.nn.parallel.DistributedDataParallel(_Net(delay_s if rank == slow_rank else 0.0))
     optimizer = torch.optim.SGD(ddp.parameters(), lr=0.01)
-    monitor = Monitor(ddp, optimizer, env={}, comm=True, gpu_backend="off", prometheus=False, otel=False,
-                      comm_flush_interval=0.1, trace_write_interval=0)
+    monitor = Monitor(
+        ddp,
+        optimizer,
+        env={},
+        comm=True,
+        gpu_backend="off",
+        prometheus=False,
+        otel=False,
+        comm_flush_interval=0.1,
+        trace_write_interval=0,
+    )
     trainhealth.comm.instrument_ddp(ddp)
     _train(monitor, ddp, optimizer, 12)
     monitor.comm.flush()
@@ -87,9 +107,15 @@ def _straggler(rank: int, world: int, port: int, out: str, slow_rank: int, delay
     registry = CollectorRegistry()
     registry.register(StoreCollector(monitor.store, monitor.identity))
     labels = monitor.identity.labels
-    values = {name: registry.get_sample_value(name, labels) for name in (
-        "trainhealth_train_step_wait_seconds_total", "trainhealth_train_step_compute_seconds_total",
-        "trainhealth_train_last_step_wait_seconds", "trainhealth_train_last_step_compute_seconds")}
+    values = {
+        name: registry.get_sample_value(name, labels)
+        for name in (
+            "trainhealth_train_step_wait_seconds_total",
+            "trainhealth_train_step_compute_seconds_total",
+            "trainhealth_train_last_step_wait_seconds",
+            "trainhealth_train_last_step_compute_seconds",
+        )
+    }
     values["rank_label"] = labels["rank"]
     values["logger_rank"] = monitor.comm.rank
     Path(out, f"metrics-{rank}.json").write_text(json.dumps(values))
@@ -134,7 +160,10 @@ def test_markers_forward_and_optimizer_rows_follow_the_steps(tmp_path):
             step_of = markers.set_index("step")
             for row in rows.itertuples():  # each row lies inside its step's marker
                 assert step_of.loc[row.step, "start"] - 1e-6 <= row.start
-                assert row.start + row.duration <= step_of.loc[row.step, "start"] + step_of.loc[row.step, "duration"] + 1e-6
+                assert (
+                    row.start + row.duration
+                    <= step_of.loc[row.step, "start"] + step_of.loc[row.step, "duration"] + 1e-6
+                )
         buckets = mine[mine["op"].isin(COMMUNICATION_OPS)]
         assert set(buckets["step"]) == set(range(STEPS))  # DDP's bucket all-reduces, tagged with their step
     final = read_trace([tmp_path]).records  # the last write, at close, holds the same rows
@@ -152,7 +181,9 @@ def test_the_straggler_waits_least_and_computes_most(tmp_path):
     assert wait[0] > 0.035  # rank 0 waits in its bucket all-reduces for rank 1's slow forward
     assert wait[1] < wait[0] / 3
     assert compute[1] > compute[0] + 0.035
-    assert metrics[0]["trainhealth_train_last_step_wait_seconds"] > metrics[1]["trainhealth_train_last_step_wait_seconds"]
+    assert (
+        metrics[0]["trainhealth_train_last_step_wait_seconds"] > metrics[1]["trainhealth_train_last_step_wait_seconds"]
+    )
     assert metrics[1]["trainhealth_train_last_step_compute_seconds"] > 0.05
 
 

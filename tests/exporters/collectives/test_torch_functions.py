@@ -104,10 +104,18 @@ def test_torch_213_functions_and_rooted_collectives_are_recorded(tmp_path):
     records = read_trace([tmp_path]).records
     for rank in (0, 1):
         ops = records[records["rank"] == rank].sort_values("seq")["op"].tolist()
-        assert ops == ["all_gather", "reduce_scatter", "all_gather", "reduce_scatter", "all_gather",
-                       "reduce",  # gather: the trace format's many-to-one collective
-                       "broadcast",  # scatter: its one-to-many collective
-                       "all_reduce", "all_gather", "barrier"]
+        assert ops == [
+            "all_gather",
+            "reduce_scatter",
+            "all_gather",
+            "reduce_scatter",
+            "all_gather",
+            "reduce",  # gather: the trace format's many-to-one collective
+            "broadcast",  # scatter: its one-to-many collective
+            "all_reduce",
+            "all_gather",
+            "barrier",
+        ]
     per_instance = records.groupby(["group", "seq"])["rank"].nunique()
     assert (per_instance == 2).all() and len(per_instance) == 10
     coalesced = records[(records["op"] == "all_reduce")]

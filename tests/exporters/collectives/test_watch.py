@@ -28,8 +28,18 @@ def _steps(monitor: Monitor, count: int, gap_s: float = 0.01) -> None:
 
 
 def _monitor(tmp_path, **overrides) -> Monitor:
-    return Monitor(env={}, comm=True, gpu_backend="off", prometheus_addr="127.0.0.1", prometheus_port=0, otel=False,
-                   trace_dir=str(tmp_path), comm_flush_interval=0.1, comm_hang_floor=1.0, **overrides)
+    return Monitor(
+        env={},
+        comm=True,
+        gpu_backend="off",
+        prometheus_addr="127.0.0.1",
+        prometheus_port=0,
+        otel=False,
+        trace_dir=str(tmp_path),
+        comm_flush_interval=0.1,
+        comm_hang_floor=1.0,
+        **overrides,
+    )
 
 
 def test_a_rank_stuck_in_host_code_writes_its_stacks_naming_the_function(one_rank, tmp_path):
@@ -122,5 +132,7 @@ def test_a_collective_that_raises_reaches_the_caller_and_is_counted_and_written_
         assert first.startswith("rank 0: broadcast #3 of default_pg:0 failed at ") and "invalid root rank" in first
         _steps(monitor, 2)  # the job goes on where it can
         monitor.comm.flush()
-        assert scrape(monitor.metrics_url).value("trainhealth_comm_failures_total", op="broadcast",
-                                                 group="default_pg:0") == 2
+        assert (
+            scrape(monitor.metrics_url).value("trainhealth_comm_failures_total", op="broadcast", group="default_pg:0")
+            == 2
+        )

@@ -62,8 +62,15 @@ def test_a_receive_from_any_source_that_fails_is_called_once_and_recorded_as_fai
 
 
 def test_our_bookkeeping_failing_is_counted_and_leaves_nothing_in_flight(one_rank):
-    with Monitor(env={}, comm=True, gpu_backend="off", prometheus_addr="127.0.0.1", prometheus_port=0,
-                 otel=False, comm_flush_interval=0.1) as monitor:
+    with Monitor(
+        env={},
+        comm=True,
+        gpu_backend="off",
+        prometheus_addr="127.0.0.1",
+        prometheus_port=0,
+        otel=False,
+        comm_flush_interval=0.1,
+    ) as monitor:
         comm = monitor.comm
         t = torch.ones(4)
         dist.all_reduce(t)

@@ -17,10 +17,10 @@ from trainhealth import catalog
 from trainhealth.config import Settings
 from trainhealth.events import EventLog
 from trainhealth.exporters.gpu.sampler import GpuSampler
-from trainhealth.exporters.gpu.simulated import SimulatedFaultKind, SimulatedFault, SimulatedNvml, SimulatedProfiler
-from trainhealth.sinks.service import Sinks
+from trainhealth.exporters.gpu.simulated import SimulatedFault, SimulatedFaultKind, SimulatedNvml, SimulatedProfiler
 from trainhealth.exporters.gpu.xid_watcher import XidWatcher
 from trainhealth.identity import Identity
+from trainhealth.sinks.service import Sinks
 from trainhealth.store import MetricStore
 
 GPU_SPECS = [spec for spec in catalog.CATALOG if spec.labels[:2] == catalog.GPU_LABELS]
@@ -34,11 +34,13 @@ class Node:
         self.sim = SimulatedNvml(gpus=gpus, **sim_options)
         self.store = MetricStore()
         self.events = EventLog(logger=None)
-        self.sampler = GpuSampler(self.store, self.sim, backend="simulated", events=self.events,
-                                  profiler=SimulatedProfiler(self.sim))
+        self.sampler = GpuSampler(
+            self.store, self.sim, backend="simulated", events=self.events, profiler=SimulatedProfiler(self.sim)
+        )
         assert self.sampler.start(thread=False)
-        self.watcher = XidWatcher(self.store, self.sim, self.sampler.gpus, backend="simulated", events=self.events,
-                                  wait_ms=50)
+        self.watcher = XidWatcher(
+            self.store, self.sim, self.sampler.gpus, backend="simulated", events=self.events, wait_ms=50
+        )
         assert self.watcher.start()
         settings = Settings.resolve(env={}, prometheus_addr="127.0.0.1", prometheus_port=0, otel=False)
         self.sinks = Sinks.start(self.store, Identity.node({}, settings), settings, env={})
@@ -125,7 +127,9 @@ def test_xids_are_a_stream_with_meaning_and_action(node):
     assert events[0].attributes["action"] == "restart the application (usually an application bug)"
     assert events[3].severity.value == "critical" and "reset the GPU or reboot" in events[3].attributes["action"]
     # a double-bit ECC error also shows in the memory-error counters
-    assert got.value("trainhealth_gpu_ecc_errors_total", **gpu(5, error_type="uncorrected", counter_type="volatile")) == 1
+    assert (
+        got.value("trainhealth_gpu_ecc_errors_total", **gpu(5, error_type="uncorrected", counter_type="volatile")) == 1
+    )
     assert got.value("trainhealth_gpu_remapped_rows", **gpu(5, error_type="uncorrectable")) == 1
 
 
@@ -138,7 +142,9 @@ def test_a_gpu_that_falls_off_the_bus_keeps_its_series_and_recovers(node):
     assert lost.value("trainhealth_gpu_state", **gpu(3, state="lost")) == 1
     assert lost.value("trainhealth_gpu_state", **gpu(3, state="ok")) == 0
     assert math.isnan(lost.value("trainhealth_gpu_temperature_celsius", **gpu(3)))  # present, value unknown
-    assert lost.value("trainhealth_gpu_ecc_errors_total", **gpu(3, error_type="corrected", counter_type="aggregate")) == 0
+    assert (
+        lost.value("trainhealth_gpu_ecc_errors_total", **gpu(3, error_type="corrected", counter_type="aggregate")) == 0
+    )
     assert lost.labels_of("trainhealth_gpu_info") == before.labels_of("trainhealth_gpu_info")
     for other in (0, 1, 2, 4, 5, 6, 7):  # the other GPUs keep being served
         assert lost.value("trainhealth_gpu_up", **gpu(other)) == 1
@@ -160,8 +166,12 @@ def test_an_uncontained_ecc_error_requires_a_reset(node):
     got = node.scrape()
     assert got.value("trainhealth_gpu_up", **gpu(1)) == 1
     # the reset cleared the volatile counter; the lifetime one keeps the error
-    assert got.value("trainhealth_gpu_ecc_errors_total", **gpu(1, error_type="uncorrected", counter_type="volatile")) == 0
-    assert got.value("trainhealth_gpu_ecc_errors_total", **gpu(1, error_type="uncorrected", counter_type="aggregate")) == 1
+    assert (
+        got.value("trainhealth_gpu_ecc_errors_total", **gpu(1, error_type="uncorrected", counter_type="volatile")) == 0
+    )
+    assert (
+        got.value("trainhealth_gpu_ecc_errors_total", **gpu(1, error_type="uncorrected", counter_type="aggregate")) == 1
+    )
 
 
 def test_the_recovery_action_the_driver_asks_for_is_an_event(node):
@@ -173,62 +183,119 @@ def test_the_recovery_action_the_driver_asks_for_is_an_event(node):
 
 
 FAULTS = [
-    (SimulatedFault(SimulatedFaultKind.THERMAL_THROTTLE, gpu=4), [
-        ("trainhealth_gpu_clocks_event_active", gpu(4, reason="hw_thermal_slowdown"), lambda v: v == 1),
-        ("trainhealth_gpu_clocks_event_active", gpu(4, reason="sw_thermal_slowdown"), lambda v: v == 1),
-        ("trainhealth_gpu_temperature_celsius", gpu(4), lambda v: v >= 90),
-        ("trainhealth_gpu_memory_temperature_celsius", gpu(4), lambda v: v >= 90),
-        ("trainhealth_gpu_clock_hertz", gpu(4, clock="sm"), lambda v: v < 1.98e9 * 0.7),
-    ]),
-    (SimulatedFault(SimulatedFaultKind.POWER_THROTTLE, gpu=4), [
-        ("trainhealth_gpu_clocks_event_active", gpu(4, reason="sw_power_cap"), lambda v: v == 1),
-        ("trainhealth_gpu_power_watts", gpu(4), lambda v: v >= 690),
-    ]),
-    (SimulatedFault(SimulatedFaultKind.SLOW_CLOCKS, gpu=4, factor=0.5), [
-        ("trainhealth_gpu_clock_hertz", gpu(4, clock="sm"), lambda v: v == 0.99e9),
-        ("trainhealth_gpu_clocks_event_active", gpu(4, reason="hw_slowdown"), lambda v: v == 1),
-    ]),
-    (SimulatedFault(SimulatedFaultKind.ECC_UNCORRECTABLE, gpu=4, count=2), [
-        ("trainhealth_gpu_ecc_errors_total", gpu(4, error_type="uncorrected", counter_type="aggregate"), lambda v: v == 2),
-    ]),
-    (SimulatedFault(SimulatedFaultKind.ECC_CORRECTABLE, gpu=4, count=7), [
-        ("trainhealth_gpu_ecc_errors_total", gpu(4, error_type="corrected", counter_type="volatile"), lambda v: v == 7),
-    ]),
-    (SimulatedFault(SimulatedFaultKind.ROW_REMAP_FAILURE, gpu=4), [
-        ("trainhealth_gpu_row_remap_failure", gpu(4), lambda v: v == 1),
-    ]),
-    (SimulatedFault(SimulatedFaultKind.PCIE_REPLAYS, gpu=4, count=12), [
-        ("trainhealth_gpu_pcie_replays_total", gpu(4), lambda v: v == 12),
-    ]),
-    (SimulatedFault(SimulatedFaultKind.NVLINK_CRC, gpu=4, link=7, count=5), [
-        ("trainhealth_gpu_nvlink_errors_total", gpu(4, link="7", error_type="crc_flit"), lambda v: v == 5),
-        ("trainhealth_gpu_nvlink_errors_total", gpu(4, link="6", error_type="crc_flit"), lambda v: v == 0),
-    ]),
-    (SimulatedFault(SimulatedFaultKind.NVLINK_DOWN, gpu=4, link=2), [
-        ("trainhealth_gpu_nvlink_up", gpu(4, link="2"), lambda v: v == 0),
-        ("trainhealth_gpu_nvlink_up", gpu(4, link="3"), lambda v: v == 1),
-    ]),
-    (SimulatedFault(SimulatedFaultKind.GPU_LOST, gpu=4), [
-        ("trainhealth_gpu_up", gpu(4), lambda v: v == 0),
-        ("trainhealth_gpu_state", gpu(4, state="lost"), lambda v: v == 1),
-    ]),
-    (SimulatedFault(SimulatedFaultKind.RESET_REQUIRED, gpu=4), [
-        ("trainhealth_gpu_state", gpu(4, state="reset_required"), lambda v: v == 1),
-    ]),
-    (SimulatedFault(SimulatedFaultKind.XID, gpu=4, xid=64), [
-        ("trainhealth_gpu_row_remap_failure", gpu(4), lambda v: v == 1),
-    ]),
-    (SimulatedFault(SimulatedFaultKind.XID, gpu=4, xid=63), [
-        ("trainhealth_gpu_remapped_rows", gpu(4, error_type="correctable"), lambda v: v == 1),
-        ("trainhealth_gpu_row_remap_pending", gpu(4), lambda v: v == 1),
-    ]),
-    (SimulatedFault(SimulatedFaultKind.XID, gpu=4, xid=94), [
-        ("trainhealth_gpu_ecc_errors_total", gpu(4, error_type="uncorrected", counter_type="volatile"), lambda v: v == 1),
-        ("trainhealth_gpu_up", gpu(4), lambda v: v == 1),
-    ]),
-    (SimulatedFault(SimulatedFaultKind.XID, gpu=4, xid=74), [
-        ("trainhealth_gpu_nvlink_errors_total", gpu(4, link="0", error_type="replay"), lambda v: v == 1),
-    ]),
+    (
+        SimulatedFault(SimulatedFaultKind.THERMAL_THROTTLE, gpu=4),
+        [
+            ("trainhealth_gpu_clocks_event_active", gpu(4, reason="hw_thermal_slowdown"), lambda v: v == 1),
+            ("trainhealth_gpu_clocks_event_active", gpu(4, reason="sw_thermal_slowdown"), lambda v: v == 1),
+            ("trainhealth_gpu_temperature_celsius", gpu(4), lambda v: v >= 90),
+            ("trainhealth_gpu_memory_temperature_celsius", gpu(4), lambda v: v >= 90),
+            ("trainhealth_gpu_clock_hertz", gpu(4, clock="sm"), lambda v: v < 1.98e9 * 0.7),
+        ],
+    ),
+    (
+        SimulatedFault(SimulatedFaultKind.POWER_THROTTLE, gpu=4),
+        [
+            ("trainhealth_gpu_clocks_event_active", gpu(4, reason="sw_power_cap"), lambda v: v == 1),
+            ("trainhealth_gpu_power_watts", gpu(4), lambda v: v >= 690),
+        ],
+    ),
+    (
+        SimulatedFault(SimulatedFaultKind.SLOW_CLOCKS, gpu=4, factor=0.5),
+        [
+            ("trainhealth_gpu_clock_hertz", gpu(4, clock="sm"), lambda v: v == 0.99e9),
+            ("trainhealth_gpu_clocks_event_active", gpu(4, reason="hw_slowdown"), lambda v: v == 1),
+        ],
+    ),
+    (
+        SimulatedFault(SimulatedFaultKind.ECC_UNCORRECTABLE, gpu=4, count=2),
+        [
+            (
+                "trainhealth_gpu_ecc_errors_total",
+                gpu(4, error_type="uncorrected", counter_type="aggregate"),
+                lambda v: v == 2,
+            ),
+        ],
+    ),
+    (
+        SimulatedFault(SimulatedFaultKind.ECC_CORRECTABLE, gpu=4, count=7),
+        [
+            (
+                "trainhealth_gpu_ecc_errors_total",
+                gpu(4, error_type="corrected", counter_type="volatile"),
+                lambda v: v == 7,
+            ),
+        ],
+    ),
+    (
+        SimulatedFault(SimulatedFaultKind.ROW_REMAP_FAILURE, gpu=4),
+        [
+            ("trainhealth_gpu_row_remap_failure", gpu(4), lambda v: v == 1),
+        ],
+    ),
+    (
+        SimulatedFault(SimulatedFaultKind.PCIE_REPLAYS, gpu=4, count=12),
+        [
+            ("trainhealth_gpu_pcie_replays_total", gpu(4), lambda v: v == 12),
+        ],
+    ),
+    (
+        SimulatedFault(SimulatedFaultKind.NVLINK_CRC, gpu=4, link=7, count=5),
+        [
+            ("trainhealth_gpu_nvlink_errors_total", gpu(4, link="7", error_type="crc_flit"), lambda v: v == 5),
+            ("trainhealth_gpu_nvlink_errors_total", gpu(4, link="6", error_type="crc_flit"), lambda v: v == 0),
+        ],
+    ),
+    (
+        SimulatedFault(SimulatedFaultKind.NVLINK_DOWN, gpu=4, link=2),
+        [
+            ("trainhealth_gpu_nvlink_up", gpu(4, link="2"), lambda v: v == 0),
+            ("trainhealth_gpu_nvlink_up", gpu(4, link="3"), lambda v: v == 1),
+        ],
+    ),
+    (
+        SimulatedFault(SimulatedFaultKind.GPU_LOST, gpu=4),
+        [
+            ("trainhealth_gpu_up", gpu(4), lambda v: v == 0),
+            ("trainhealth_gpu_state", gpu(4, state="lost"), lambda v: v == 1),
+        ],
+    ),
+    (
+        SimulatedFault(SimulatedFaultKind.RESET_REQUIRED, gpu=4),
+        [
+            ("trainhealth_gpu_state", gpu(4, state="reset_required"), lambda v: v == 1),
+        ],
+    ),
+    (
+        SimulatedFault(SimulatedFaultKind.XID, gpu=4, xid=64),
+        [
+            ("trainhealth_gpu_row_remap_failure", gpu(4), lambda v: v == 1),
+        ],
+    ),
+    (
+        SimulatedFault(SimulatedFaultKind.XID, gpu=4, xid=63),
+        [
+            ("trainhealth_gpu_remapped_rows", gpu(4, error_type="correctable"), lambda v: v == 1),
+            ("trainhealth_gpu_row_remap_pending", gpu(4), lambda v: v == 1),
+        ],
+    ),
+    (
+        SimulatedFault(SimulatedFaultKind.XID, gpu=4, xid=94),
+        [
+            (
+                "trainhealth_gpu_ecc_errors_total",
+                gpu(4, error_type="uncorrected", counter_type="volatile"),
+                lambda v: v == 1,
+            ),
+            ("trainhealth_gpu_up", gpu(4), lambda v: v == 1),
+        ],
+    ),
+    (
+        SimulatedFault(SimulatedFaultKind.XID, gpu=4, xid=74),
+        [
+            ("trainhealth_gpu_nvlink_errors_total", gpu(4, link="0", error_type="replay"), lambda v: v == 1),
+        ],
+    ),
 ]
 
 
@@ -255,15 +322,22 @@ def test_each_scripted_fault_shows_in_the_scrape(node, fault, checks):
             assert got.value(name, **other) == healthy.value(name, **other)
 
 
-@pytest.mark.parametrize("kind", [SimulatedFaultKind.THERMAL_THROTTLE, SimulatedFaultKind.POWER_THROTTLE, SimulatedFaultKind.SLOW_CLOCKS])
+@pytest.mark.parametrize(
+    "kind", [SimulatedFaultKind.THERMAL_THROTTLE, SimulatedFaultKind.POWER_THROTTLE, SimulatedFaultKind.SLOW_CLOCKS]
+)
 def test_a_condition_that_ends_restores_the_clocks(node, kind):
     node.sim.inject(SimulatedFault(kind, gpu=0))
     assert node.scrape().value("trainhealth_gpu_clock_hertz", **gpu(0, clock="sm")) < 1.98e9
     node.sim.inject(SimulatedFault(kind, gpu=0, active=False))
     cleared = node.scrape()
     assert cleared.value("trainhealth_gpu_clock_hertz", **gpu(0, clock="sm")) == 1.98e9
-    assert sum(cleared.value("trainhealth_gpu_clocks_event_active", **gpu(0, reason=reason))
-               for reason in ("hw_thermal_slowdown", "sw_thermal_slowdown", "sw_power_cap", "hw_slowdown")) == 0
+    assert (
+        sum(
+            cleared.value("trainhealth_gpu_clocks_event_active", **gpu(0, reason=reason))
+            for reason in ("hw_thermal_slowdown", "sw_thermal_slowdown", "sw_power_cap", "hw_slowdown")
+        )
+        == 0
+    )
 
 
 def test_the_sampler_thread_samples_on_its_own():

@@ -17,7 +17,7 @@ import torch
 from tests.helpers import scrape
 from trainhealth import ConfigError, Monitor, Settings
 from trainhealth.exporters.gpu.dcgm import DcgmProfiler, DcgmUnavailable
-from trainhealth.exporters.gpu.simulated import SimulatedFaultKind, SimulatedFault
+from trainhealth.exporters.gpu.simulated import SimulatedFault, SimulatedFaultKind
 
 SERVE = {"prometheus_addr": "127.0.0.1", "prometheus_port": 0, "otel": False}
 
@@ -82,15 +82,23 @@ def test_gpu_backend_off_samples_nothing():
 
 
 def test_dcgm_absence_is_one_clear_message():
-    if any(Path(d, "pydcgm.py").exists() for d in ("/usr/share/datacenter-gpu-manager-4/bindings/python3", "/usr/local/dcgm/bindings/python3")):
+    if any(
+        Path(d, "pydcgm.py").exists()
+        for d in ("/usr/share/datacenter-gpu-manager-4/bindings/python3", "/usr/local/dcgm/bindings/python3")
+    ):
         pytest.skip("DCGM bindings are installed here")
     with pytest.raises(DcgmUnavailable, match=r"^DCGM is not present: .*datacenter-gpu-manager"):
         DcgmProfiler()
 
 
-@pytest.mark.parametrize("env, setting", [({"TRAINHEALTH_GPU_BACKEND": "fake"}, "gpu_backend"),
-                                          ({"TRAINHEALTH_GPUS": "first"}, "gpus"),
-                                          ({"TRAINHEALTH_GPU_SAMPLE_INTERVAL": "0"}, "gpu_sample_interval")])
+@pytest.mark.parametrize(
+    "env, setting",
+    [
+        ({"TRAINHEALTH_GPU_BACKEND": "fake"}, "gpu_backend"),
+        ({"TRAINHEALTH_GPUS": "first"}, "gpus"),
+        ({"TRAINHEALTH_GPU_SAMPLE_INTERVAL": "0"}, "gpu_sample_interval"),
+    ],
+)
 def test_gpu_settings_are_validated(env, setting):
     with pytest.raises(ConfigError) as error:
         Settings.resolve(env=env)
@@ -98,10 +106,24 @@ def test_gpu_settings_are_validated(env, setting):
 
 
 def test_trainhealth_export_serves_a_simulated_node_until_stopped():
-    command = [str(Path(sys.executable).parent / "trainhealth"), "export", "--backend", "simulated",
-               "--simulated-gpus", "4", "--addr", "127.0.0.1", "--port", "0", "--interval", "0.2"]
+    command = [
+        str(Path(sys.executable).parent / "trainhealth"),
+        "export",
+        "--backend",
+        "simulated",
+        "--simulated-gpus",
+        "4",
+        "--addr",
+        "127.0.0.1",
+        "--port",
+        "0",
+        "--interval",
+        "0.2",
+    ]
     env = {k: v for k, v in os.environ.items() if not k.startswith("TRAINHEALTH_")}
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**env, "RANK": "3"})
+    process = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**env, "RANK": "3"}
+    )
     try:
         line = process.stdout.readline()
         url = re.search(r"metrics at (http://\S+)", line).group(1)
@@ -117,7 +139,11 @@ def test_trainhealth_export_serves_a_simulated_node_until_stopped():
 
 
 def test_trainhealth_export_rejects_a_bad_option_in_one_line():
-    result = subprocess.run([str(Path(sys.executable).parent / "trainhealth"), "export", "--backend", "imaginary"],
-                            capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [str(Path(sys.executable).parent / "trainhealth"), "export", "--backend", "imaginary"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 2
     assert result.stderr.count("\n") == 1 and "imaginary" in result.stderr

@@ -65,15 +65,21 @@ def test_goodput_counts_a_stall_and_redone_steps():
 
 def test_restarts_come_from_torchelastic():
     model = torch.nn.Linear(2, 1)
-    with Monitor(model, prometheus=False, otel=False, gpu_backend="off",
-                 env={"TORCHELASTIC_RESTART_COUNT": "3"}) as mon:
+    with Monitor(
+        model, prometheus=False, otel=False, gpu_backend="off", env={"TORCHELASTIC_RESTART_COUNT": "3"}
+    ) as mon:
         assert mon.store.value(catalog.TRAIN_RESTARTS) == 3.0
 
 
-@pytest.mark.parametrize("name, value, problem", [
-    ("sdc_interval", -1, r"must be 0\.\.1000000"), ("grad_check_every", -5, r"must be 0\.\.1000000"),
-    ("signal_tokens", 0, r"must be 1\.\.1024"), ("sdc_group", "dp", "must be world or off"),
-])
+@pytest.mark.parametrize(
+    "name, value, problem",
+    [
+        ("sdc_interval", -1, r"must be 0\.\.1000000"),
+        ("grad_check_every", -5, r"must be 0\.\.1000000"),
+        ("signal_tokens", 0, r"must be 1\.\.1024"),
+        ("sdc_group", "dp", "must be world or off"),
+    ],
+)
 def test_bad_sdc_settings_name_the_setting(name, value, problem):
     with pytest.raises(ConfigError, match=f"^{name} .*{problem}"):
         Settings.resolve(env={}, **{name: value})

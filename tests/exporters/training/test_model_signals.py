@@ -7,9 +7,9 @@ import math
 import torch
 
 from trainhealth import catalog
+from trainhealth.demo.tiny_gpt import TinyGPT, synthetic_batch
 from trainhealth.exporters.monitor import Monitor
 from trainhealth.exporters.training.model_signals import ModelSignals
-from trainhealth.demo.tiny_gpt import TinyGPT, synthetic_batch
 
 
 def test_attention_max_logit_and_entropy_match_the_materialised_probabilities():
@@ -45,11 +45,11 @@ def test_log_z_and_activation_rms_are_those_of_the_tensors():
     model.layers[1].register_forward_hook(lambda m, i, o: captured.setdefault("block", o.detach()))
     logits = model(synthetic_batch(32, 8, batch=2, seed=0)[:, :-1])
     tensors, order = signals.take()
-    values = ModelSignals.interpret({name: float(t) if length == 1 else t.tolist() for name, t, length in tensors},
-                                    order)
+    values = ModelSignals.interpret(
+        {name: float(t) if length == 1 else t.tolist() for name, t, length in tensors}, order
+    )
     assert math.isclose(values.log_z, torch.logsumexp(logits[0], -1).mean().item(), rel_tol=1e-5)
-    assert math.isclose(values.activation_rms["layers.1"], captured["block"].pow(2).mean().sqrt().item(),
-                        rel_tol=1e-5)
+    assert math.isclose(values.activation_rms["layers.1"], captured["block"].pow(2).mean().sqrt().item(), rel_tol=1e-5)
     assert values.nonfinite_origin is None and order.forward == ("embed", "layers.0", "layers.1", "lm_head")
 
 
@@ -72,7 +72,10 @@ def test_the_monitor_exports_the_signals_and_names_the_block_that_first_went_non
         layers = {labels[0] for labels, _ in store.series(catalog.MODEL_ATTENTION_ENTROPY)}
         assert layers == {"layers.0.attn", "layers.1.attn", "layers.2.attn"}
         assert {labels[0] for labels, _ in store.series(catalog.MODEL_ACTIVATION_RMS)} == {
-            "layers.0", "layers.1", "layers.2"}
+            "layers.0",
+            "layers.1",
+            "layers.2",
+        }
         assert store.value(catalog.MODEL_OUTPUT_LOG_Z) is not None
         # the NaN came out of layers.1 at step 4; step 5 starts from NaN weights, so its origin is upstream
         assert store.value(catalog.TRAIN_NONFINITE_ORIGIN, ("layers.1",)) == 1.0
@@ -97,8 +100,9 @@ def test_a_signal_whose_hook_raises_is_counted_once_and_turned_off_alone():
     torch.manual_seed(1)
     model = TinyGPT(vocab=32, width=16, layers=2, heads=2, context=8)
     store = MetricStore()
-    signals = ModelSignals(_TorchWithoutLogsumexp(), model, blocks=["layers.0", "layers.1"], sample_tokens=8,
-                           store=store)
+    signals = ModelSignals(
+        _TorchWithoutLogsumexp(), model, blocks=["layers.0", "layers.1"], sample_tokens=8, store=store
+    )
     for seed in range(3):
         signals.sampling = True
         model(synthetic_batch(32, 8, batch=2, seed=seed)[:, :-1])  # never raises into the forward pass

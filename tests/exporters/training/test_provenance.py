@@ -11,20 +11,24 @@ import pytest
 import torch
 
 from trainhealth import catalog
+from trainhealth.demo.tiny_gpt import TinyGPT, synthetic_batch
 from trainhealth.exporters.monitor import Monitor
 from trainhealth.exporters.training.provenance import OVERFLOW_BOUND, BlockOrder, Origin, Stage, Where, locate
 from trainhealth.injectors.schedule import Injector
-from trainhealth.demo.tiny_gpt import TinyGPT, synthetic_batch
 
 
 def _train_with_flip(target: str, tensor: str, seed: int) -> tuple[Monitor, dict]:
     torch.manual_seed(seed)
     model = TinyGPT(vocab=64, width=32, layers=2, heads=2, context=32)
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    injector = Injector([{"kind": "bitflip", "target": target, "tensor": tensor, "bit": 30, "step": 3}],
-                        model=model, optimizer=optimizer, rank=0, seed=seed)
-    with Monitor(model, optimizer, prometheus=False, otel=False, gpu_backend="off", stats_every=10,
-                 env={}) as monitor:
+    injector = Injector(
+        [{"kind": "bitflip", "target": target, "tensor": tensor, "bit": 30, "step": 3}],
+        model=model,
+        optimizer=optimizer,
+        rank=0,
+        seed=seed,
+    )
+    with Monitor(model, optimizer, prometheus=False, otel=False, gpu_backend="off", stats_every=10, env={}) as monitor:
         for step in range(5):
             injector.begin_step(step)
             loss = model.loss(synthetic_batch(64, 32, batch=8, seed=step))
@@ -37,10 +41,13 @@ def _train_with_flip(target: str, tensor: str, seed: int) -> tuple[Monitor, dict
     return monitor, fault
 
 
-@pytest.mark.parametrize(("target", "tensor", "block", "stage"), [
-    # the weight becomes ~1e37, finite: the block's output overflows there, the NaN only appears downstream
-    ("parameter", "layers.0.mlp.0.weight", "layers.0", Stage.OUTPUT),
-])
+@pytest.mark.parametrize(
+    ("target", "tensor", "block", "stage"),
+    [
+        # the weight becomes ~1e37, finite: the block's output overflows there, the NaN only appears downstream
+        ("parameter", "layers.0.mlp.0.weight", "layers.0", Stage.OUTPUT),
+    ],
+)
 def test_a_top_exponent_flip_is_traced_to_its_block_not_the_head(target, tensor, block, stage):
     monitor, fault = _train_with_flip(target, tensor, seed=0)
     assert abs(fault["changes"][0][2]) > OVERFLOW_BOUND  # the flip made an absurd value (its before was below 2)
@@ -96,12 +103,14 @@ def test_the_output_check_comes_first_then_the_gradients_in_backward_order_then_
     clean = {"block_peak": [1.0, 5.0, 7.0, 20.0], "grad_peak": [0.1, 0.2, 0.3, 0.01], "grad_norm": 0.5}
     assert locate(clean, order) is None
     # just below the bound is still a value; NaN anywhere after an overflow does not move the origin
-    assert locate({**clean, "block_peak": [1.0, OVERFLOW_BOUND, 7.0, math.nan]}, order) == Origin("lm_head",
-                                                                                                   Stage.OUTPUT)
+    assert locate({**clean, "block_peak": [1.0, OVERFLOW_BOUND, 7.0, math.nan]}, order) == Origin(
+        "lm_head", Stage.OUTPUT
+    )
     assert locate({**clean, "block_peak": [1.0, 2e36, math.nan, math.nan]}, order) == Origin("layers.0", Stage.OUTPUT)
     # a finite forward: backward reached layers.1 before the upstream blocks its bad gradient flowed into
-    assert locate({**clean, "grad_peak": [0.1, math.inf, math.nan, math.nan]}, order) == Origin("layers.1",
-                                                                                                 Stage.GRADIENT)
+    assert locate({**clean, "grad_peak": [0.1, math.inf, math.nan, math.nan]}, order) == Origin(
+        "layers.1", Stage.GRADIENT
+    )
     received = locate({**clean, "grad_norm": math.inf}, order)
     assert received == Origin("all_reduce", Stage.ALL_REDUCE) and received.where is Where.RECEIVED
 

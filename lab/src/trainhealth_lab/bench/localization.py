@@ -31,28 +31,44 @@ from dataclasses import dataclass, replace
 import numpy as np
 import pandas as pd
 
+from trainhealth.localize.evidence import COMPUTE_OPS
+from trainhealth.localize.localizer import Analysis, Thresholds, analyze, decide
 from trainhealth.simulator.cluster import ClusterLayout
 from trainhealth.simulator.simulate import (
-    Control,
     ClusterFaultKind,
+    Control,
     InjectedFault,
     Scenario,
     simulate,
 )
-from trainhealth.localize.evidence import COMPUTE_OPS
-from trainhealth.localize.localizer import Analysis, Thresholds, analyze, decide
 
 __all__ = ["SCALES", "SEVERITIES", "Case", "Outcome", "cases", "evaluate", "judge", "summarize"]
 
 SCALES: dict[int, tuple[ClusterLayout, ...]] = {
-    64: (ClusterLayout(dp=4, pp=2, tp=8), ClusterLayout(dp=2, pp=2, tp=8, cp=2), ClusterLayout(dp=4, pp=2, tp=8, ep=2),
-         ClusterLayout(dp=4, pp=4, tp=2, cp=2, ep=2)),
-    512: (ClusterLayout(dp=16, pp=4, tp=8), ClusterLayout(dp=8, pp=4, tp=8, cp=2), ClusterLayout(dp=16, pp=4, tp=8, ep=4),
-          ClusterLayout(dp=8, pp=4, tp=4, cp=2, ep=2)),
-    2048: (ClusterLayout(dp=32, pp=8, tp=8), ClusterLayout(dp=16, pp=8, tp=8, cp=2), ClusterLayout(dp=32, pp=8, tp=8, ep=8),
-           ClusterLayout(dp=16, pp=4, tp=8, cp=4, ep=4)),
-    8192: (ClusterLayout(dp=64, pp=16, tp=8), ClusterLayout(dp=32, pp=16, tp=8, cp=2), ClusterLayout(dp=64, pp=16, tp=8, ep=8),
-           ClusterLayout(dp=32, pp=8, tp=8, cp=4, ep=4)),
+    64: (
+        ClusterLayout(dp=4, pp=2, tp=8),
+        ClusterLayout(dp=2, pp=2, tp=8, cp=2),
+        ClusterLayout(dp=4, pp=2, tp=8, ep=2),
+        ClusterLayout(dp=4, pp=4, tp=2, cp=2, ep=2),
+    ),
+    512: (
+        ClusterLayout(dp=16, pp=4, tp=8),
+        ClusterLayout(dp=8, pp=4, tp=8, cp=2),
+        ClusterLayout(dp=16, pp=4, tp=8, ep=4),
+        ClusterLayout(dp=8, pp=4, tp=4, cp=2, ep=2),
+    ),
+    2048: (
+        ClusterLayout(dp=32, pp=8, tp=8),
+        ClusterLayout(dp=16, pp=8, tp=8, cp=2),
+        ClusterLayout(dp=32, pp=8, tp=8, ep=8),
+        ClusterLayout(dp=16, pp=4, tp=8, cp=4, ep=4),
+    ),
+    8192: (
+        ClusterLayout(dp=64, pp=16, tp=8),
+        ClusterLayout(dp=32, pp=16, tp=8, cp=2),
+        ClusterLayout(dp=64, pp=16, tp=8, ep=8),
+        ClusterLayout(dp=32, pp=8, tp=8, cp=4, ep=4),
+    ),
 }
 SEVERITIES = (1.02, 1.05, 1.1, 1.2, 1.5, 2.0, 3.0)
 KINDS = (ClusterFaultKind.GPU, ClusterFaultKind.NIC, ClusterFaultKind.HOST, ClusterFaultKind.SWITCH)
@@ -74,27 +90,41 @@ class Case:
         return "persistent" if self.fault.end_step is None else "transient"
 
     def scenario(self) -> Scenario:
-        return Scenario(self.layout, steps=STEPS, microbatches=MICROBATCHES, seed=self.seed,
-                        faults=(self.fault,) if self.fault else (), control=self.control)
+        return Scenario(
+            self.layout,
+            steps=STEPS,
+            microbatches=MICROBATCHES,
+            seed=self.seed,
+            faults=(self.fault,) if self.fault else (),
+            control=self.control,
+        )
 
 
-def cases(scale: int, seeds: Iterable[int], severities: Sequence[float] = SEVERITIES,
-          kinds: Sequence[ClusterFaultKind] = KINDS) -> list[Case]:
+def cases(
+    scale: int,
+    seeds: Iterable[int],
+    severities: Sequence[float] = SEVERITIES,
+    kinds: Sequence[ClusterFaultKind] = KINDS,
+) -> list[Case]:
     """Per seed and layout of ``scale``: every kind at every severity, and the three controls."""
     out = []
     for seed in seeds:
         for position, layout in enumerate(SCALES[scale]):
             for kind in kinds:
                 for severity in severities:
-                    rng = np.random.default_rng(zlib.crc32(f"{scale}/{seed}/{position}/{kind.value}/{severity}".encode()))
+                    rng = np.random.default_rng(
+                        zlib.crc32(f"{scale}/{seed}/{position}/{kind.value}/{severity}".encode())
+                    )
                     out.append(Case(scale, layout, seed, _fault(layout, kind, severity, rng)))
             out += [Case(scale, layout, seed, None, control) for control in Control]
     return out
 
 
 def _fault(layout: ClusterLayout, kind: ClusterFaultKind, severity: float, rng: np.random.Generator) -> InjectedFault:
-    limit = {ClusterFaultKind.HOST: int(layout.host_of(layout.world - 1)) + 1,
-             ClusterFaultKind.SWITCH: int(layout.leaf_of(layout.world - 1)) + 1}.get(kind, layout.world)
+    limit = {
+        ClusterFaultKind.HOST: int(layout.host_of(layout.world - 1)) + 1,
+        ClusterFaultKind.SWITCH: int(layout.leaf_of(layout.world - 1)) + 1,
+    }.get(kind, layout.world)
     target = int(rng.integers(limit))
     if rng.random() < 0.5:
         return InjectedFault(kind, target, severity, start_step=int(rng.integers(4, 11)))
@@ -121,8 +151,9 @@ class Outcome:
         nobody blamed (a transient excursion is reported as an event, not as a faulty device)."""
         if self.case.pattern == "transient" and not self.components and self.expected_component is not None:
             return self.events[:1] == (self.expected_component,)
-        return (self.verdict == self.expected_verdict
-                and (self.expected_component is None or self.components[:1] == (self.expected_component,)))
+        return self.verdict == self.expected_verdict and (
+            self.expected_component is None or self.components[:1] == (self.expected_component,)
+        )
 
     @property
     def top3(self) -> bool:
@@ -146,21 +177,36 @@ def evaluate(case: Case, thresholds: Thresholds, collectives_only: bool = False)
     if collectives_only:
         records = records[~records["op"].isin(COMPUTE_OPS)].reset_index(drop=True)
     began = time.perf_counter()
-    analysis = analyze(records, trace.topology, replace(thresholds, gpu_z=1.0, collectives_z=1.0, link_z=1.0, max_suspects=10))
+    analysis = analyze(
+        records, trace.topology, replace(thresholds, gpu_z=1.0, collectives_z=1.0, link_z=1.0, max_suspects=10)
+    )
     seconds = time.perf_counter() - began
     truth = trace.ground_truth
     fault = truth["faults"][0] if truth["faults"] else None
     totals = records.groupby("rank", sort=False)["duration"].sum()
-    base = Outcome(case, truth["verdict"], fault["component"] if fault else None,
-                   tuple(fault["ranks"]) if fault else (), "healthy", (), int(totals.idxmax()), seconds, analysis)
+    base = Outcome(
+        case,
+        truth["verdict"],
+        fault["component"] if fault else None,
+        tuple(fault["ranks"]) if fault else (),
+        "healthy",
+        (),
+        int(totals.idxmax()),
+        seconds,
+        analysis,
+    )
     return judge(base, thresholds)
 
 
 def judge(outcome: Outcome, thresholds: Thresholds) -> Outcome:
     """The outcome under other thresholds, from the same analysis (for choosing thresholds)."""
     result = decide(outcome.analysis, thresholds)
-    return replace(outcome, verdict=result.verdict, components=tuple(s.component or "" for s in result.suspects),
-                   events=tuple(e["component"] for e in result.details.get("events", [])))
+    return replace(
+        outcome,
+        verdict=result.verdict,
+        components=tuple(s.component or "" for s in result.suspects),
+        events=tuple(e["component"] for e in result.details.get("events", [])),
+    )
 
 
 def summarize(outcomes: Sequence[Outcome], by: str) -> pd.DataFrame:
@@ -168,21 +214,35 @@ def summarize(outcomes: Sequence[Outcome], by: str) -> pd.DataFrame:
     rows = []
     for outcome in outcomes:
         case = outcome.case
-        rows.append({
-            "scale": case.scale, "dims": case.layout.dimensions,
-            "kind": case.fault.kind.value if case.fault else "control",
-            "severity": case.fault.severity if case.fault else np.nan, "pattern": case.pattern,
-            "control": case.control.value if case.fault is None else "-",
-            "fault": case.fault is not None, "top1": outcome.top1, "top3": outcome.top3,
-            "naive": outcome.naive_hit, "blamed": outcome.blamed, "verdict_ok": outcome.verdict == outcome.expected_verdict,
-            "seconds": outcome.seconds,
-        })
+        rows.append(
+            {
+                "scale": case.scale,
+                "dims": case.layout.dimensions,
+                "kind": case.fault.kind.value if case.fault else "control",
+                "severity": case.fault.severity if case.fault else np.nan,
+                "pattern": case.pattern,
+                "control": case.control.value if case.fault is None else "-",
+                "fault": case.fault is not None,
+                "top1": outcome.top1,
+                "top3": outcome.top3,
+                "naive": outcome.naive_hit,
+                "blamed": outcome.blamed,
+                "verdict_ok": outcome.verdict == outcome.expected_verdict,
+                "seconds": outcome.seconds,
+            }
+        )
     frame = pd.DataFrame(rows)
     faults, controls = frame[frame["fault"]], frame[~frame["fault"]]
-    table = faults.groupby(by).agg(cases=("top1", "size"), top1=("top1", "mean"), top3=("top3", "mean"),
-                                   naive=("naive", "mean")) if len(faults) and by in faults else pd.DataFrame()
+    table = (
+        faults.groupby(by).agg(
+            cases=("top1", "size"), top1=("top1", "mean"), top3=("top3", "mean"), naive=("naive", "mean")
+        )
+        if len(faults) and by in faults
+        else pd.DataFrame()
+    )
     if by in ("scale", "dims", "control") and len(controls):
-        blame = controls.groupby(by).agg(controls=("blamed", "size"), false_blame=("blamed", "mean"),
-                                         verdict_ok=("verdict_ok", "mean"))
+        blame = controls.groupby(by).agg(
+            controls=("blamed", "size"), false_blame=("blamed", "mean"), verdict_ok=("verdict_ok", "mean")
+        )
         table = blame if table.empty else table.join(blame, how="outer")
     return table

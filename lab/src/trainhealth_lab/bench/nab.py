@@ -57,8 +57,21 @@ import pandas as pd
 from trainhealth.detectors.spec import WatchSpec, parse_item
 from trainhealth.detectors.watch import Watch
 
-__all__ = ["NAB_DETECTORS", "PROFILES", "NabFile", "NabResult", "SplitScore", "load_corpus", "nab_score",
-           "read_results", "result_names", "run_nab", "scaled_sigmoid", "score_corpus", "split_score"]
+__all__ = [
+    "NAB_DETECTORS",
+    "PROFILES",
+    "NabFile",
+    "NabResult",
+    "SplitScore",
+    "load_corpus",
+    "nab_score",
+    "read_results",
+    "result_names",
+    "run_nab",
+    "scaled_sigmoid",
+    "score_corpus",
+    "split_score",
+]
 
 #: The detectors run by ``trainhealth-lab nab`` by default, with NAB-sized windows.
 NAB_DETECTORS = (
@@ -96,7 +109,7 @@ class NabFile:
     def labels(self) -> np.ndarray:
         label = np.zeros(len(self.values), dtype=np.int64)
         for left, right in self.windows:
-            label[left: right + 1] = 1
+            label[left : right + 1] = 1
         return label
 
 
@@ -133,8 +146,8 @@ def _file_score(file: NabFile, detected: np.ndarray, weights: dict[str, float]) 
     score = 0.0
     covered = np.zeros(len(detected), dtype=bool)
     for left, right in file.windows:
-        covered[left: right + 1] = True
-        hits = np.flatnonzero(detected[left: right + 1])
+        covered[left : right + 1] = True
+        hits = np.flatnonzero(detected[left : right + 1])
         if len(hits):
             length = right - left + 1
             position = -(right - (left + hits[0]) + 1) / length
@@ -152,8 +165,12 @@ def _file_score(file: NabFile, detected: np.ndarray, weights: dict[str, float]) 
     return score
 
 
-def score_corpus(files: Sequence[NabFile], scores: Sequence[np.ndarray], profile: str = "standard",
-                 thresholds: Iterable[float] | None = None) -> tuple[float, float]:
+def score_corpus(
+    files: Sequence[NabFile],
+    scores: Sequence[np.ndarray],
+    profile: str = "standard",
+    thresholds: Iterable[float] | None = None,
+) -> tuple[float, float]:
     """(normalised score, best threshold) of one detector's anomaly scores over the corpus.
 
     The threshold is the best of ``thresholds``, by default of about 200 quantiles of the scores or one
@@ -166,9 +183,11 @@ def score_corpus(files: Sequence[NabFile], scores: Sequence[np.ndarray], profile
     null = -weights["fn"] * windows
     perfect = weights["tp"] * windows * scaled_sigmoid(-1.0)
     if thresholds is None:
-        pooled = np.concatenate([s[f.probation:] for f, s in zip(files, scores)])
+        pooled = np.concatenate([s[f.probation :] for f, s in zip(files, scores)])
         pooled = pooled[np.isfinite(pooled)]
-        thresholds = np.unique(np.quantile(pooled, np.r_[np.linspace(0.5, 0.99, 50), 1 - np.geomspace(1e-2, 1e-6, 150)]))
+        thresholds = np.unique(
+            np.quantile(pooled, np.r_[np.linspace(0.5, 0.99, 50), 1 - np.geomspace(1e-2, 1e-6, 150)])
+        )
     best, best_threshold = -math.inf, 1.0
     for threshold in thresholds:
         raw = sum(_file_score(f, s >= threshold, weights) for f, s in zip(files, scores))
@@ -179,8 +198,9 @@ def score_corpus(files: Sequence[NabFile], scores: Sequence[np.ndarray], profile
     return 100.0 * (best - null) / (perfect - null), best_threshold
 
 
-def _nab_points(file: NabFile, scores: np.ndarray, weights: dict[str, float],
-                first_window: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _nab_points(
+    file: NabFile, scores: np.ndarray, weights: dict[str, float], first_window: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(score, weighted NAB score, window number or -1) of the file's records past its probationary period,
     as NAB's ``Sweeper.calcSweepScore`` weighs them; windows are numbered from ``first_window``."""
     index = np.arange(len(file.values))
@@ -205,8 +225,12 @@ def _nab_points(file: NabFile, scores: np.ndarray, weights: dict[str, float],
     return np.asarray(scores, dtype=np.float64)[scored], weight[scored], window[scored]
 
 
-def nab_score(files: Sequence[NabFile], scores: Sequence[np.ndarray], profile: str = "standard",
-              thresholds: Iterable[float] | None = None) -> tuple[float, float]:
+def nab_score(
+    files: Sequence[NabFile],
+    scores: Sequence[np.ndarray],
+    profile: str = "standard",
+    thresholds: Iterable[float] | None = None,
+) -> tuple[float, float]:
     """(normalised score, best threshold) as NAB's code computes them, from the threshold sweep to the normalisation.
 
     Every record past the probationary period is weighted as NAB's ``Sweeper.calcSweepScore`` does; a
@@ -284,8 +308,10 @@ def detector_scores(files: Sequence[NabFile], spec: WatchSpec) -> tuple[list[np.
             points[index] = np.where(np.isfinite(scores), scores / (scores + spec.threshold), 0.0)
         opened = [int(anomaly.series) for anomaly in update.opened]
         events[index, opened] = points[index, opened]
-    return ([events[:length, column] for column, length in enumerate(lengths)],
-            [points[:length, column] for column, length in enumerate(lengths)])
+    return (
+        [events[:length, column] for column, length in enumerate(lengths)],
+        [points[:length, column] for column, length in enumerate(lengths)],
+    )
 
 
 @dataclass(frozen=True)
@@ -304,8 +330,12 @@ class SplitScore:
     threshold: float
 
 
-def split_score(files: Sequence[NabFile], scores: Sequence[np.ndarray], profile: str = "standard",
-                scorer: Callable[..., tuple[float, float]] = score_corpus) -> SplitScore:
+def split_score(
+    files: Sequence[NabFile],
+    scores: Sequence[np.ndarray],
+    profile: str = "standard",
+    scorer: Callable[..., tuple[float, float]] = score_corpus,
+) -> SplitScore:
     """The threshold chosen on the even-position files, scored on the odd-position ones.
 
     ``scorer`` is :func:`score_corpus` (trainhealth's normalisation) or :func:`nab_score` (NAB's).
@@ -368,8 +398,9 @@ def result_names(detectors: Sequence[str]) -> list[str]:
     return names
 
 
-def run_nab(root: str | os.PathLike[str], out: str | os.PathLike[str],
-            detectors: Sequence[str] = NAB_DETECTORS) -> list[NabResult]:
+def run_nab(
+    root: str | os.PathLike[str], out: str | os.PathLike[str], detectors: Sequence[str] = NAB_DETECTORS
+) -> list[NabResult]:
     """Run ``detectors`` over the corpus, write NAB's results layout, and return the scores."""
     files = load_corpus(root)
     out = Path(out)
@@ -381,12 +412,16 @@ def run_nab(root: str | os.PathLike[str], out: str | os.PathLike[str],
             category, csv_name = file.name.split("/")
             target = out / name / category / f"{name}_{csv_name}"
             target.parent.mkdir(parents=True, exist_ok=True)
-            pd.DataFrame({"timestamp": file.timestamps, "value": file.values, "anomaly_score": events,
-                          "label": file.labels}).to_csv(target, index=False)
-        results.append(NabResult(
-            name, item,
-            {profile: score_corpus(files, event_scores, profile)[0] for profile in PROFILES},
-            {profile: score_corpus(files, point_scores, profile)[0] for profile in PROFILES},
-            split_score(files, event_scores),
-        ))
+            pd.DataFrame(
+                {"timestamp": file.timestamps, "value": file.values, "anomaly_score": events, "label": file.labels}
+            ).to_csv(target, index=False)
+        results.append(
+            NabResult(
+                name,
+                item,
+                {profile: score_corpus(files, event_scores, profile)[0] for profile in PROFILES},
+                {profile: score_corpus(files, point_scores, profile)[0] for profile in PROFILES},
+                split_score(files, event_scores),
+            )
+        )
     return results

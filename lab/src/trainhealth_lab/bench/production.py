@@ -40,6 +40,7 @@ from enum import Enum
 import numpy as np
 import pandas as pd
 
+from trainhealth.localize.localizer import Thresholds, localize
 from trainhealth.simulator.cluster import ClusterLayout
 from trainhealth.simulator.noise import Hiccup, ProductionNoise
 from trainhealth.simulator.scenario import (
@@ -50,7 +51,6 @@ from trainhealth.simulator.scenario import (
     recurrent_fault,
 )
 from trainhealth.simulator.simulate import simulate
-from trainhealth.localize.localizer import Thresholds, localize
 
 __all__ = [
     "CALIBRATION_SEEDS",

@@ -86,8 +86,9 @@ MODEL = {"vocab": 64, "width": 32, "layers": 2, "heads": 2, "context": 32}
 BATCH = 8
 
 
-def run_trials(rank: int, world: int, trials: Sequence[Trial], model_shape: dict[str, int] | None = None,
-               batch: int = BATCH) -> list[TrialResult]:
+def run_trials(
+    rank: int, world: int, trials: Sequence[Trial], model_shape: dict[str, int] | None = None, batch: int = BATCH
+) -> list[TrialResult]:
     """Run ``trials`` one after the other on this rank (torch.distributed must be initialised on gloo)."""
     return [_run_trial(rank, world, trial, model_shape or MODEL, batch) for trial in trials]
 
@@ -97,9 +98,9 @@ def _run_trial(rank: int, world: int, trial: Trial, shape: dict[str, int], batch
 
     import torch
 
+    from trainhealth.demo.tiny_gpt import TinyGPT, synthetic_batch
     from trainhealth.exporters.monitor import Monitor
     from trainhealth.injectors.schedule import Injector
-    from trainhealth.demo.tiny_gpt import TinyGPT, synthetic_batch
 
     torch.manual_seed(trial.seed)
     model = TinyGPT(**shape)
@@ -118,8 +119,9 @@ def _run_trial(rank: int, world: int, trial: Trial, shape: dict[str, int], batch
         for step in range(trial.steps):
             began = time.perf_counter()
             injector.begin_step(step)
-            tokens = synthetic_batch(shape["vocab"], shape["context"], batch, seed=trial.seed * 100_003 + step * world
-                                     + rank)
+            tokens = synthetic_batch(
+                shape["vocab"], shape["context"], batch, seed=trial.seed * 100_003 + step * world + rank
+            )
             loss = _ddp_loss(ddp, tokens)
             loss.backward()
             optimizer.step()
@@ -139,7 +141,10 @@ def _run_trial(rank: int, world: int, trial: Trial, shape: dict[str, int], batch
         if peaks is not None:
             peaks.close()
     return TrialResult(
-        trial=trial.name, rank=rank, injected=list(injector.log), detections=detections,
+        trial=trial.name,
+        rank=rank,
+        injected=list(injector.log),
+        detections=detections,
         step_seconds=statistics.median(step_times) if step_times else 0.0,
         check_seconds={check: statistics.median(times) for check, times in check_times.items()},
         origin=origins[0] if origins else None,
@@ -182,12 +187,14 @@ def _record(event: Any, rank: int, detections: list[Detection], origins: list[Fi
     attributes = event.attributes
     step = attributes.get("step")
     if event.name == "sdc_suspect":
-        detections.append(Detection(str(attributes["check"]), int(step), int(attributes["rank"]),
-                                    str(attributes.get("tensors", ""))))
+        detections.append(
+            Detection(str(attributes["check"]), int(step), int(attributes["rank"]), str(attributes.get("tensors", "")))
+        )
     elif event.name == "nonfinite_origin":
         detections.append(Detection("nonfinite", int(step), rank, str(attributes["block"])))
-        origins.append(FirstOrigin(int(step), str(attributes["block"]), str(attributes["where"]),
-                                   str(attributes["stage"])))
+        origins.append(
+            FirstOrigin(int(step), str(attributes["block"]), str(attributes["where"]), str(attributes["stage"]))
+        )
     elif event.name == "anomaly" and step is not None:
         if attributes["detector"] == "nonfinite":
             detections.append(Detection("nonfinite", int(step), rank, str(attributes["signal"])))

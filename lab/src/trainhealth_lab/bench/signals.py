@@ -54,7 +54,7 @@ def generate(seed: int, steps: int = 5000) -> TrainingRun:
     for start in np.sort(rng.choice(np.arange(warm, steps - 20), size=max(3, steps // 800), replace=False)):
         length = int(rng.integers(1, 5))
         height = float(rng.uniform(0.15, 0.8))
-        loss[start: start + length] += height * np.exp(-np.arange(length) / 1.5)
+        loss[start : start + length] += height * np.exp(-np.arange(length) / 1.5)
         events.append(LabelledEvent("loss_spike", "loss", int(start), int(start + length - 1)))
     for start in np.sort(rng.choice(np.arange(warm, steps - 5), size=max(3, steps // 800), replace=False)):
         grad_norm[start] *= float(rng.uniform(3.0, 10.0))

@@ -41,8 +41,7 @@ from trainhealth.detectors.spec import WatchSpec, parse_spec
 from trainhealth.detectors.watch import Watch
 from trainhealth_lab.corpus import CorpusRun
 
-__all__ = ["SHARP_STEPS", "CorpusScore", "DivergenceScore", "EventScore", "detections", "observable",
-           "score_corpus"]
+__all__ = ["SHARP_STEPS", "CorpusScore", "DivergenceScore", "EventScore", "detections", "observable", "score_corpus"]
 
 #: A sharp event counts as caught when an event opens within this many steps after its cause step.
 SHARP_STEPS = 2
@@ -113,8 +112,8 @@ def observable(run: CorpusRun, signal: str) -> bool:
     or lies outside the range of the 50 steps before the cause."""
     cause = run.labels["cause_step"]
     values = run.signals[signal].to_numpy(dtype=np.float64)
-    before = values[max(0, cause - _REFERENCE_STEPS): cause]
-    after = values[cause: cause + SHARP_STEPS + 1]
+    before = values[max(0, cause - _REFERENCE_STEPS) : cause]
+    after = values[cause : cause + SHARP_STEPS + 1]
     before = before[np.isfinite(before)]
     if not len(before):
         return False
@@ -177,9 +176,15 @@ def score_corpus(runs: Sequence[CorpusRun], candidate: str, setting: str, *, ski
             if len(early):
                 before_collapse += 1
                 leads.append(int(collapse) - int(early[0]))
-    return CorpusScore(candidate, _events(sharp, SHARP_STEPS), _events(key, SHARP_STEPS),
-                       DivergenceScore(divergences, collapsing, before_collapse, tuple(leads)), _events(shift, None),
-                       false_alarms, healthy_steps)
+    return CorpusScore(
+        candidate,
+        _events(sharp, SHARP_STEPS),
+        _events(key, SHARP_STEPS),
+        DivergenceScore(divergences, collapsing, before_collapse, tuple(leads)),
+        _events(shift, None),
+        false_alarms,
+        healthy_steps,
+    )
 
 
 def _events(delays: list[int | None], limit: int | None) -> EventScore:

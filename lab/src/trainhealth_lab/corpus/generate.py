@@ -40,8 +40,14 @@ def _train_and_write(plan: RunPlan, out: Path) -> dict[str, Any]:
     return labels
 
 
-def generate(plans: Sequence[RunPlan], out: Path, *, workers: int, command: str,
-             report: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
+def generate(
+    plans: Sequence[RunPlan],
+    out: Path,
+    *,
+    workers: int,
+    command: str,
+    report: Callable[[dict[str, Any]], None] | None = None,
+) -> list[dict[str, Any]]:
     """Train and write every run of ``plans`` under ``out`` with at most ``workers`` processes, then the
     index; ``report`` sees each run's labels as it finishes. Returns the labels in the order of ``plans``."""
     spawn = multiprocessing.get_context("spawn")  # no fork of a process that may hold torch threads
@@ -52,6 +58,11 @@ def generate(plans: Sequence[RunPlan], out: Path, *, workers: int, command: str,
             labels.append(future.result())
             if report is not None:
                 report(labels[-1])
-    write_index(out, [plan.run_id for plan in plans], steps=plans[0].steps if plans else 0,
-                seeds=sorted({plan.seed for plan in plans}), command=command)
+    write_index(
+        out,
+        [plan.run_id for plan in plans],
+        steps=plans[0].steps if plans else 0,
+        seeds=sorted({plan.seed for plan in plans}),
+        command=command,
+    )
     return labels

@@ -28,8 +28,16 @@ import torch
 
 from trainhealth.injectors.bits import flip_bits
 
-__all__ = ["BLOWUP_FACTOR", "DIVERGENCE_GROWTH", "OVERFLOW_SCALE", "BitFlip", "flip_exponent_bit",
-           "float16_overflow", "lr_factor", "zero_moments"]
+__all__ = [
+    "BLOWUP_FACTOR",
+    "DIVERGENCE_GROWTH",
+    "OVERFLOW_SCALE",
+    "BitFlip",
+    "flip_exponent_bit",
+    "float16_overflow",
+    "lr_factor",
+    "zero_moments",
+]
 
 DIVERGENCE_GROWTH = 1.03  # per step
 BLOWUP_FACTOR = 100.0

@@ -32,7 +32,7 @@ BUMP_WINDOW = 50  # steps after an optimizer reset
 
 
 def _pre_event_loss(losses: Sequence[float], cause: int) -> float | None:
-    finite = [loss for loss in losses[max(0, cause - PRE_EVENT_STEPS):cause] if math.isfinite(loss)]
+    finite = [loss for loss in losses[max(0, cause - PRE_EVENT_STEPS) : cause] if math.isfinite(loss)]
     return statistics.median(finite) if finite else None
 
 
@@ -63,10 +63,20 @@ def run_labels(plan: RunPlan, losses: Sequence[float], injection: dict[str, Any]
         else:
             window = [cause, min(last, cause + SHARP_WINDOW)]
     return {
-        "run": plan.run_id, "model": plan.model, "seed": plan.seed, "scenario": plan.scenario,
-        "variant": plan.variant, "kind": kind.value, "cause_step": cause, "window": window,
-        "collapse_step": collapse, "pre_event_loss": pre_event, "warmup_steps": plan.schedule.warmup,
-        "schedule": plan.schedule.kind, "schedule_changes": list(plan.schedule.changes),
+        "run": plan.run_id,
+        "model": plan.model,
+        "seed": plan.seed,
+        "scenario": plan.scenario,
+        "variant": plan.variant,
+        "kind": kind.value,
+        "cause_step": cause,
+        "window": window,
+        "collapse_step": collapse,
+        "pre_event_loss": pre_event,
+        "warmup_steps": plan.schedule.warmup,
+        "schedule": plan.schedule.kind,
+        "schedule_changes": list(plan.schedule.changes),
         "checkpoint_steps": [step for step in range(plan.steps) if plan.is_checkpoint(step)],
-        "healthy_until": plan.steps if cause is None else cause, "injection": {key: _json_value(value) for key, value in injection.items()},
+        "healthy_until": plan.steps if cause is None else cause,
+        "injection": {key: _json_value(value) for key, value in injection.items()},
     }

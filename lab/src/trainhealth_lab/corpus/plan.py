@@ -70,8 +70,9 @@ def plan_runs(models: Sequence[str], scenarios: Sequence[str], seeds: Sequence[i
         for seed in seeds:
             for scenario in scenarios:
                 if scenario == "clean":
-                    plans.extend(_plan(model, scenario, variant, seed, steps, kind)
-                                 for variant, kind in CLEAN_VARIANTS.items())
+                    plans.extend(
+                        _plan(model, scenario, variant, seed, steps, kind) for variant, kind in CLEAN_VARIANTS.items()
+                    )
                 else:
                     kind = list(CLEAN_VARIANTS.values())[seed % 2]
                     plans.append(_plan(model, scenario, scenario, seed, steps, kind))

@@ -53,8 +53,10 @@ def draw_schedule(kind: str, *, steps: int, peak: float, seed: str) -> Schedule:
     warmup = max(10, round(0.08 * steps))
     changes: tuple[int, ...]
     if kind == "step":
-        changes = (draw.randint(round(0.25 * steps), round(0.5 * steps)),
-                   draw.randint(round(0.6 * steps), round(0.85 * steps)))
+        changes = (
+            draw.randint(round(0.25 * steps), round(0.5 * steps)),
+            draw.randint(round(0.6 * steps), round(0.85 * steps)),
+        )
     else:
         changes = (draw.randint(round(0.3 * steps), round(0.8 * steps)),)
     return Schedule(kind, steps, peak, warmup, changes)

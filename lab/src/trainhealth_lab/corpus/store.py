@@ -29,8 +29,17 @@ from typing import Any
 
 from trainhealth._files import write_text
 
-__all__ = ["INDEX_FILE", "LABELS_FILE", "SIGNALS_COLUMNS", "SIGNALS_FILE", "CorpusError", "CorpusRun",
-           "load_corpus", "write_index", "write_run"]
+__all__ = [
+    "INDEX_FILE",
+    "LABELS_FILE",
+    "SIGNALS_COLUMNS",
+    "SIGNALS_FILE",
+    "CorpusError",
+    "CorpusRun",
+    "load_corpus",
+    "write_index",
+    "write_run",
+]
 
 INDEX_FILE = "index.json"
 SIGNALS_FILE = "signals.csv"
@@ -61,8 +70,10 @@ def write_run(root: Path, run_id: str, signals: Any, labels: dict[str, Any]) -> 
     """Write one run's ``signals.csv`` and ``labels.json`` under ``root/run_id``."""
     directory = root / run_id
     directory.mkdir(exist_ok=True)
-    write_text(directory / SIGNALS_FILE, signals.to_csv(columns=list(SIGNALS_COLUMNS), index=False,
-                                                        float_format="%.9g", na_rep="nan"))
+    write_text(
+        directory / SIGNALS_FILE,
+        signals.to_csv(columns=list(SIGNALS_COLUMNS), index=False, float_format="%.9g", na_rep="nan"),
+    )
     write_text(directory / LABELS_FILE, _dump(labels))
 
 

@@ -68,7 +68,7 @@ def _effect(run: CorpusRun, twin: CorpusRun | None) -> RunEffect:
     if twin is not None:
         with np.errstate(invalid="ignore", divide="ignore"):
             ratio = _largest(loss[window] / twin.signals["loss"].to_numpy(float)[window])
-    before = grad[max(0, cause - 50):cause]
+    before = grad[max(0, cause - 50) : cause]
     grad_jump = _largest(grad[window]) / float(np.median(before[np.isfinite(before)]))
     collapse = math.nan if labels["collapse_step"] is None else float(labels["collapse_step"] - cause)
     if labels["kind"] == "divergence":
@@ -99,6 +99,8 @@ def effect_table(effects: Sequence[RunEffect]) -> str:
         if scenario == "clean":
             lines.append(f"{scenario:<16} {visible}  non-finite steps {_spread([e.non_finite_steps for e in mine])}")
             continue
-        lines.append(f"{scenario:<16} {visible}  {_spread([e.loss_ratio for e in mine]):<26} "
-                     f"{_spread([e.grad_jump for e in mine]):<26} {_spread([e.collapse_steps for e in mine])}")
+        lines.append(
+            f"{scenario:<16} {visible}  {_spread([e.loss_ratio for e in mine]):<26} "
+            f"{_spread([e.grad_jump for e in mine]):<26} {_spread([e.collapse_steps for e in mine])}"
+        )
     return "\n".join(lines)

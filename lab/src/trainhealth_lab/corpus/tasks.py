@@ -21,9 +21,9 @@ from typing import Any, Protocol
 
 import torch
 
+from trainhealth.demo.tiny_gpt import TinyGPT
 from trainhealth_lab.models.convnet import ConvNet, shape_batch
 from trainhealth_lab.models.mlp import MLP, Teacher
-from trainhealth.demo.tiny_gpt import TinyGPT
 
 __all__ = ["TASKS", "Task"]
 

@@ -76,8 +76,9 @@ def train(plan: RunPlan) -> RunResult:
                 injection = dataclasses.asdict(flip_exponent_bit(parameters, draw))
             if cause and plan.scenario == "optimizer_reset":
                 zero_moments(optimizer)
-            overflow: AbstractContextManager[None] = (float16_overflow(task.output_layer(model))
-                                                      if cause and plan.scenario == "overflow" else nullcontext())
+            overflow: AbstractContextManager[None] = (
+                float16_overflow(task.output_layer(model)) if cause and plan.scenario == "overflow" else nullcontext()
+            )
             with overflow:
                 loss = task.loss(model, batch)
             optimizer.zero_grad(set_to_none=True)

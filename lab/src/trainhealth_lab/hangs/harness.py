@@ -38,8 +38,8 @@ from typing import Any
 
 import yaml
 
-from trainhealth.alerts.render import rule_file_yaml
 from trainhealth._ports import free_port
+from trainhealth.alerts.render import rule_file_yaml
 from trainhealth.localize.analyzer import Analyzer
 from trainhealth.localize.prometheus_api import PrometheusClient
 from trainhealth.localize.sources import PrometheusSource
@@ -112,8 +112,10 @@ class HangOutcome:
         if not self.fr_ours or not self.fr_torch:
             return None
         group, seq, lagging = self.fr_ours[0], self.fr_ours[1], sorted(self.fr_ours[2])
-        return any((g is None or g == group) and (s is None or s == seq) and sorted(missing) == lagging
-                   for g, s, missing in self.fr_torch)
+        return any(
+            (g is None or g == group) and (s is None or s == seq) and sorted(missing) == lagging
+            for g, s, missing in self.fr_torch
+        )
 
     @property
     def right(self) -> bool:
@@ -184,8 +186,7 @@ def _wait_ready(url: str, process: subprocess.Popen, log: Path, timeout_s: float
 
 
 def _start(stack: ExitStack, command: list[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
-    process = subprocess.Popen(command, stdout=log.open("w"), stderr=subprocess.STDOUT, env=env,
-                               start_new_session=True)
+    process = subprocess.Popen(command, stdout=log.open("w"), stderr=subprocess.STDOUT, env=env, start_new_session=True)
 
     def stop() -> None:
         try:
@@ -203,23 +204,42 @@ def _services(stack: ExitStack, out: Path, case: HangCase, ports: list[int], web
     am_port, prom_port = free_port(), free_port()
     template = resources.files("trainhealth.stack").joinpath("alertmanager.yml").read_text(encoding="utf-8")
     (out / "alertmanager.yml").write_text(template.replace("127.0.0.1:9096", f"127.0.0.1:{webhook.port}"))
-    alertmanager = _start(stack, [
-        _binary("alertmanager", "prometheus-alertmanager"), f"--config.file={out / 'alertmanager.yml'}",
-        f"--storage.path={out / 'am-data'}", f"--web.listen-address=127.0.0.1:{am_port}",
-        "--cluster.listen-address="], out / "alertmanager.log")
+    alertmanager = _start(
+        stack,
+        [
+            _binary("alertmanager", "prometheus-alertmanager"),
+            f"--config.file={out / 'alertmanager.yml'}",
+            f"--storage.path={out / 'am-data'}",
+            f"--web.listen-address=127.0.0.1:{am_port}",
+            "--cluster.listen-address=",
+        ],
+        out / "alertmanager.log",
+    )
     (out / "trainhealth.rules.yml").write_text(rule_file_yaml())
     interval = f"{case.scrape_s:g}s"
     config = {
         "global": {"scrape_interval": interval, "evaluation_interval": interval, "scrape_timeout": interval},
         "rule_files": [str(out / "trainhealth.rules.yml")],
         "alerting": {"alertmanagers": [{"static_configs": [{"targets": [f"127.0.0.1:{am_port}"]}]}]},
-        "scrape_configs": [{"job_name": "trainhealth-ranks", "honor_labels": True,
-                            "static_configs": [{"targets": [f"127.0.0.1:{p}" for p in ports]}]}],
+        "scrape_configs": [
+            {
+                "job_name": "trainhealth-ranks",
+                "honor_labels": True,
+                "static_configs": [{"targets": [f"127.0.0.1:{p}" for p in ports]}],
+            }
+        ],
     }
     (out / "prometheus.yml").write_text(yaml.safe_dump(config))
-    prometheus = _start(stack, [
-        _binary("prometheus"), f"--config.file={out / 'prometheus.yml'}", f"--storage.tsdb.path={out / 'data'}",
-        f"--web.listen-address=127.0.0.1:{prom_port}"], out / "prometheus.log")
+    prometheus = _start(
+        stack,
+        [
+            _binary("prometheus"),
+            f"--config.file={out / 'prometheus.yml'}",
+            f"--storage.tsdb.path={out / 'data'}",
+            f"--web.listen-address=127.0.0.1:{prom_port}",
+        ],
+        out / "prometheus.log",
+    )
     _wait_ready(f"http://127.0.0.1:{am_port}/-/ready", alertmanager, out / "alertmanager.log")
     _wait_ready(f"http://127.0.0.1:{prom_port}/-/ready", prometheus, out / "prometheus.log")
     return f"http://127.0.0.1:{prom_port}"
@@ -241,11 +261,26 @@ def run_hang_case(case: HangCase, out: Path) -> HangOutcome:
         master = free_port()
         ranks = []
         for rank in range(case.world):
-            env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(case.world), "LOCAL_RANK": str(rank),
-                   "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(master), "TRAINHEALTH_JOB": f"hang-{case.kind}",
-                   "OMP_NUM_THREADS": "1", "TRAINHEALTH_COMM_FLUSH_INTERVAL": "1", "TORCH_FR_BUFFER_SIZE": "2000"}
-            ranks.append(_start(stack, [sys.executable, "-m", "trainhealth_lab.hangs.rank", str(out / "case.json")],
-                                out / f"rank-{rank}.log", env))
+            env = {
+                **os.environ,
+                "RANK": str(rank),
+                "WORLD_SIZE": str(case.world),
+                "LOCAL_RANK": str(rank),
+                "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": str(master),
+                "TRAINHEALTH_JOB": f"hang-{case.kind}",
+                "OMP_NUM_THREADS": "1",
+                "TRAINHEALTH_COMM_FLUSH_INTERVAL": "1",
+                "TORCH_FR_BUFFER_SIZE": "2000",
+            }
+            ranks.append(
+                _start(
+                    stack,
+                    [sys.executable, "-m", "trainhealth_lab.hangs.rank", str(out / "case.json")],
+                    out / f"rank-{rank}.log",
+                    env,
+                )
+            )
         _watch(case, out, url, ranks, webhook, outcome)
     if case.is_hang or case.is_crash:
         _flight_recorder(out / "traces" / "flight-recorder", outcome)
@@ -253,8 +288,9 @@ def run_hang_case(case: HangCase, out: Path) -> HangOutcome:
     return outcome
 
 
-def _watch(case: HangCase, out: Path, url: str, ranks: list[subprocess.Popen], webhook: _Webhook,
-           outcome: HangOutcome) -> None:
+def _watch(
+    case: HangCase, out: Path, url: str, ranks: list[subprocess.Popen], webhook: _Webhook, outcome: HangOutcome
+) -> None:
     client = PrometheusClient(url, timeout=10.0)
     analyzer = Analyzer(PrometheusSource(client, window=120.0, step=10.0), MetricStore())
     deadline = time.monotonic() + 240.0  # start-up, onset and watching, whatever the case does
@@ -265,8 +301,12 @@ def _watch(case: HangCase, out: Path, url: str, ranks: list[subprocess.Popen], w
             outcome.onset = float(json.loads(onset_file.read_text())["time"])
         if outcome.onset is not None:
             _look(case, client, analyzer, webhook, outcome)
-            if case.is_hang and outcome.analyzer_named is not None and outcome.rule_named is not None \
-                    and outcome.page_first_s is not None:
+            if (
+                case.is_hang
+                and outcome.analyzer_named is not None
+                and outcome.rule_named is not None
+                and outcome.page_first_s is not None
+            ):
                 break
             if time.time() - outcome.onset > case.watch_s:
                 break
@@ -275,8 +315,10 @@ def _watch(case: HangCase, out: Path, url: str, ranks: list[subprocess.Popen], w
             if outcome.onset is not None:
                 _look(case, client, analyzer, webhook, outcome)
             if not finished:
-                outcome.notes.append("every rank exited before the job finished: " + ", ".join(
-                    f"rank {i} status {r.returncode}" for i, r in enumerate(ranks)))
+                outcome.notes.append(
+                    "every rank exited before the job finished: "
+                    + ", ".join(f"rank {i} status {r.returncode}" for i, r in enumerate(ranks))
+                )
             break
         time.sleep(max(0.0, case.poll_s - (time.monotonic() - began)))
     else:
@@ -284,8 +326,9 @@ def _watch(case: HangCase, out: Path, url: str, ranks: list[subprocess.Popen], w
     outcome.stacks_files = len(list((out / "traces" / "stacks").glob("*.txt"))) if (out / "traces").exists() else 0
 
 
-def _look(case: HangCase, client: PrometheusClient, analyzer: Analyzer, webhook: _Webhook,
-          outcome: HangOutcome) -> None:
+def _look(
+    case: HangCase, client: PrometheusClient, analyzer: Analyzer, webhook: _Webhook, outcome: HangOutcome
+) -> None:
     now = time.time()
     since = now - (outcome.onset or now)
     result = analyzer.run_once()
@@ -313,17 +356,27 @@ def _look(case: HangCase, client: PrometheusClient, analyzer: Analyzer, webhook:
             outcome.rule_named = int(rank) if rank.isdigit() else None
     if stuck and not outcome.where:
         outcome.where = stuck[0].labels.get("where", "")
-    pages = [(t, labels) for t, path, labels in webhook.received if path.endswith("/page")
-             and labels.get("alertname") in HANG_ALERTS]
+    pages = [
+        (t, labels)
+        for t, path, labels in webhook.received
+        if path.endswith("/page") and labels.get("alertname") in HANG_ALERTS
+    ]
     if pages and outcome.page_first_s is None:
         outcome.page_first_s = round(pages[0][0] - (outcome.onset or pages[0][0]), 1)
-        outcome.page_alerts = sorted({labels.get("alertname", "") + ":" + labels.get("rank", "") for _, labels in pages})
+        outcome.page_alerts = sorted(
+            {labels.get("alertname", "") + ":" + labels.get("rank", "") for _, labels in pages}
+        )
 
 
 def _command(outcome: HangOutcome, *args: str) -> dict[str, Any] | None:
     """``trainhealth ARGS`` (with ``--json``) as on-call runs it: its answer, or None (noted) when it gave none."""
-    done = subprocess.run([sys.executable, "-m", "trainhealth.cli", *args, "--json"],
-                          capture_output=True, text=True, timeout=120, check=False)
+    done = subprocess.run(
+        [sys.executable, "-m", "trainhealth.cli", *args, "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     try:
         return dict(json.loads(done.stdout))
     except (json.JSONDecodeError, TypeError, ValueError):
@@ -356,17 +409,30 @@ def _flight_recorder(dumps: Path, outcome: HangOutcome) -> None:
         outcome.fr_named = _first_rank(answer)
         first = answer["hangs"][0]
         outcome.fr_ours = [first["group"], first["seq"], first["lagging_ranks"]]
-    done = subprocess.run([sys.executable, "-m", "torch.distributed.flight_recorder.fr_trace", str(dumps),
-                           "--prefix", "rank_", "--allow-incomplete-ranks"],
-                          capture_output=True, text=True, timeout=120, check=False)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.flight_recorder.fr_trace",
+            str(dumps),
+            "--prefix",
+            "rank_",
+            "--allow-incomplete-ranks",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     said = done.stdout + done.stderr
     for block in said.split("Not all ranks joining collective")[1:]:
         seq = re.search(r"sequence number: (\d+)", block)
         group = re.search(r"group info: ([^:\s]+)", block)
         missing = re.search(r"missing ranks: \{([\d, ]*)\}", block)
         if seq and group and missing:
-            outcome.fr_torch.append([group.group(1), int(seq.group(1)),
-                                     sorted(int(r) for r in missing.group(1).split(",") if r.strip())])
+            outcome.fr_torch.append(
+                [group.group(1), int(seq.group(1)), sorted(int(r) for r in missing.group(1).split(",") if r.strip())]
+            )
     # a rank that left no dump: torch's analyzer names it and says it cannot decide more
     undecided = re.search(r"missed FR dumps from ranks \(\{([\d, ]*)\}\)", said)
     if undecided:

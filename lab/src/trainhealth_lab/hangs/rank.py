@@ -70,9 +70,18 @@ def main(case_path: str) -> None:
     torch.manual_seed(0)  # identical replicas, as DDP's first broadcast makes them: the SDC checks stay quiet
     model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Linear(64, 64))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    monitor = Monitor(model, optimizer, env={**os.environ}, comm=True, gpu_backend="off", otel=False,
-                      prometheus_addr="127.0.0.1", prometheus_port=int(case["metrics_ports"][rank]),
-                      trace_dir=str(out / "traces"), detectors="off")
+    monitor = Monitor(
+        model,
+        optimizer,
+        env={**os.environ},
+        comm=True,
+        gpu_backend="off",
+        otel=False,
+        prometheus_addr="127.0.0.1",
+        prometheus_port=int(case["metrics_ports"][rank]),
+        trace_dir=str(out / "traces"),
+        detectors="off",
+    )
     data = torch.Generator().manual_seed(1000 * case["seed"] + rank)  # each rank its own batches
     (out / f"ready-{rank}").write_text("")
     if kind == "startup_barrier" and rank == target:

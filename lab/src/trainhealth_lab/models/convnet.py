@@ -28,16 +28,17 @@ def _stamps() -> torch.Tensor:
     stamps[2, _STAMP // 2, :] = stamps[2, :, _STAMP // 2] = 1.0  # plus
     stamps[3] = torch.eye(_STAMP) + torch.eye(_STAMP).flip(1)  # cross
     stamps[3].clamp_(max=1.0)
-    stamps[4, _STAMP // 2 - 1:_STAMP // 2 + 2, :] = 1.0  # horizontal bar
-    stamps[5, :, _STAMP // 2 - 1:_STAMP // 2 + 2] = 1.0  # vertical bar
+    stamps[4, _STAMP // 2 - 1 : _STAMP // 2 + 2, :] = 1.0  # horizontal bar
+    stamps[5, :, _STAMP // 2 - 1 : _STAMP // 2 + 2] = 1.0  # vertical bar
     return stamps
 
 
 SHAPES = _stamps()
 
 
-def shape_batch(size: int, generator: torch.Generator, *, canvas: int = 16,
-                noise: float = 0.6) -> tuple[torch.Tensor, torch.Tensor]:
+def shape_batch(
+    size: int, generator: torch.Generator, *, canvas: int = 16, noise: float = 0.6
+) -> tuple[torch.Tensor, torch.Tensor]:
     """``size`` images ``(size, 1, canvas, canvas)`` and their shape labels."""
     labels = torch.randint(0, len(SHAPES), (size,), generator=generator)
     rows = torch.randint(0, canvas - _STAMP + 1, (size,), generator=generator).tolist()
@@ -45,7 +46,7 @@ def shape_batch(size: int, generator: torch.Generator, *, canvas: int = 16,
     brightness = 0.5 + torch.rand(size, generator=generator)
     images = noise * torch.randn(size, 1, canvas, canvas, generator=generator)
     for index, (row, column) in enumerate(zip(rows, columns)):
-        images[index, 0, row:row + _STAMP, column:column + _STAMP] += brightness[index] * SHAPES[labels[index]]
+        images[index, 0, row : row + _STAMP, column : column + _STAMP] += brightness[index] * SHAPES[labels[index]]
     return images, labels
 
 
@@ -55,9 +56,14 @@ class ConvNet(torch.nn.Module):
     def __init__(self, classes: int = 6, canvas: int = 16, channels: int = 16) -> None:
         super().__init__()
         self.body = torch.nn.Sequential(
-            torch.nn.Conv2d(1, channels // 2, 3, padding=1), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
-            torch.nn.Conv2d(channels // 2, channels, 3, padding=1), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
-            torch.nn.Flatten())
+            torch.nn.Conv2d(1, channels // 2, 3, padding=1),
+            torch.nn.ReLU(),
+            torch.nn.MaxPool2d(2),
+            torch.nn.Conv2d(channels // 2, channels, 3, padding=1),
+            torch.nn.ReLU(),
+            torch.nn.MaxPool2d(2),
+            torch.nn.Flatten(),
+        )
         self.head = torch.nn.Linear(channels * (canvas // 4) ** 2, classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -23,8 +23,9 @@ class MLP(torch.nn.Module):
 
     def __init__(self, inputs: int = 32, classes: int = 10, hidden: int = 128) -> None:
         super().__init__()
-        self.body = torch.nn.Sequential(torch.nn.Linear(inputs, hidden), torch.nn.ReLU(),
-                                        torch.nn.Linear(hidden, hidden), torch.nn.ReLU())
+        self.body = torch.nn.Sequential(
+            torch.nn.Linear(inputs, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, hidden), torch.nn.ReLU()
+        )
         self.head = torch.nn.Linear(hidden, classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -10,12 +10,33 @@ from __future__ import annotations
 
 from trainhealth._extras import lazy_attributes
 
-__all__ = ["CaseOutcome", "CaseSpec", "Driver", "Fault", "LivePoll", "Parallelism", "Pattern", "RealRunFaultKind",
-           "Truth", "run_case", "suite_cases"]
+__all__ = [
+    "CaseOutcome",
+    "CaseSpec",
+    "Driver",
+    "Fault",
+    "LivePoll",
+    "Parallelism",
+    "Pattern",
+    "RealRunFaultKind",
+    "Truth",
+    "run_case",
+    "suite_cases",
+]
 
-_HOMES = {"CaseOutcome": "outcome", "LivePoll": "live", "run_case": "launcher", "suite_cases": "cases",
-          "CaseSpec": "spec", "Driver": "spec", "Fault": "spec", "RealRunFaultKind": "spec", "Parallelism": "spec",
-          "Pattern": "spec", "Truth": "spec"}
+_HOMES = {
+    "CaseOutcome": "outcome",
+    "LivePoll": "live",
+    "run_case": "launcher",
+    "suite_cases": "cases",
+    "CaseSpec": "spec",
+    "Driver": "spec",
+    "Fault": "spec",
+    "RealRunFaultKind": "spec",
+    "Parallelism": "spec",
+    "Pattern": "spec",
+    "Truth": "spec",
+}
 
 
 __getattr__ = lazy_attributes(__name__, {name: f"{__name__}.{home}" for name, home in _HOMES.items()}, "demo")

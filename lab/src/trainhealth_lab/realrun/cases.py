@@ -136,9 +136,20 @@ def _bits_per_step(layout: Parallelism, ranks: int) -> float:
     return ring * parameters * 32.0 + 2 * LAYERS * activation
 
 
-def make_case(kind: RealRunFaultKind, pattern: Pattern, layout: Parallelism, ranks: int, seed: int, *, mid_run: bool = True,
-              index: int = 0, steps: int = STEPS, markers: bool = True, driver: Driver = Driver.LAB,
-              min_severity: float = 1.1) -> CaseSpec:
+def make_case(
+    kind: RealRunFaultKind,
+    pattern: Pattern,
+    layout: Parallelism,
+    ranks: int,
+    seed: int,
+    *,
+    mid_run: bool = True,
+    index: int = 0,
+    steps: int = STEPS,
+    markers: bool = True,
+    driver: Driver = Driver.LAB,
+    min_severity: float = 1.1,
+) -> CaseSpec:
     """One case with onset, target and severity drawn from ``(seed, index)``."""
     rng = np.random.default_rng([seed, index, 1515])
     onset = int(rng.integers(steps // 4, steps // 2 + 1)) if mid_run else 0
@@ -150,7 +161,11 @@ def make_case(kind: RealRunFaultKind, pattern: Pattern, layout: Parallelism, ran
     if pattern is Pattern.INTERMITTENT:
         fields["every"] = int(rng.integers(3, 7))
     if kind in CONTROL_KINDS:
-        severity = {RealRunFaultKind.CLEAN: 1.0, RealRunFaultKind.SEQ_IMBALANCE: 1.3, RealRunFaultKind.STAGE_IMBALANCE: 1.5}[kind]
+        severity = {
+            RealRunFaultKind.CLEAN: 1.0,
+            RealRunFaultKind.SEQ_IMBALANCE: 1.3,
+            RealRunFaultKind.STAGE_IMBALANCE: 1.5,
+        }[kind]
         fault = Fault(kind, severity=severity)
     elif kind is RealRunFaultKind.LINK_RATE:
         severity = float(rng.uniform(1.3, 2.5))
@@ -165,16 +180,35 @@ def make_case(kind: RealRunFaultKind, pattern: Pattern, layout: Parallelism, ran
         fault = Fault(kind, pattern, target, onset, 1.0, hogs=2, **fields)
     elif kind is RealRunFaultKind.DATALOADER:
         severity = float(rng.uniform(1.3, 2.5))
-        fault = Fault(kind, pattern, target, onset, severity, stall_s=round((severity - 1.0) * COMPUTE_S * 1.5, 4),
-                      **fields)
+        fault = Fault(
+            kind, pattern, target, onset, severity, stall_s=round((severity - 1.0) * COMPUTE_S * 1.5, 4), **fields
+        )
     else:
         fault = Fault(kind, pattern, target, onset, round(severity, 3), **fields)
     shape = layout.value if driver is Driver.LAB else driver.value
-    name = f"s{seed}-{shape}-{kind.value}" + ("" if kind in CONTROL_KINDS else f"-{pattern.value}") + (
-        "-start" if kind not in CONTROL_KINDS and not mid_run else "") + ("" if markers else "-nomarkers") + f"-r{ranks}"
+    name = (
+        f"s{seed}-{shape}-{kind.value}"
+        + ("" if kind in CONTROL_KINDS else f"-{pattern.value}")
+        + ("-start" if kind not in CONTROL_KINDS and not mid_run else "")
+        + ("" if markers else "-nomarkers")
+        + f"-r{ranks}"
+    )
     cpu_share = CONTENTION_CPU_SHARE if kind is RealRunFaultKind.CPU_CONTENTION else 0.0
-    return CaseSpec(name, layout, ranks, steps, seed, fault, compute_s=COMPUTE_S, width=WIDTH, layers=LAYERS,
-                    batch=BATCH, cpu_share=cpu_share, markers=markers, driver=driver)
+    return CaseSpec(
+        name,
+        layout,
+        ranks,
+        steps,
+        seed,
+        fault,
+        compute_s=COMPUTE_S,
+        width=WIDTH,
+        layers=LAYERS,
+        batch=BATCH,
+        cpu_share=cpu_share,
+        markers=markers,
+        driver=driver,
+    )
 
 
 def issue30_repro(seed: int) -> CaseSpec:
@@ -187,9 +221,20 @@ def issue30_repro(seed: int) -> CaseSpec:
     """
     target = int(np.random.default_rng([seed, 30]).integers(0, 4))
     fault = Fault(RealRunFaultKind.COMPUTE, Pattern.PERSISTENT, target, REPRO_ONSET, REPRO_SEVERITY)
-    return CaseSpec(f"s{seed}-issue30-repro-explicit-r4", Parallelism.DDP, 4, STEPS, seed, fault,
-                    compute_s=REPRO_COMPUTE_S, width=WIDTH, layers=LAYERS, batch=BATCH, markers=False,
-                    driver=Driver.EXPLICIT)
+    return CaseSpec(
+        f"s{seed}-issue30-repro-explicit-r4",
+        Parallelism.DDP,
+        4,
+        STEPS,
+        seed,
+        fault,
+        compute_s=REPRO_COMPUTE_S,
+        width=WIDTH,
+        layers=LAYERS,
+        batch=BATCH,
+        markers=False,
+        driver=Driver.EXPLICIT,
+    )
 
 
 def suite_cases(suite: str, seeds: Sequence[int] = (0, 1, 2), kinds: Sequence[str] = ()) -> list[CaseSpec]:
@@ -201,8 +246,18 @@ def suite_cases(suite: str, seeds: Sequence[int] = (0, 1, 2), kinds: Sequence[st
     for seed in seeds:
         for index, entry in enumerate(SUITES[suite]):
             ranks = entry.ranks or (4 if suite == "small" or (seed + index) % 2 == 0 else 8)
-            case = make_case(entry.kind, entry.pattern, entry.layout, ranks, seed, mid_run=entry.mid_run, index=index,
-                             markers=entry.markers, driver=entry.driver, min_severity=entry.min_severity)
+            case = make_case(
+                entry.kind,
+                entry.pattern,
+                entry.layout,
+                ranks,
+                seed,
+                mid_run=entry.mid_run,
+                index=index,
+                markers=entry.markers,
+                driver=entry.driver,
+                min_severity=entry.min_severity,
+            )
             if not kinds or any(k == entry.kind.value or k in case.name for k in kinds):
                 cases.append(case)
         if suite == "shapes":

@@ -25,8 +25,15 @@ from typing import Any
 
 from trainhealth_lab.realrun.spec import CaseSpec
 
-__all__ = ["BACKWARD_SHARE", "FORWARD_SHARE", "OPTIMIZER_SHARE", "Clock", "build_model", "kernel_function",
-           "pace_blocks"]
+__all__ = [
+    "BACKWARD_SHARE",
+    "FORWARD_SHARE",
+    "OPTIMIZER_SHARE",
+    "Clock",
+    "build_model",
+    "kernel_function",
+    "pace_blocks",
+]
 
 FORWARD_SHARE, BACKWARD_SHARE, OPTIMIZER_SHARE = 0.3, 0.6, 0.1
 
@@ -44,8 +51,9 @@ class Clock:
     where pacing would fold the wait for a slow peer into the next kernel's sleep.
     """
 
-    def __init__(self, forward_s: float, backward_s: float, optimizer_s: float, cpu_share: float = 0.0,
-                 paced: bool = True) -> None:
+    def __init__(
+        self, forward_s: float, backward_s: float, optimizer_s: float, cpu_share: float = 0.0, paced: bool = True
+    ) -> None:
         self.base = (forward_s, backward_s, optimizer_s)
         self.cpu_share = cpu_share
         self.paced = paced

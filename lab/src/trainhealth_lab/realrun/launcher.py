@@ -77,8 +77,9 @@ def link_lab_unavailable(delay: bool = False) -> str | None:
 def _start_hogs(count: int, cpu: int | None) -> list[subprocess.Popen[bytes]]:
     hogs = []
     for _ in range(count):
-        hog = subprocess.Popen([sys.executable, "-c", HOG_CODE], stdout=subprocess.DEVNULL,
-                               stderr=subprocess.DEVNULL, **_OWN_GROUP)
+        hog = subprocess.Popen(
+            [sys.executable, "-c", HOG_CODE], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, **_OWN_GROUP
+        )
         if cpu is not None:
             os.sched_setaffinity(hog.pid, {cpu})
         try:  # above the rank's priority: a rank that mostly sleeps would otherwise win every wake-up
@@ -108,8 +109,15 @@ def _truth_for(spec: CaseSpec, hosts: dict[int, str], onset: int | None = None, 
     return truth(spec, hosts, onset=onset, notes=notes)
 
 
-def run_case(spec: CaseSpec, out: str | os.PathLike[str], *, live: bool = True, poll_s: float = POLL_S,
-             timeout_s: float = 240.0, noise: bool = False) -> CaseOutcome:
+def run_case(
+    spec: CaseSpec,
+    out: str | os.PathLike[str],
+    *,
+    live: bool = True,
+    poll_s: float = POLL_S,
+    timeout_s: float = 240.0,
+    noise: bool = False,
+) -> CaseOutcome:
     """Run ``spec`` in ``out/<spec.name>``, a new directory, and score it. Never raises for a failed run: the
     outcome says; a ``run_dir`` that already exists is a FileExistsError (nothing there is removed)."""
     run_dir = Path(out) / spec.name
@@ -152,28 +160,45 @@ def run_case(spec: CaseSpec, out: str | os.PathLike[str], *, live: bool = True, 
             _slow(netlab, spec)
         if kind is RealRunFaultKind.CPU_CONTENTION and onset_done:  # a fault, not a control: it has a target
             hogs += _start_hogs(spec.fault.hogs, spec.pin[cast(int, spec.fault.target)] if spec.pin else None)
-        env = dict(os.environ, MASTER_ADDR=master, MASTER_PORT=str(port), WORLD_SIZE=str(spec.ranks),
-                   LOCAL_RANK="0", LOCAL_WORLD_SIZE="1", TRAINHEALTH_TRACE_DIR=str(run_dir),
-                   TRAINHEALTH_JOB=spec.name, TRAINHEALTH_TRACE_WRITE_INTERVAL=TRACE_WRITE_INTERVAL_S,
-                   TRAINHEALTH_COMM_FLUSH_INTERVAL=TRACE_WRITE_INTERVAL_S,
-                   OMP_NUM_THREADS="1", TRAINHEALTH_LAB_HOSTS=json.dumps({str(r): h for r, h in hosts.items()}))
+        env = dict(
+            os.environ,
+            MASTER_ADDR=master,
+            MASTER_PORT=str(port),
+            WORLD_SIZE=str(spec.ranks),
+            LOCAL_RANK="0",
+            LOCAL_WORLD_SIZE="1",
+            TRAINHEALTH_TRACE_DIR=str(run_dir),
+            TRAINHEALTH_JOB=spec.name,
+            TRAINHEALTH_TRACE_WRITE_INTERVAL=TRACE_WRITE_INTERVAL_S,
+            TRAINHEALTH_COMM_FLUSH_INTERVAL=TRACE_WRITE_INTERVAL_S,
+            OMP_NUM_THREADS="1",
+            TRAINHEALTH_LAB_HOSTS=json.dumps({str(r): h for r, h in hosts.items()}),
+        )
         worker = [sys.executable, "-m", "trainhealth_lab.realrun.worker", "--spec", str(run_dir / "spec.json")]
         namespaces = _namespaces(netlab, spec.ranks) if netlab is not None else {}
         if netlab is None or namespaces:  # one process imports torch once and forks the ranks
             if namespaces and netlab is not None:  # namespaces: only with a lab
                 env.update(TRAINHEALTH_LAB_NETNS=json.dumps(namespaces), GLOO_SOCKET_IFNAME=netlab.hosts[0].interface)
             with open(run_dir / "logs" / "launcher.log", "wb") as log_file:
-                processes.append(subprocess.Popen(worker + ["--ranks", ",".join(map(str, range(spec.ranks)))],
-                                                  env=env, stdout=log_file, stderr=subprocess.STDOUT,
-                                                  **_OWN_GROUP))
+                processes.append(
+                    subprocess.Popen(
+                        worker + ["--ranks", ",".join(map(str, range(spec.ranks)))],
+                        env=env,
+                        stdout=log_file,
+                        stderr=subprocess.STDOUT,
+                        **_OWN_GROUP,
+                    )
+                )
         else:  # each rank started inside its own namespace
             for rank in range(spec.ranks):
-                rank_env = dict(env, RANK=str(rank), TRAINHEALTH_HOST=hosts[rank],
-                                GLOO_SOCKET_IFNAME=netlab.hosts[rank].interface)
+                rank_env = dict(
+                    env, RANK=str(rank), TRAINHEALTH_HOST=hosts[rank], GLOO_SOCKET_IFNAME=netlab.hosts[rank].interface
+                )
                 argv = list(netlab.command(rank, worker + ["--rank", str(rank)]))
                 with open(run_dir / "logs" / f"rank-{rank}.log", "wb") as log_file:
-                    processes.append(subprocess.Popen(argv, env=rank_env, stdout=log_file, stderr=subprocess.STDOUT,
-                                                      **_OWN_GROUP))
+                    processes.append(
+                        subprocess.Popen(argv, env=rank_env, stdout=log_file, stderr=subprocess.STDOUT, **_OWN_GROUP)
+                    )
 
         polls: list[LivePoll] = []
         watcher = LiveWatcher(run_dir, spec.ranks, poll_s, began) if live else None
@@ -203,8 +228,12 @@ def run_case(spec: CaseSpec, out: str | os.PathLike[str], *, live: bool = True, 
                 onset_done = True
                 actual_onset = fastest + 1
                 if actual_onset != spec.fault.onset:
-                    plan = _truth_for(spec, hosts, onset=actual_onset,
-                                      notes=(f"planned onset {spec.fault.onset}, switched on at step {actual_onset}",))
+                    plan = _truth_for(
+                        spec,
+                        hosts,
+                        onset=actual_onset,
+                        notes=(f"planned onset {spec.fault.onset}, switched on at step {actual_onset}",),
+                    )
             if watcher is not None and slowest >= 0:
                 watcher.update(plan)
             time.sleep(0.1)
@@ -220,8 +249,16 @@ def run_case(spec: CaseSpec, out: str | os.PathLike[str], *, live: bool = True, 
         write_json(run_dir / "truth.json", plan.to_dict())
     if failed is not None:
         tail = _log_tail(run_dir)
-        return CaseOutcome(spec.name, "error", f"{failed}: {tail}", str(run_dir), plan.to_dict(), wall_s=wall,
-                           live_polls=tuple(polls), noise=noise)
+        return CaseOutcome(
+            spec.name,
+            "error",
+            f"{failed}: {tail}",
+            str(run_dir),
+            plan.to_dict(),
+            wall_s=wall,
+            live_polls=tuple(polls),
+            noise=noise,
+        )
     return finish(spec, plan, run_dir, wall, polls, noise)
 
 

@@ -106,8 +106,9 @@ def _poll(analyzer: Any, plan: Truth, wall_s: float, step: int) -> LivePoll:
     try:
         result = analyzer.run_once()
     except Exception as exc:  # the localizer is judged here, not trusted: an exception is a recorded answer
-        return LivePoll(wall_s, step, None, None, False, f"{type(exc).__name__}: {exc}",
-                        round(time.perf_counter() - began, 4))
+        return LivePoll(
+            wall_s, step, None, None, False, f"{type(exc).__name__}: {exc}", round(time.perf_counter() - began, 4)
+        )
     took = round(time.perf_counter() - began, 4)
     if result is None:
         return LivePoll(wall_s, step, None, None, False, "no readable traces yet", took)

@@ -104,8 +104,10 @@ def _measured_slowdown(spec: CaseSpec, plan: Truth, run_dir: Path) -> _Slowdowns
     calm = [s for s in steps if not fault.active(s)]
     step_ratio = _ratio([step_s[s] for s in active], [step_s[s] for s in calm])
     others = [r for r in busy if r != plan.target]
-    other_ratio = _ratio([busy[r][s] for r in others for s in active if s in busy[r]],
-                         [busy[r][s] for r in others for s in calm if s in busy[r]])
+    other_ratio = _ratio(
+        [busy[r][s] for r in others for s in active if s in busy[r]],
+        [busy[r][s] for r in others for s in calm if s in busy[r]],
+    )
     measured = step_ratio
     if spec.fault.kind in (RealRunFaultKind.COMPUTE, RealRunFaultKind.CPU_CONTENTION) and plan.target in busy:
         mine = busy[plan.target]
@@ -113,18 +115,33 @@ def _measured_slowdown(spec: CaseSpec, plan: Truth, run_dir: Path) -> _Slowdowns
     return _Slowdowns(len(step_s), median, measured, step_ratio, other_ratio)
 
 
-def finish(spec: CaseSpec, plan: Truth, run_dir: Path, wall: float, polls: list[LivePoll],
-            noise: bool) -> CaseOutcome:
+def finish(spec: CaseSpec, plan: Truth, run_dir: Path, wall: float, polls: list[LivePoll], noise: bool) -> CaseOutcome:
     slow = _measured_slowdown(spec, plan, run_dir)
     detection = next((p.step for p in polls if p.right), None)
     delay = None if detection is None or plan.target is None else max(0, detection - plan.onset)
-    false_polls = sum(1 for p in polls if p.verdict in ("compute", "communication") and not p.right
-                      and (plan.target is None or p.step < plan.onset or p.top not in plan.components))
-    common = dict(case=spec.name, run_dir=str(run_dir), truth=plan.to_dict(), wall_s=round(wall, 2),
-                  steps_done=slow.steps_done, median_step_s=slow.median_step_s, measured_slowdown=slow.measured,
-                  measured_step_slowdown=slow.step, others_slowdown=slow.others,
-                  live_detection_step=detection, live_detection_delay=delay, live_false_blame_polls=false_polls,
-                  live_polls=tuple(polls), noise=noise)
+    false_polls = sum(
+        1
+        for p in polls
+        if p.verdict in ("compute", "communication")
+        and not p.right
+        and (plan.target is None or p.step < plan.onset or p.top not in plan.components)
+    )
+    common = dict(
+        case=spec.name,
+        run_dir=str(run_dir),
+        truth=plan.to_dict(),
+        wall_s=round(wall, 2),
+        steps_done=slow.steps_done,
+        median_step_s=slow.median_step_s,
+        measured_slowdown=slow.measured,
+        measured_step_slowdown=slow.step,
+        others_slowdown=slow.others,
+        live_detection_step=detection,
+        live_detection_delay=delay,
+        live_false_blame_polls=false_polls,
+        live_polls=tuple(polls),
+        noise=noise,
+    )
     try:
         scores = score_run(plan, run_dir)
     except _RunError as exc:
@@ -151,8 +168,10 @@ def score_run(plan: Truth, run_dir: str | os.PathLike[str], *, save: bool = True
     except Exception as exc:
         raise _RunError(f"reading the traces: {exc}") from None
     records = trace.records
-    baselines = dict(baseline_compute=score_baseline(plan, baseline_compute(records)).to_dict(),
-                     baseline_wait=score_baseline(plan, baseline_wait(records)).to_dict())
+    baselines = dict(
+        baseline_compute=score_baseline(plan, baseline_compute(records)).to_dict(),
+        baseline_wait=score_baseline(plan, baseline_wait(records)).to_dict(),
+    )
     try:
         result = localize(records, trace.topology)
     except Exception as exc:
@@ -160,12 +179,14 @@ def score_run(plan: Truth, run_dir: str | os.PathLike[str], *, save: bool = True
     probe_score = _with_probe(localize, records, trace.topology, run_dir, plan, save)
     if save:
         write_json(run_dir / "answer.json", result.to_dict())
-    return dict(localize=score_result(plan, result).to_dict(), localize_probe=probe_score, answer=result.to_dict(),
-                **baselines)
+    return dict(
+        localize=score_result(plan, result).to_dict(), localize_probe=probe_score, answer=result.to_dict(), **baselines
+    )
 
 
-def _with_probe(localize: Any, records: Any, topology: Any, run_dir: Path, plan: Truth,
-                save: bool = True) -> dict[str, Any] | None:
+def _with_probe(
+    localize: Any, records: Any, topology: Any, run_dir: Path, plan: Truth, save: bool = True
+) -> dict[str, Any] | None:
     """The answer with the link probe's result, when there is one and ``localize`` takes ``probe=``."""
     path = run_dir / "probe.json"
     if not path.is_file() or "probe" not in inspect.signature(localize).parameters:

@@ -70,7 +70,7 @@ def _flatten_all_reduce(torch: Any, dist: Any, parameters: list[Any], group: Any
     offset = 0
     for p, g in zip(parameters, grads):
         count = g.numel()
-        p.grad = flat[offset:offset + count].view_as(g).clone()
+        p.grad = flat[offset : offset + count].view_as(g).clone()
         offset += count
 
 
@@ -80,8 +80,9 @@ def _batch(torch: Any, spec: CaseSpec, rank: int, step: int) -> Any:
     return torch.randn(spec.batch, spec.width, generator=generator)
 
 
-def _ddp_step(torch: Any, dist: Any, spec: CaseSpec, rank: int, model: Any, ddp: Any, groups: Groups,
-              clock: Clock) -> StepFn:
+def _ddp_step(
+    torch: Any, dist: Any, spec: CaseSpec, rank: int, model: Any, ddp: Any, groups: Groups, clock: Clock
+) -> StepFn:
     def step(index: int) -> Any:
         x = _batch(torch, spec, rank, index)
         loss = ddp(x).pow(2).mean()
@@ -93,8 +94,9 @@ def _ddp_step(torch: Any, dist: Any, spec: CaseSpec, rank: int, model: Any, ddp:
     return step
 
 
-def _pp_step(torch: Any, dist: Any, spec: CaseSpec, rank: int, model: Any, _: Any, groups: Groups,
-             clock: Clock) -> StepFn:
+def _pp_step(
+    torch: Any, dist: Any, spec: CaseSpec, rank: int, model: Any, _: Any, groups: Groups, clock: Clock
+) -> StepFn:
     d = spec.replicas
     stage = spec.stage(rank)
     peer = rank + d if stage == 0 else rank - d
@@ -125,8 +127,9 @@ def _pp_step(torch: Any, dist: Any, spec: CaseSpec, rank: int, model: Any, _: An
     return step
 
 
-def _tp_step(torch: Any, dist: Any, spec: CaseSpec, rank: int, model: Any, _: Any, groups: Groups,
-             clock: Clock) -> StepFn:
+def _tp_step(
+    torch: Any, dist: Any, spec: CaseSpec, rank: int, model: Any, _: Any, groups: Groups, clock: Clock
+) -> StepFn:
     parameters = list(model.parameters())
 
     def reduce_grad(grad: Any) -> Any:

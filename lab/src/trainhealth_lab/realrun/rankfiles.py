@@ -52,8 +52,9 @@ def write_topology(run_dir: Path, spec: CaseSpec, rank: int, fragment: dict[str,
         parallelism["pp"] = 2
     elif spec.layout is Parallelism.DP_TP:
         parallelism["tp"] = 2
-    write_json(run_dir / "topology.json", {"groups": dict(sorted(groups.items())), "hosts": hosts,
-                                            "parallelism": parallelism})
+    write_json(
+        run_dir / "topology.json", {"groups": dict(sorted(groups.items())), "hosts": hosts, "parallelism": parallelism}
+    )
 
 
 class StepLog:
@@ -71,8 +72,9 @@ class StepLog:
         self._clock.begin_step(factor)
 
     def end(self, step: int) -> None:
-        self._rows.append([step, self._began, time.time() - self._began, self._clock.busy_s(),
-                           time.process_time() - self._cpu])
+        self._rows.append(
+            [step, self._began, time.time() - self._began, self._clock.busy_s(), time.process_time() - self._cpu]
+        )
         write_json(self._progress, {"step": step, "time": time.time()})
 
     def close(self) -> None:

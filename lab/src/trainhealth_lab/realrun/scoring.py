@@ -23,11 +23,18 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from trainhealth_lab.realrun.spec import Truth
 from trainhealth.traces.ops import COMMUNICATION_OPS
+from trainhealth_lab.realrun.spec import Truth
 
-__all__ = ["BLAME_SCORE", "BASELINE_MARGIN", "AnswerScore", "baseline_compute", "baseline_wait", "score_answer",
-           "score_result"]
+__all__ = [
+    "BLAME_SCORE",
+    "BASELINE_MARGIN",
+    "AnswerScore",
+    "baseline_compute",
+    "baseline_wait",
+    "score_answer",
+    "score_result",
+]
 
 #: A suspect at this score or more is blamed (docs/trace-format.md: 0.5 is the threshold).
 BLAME_SCORE = 0.5
@@ -53,12 +60,20 @@ class AnswerScore:
 def _covers(truth: Truth, component: str | None, ranks: Sequence[int]) -> bool:
     if component is not None and component in truth.components:
         return True
-    return truth.target is not None and tuple(ranks) == (truth.target,) and truth.kind.startswith("link") and (
-        component is None or not component.startswith("gpu:"))
+    return (
+        truth.target is not None
+        and tuple(ranks) == (truth.target,)
+        and truth.kind.startswith("link")
+        and (component is None or not component.startswith("gpu:"))
+    )
 
 
-def score_answer(truth: Truth, verdict: str, suspects: Iterable[tuple[str | None, Sequence[int], float]],
-                 events: Iterable[tuple[str | None, Sequence[int]]] = ()) -> AnswerScore:
+def score_answer(
+    truth: Truth,
+    verdict: str,
+    suspects: Iterable[tuple[str | None, Sequence[int], float]],
+    events: Iterable[tuple[str | None, Sequence[int]]] = (),
+) -> AnswerScore:
     """Score ``verdict`` and ``suspects`` ((component, ranks, score), best first) against ``truth``; for a fault
     that came and went (transient), the first of ``events`` ((component, ranks)) naming it is top-1 when nobody
     is blamed."""

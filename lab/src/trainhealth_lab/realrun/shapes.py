@@ -47,15 +47,27 @@ __all__ = ["BARRIER_EVERY", "MONITOR_SETTINGS", "clock_for", "default_topology",
 #: The explicit loop's ``dist.barrier()`` period, in iterations.
 BARRIER_EVERY = 5
 #: The Monitor as the lab runs it: the collective logger and its markers on, every exporter and check off.
-MONITOR_SETTINGS: dict[str, Any] = {"comm": True, "prometheus": False, "otel": False, "gpu_backend": "off",
-                                     "model_signals": False, "sdc_interval": 0, "grad_check_every": 0,
-                                     "detectors": "off"}
+MONITOR_SETTINGS: dict[str, Any] = {
+    "comm": True,
+    "prometheus": False,
+    "otel": False,
+    "gpu_backend": "off",
+    "model_signals": False,
+    "sdc_interval": 0,
+    "grad_check_every": 0,
+    "detectors": "off",
+}
 
 
 def clock_for(spec: CaseSpec, *, paced: bool = True) -> Clock:
     """The kernels of one rank of ``spec``."""
-    return Clock(spec.compute_s * FORWARD_SHARE, spec.compute_s * BACKWARD_SHARE, spec.compute_s * OPTIMIZER_SHARE,
-                 spec.cpu_share, paced=paced)
+    return Clock(
+        spec.compute_s * FORWARD_SHARE,
+        spec.compute_s * BACKWARD_SHARE,
+        spec.compute_s * OPTIMIZER_SHARE,
+        spec.cpu_share,
+        paced=paced,
+    )
 
 
 def stall(spec: CaseSpec, rank: int, step: int, clock: Clock) -> None:
@@ -214,7 +226,7 @@ def _sharded_stack(torch: Any, dist: Any, spec: CaseSpec, rank: int, clock: Cloc
     size = padded // world
 
     def layer_math(x: Any, flat: Any) -> Any:
-        weight, bias = flat[:width * width].view(width, width), flat[width * width:numel]
+        weight, bias = flat[: width * width].view(width, width), flat[width * width : numel]
         return torch.relu(x @ weight.T + bias)
 
     class ShardedStack(nn.Module):
@@ -225,7 +237,7 @@ def _sharded_stack(torch: Any, dist: Any, spec: CaseSpec, rank: int, clock: Cloc
             for _ in range(layers):
                 linear, full = nn.Linear(width, width), torch.zeros(padded)
                 full[:numel] = torch.cat([linear.weight.detach().reshape(-1), linear.bias.detach()])
-                shards.append(nn.Parameter(full[rank * size:(rank + 1) * size].clone()))
+                shards.append(nn.Parameter(full[rank * size : (rank + 1) * size].clone()))
             self.shards = nn.ParameterList(shards)
             self._inputs: list[Any] = []
 

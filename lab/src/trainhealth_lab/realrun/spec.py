@@ -32,8 +32,21 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-__all__ = ["CONTROL_KINDS", "LINK_KINDS", "TRAINER_DRIVERS", "CaseSpec", "Driver", "Fault", "Parallelism", "Pattern",
-           "RealRunFaultKind", "Truth", "host_name", "severity_band", "truth"]
+__all__ = [
+    "CONTROL_KINDS",
+    "LINK_KINDS",
+    "TRAINER_DRIVERS",
+    "CaseSpec",
+    "Driver",
+    "Fault",
+    "Parallelism",
+    "Pattern",
+    "RealRunFaultKind",
+    "Truth",
+    "host_name",
+    "severity_band",
+    "truth",
+]
 
 
 class Parallelism(str, enum.Enum):
@@ -146,7 +159,9 @@ class Fault:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Fault:
-        return cls(**{**data, "kind": RealRunFaultKind(data["kind"]), "pattern": Pattern(data.get("pattern", "persistent"))})
+        return cls(
+            **{**data, "kind": RealRunFaultKind(data["kind"]), "pattern": Pattern(data.get("pattern", "persistent"))}
+        )
 
 
 @dataclass(frozen=True)
@@ -179,17 +194,23 @@ class CaseSpec:
 
     def __post_init__(self) -> None:
         if self.driver is not Driver.LAB and self.layout is not Parallelism.DDP:
-            raise ValueError(f"driver {self.driver.value} runs one data-parallel group: layout must be ddp, "
-                             f"got {self.layout.value}")
+            raise ValueError(
+                f"driver {self.driver.value} runs one data-parallel group: layout must be ddp, got {self.layout.value}"
+            )
         if self.driver is Driver.EXPLICIT and self.markers:
             raise ValueError("driver explicit runs the collective logger alone: markers must be False")
         if self.driver in TRAINER_DRIVERS and not self.markers:
-            raise ValueError(f"driver {self.driver.value} runs trainhealth's integration (its Monitor): "
-                             "markers must be True")
-        if self.driver is not Driver.LAB and self.fault.kind not in (RealRunFaultKind.COMPUTE, RealRunFaultKind.CLEAN,
-                                                                     RealRunFaultKind.DATALOADER):
-            raise ValueError(f"driver {self.driver.value} takes compute, dataloader and clean cases, "
-                             f"got {self.fault.kind.value}")
+            raise ValueError(
+                f"driver {self.driver.value} runs trainhealth's integration (its Monitor): markers must be True"
+            )
+        if self.driver is not Driver.LAB and self.fault.kind not in (
+            RealRunFaultKind.COMPUTE,
+            RealRunFaultKind.CLEAN,
+            RealRunFaultKind.DATALOADER,
+        ):
+            raise ValueError(
+                f"driver {self.driver.value} takes compute, dataloader and clean cases, got {self.fault.kind.value}"
+            )
         if self.ranks < 2:
             raise ValueError("ranks must be at least 2")
         if self.layout is not Parallelism.DDP and self.ranks % 2:
@@ -246,8 +267,15 @@ class CaseSpec:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> CaseSpec:
         """The inverse of :meth:`to_dict`; a spec written before ``driver`` existed is the lab's own loop."""
-        return cls(**{**data, "layout": Parallelism(data["layout"]), "fault": Fault.from_dict(data["fault"]),
-                      "pin": tuple(data.get("pin", ())), "driver": Driver(data.get("driver", "lab"))})
+        return cls(
+            **{
+                **data,
+                "layout": Parallelism(data["layout"]),
+                "fault": Fault.from_dict(data["fault"]),
+                "pin": tuple(data.get("pin", ())),
+                "driver": Driver(data.get("driver", "lab")),
+            }
+        )
 
     @classmethod
     def load(cls, path: str | Path) -> CaseSpec:
@@ -286,13 +314,22 @@ class Truth:
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
         out["accepted_verdicts"], out["components"], out["notes"] = (
-            list(self.accepted_verdicts), list(self.components), list(self.notes))
+            list(self.accepted_verdicts),
+            list(self.components),
+            list(self.notes),
+        )
         return out
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Truth:
-        return cls(**{**data, "accepted_verdicts": tuple(data["accepted_verdicts"]),
-                      "components": tuple(data["components"]), "notes": tuple(data.get("notes", ()))})
+        return cls(
+            **{
+                **data,
+                "accepted_verdicts": tuple(data["accepted_verdicts"]),
+                "components": tuple(data["components"]),
+                "notes": tuple(data.get("notes", ())),
+            }
+        )
 
 
 def severity_band(severity: float | None) -> str:
@@ -308,8 +345,9 @@ def severity_band(severity: float | None) -> str:
     return ">=2"
 
 
-def truth(spec: CaseSpec, hosts: dict[int, str] | None = None, *, onset: int | None = None,
-          notes: tuple[str, ...] = ()) -> Truth:
+def truth(
+    spec: CaseSpec, hosts: dict[int, str] | None = None, *, onset: int | None = None, notes: tuple[str, ...] = ()
+) -> Truth:
     """The ground truth of ``spec`` (``onset`` overrides the planned one: the step a mid-run switch happened)."""
     fault = spec.fault
     if onset is not None:
@@ -346,9 +384,23 @@ def truth(spec: CaseSpec, hosts: dict[int, str] | None = None, *, onset: int | N
         notes = notes + ("the trace's steps are the Trainer's state.global_step: the lab's step k is trace step k+1",)
     severity = fault.severity if kind not in (RealRunFaultKind.CLEAN, RealRunFaultKind.CPU_CONTENTION) else None
     return Truth(
-        case=spec.name, layout=spec.layout.value, ranks=spec.ranks, seed=spec.seed, steps=spec.steps,
-        kind=kind.value, pattern=fault.pattern.value, target=target, target_host=target_host, onset=fault.onset,
-        severity=severity, severity_band=severity_band(severity), expected_verdict=verdict,
-        accepted_verdicts=accepted, components=components, fault=fault.to_dict(), notes=notes,
-        driver=spec.driver.value, markers=spec.markers,
+        case=spec.name,
+        layout=spec.layout.value,
+        ranks=spec.ranks,
+        seed=spec.seed,
+        steps=spec.steps,
+        kind=kind.value,
+        pattern=fault.pattern.value,
+        target=target,
+        target_host=target_host,
+        onset=fault.onset,
+        severity=severity,
+        severity_band=severity_band(severity),
+        expected_verdict=verdict,
+        accepted_verdicts=accepted,
+        components=components,
+        fault=fault.to_dict(),
+        notes=notes,
+        driver=spec.driver.value,
+        markers=spec.markers,
     )

@@ -22,24 +22,40 @@ import numpy as np
 from trainhealth_lab.realrun.launcher import HOG_CODE, CaseOutcome, run_case, score_run
 from trainhealth_lab.realrun.spec import CaseSpec, Truth
 
-__all__ = ["RESULTS_FILE", "SLOW_FACTOR", "ResultsError", "load_results", "rescore", "run_suite", "shape_label",
-           "shape_summary", "shape_table", "summary", "table"]
+__all__ = [
+    "RESULTS_FILE",
+    "SLOW_FACTOR",
+    "ResultsError",
+    "load_results",
+    "rescore",
+    "run_suite",
+    "shape_label",
+    "shape_summary",
+    "shape_table",
+    "summary",
+    "table",
+]
 
 RESULTS_FILE = "results.jsonl"
 #: A rank this many times slower than planned must never be called healthy (issue 30).
 SLOW_FACTOR = 1.5
 
 
-def run_suite(cases: Sequence[CaseSpec], out: str | os.PathLike[str], *, noise: bool = False, live: bool = True,
-              report: Callable[[CaseOutcome], None] | None = None) -> list[dict[str, Any]]:
+def run_suite(
+    cases: Sequence[CaseSpec],
+    out: str | os.PathLike[str],
+    *,
+    noise: bool = False,
+    live: bool = True,
+    report: Callable[[CaseOutcome], None] | None = None,
+) -> list[dict[str, Any]]:
     """Run ``cases`` one after another into ``out``; with ``noise`` a busy process runs beside them all."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     results = []
     hog = None
     if noise:  # unpinned: the scheduler spreads it over both cores, slowing every rank alike
-        hog = subprocess.Popen([sys.executable, "-c", HOG_CODE], stdout=subprocess.DEVNULL,
-                               stderr=subprocess.DEVNULL)
+        hog = subprocess.Popen([sys.executable, "-c", HOG_CODE], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         with open(out / RESULTS_FILE, "w", encoding="utf-8") as sink:
             for case in cases:
@@ -66,20 +82,38 @@ class ResultsError(ValueError):
 MAX_RESULTS_BYTES = 256 << 20
 _NUMBER = (int, float)
 _ROW = {"case": str, "status": str, "reason": str, "run_dir": str, "truth": dict, "wall_s": _NUMBER}
-_SCORED = {"localize": dict, "baseline_compute": dict, "baseline_wait": dict,
-           "live_detection_delay": (int, type(None)), "localize_probe": (dict, type(None))}
-_TRUTH = {"kind": str, "pattern": str, "layout": str, "severity_band": str, "target": (int, type(None)),
-          "severity": (int, float, type(None)), "fault": dict}
+_SCORED = {
+    "localize": dict,
+    "baseline_compute": dict,
+    "baseline_wait": dict,
+    "live_detection_delay": (int, type(None)),
+    "localize_probe": (dict, type(None)),
+}
+_TRUTH = {
+    "kind": str,
+    "pattern": str,
+    "layout": str,
+    "severity_band": str,
+    "target": (int, type(None)),
+    "severity": (int, float, type(None)),
+    "fault": dict,
+}
 _ANSWER = {"verdict_right": (bool, type(None)), "top1_right": (bool, type(None)), "false_blame": (bool, type(None))}
 
 
 def _check(where: str, data: dict[str, Any], fields: dict[str, Any]) -> None:
     for name, kind in fields.items():
         value = data.get(name, ...)
-        if value is ... or isinstance(value, bool) and bool not in (kind if isinstance(kind, tuple) else (kind,)) \
-                or not isinstance(value, kind):
+        if (
+            value is ...
+            or isinstance(value, bool)
+            and bool not in (kind if isinstance(kind, tuple) else (kind,))
+            or not isinstance(value, kind)
+        ):
             wanted = " or ".join(k.__name__ for k in (kind if isinstance(kind, tuple) else (kind,)))
-            raise ResultsError(f"{where}: {name} must be {wanted}, got {'nothing' if value is ... else repr(value)[:80]}")
+            raise ResultsError(
+                f"{where}: {name} must be {wanted}, got {'nothing' if value is ... else repr(value)[:80]}"
+            )
 
 
 def _checked(row: Any, where: str) -> dict[str, Any]:
@@ -94,8 +128,13 @@ def _checked(row: Any, where: str) -> dict[str, Any]:
     if row["status"] == "ok":
         _check(where, row, _SCORED)
         for name in ("localize", "baseline_compute", "baseline_wait"):
-            _check(f"{where}: {name}", row[name], _ANSWER if name == "localize" else
-                   {key: kind for key, kind in _ANSWER.items() if key != "verdict_right"})
+            _check(
+                f"{where}: {name}",
+                row[name],
+                _ANSWER
+                if name == "localize"
+                else {key: kind for key, kind in _ANSWER.items() if key != "verdict_right"},
+            )
         _check(f"{where}: localize", row["localize"], {"verdict": (str, type(None))})
     return row
 
@@ -171,8 +210,10 @@ def table(rows: Sequence[dict[str, Any]]) -> str:
             errors.append(f"{row['case']}: {row['reason'][:160]}")
             continue
         groups[(_label(row), row["truth"]["layout"], row["truth"]["severity_band"])].append(row)
-    header = (f"{'fault':<28}{'layout':<7}{'severity':<9}{'runs':>5}{'verdict':>8}{'top-1':>7}{'false':>7}"
-              f"{'delay':>7}{'base cmp':>9}{'base wait':>10}")
+    header = (
+        f"{'fault':<28}{'layout':<7}{'severity':<9}{'runs':>5}{'verdict':>8}{'top-1':>7}{'false':>7}"
+        f"{'delay':>7}{'base cmp':>9}{'base wait':>10}"
+    )
     lines = [header, "-" * len(header)]
     for (label, layout, band), members in sorted(groups.items()):
         delays = [r["live_detection_delay"] for r in members if r["live_detection_delay"] is not None]
@@ -189,9 +230,11 @@ def table(rows: Sequence[dict[str, Any]]) -> str:
         lines.append(f"{label:<28}skipped: {reason}")
     for error in errors:
         lines.append(f"error: {error}")
-    lines.append("(verdict: accepted verdict; top-1: the top suspect is the injected component; false: anyone "
-                 "wrongly blamed; delay: median live detection, steps after onset; base: the naive baselines' "
-                 "top-1, or for controls the share of runs where they blame nobody)")
+    lines.append(
+        "(verdict: accepted verdict; top-1: the top suspect is the injected component; false: anyone "
+        "wrongly blamed; delay: median live detection, steps after onset; base: the naive baselines' "
+        "top-1, or for controls the share of runs where they blame nobody)"
+    )
     return "\n".join(lines)
 
 
@@ -278,8 +321,10 @@ def shape_table(rows: Sequence[dict[str, Any]]) -> str:
             groups[(shape_label(row["truth"]), _fault_label(row["truth"]))].append(row)
         elif row["status"] == "error":
             errors.append(f"{row['case']}: {row['reason'][:160]}")
-    header = (f"{'shape':<24}{'fault':<15}{'runs':>5}{'right|insuf':>12}{'top-1':>7}{'false':>7}{'healthy&slow':>14}"
-              "  verdicts")
+    header = (
+        f"{'shape':<24}{'fault':<15}{'runs':>5}{'right|insuf':>12}{'top-1':>7}{'false':>7}{'healthy&slow':>14}"
+        "  verdicts"
+    )
     lines = [header, "-" * (len(header) + 20)]
     for (shape, fault), members in sorted(groups.items()):
         verdicts: dict[str, int] = defaultdict(int)
@@ -296,9 +341,11 @@ def shape_table(rows: Sequence[dict[str, Any]]) -> str:
             + ", ".join(f"{v} {n}" for v, n in sorted(verdicts.items()))
         )
     lines += [f"error: {error}" for error in errors]
-    lines.append("(right|insuf: an accepted verdict or insufficient_data; top-1: the top suspect is the slow "
-                  "rank's component; false: runs blaming anyone wrongly; healthy&slow: 'healthy' while a rank was "
-                  f"planned >= {SLOW_FACTOR}x slow)")
+    lines.append(
+        "(right|insuf: an accepted verdict or insufficient_data; top-1: the top suspect is the slow "
+        "rank's component; false: runs blaming anyone wrongly; healthy&slow: 'healthy' while a rank was "
+        f"planned >= {SLOW_FACTOR}x slow)"
+    )
     return "\n".join(lines)
 
 
@@ -310,10 +357,14 @@ def shape_summary(rows: Sequence[dict[str, Any]]) -> str:
     blamed = sum(bool(r["localize"]["false_blame"]) for r in done)
     right = sum(map(_right_or_insufficient, done))
     share = 100.0 * blamed / len(done) if done else float("nan")
-    return "\n".join([
-        (f"runs: {len(rows)} ({len(done)} scored, {sum(r['status'] == 'error' for r in rows)} failed, "
-         f"{sum(r['status'] == 'skipped' for r in rows)} skipped)"),
-        f"never `healthy` while a rank is >={SLOW_FACTOR}x slow: {never_healthy}/{len(slow)}",
-        f"false blame: {blamed}/{len(done)} runs ({share:.1f}%; target <= 1%)",
-        f"verdict right or insufficient_data: {right}/{len(done)}",
-    ])
+    return "\n".join(
+        [
+            (
+                f"runs: {len(rows)} ({len(done)} scored, {sum(r['status'] == 'error' for r in rows)} failed, "
+                f"{sum(r['status'] == 'skipped' for r in rows)} skipped)"
+            ),
+            f"never `healthy` while a rank is >={SLOW_FACTOR}x slow: {never_healthy}/{len(slow)}",
+            f"false blame: {blamed}/{len(done)} runs ({share:.1f}%; target <= 1%)",
+            f"verdict right or insufficient_data: {right}/{len(done)}",
+        ]
+    )

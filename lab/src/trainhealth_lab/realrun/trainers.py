@@ -41,8 +41,10 @@ __all__ = ["GPT2_SIZE", "INTEGRATIONS", "integration", "train_with_trainer"]
 #: The tiny GPT-2 of ``hf_trainer``: vocabulary, sequence length, width, heads.
 GPT2_SIZE = (128, 16, 64, 2)
 #: Each trainer driver's integration, by the import path users write (docs/integrations.md).
-INTEGRATIONS = {Driver.HF_TRAINER: "trainhealth.integrations.huggingface",
-                Driver.ACCELERATE: "trainhealth.integrations.accelerate"}
+INTEGRATIONS = {
+    Driver.HF_TRAINER: "trainhealth.integrations.huggingface",
+    Driver.ACCELERATE: "trainhealth.integrations.accelerate",
+}
 
 
 def integration(driver: Driver) -> ModuleType:
@@ -87,17 +89,28 @@ def _hf_trainer(torch: Any, dist: Any, spec: CaseSpec, rank: int, run_dir: Path)
     clock = clock_for(spec)
     vocab, length, width, heads = GPT2_SIZE
     torch.manual_seed(spec.seed)
-    config = transformers.GPT2Config(vocab_size=vocab, n_positions=length, n_embd=width, n_layer=spec.layers,
-                                     n_head=heads)
+    config = transformers.GPT2Config(
+        vocab_size=vocab, n_positions=length, n_embd=width, n_layer=spec.layers, n_head=heads
+    )
     model = transformers.GPT2LMHeadModel(config)
     pace_blocks(torch, model.transformer.h, clock)
     generator = torch.Generator().manual_seed(spec.seed)
     ids = torch.randint(0, vocab, (spec.steps * spec.batch * spec.ranks, length), generator=generator)
     data = [{"input_ids": row, "labels": row} for row in ids]
     args = transformers.TrainingArguments(
-        output_dir=str(run_dir / "trainer"), per_device_train_batch_size=spec.batch, max_steps=spec.steps,
-        learning_rate=1e-3, logging_steps=10, save_strategy="no", report_to=[], use_cpu=True, ddp_backend="gloo",
-        disable_tqdm=True, dataloader_num_workers=0, dataloader_pin_memory=False, seed=spec.seed,
+        output_dir=str(run_dir / "trainer"),
+        per_device_train_batch_size=spec.batch,
+        max_steps=spec.steps,
+        learning_rate=1e-3,
+        logging_steps=10,
+        save_strategy="no",
+        report_to=[],
+        use_cpu=True,
+        ddp_backend="gloo",
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+        dataloader_pin_memory=False,
+        seed=spec.seed,
     )
     steps = StepLog(run_dir, rank, clock)
 

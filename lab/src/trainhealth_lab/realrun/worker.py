@@ -168,8 +168,12 @@ def _train(torch: Any, dist: Any, spec: CaseSpec, rank: int, run_dir: Path) -> N
 
     groups, mine = new_groups(dist, spec, rank)
     layers = spec.layers // 2 if spec.layout is Parallelism.DP_PP else spec.layers
-    clock = Clock(spec.compute_s * FORWARD_SHARE, spec.compute_s * BACKWARD_SHARE, spec.compute_s * OPTIMIZER_SHARE,
-                  spec.cpu_share)
+    clock = Clock(
+        spec.compute_s * FORWARD_SHARE,
+        spec.compute_s * BACKWARD_SHARE,
+        spec.compute_s * OPTIMIZER_SHARE,
+        spec.cpu_share,
+    )
     model = build_model(torch, spec, layers, clock)
     train_module = model
     if spec.layout is Parallelism.DDP:
@@ -181,8 +185,18 @@ def _train(torch: Any, dist: Any, spec: CaseSpec, rank: int, run_dir: Path) -> N
     if spec.markers:
         from trainhealth.exporters.monitor import Monitor
 
-        monitor = Monitor(train_module, optimizer, comm=True, prometheus=False, otel=False, gpu_backend="off",
-                          model_signals=False, sdc_interval=0, grad_check_every=0, detectors="off")
+        monitor = Monitor(
+            train_module,
+            optimizer,
+            comm=True,
+            prometheus=False,
+            otel=False,
+            gpu_backend="off",
+            model_signals=False,
+            sdc_interval=0,
+            grad_check_every=0,
+            detectors="off",
+        )
     else:  # the collective logger alone: no step, forward or optimizer rows; every record has step 0
         comm.install()
     if spec.layout is Parallelism.DDP:

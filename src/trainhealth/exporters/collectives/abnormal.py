@@ -30,8 +30,15 @@ __all__ = ["AbnormalFilter"]
 class AbnormalFilter:
     """Flags durations far above the recent baseline of their key; bounded per key."""
 
-    def __init__(self, window: int = 256, min_baseline: int = 32, ratio: float = 2.0, mad_factor: float = 4.0,
-                 max_keys: int = 1024, drift_share: float = 0.5) -> None:
+    def __init__(
+        self,
+        window: int = 256,
+        min_baseline: int = 32,
+        ratio: float = 2.0,
+        mad_factor: float = 4.0,
+        max_keys: int = 1024,
+        drift_share: float = 0.5,
+    ) -> None:
         if window < min_baseline or min_baseline < 2:
             raise ValueError("need window >= min_baseline >= 2")
         self._window = window
@@ -52,7 +59,7 @@ class AbnormalFilter:
             baseline = self._baselines[key] = deque(maxlen=self._window)
             self._recent_flags[key] = deque(maxlen=self._min_baseline)
         if len(baseline) < self._min_baseline:
-            baseline.extend(durations[-self._window:].tolist())  # what the window keeps of them
+            baseline.extend(durations[-self._window :].tolist())  # what the window keeps of them
             return np.array([], dtype=np.int64)
         history = np.fromiter(baseline, dtype=np.float64, count=len(baseline))
         median = float(np.median(history))
@@ -60,7 +67,7 @@ class AbnormalFilter:
         threshold = max(self._ratio * median, median + self._mad_factor * spread)
         is_flagged = durations > threshold
         recent = self._recent_flags[key]
-        recent.extend(is_flagged[-self._min_baseline:].tolist())  # what the deques keep, not the whole batch
+        recent.extend(is_flagged[-self._min_baseline :].tolist())  # what the deques keep, not the whole batch
         drifting = sum(recent) > self._drift_share * len(recent)
-        baseline.extend((durations if drifting else durations[~is_flagged])[-self._window:].tolist())
+        baseline.extend((durations if drifting else durations[~is_flagged])[-self._window :].tolist())
         return np.flatnonzero(is_flagged)

@@ -42,8 +42,14 @@ class RecordColumns(NamedTuple):
         """The columns of ``records`` (at least one)."""
         _, ops, groups, seqs, starts, durations, sizes, _, is_async = zip(*records)
         return cls(
-            ops, groups, np.array(seqs, np.float64), np.array(starts, np.float64), np.array(durations, np.float64),
-            np.nan_to_num(np.array(sizes, np.float64), nan=0.0).astype(np.int64), np.array(is_async, bool))
+            ops,
+            groups,
+            np.array(seqs, np.float64),
+            np.array(starts, np.float64),
+            np.array(durations, np.float64),
+            np.nan_to_num(np.array(sizes, np.float64), nan=0.0).astype(np.int64),
+            np.array(is_async, bool),
+        )
 
     @property
     def ends(self) -> np.ndarray:
@@ -52,5 +58,11 @@ class RecordColumns(NamedTuple):
     def select(self, keep: np.ndarray) -> RecordColumns:
         """The rows where ``keep`` (a boolean array) is true."""
         return RecordColumns(
-            tuple(compress(self.ops, keep)), tuple(compress(self.groups, keep)), self.seqs[keep], self.starts[keep],
-            self.durations[keep], self.sizes[keep], self.is_async[keep])
+            tuple(compress(self.ops, keep)),
+            tuple(compress(self.groups, keep)),
+            self.seqs[keep],
+            self.starts[keep],
+            self.durations[keep],
+            self.sizes[keep],
+            self.is_async[keep],
+        )

@@ -51,8 +51,13 @@ def installed() -> CollectiveLogger | None:
     return _installed
 
 
-def install(trace_dir: str | os.PathLike[str] | None = None, *, store: MetricStore | None = None,
-            settings: Settings | None = None, detectors: SignalDetectors | None = None) -> CollectiveLogger:
+def install(
+    trace_dir: str | os.PathLike[str] | None = None,
+    *,
+    store: MetricStore | None = None,
+    settings: Settings | None = None,
+    detectors: SignalDetectors | None = None,
+) -> CollectiveLogger:
     """Wrap the torch.distributed collectives and start recording; idempotent.
 
     ``store`` receives the metrics and ``detectors`` the median duration of each
@@ -83,10 +88,16 @@ def install(trace_dir: str | os.PathLike[str] | None = None, *, store: MetricSto
 
         identity = Identity.from_env(settings=settings)
         logger = CollectiveLogger(  # rank: the launcher's, else torch.distributed's once it is initialised
-            rank=configured_rank(settings=settings), host=identity.host, gpu=identity.local_rank,
-            ring_size=settings.comm.ring_size, store=store, trace_dir=settings.comm.trace_dir,
-            flush_interval_s=settings.comm.flush_interval, detectors=detectors,
-            trace_write_interval_s=settings.comm.trace_write_interval, hang_floor_s=settings.comm.hang_floor,
+            rank=configured_rank(settings=settings),
+            host=identity.host,
+            gpu=identity.local_rank,
+            ring_size=settings.comm.ring_size,
+            store=store,
+            trace_dir=settings.comm.trace_dir,
+            flush_interval_s=settings.comm.flush_interval,
+            detectors=detectors,
+            trace_write_interval_s=settings.comm.trace_write_interval,
+            hang_floor_s=settings.comm.hang_floor,
         )
         for name in COMMUNICATION_FUNCTIONS:
             original = getattr(c10d, name, None)

@@ -130,8 +130,9 @@ class CollectiveLogger(CollectiveRecorder):
         if self.trace_dir is None:
             return
         crowded = len(self._unwritten) * 2 >= cast(int, self._unwritten.maxlen)
-        if not crowded and (not self._trace_write_interval
-                            or time.monotonic() - self._last_trace_write < self._trace_write_interval):
+        if not crowded and (
+            not self._trace_write_interval or time.monotonic() - self._last_trace_write < self._trace_write_interval
+        ):
             return
         try:
             self.write_trace()
@@ -241,8 +242,11 @@ class CollectiveLogger(CollectiveRecorder):
         finally:
             self._write_lock.release()
         if self._unwritten_lost:
-            log.warning("trainhealth: %d collective records were dropped before they reached the trace; raise "
-                        "TRAINHEALTH_COMM_RING_SIZE or lower TRAINHEALTH_TRACE_WRITE_INTERVAL", self._unwritten_lost)
+            log.warning(
+                "trainhealth: %d collective records were dropped before they reached the trace; raise "
+                "TRAINHEALTH_COMM_RING_SIZE or lower TRAINHEALTH_TRACE_WRITE_INTERVAL",
+                self._unwritten_lost,
+            )
         return main.path
 
     def _writer(self, directory: Path) -> SegmentWriter:
@@ -337,8 +341,9 @@ class CollectiveLogger(CollectiveRecorder):
                 self._unwritten_abnormal.extend(flagged)
             self._abnormal_total += len(flagged)
             if self.detectors is not None:
-                self.detectors.observe("comm_duration", float(np.median(durations)), series=f"{op}/{group}",
-                                       step=batch[int(rows[-1])][0])
+                self.detectors.observe(
+                    "comm_duration", float(np.median(durations)), series=f"{op}/{group}", step=batch[int(rows[-1])][0]
+                )
             if self.store is not None:
                 labels = (op, cast(str, group))
                 self.store.observe_many(catalog.COMM_OP_DURATION, durations, labels)
@@ -379,7 +384,8 @@ class CollectiveLogger(CollectiveRecorder):
             waiting[(op, group)] = max(waiting.get((op, group), 0.0), now - t0)
         self._known_inflight |= set(waiting)
         writes: list[tuple[catalog.MetricSpec, tuple[str, ...], float]] = [
-            (catalog.COMM_INFLIGHT_DURATION, key, waiting.get(key, 0.0)) for key in sorted(self._known_inflight)]
+            (catalog.COMM_INFLIGHT_DURATION, key, waiting.get(key, 0.0)) for key in sorted(self._known_inflight)
+        ]
         writes += [(catalog.COMM_STARTED_SEQ, (group,), float(seq)) for group, seq in list(self._seq.items())]
         writes += [(catalog.COMM_COMPLETED_SEQ, (group,), float(seq)) for group, seq in list(self._completed.items())]
         store.write(writes)

@@ -24,13 +24,23 @@ log = logging.getLogger(__name__)
 
 #: torch's OpType names -> trace format v1 ops.
 OP_TYPES = {
-    "ALLREDUCE": "all_reduce", "ALLREDUCE_COALESCED": "all_reduce", "COALESCED": "all_reduce",
-    "ALLGATHER": "all_gather", "_ALLGATHER_BASE": "all_gather", "ALLGATHER_COALESCED": "all_gather",
-    "REDUCE_SCATTER": "reduce_scatter", "_REDUCE_SCATTER_BASE": "reduce_scatter",
+    "ALLREDUCE": "all_reduce",
+    "ALLREDUCE_COALESCED": "all_reduce",
+    "COALESCED": "all_reduce",
+    "ALLGATHER": "all_gather",
+    "_ALLGATHER_BASE": "all_gather",
+    "ALLGATHER_COALESCED": "all_gather",
+    "REDUCE_SCATTER": "reduce_scatter",
+    "_REDUCE_SCATTER_BASE": "reduce_scatter",
     "REDUCE_SCATTER_TENSOR_COALESCED": "reduce_scatter",
-    "ALLTOALL": "all_to_all", "ALLTOALL_BASE": "all_to_all",
-    "BROADCAST": "broadcast", "REDUCE": "reduce", "BARRIER": "barrier",
-    "SEND": "send", "RECV": "recv", "RECVANYSOURCE": "recv",
+    "ALLTOALL": "all_to_all",
+    "ALLTOALL_BASE": "all_to_all",
+    "BROADCAST": "broadcast",
+    "REDUCE": "reduce",
+    "BARRIER": "barrier",
+    "SEND": "send",
+    "RECV": "recv",
+    "RECVANYSOURCE": "recv",
 }
 
 
@@ -59,7 +69,8 @@ def _completed(logger: Any, group_id: str, info: Any) -> None:
         if op is None:
             return
         # time_started is a steady-clock time point: CLOCK_MONOTONIC, the clock of time.perf_counter on Linux
-        logger.add_device_record(op, group_id, int(info.seq), info.time_started.total_seconds(),
-                                 info.active_duration.total_seconds())
+        logger.add_device_record(
+            op, group_id, int(info.seq), info.time_started.total_seconds(), info.active_duration.total_seconds()
+        )
     except Exception:
         log.debug("trainhealth: recording an NCCL completion failed", exc_info=True)

@@ -91,8 +91,13 @@ def _exchange(dist, group, buffers, me: int, peer: int, base_tag: int) -> list[f
     return times
 
 
-def probe_links(*, group=None, sizes: Iterable[int] = (4096, 1 << 20), repeats: int = 5,  # noqa: ANN001
-                timeout_s: float = 60.0) -> ProbeResult:
+def probe_links(
+    *,
+    group=None,
+    sizes: Iterable[int] = (4096, 1 << 20),
+    repeats: int = 5,  # noqa: ANN001
+    timeout_s: float = 60.0,
+) -> ProbeResult:
     """Measure every pair of ranks of ``group`` (default: all) and return the same result on every rank.
 
     Every rank of ``group`` calls it at the same point. It creates its own gloo process group
@@ -126,8 +131,9 @@ def probe_links(*, group=None, sizes: Iterable[int] = (4096, 1 << 20), repeats: 
 
     host = Identity.from_env().host
     timeout = timedelta(seconds=timeout_s)
-    probe_group = dist.new_group(ranks=list(ranks), backend="gloo", timeout=timeout,
-                                 use_local_synchronization=group is not None)
+    probe_group = dist.new_group(
+        ranks=list(ranks), backend="gloo", timeout=timeout, use_local_synchronization=group is not None
+    )
     untraced = _untraced(dist)
     schedule = round_robin(ranks)
     partners = [{rank: (a, b, index) for index, (a, b) in enumerate(pairs) for rank in (a, b)} for pairs in schedule]
@@ -160,8 +166,11 @@ def probe_links(*, group=None, sizes: Iterable[int] = (4096, 1 << 20), repeats: 
         notes.append(f"rank {me}: the probe fell out of step: {exc}"[:300])
     try:
         mine = [LinkMeasurement(a, b, math.inf, 0.0, failed=reason) for (a, b), reason in failures.items()]
-        mine += [LinkMeasurement.from_round_trips(a, b, sizes, passes) for (a, b), passes in times.items()
-                 if (a, b) not in failures and a == me]
+        mine += [
+            LinkMeasurement.from_round_trips(a, b, sizes, passes)
+            for (a, b), passes in times.items()
+            if (a, b) not in failures and a == me
+        ]
         gathered: list[Any] = [None] * len(ranks)
         if complete:
             try:
@@ -183,5 +192,12 @@ def probe_links(*, group=None, sizes: Iterable[int] = (4096, 1 << 20), repeats: 
             if key not in links or links[key].failed is None and m.failed is not None:
                 links[key] = m  # a failure seen by either end wins
     hosts = {part["rank"]: part["host"] for part in gathered}
-    return ProbeResult(tuple(sorted(links.values(), key=lambda m: (m.source, m.target))), ranks, hosts, sizes,
-                       repeats, complete, tuple(notes))
+    return ProbeResult(
+        tuple(sorted(links.values(), key=lambda m: (m.source, m.target))),
+        ranks,
+        hosts,
+        sizes,
+        repeats,
+        complete,
+        tuple(notes),
+    )

@@ -63,21 +63,33 @@ class LinkMeasurement:
     failed: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"source": self.source, "target": self.target,
-                "latency_s": self.latency_s if math.isfinite(self.latency_s) else None,
-                "bandwidth_bytes_per_s": self.bandwidth_bytes_per_s, "latency_spread": self.latency_spread,
-                "bandwidth_spread": self.bandwidth_spread, "failed": self.failed}
+        return {
+            "source": self.source,
+            "target": self.target,
+            "latency_s": self.latency_s if math.isfinite(self.latency_s) else None,
+            "bandwidth_bytes_per_s": self.bandwidth_bytes_per_s,
+            "latency_spread": self.latency_spread,
+            "bandwidth_spread": self.bandwidth_spread,
+            "failed": self.failed,
+        }
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> LinkMeasurement:
         latency = data["latency_s"]
-        return cls(int(data["source"]), int(data["target"]), math.inf if latency is None else float(latency),
-                   float(data["bandwidth_bytes_per_s"]), float(data.get("latency_spread", 0.0)),
-                   float(data.get("bandwidth_spread", 0.0)), data.get("failed"))
+        return cls(
+            int(data["source"]),
+            int(data["target"]),
+            math.inf if latency is None else float(latency),
+            float(data["bandwidth_bytes_per_s"]),
+            float(data.get("latency_spread", 0.0)),
+            float(data.get("bandwidth_spread", 0.0)),
+            data.get("failed"),
+        )
 
     @classmethod
-    def from_round_trips(cls, source: int, target: int, sizes: Sequence[int],
-                         times: Sequence[Sequence[float]]) -> LinkMeasurement:
+    def from_round_trips(
+        cls, source: int, target: int, sizes: Sequence[int], times: Sequence[Sequence[float]]
+    ) -> LinkMeasurement:
         """From the round trips of every pass (one time per size each, in the order of ``sizes``)."""
         small, large = sizes[0], sizes[-1]
         smalls, larges = [t[0] for t in times], [t[-1] for t in times]
@@ -173,8 +185,14 @@ class ProbeResult:
             return None
         reference = _median(others)
         spread = _MAD_SCALE * _median([abs(value - reference) for value in others])
-        own = _median([m.bandwidth_spread if metric is LinkMetric.BANDWIDTH else m.latency_spread
-                       for m in self.measurements if m.failed is None] or [0.0])
+        own = _median(
+            [
+                m.bandwidth_spread if metric is LinkMetric.BANDWIDTH else m.latency_spread
+                for m in self.measurements
+                if m.failed is None
+            ]
+            or [0.0]
+        )
         noise = max(spread, own)
         margin = max(math.log(min_factor), z * noise)
         mine = per_rank[candidate]
@@ -185,31 +203,42 @@ class ProbeResult:
         host = self.hosts.get(candidate, "?")
         failed = sum(1 for m in self.links_of(candidate) if m.failed is not None)
         what = "large-message bandwidth" if metric is LinkMetric.BANDWIDTH else "latency"
-        evidence = (f"all {len(mine)} links of rank {candidate} ({host}) are slower than the median link between the "
-                    f"other ranks: its median {what} is {factor:.3g}x worse (named above {threshold:.3g}x: "
-                    f"{z:g} x noise {noise:.3g} on a log scale, at least {min_factor:g}x)"
-                    + (f"; {failed} of its links failed" if failed else ""))
+        evidence = (
+            f"all {len(mine)} links of rank {candidate} ({host}) are slower than the median link between the "
+            f"other ranks: its median {what} is {factor:.3g}x worse (named above {threshold:.3g}x: "
+            f"{z:g} x noise {noise:.3g} on a log scale, at least {min_factor:g}x)"
+            + (f"; {failed} of its links failed" if failed else "")
+        )
         return SlowRank(candidate, host, metric, factor, threshold, evidence)
 
     # -- JSON --------------------------------------------------------------------------------------
 
     def to_dict(self) -> dict[str, Any]:
-        return {"format": PROBE_FORMAT, "ranks": list(self.ranks),
-                "hosts": {str(rank): host for rank, host in sorted(self.hosts.items())},
-                "sizes": list(self.sizes), "repeats": self.repeats, "complete": self.complete,
-                "notes": list(self.notes),
-                "measurements": [m.to_dict() for m in sorted(self.measurements, key=lambda m: (m.source, m.target))]}
+        return {
+            "format": PROBE_FORMAT,
+            "ranks": list(self.ranks),
+            "hosts": {str(rank): host for rank, host in sorted(self.hosts.items())},
+            "sizes": list(self.sizes),
+            "repeats": self.repeats,
+            "complete": self.complete,
+            "notes": list(self.notes),
+            "measurements": [m.to_dict() for m in sorted(self.measurements, key=lambda m: (m.source, m.target))],
+        }
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> ProbeResult:
         if not isinstance(data, Mapping) or data.get("format") != PROBE_FORMAT:
             raise ValueError(f"not a link probe result: expected format {PROBE_FORMAT!r}")
         try:
-            return cls(tuple(LinkMeasurement.from_dict(m) for m in data["measurements"]),
-                       tuple(int(rank) for rank in data["ranks"]),
-                       {int(rank): str(host) for rank, host in data["hosts"].items()},
-                       tuple(int(size) for size in data.get("sizes", ())), int(data.get("repeats", 0)),
-                       bool(data.get("complete", True)), tuple(str(note) for note in data.get("notes", ())))
+            return cls(
+                tuple(LinkMeasurement.from_dict(m) for m in data["measurements"]),
+                tuple(int(rank) for rank in data["ranks"]),
+                {int(rank): str(host) for rank, host in data["hosts"].items()},
+                tuple(int(size) for size in data.get("sizes", ())),
+                int(data.get("repeats", 0)),
+                bool(data.get("complete", True)),
+                tuple(str(note) for note in data.get("notes", ())),
+            )
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"malformed link probe result: {exc!r}") from None
 
@@ -232,12 +261,15 @@ class ProbeResult:
             good = [m for m in links if m.failed is None]
             latency = f"{_median([m.latency_s for m in good]) * 1e6:.1f}" if good else "-"
             bandwidth = f"{_median([m.bandwidth_bytes_per_s for m in good]) / 1e6:.1f}" if good else "-"
-            lines.append(f"{rank:>5}  {self.hosts.get(rank, '?'):<20}{latency:>12}{bandwidth:>16}"
-                         f"{len(links) - len(good):>8}")
+            lines.append(
+                f"{rank:>5}  {self.hosts.get(rank, '?'):<20}{latency:>12}{bandwidth:>16}{len(links) - len(good):>8}"
+            )
         slow = self.slow_ranks()
         if slow is not None:
-            lines.append(f"slow link: rank {slow.rank} ({slow.host}): {slow.metric.value} {slow.factor:.3g}x worse "
-                         f"than the other links")
+            lines.append(
+                f"slow link: rank {slow.rank} ({slow.host}): {slow.metric.value} {slow.factor:.3g}x worse "
+                f"than the other links"
+            )
             lines.append(f"  {slow.evidence}")
         elif len(self.ranks) < 3:
             lines.append("no verdict: a probe of fewer than 3 ranks cannot tell which end of a link is slow")

@@ -48,8 +48,9 @@ def _first_line(error: BaseException) -> str:
 class CollectiveRecorder:
     """Records the collectives of one rank into a ring of ``ring_size`` and a queue for the flush thread."""
 
-    def __init__(self, *, rank: int | None = None, host: str = "", gpu: int | None = None,
-                 ring_size: int = 65536) -> None:
+    def __init__(
+        self, *, rank: int | None = None, host: str = "", gpu: int | None = None, ring_size: int = 65536
+    ) -> None:
         if ring_size < 1:
             raise ValueError("ring_size must be >= 1")
         self.step = 0
@@ -141,8 +142,9 @@ class CollectiveRecorder:
         else:
             self._current = (op, group, seq, t0)
 
-    def end(self, op: str, group: str, seq: int, t0: float, duration: float, nbytes: int, peer: int | None,
-            is_async: bool) -> None:
+    def end(
+        self, op: str, group: str, seq: int, t0: float, duration: float, nbytes: int, peer: int | None, is_async: bool
+    ) -> None:
         """Leave a collective and record it (unless the NCCL completion hook records this group)."""
         if is_async:
             self._async.pop((group, seq), None)

@@ -147,8 +147,11 @@ class _Watcher:
         _save_now()
         if _handled.wait(self._grace) or _previous.get(signum, signal.SIG_DFL) not in (signal.SIG_DFL, None):
             return  # the main thread ran the handler, or the action before was not the default
-        log.warning("trainhealth: signal %d while the main thread is blocked; the trace is saved, ending the "
-                    "process as the default action would", signum)
+        log.warning(
+            "trainhealth: signal %d while the main thread is blocked; the trace is saved, ending the "
+            "process as the default action would",
+            signum,
+        )
         libc = ctypes.CDLL(None, use_errno=True)
         libc.signal(ctypes.c_int(signum), ctypes.c_void_p(0))  # SIG_DFL, from a thread Python will not let
         os.kill(os.getpid(), signum)

@@ -73,8 +73,17 @@ class _Watched(Protocol):
 
     def trace_rows(self, records: Iterable[tuple]) -> list[dict[str, Any]]: ...
 
-__all__ = ["FACTOR", "FLOOR_S", "STARTUP_S", "HangWatch", "Stuck", "flight_recorder_enabled", "ranges_text",
-           "where_stuck"]
+
+__all__ = [
+    "FACTOR",
+    "FLOOR_S",
+    "STARTUP_S",
+    "HangWatch",
+    "Stuck",
+    "flight_recorder_enabled",
+    "ranges_text",
+    "where_stuck",
+]
 
 #: the shortest hang threshold: pauses of a few seconds (a GC, a slow batch) are never stuck
 FLOOR_S = 10.0
@@ -215,8 +224,10 @@ class HangWatch:
         if failure is None or failure is self._failure_seen or trace_dir is None:
             return
         self._failure_seen = failure
-        headline = (f"rank {logger.rank}: {failure.op} #{failure.seq} of {failure.group} failed at "
-                    f"{time.strftime('%H:%M:%S', time.gmtime(failure.time))} UTC: {failure.error}")
+        headline = (
+            f"rank {logger.rank}: {failure.op} #{failure.seq} of {failure.group} failed at "
+            f"{time.strftime('%H:%M:%S', time.gmtime(failure.time))} UTC: {failure.error}"
+        )
         path = self._write_stacks(trace_dir, [headline, ""], ".failed")
         if path is not None:
             self.dumps.append(path)
@@ -239,7 +250,9 @@ class HangWatch:
 
     def _publish(self, store: MetricStore, threshold: float, stuck: Stuck | None) -> None:
         writes: list[tuple[catalog.MetricSpec, tuple[str, ...], float]] = [
-            (catalog.COMM_WATCH_TIMESTAMP, (), time.time()), (catalog.COMM_HANG_THRESHOLD, (), threshold)]
+            (catalog.COMM_WATCH_TIMESTAMP, (), time.time()),
+            (catalog.COMM_HANG_THRESHOLD, (), threshold),
+        ]
         if self._stuck is not None and (stuck is None or stuck.labels() != self._stuck.labels()):
             store.remove(catalog.COMM_STUCK_DURATION, self._stuck.labels())
         if stuck is not None:
@@ -258,8 +271,10 @@ class HangWatch:
         if store is None:
             return
         with self._lock:
-            values = [(catalog.COMM_PAUSED, (reason,), 1.0 if reason in self._paused else 0.0)
-                      for reason in sorted(self._known_reasons)]
+            values = [
+                (catalog.COMM_PAUSED, (reason,), 1.0 if reason in self._paused else 0.0)
+                for reason in sorted(self._known_reasons)
+            ]
         store.write(values)
 
     def _dump_flight_recorder(self, trace_dir: Path) -> None:
@@ -282,10 +297,15 @@ class HangWatch:
 
     def _dump(self, trace_dir: Path, stuck: Stuck, threshold: float) -> Path | None:
         """Write every thread's stack and the last records; the file, or None when it could not be written."""
-        return self._write_stacks(trace_dir, [
-            f"rank {self._logger.rank}: {stuck.state} for {stuck.seconds:.1f} s (hang threshold {threshold:.1f} s)"
-            + (f" in {stuck.op} #{stuck.seq} of {stuck.group}" if stuck.state == "in_collective" else ""),
-            f"where: {stuck.where}", ""])
+        return self._write_stacks(
+            trace_dir,
+            [
+                f"rank {self._logger.rank}: {stuck.state} for {stuck.seconds:.1f} s (hang threshold {threshold:.1f} s)"
+                + (f" in {stuck.op} #{stuck.seq} of {stuck.group}" if stuck.state == "in_collective" else ""),
+                f"where: {stuck.where}",
+                "",
+            ],
+        )
 
     def _write_stacks(self, trace_dir: Path, lines: list[str], kind: str = "") -> Path | None:
         """``lines``, then every thread's stack and the last records, to a new file under ``stacks/``; the file,

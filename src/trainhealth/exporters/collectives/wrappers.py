@@ -93,7 +93,9 @@ def wrap(logger: CollectiveRecorder, name: str, original: Callable[..., Any]) ->
     """A wrapper of ``torch.distributed.<name>`` that records each call into ``logger``."""
     call = COMMUNICATION_FUNCTIONS[name]
     position = {parameter: index for index, parameter in enumerate(inspect.signature(original).parameters)}
-    wrapper = _wrap_p2p(logger, call, original, position) if call.peer else _wrap_collective(logger, call, original, position)
+    wrapper = (
+        _wrap_p2p(logger, call, original, position) if call.peer else _wrap_collective(logger, call, original, position)
+    )
     wrapper.__wrapped__ = original  # type: ignore[attr-defined]
     wrapper.recorded_by = logger  # type: ignore[attr-defined]  # how a wrapper of ours is told from torch's own
     wrapper.__name__ = getattr(original, "__name__", name)
@@ -101,8 +103,9 @@ def wrap(logger: CollectiveRecorder, name: str, original: Callable[..., Any]) ->
     return wrapper
 
 
-def _wrap_collective(logger: CollectiveRecorder, call: _Call, original: Callable[..., Any],
-                     position: dict[str, int]) -> Callable[..., Any]:
+def _wrap_collective(
+    logger: CollectiveRecorder, call: _Call, original: Callable[..., Any], position: dict[str, int]
+) -> Callable[..., Any]:
     # The hot path: everything below runs per collective, so it is written out inline
     # against local references (see benchmarks/comm_overhead.py for its cost).
     op, inputs = call.op, call.inputs
@@ -190,8 +193,9 @@ def _wrap_collective(logger: CollectiveRecorder, call: _Call, original: Callable
     return recording
 
 
-def _wrap_p2p(logger: CollectiveRecorder, call: _Call, original: Callable[..., Any],
-              position: dict[str, int]) -> Callable[..., Any]:
+def _wrap_p2p(
+    logger: CollectiveRecorder, call: _Call, original: Callable[..., Any], position: dict[str, int]
+) -> Callable[..., Any]:
     op, peer_name, always_async, is_recv = call.op, call.peer or "", call.always_async, call.peer == "src"
     tensor_index, group_index = position.get("tensor", 0), position["group"]
     peer_index = position.get(peer_name, 1 << 30)
@@ -251,8 +255,16 @@ def _wrap_p2p(logger: CollectiveRecorder, call: _Call, original: Callable[..., A
     return recording
 
 
-def _unrecorded(logger: CollectiveRecorder, error: Exception, original: Callable[..., Any], args: tuple,
-                kwargs: dict, group: str, seq: int | None, is_async: bool) -> Any:
+def _unrecorded(
+    logger: CollectiveRecorder,
+    error: Exception,
+    original: Callable[..., Any],
+    args: tuple,
+    kwargs: dict,
+    group: str,
+    seq: int | None,
+    is_async: bool,
+) -> Any:
     """The collective, run unrecorded after our bookkeeping failed before it (counted). Where it had already
     been numbered, it is no longer in flight (the watcher must not see a hang) and, once done, it counts as
     completed: the rank's sequence numbers stay the same as its peers'."""
@@ -265,8 +277,7 @@ def _unrecorded(logger: CollectiveRecorder, error: Exception, original: Callable
     return work
 
 
-def _completed_unrecorded(logger: CollectiveRecorder, error: Exception, group: str, seq: int,
-                          is_async: bool) -> None:
+def _completed_unrecorded(logger: CollectiveRecorder, error: Exception, group: str, seq: int, is_async: bool) -> None:
     """Our bookkeeping failed after the collective completed (counted): not in flight, completed, unrecorded."""
     logger.bookkeeping_failed(error)
     logger.abandon(group, seq, is_async)
@@ -274,8 +285,14 @@ def _completed_unrecorded(logger: CollectiveRecorder, error: Exception, group: s
         logger._completed[group] = seq
 
 
-def _recv_from_any(logger: CollectiveRecorder, original: Callable[..., Any], group_object: Any, args: tuple,
-                   kwargs: dict, tensor_index: int) -> Any:
+def _recv_from_any(
+    logger: CollectiveRecorder,
+    original: Callable[..., Any],
+    group_object: Any,
+    args: tuple,
+    kwargs: dict,
+    tensor_index: int,
+) -> Any:
     """A blocking ``recv`` from any source: its group is known only once the sender is."""
     clock = time.perf_counter
     t0 = clock()
@@ -339,8 +356,9 @@ def instrument_ddp(logger: CollectiveRecorder, model: Any) -> Any:
     return model
 
 
-def _end_when_done(logger: CollectiveRecorder, work: Any, op: str, group: str, seq: int, t0: float, nbytes: int,
-                   peer: int | None) -> None:
+def _end_when_done(
+    logger: CollectiveRecorder, work: Any, op: str, group: str, seq: int, t0: float, nbytes: int, peer: int | None
+) -> None:
     clock = time.perf_counter
 
     def done(_: Any) -> None:

@@ -76,20 +76,26 @@ class DcgmProfiler:
         self._field_ids = {name: getattr(dcgm_fields, constant) for name, constant in _FIELDS.items()}
         self._names = {field_id: name for name, field_id in self._field_ids.items()}
         self._reader = reader_module.DcgmReader(
-            hostname=host, fieldIds=list(self._field_ids.values()), updateFrequency=int(interval_s * 1e6),
+            hostname=host,
+            fieldIds=list(self._field_ids.values()),
+            updateFrequency=int(interval_s * 1e6),
             fieldGroupName="trainhealth_profiling",
         )
         self._reader.Init()
         if getattr(self._reader, "m_dcgmHandle", None) is None:
-            raise DcgmUnavailable(f"DCGM is not present: cannot connect to nv-hostengine at {host}; start it "
-                                  "(nv-hostengine) or set TRAINHEALTH_DCGM_HOST")
+            raise DcgmUnavailable(
+                f"DCGM is not present: cannot connect to nv-hostengine at {host}; start it "
+                "(nv-hostengine) or set TRAINHEALTH_DCGM_HOST"
+            )
 
     def read(self, indices: Sequence[int]) -> dict[int, dict[str, float]]:
         """Latest profiling values of the GPUs with these indices (DCGM GPU ids follow NVML's order)."""
         latest: dict[int, dict[int, Any]] = self._reader.GetLatestGpuValuesAsFieldIdDict()
         wanted = set(indices)
         return {
-            gpu_id: {self._names[field_id]: float(value) for field_id, value in fields.items() if field_id in self._names}
+            gpu_id: {
+                self._names[field_id]: float(value) for field_id, value in fields.items() if field_id in self._names
+            }
             for gpu_id, fields in latest.items()
             if gpu_id in wanted
         }

@@ -116,26 +116,36 @@ def max_clocks(nvml: Any, handle: Any) -> list[Triple]:
 
 def clocks_events(nvml: Any, handle: Any) -> list[Triple]:
     mask = nvml.nvmlDeviceGetCurrentClocksEventReasons(handle)
-    return [(catalog.GPU_CLOCKS_EVENT_ACTIVE, (reason,), 1.0 if mask & bit else 0.0)
-            for reason, bit in CLOCKS_EVENT_REASONS.items()]
+    return [
+        (catalog.GPU_CLOCKS_EVENT_ACTIVE, (reason,), 1.0 if mask & bit else 0.0)
+        for reason, bit in CLOCKS_EVENT_REASONS.items()
+    ]
 
 
 def ecc_errors(nvml: Any, handle: Any) -> list[Triple]:
     out: list[Triple] = []
-    for error_name, error_type in (("corrected", pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED),
-                                   ("uncorrected", pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED)):
-        for counter_name, counter_type in (("volatile", pynvml.NVML_VOLATILE_ECC),
-                                           ("aggregate", pynvml.NVML_AGGREGATE_ECC)):
+    for error_name, error_type in (
+        ("corrected", pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED),
+        ("uncorrected", pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED),
+    ):
+        for counter_name, counter_type in (
+            ("volatile", pynvml.NVML_VOLATILE_ECC),
+            ("aggregate", pynvml.NVML_AGGREGATE_ECC),
+        ):
             count = nvml.nvmlDeviceGetTotalEccErrors(handle, error_type, counter_type)
             out.append((catalog.GPU_ECC_ERRORS, (error_name, counter_name), float(count)))
     return out
 
 
 def retired_pages(nvml: Any, handle: Any) -> list[Triple]:
-    causes = (("multiple_single_bit", pynvml.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS),
-              ("double_bit", pynvml.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR))
-    return [(catalog.GPU_RETIRED_PAGES, (name,), float(len(nvml.nvmlDeviceGetRetiredPages(handle, cause))))
-            for name, cause in causes]
+    causes = (
+        ("multiple_single_bit", pynvml.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS),
+        ("double_bit", pynvml.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR),
+    )
+    return [
+        (catalog.GPU_RETIRED_PAGES, (name,), float(len(nvml.nvmlDeviceGetRetiredPages(handle, cause))))
+        for name, cause in causes
+    ]
 
 
 def retired_pages_pending(nvml: Any, handle: Any) -> list[Triple]:
@@ -160,8 +170,16 @@ def pcie_replays(nvml: Any, handle: Any) -> list[Triple]:
 def pcie_throughput(nvml: Any, handle: Any) -> list[Triple]:
     # NVML samples each direction over 20 ms and answers in KB/s.
     return [
-        (catalog.GPU_PCIE_THROUGHPUT, ("tx",), nvml.nvmlDeviceGetPcieThroughput(handle, pynvml.NVML_PCIE_UTIL_TX_BYTES) * _KIB),
-        (catalog.GPU_PCIE_THROUGHPUT, ("rx",), nvml.nvmlDeviceGetPcieThroughput(handle, pynvml.NVML_PCIE_UTIL_RX_BYTES) * _KIB),
+        (
+            catalog.GPU_PCIE_THROUGHPUT,
+            ("tx",),
+            nvml.nvmlDeviceGetPcieThroughput(handle, pynvml.NVML_PCIE_UTIL_TX_BYTES) * _KIB,
+        ),
+        (
+            catalog.GPU_PCIE_THROUGHPUT,
+            ("rx",),
+            nvml.nvmlDeviceGetPcieThroughput(handle, pynvml.NVML_PCIE_UTIL_RX_BYTES) * _KIB,
+        ),
     ]
 
 

@@ -44,7 +44,11 @@ log = logging.getLogger(__name__)
 GPU_STATES = ("ok", "lost", "reset_required", "error")
 _LOST_CODES = {pynvml.NVML_ERROR_GPU_IS_LOST: "lost", pynvml.NVML_ERROR_RESET_REQUIRED: "reset_required"}
 _SKIP_CODES = {pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_NO_PERMISSION, pynvml.NVML_ERROR_FUNCTION_NOT_FOUND}
-_NOT_A_LINK = {pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_INVALID_ARGUMENT, pynvml.NVML_ERROR_FUNCTION_NOT_FOUND}
+_NOT_A_LINK = {
+    pynvml.NVML_ERROR_NOT_SUPPORTED,
+    pynvml.NVML_ERROR_INVALID_ARGUMENT,
+    pynvml.NVML_ERROR_FUNCTION_NOT_FOUND,
+}
 
 
 def handle_key(handle: Any) -> Any:
@@ -184,8 +188,12 @@ class GpuSampler:
             if not self._init_reported:
                 self._init_reported = True
                 retry = " (retrying every pass)" if self._retry_init else ""
-                log.warning("trainhealth: GPU metrics are off: NVML is not available: %s%s; "
-                            "set TRAINHEALTH_GPU_BACKEND=off to silence this", exc, retry)
+                log.warning(
+                    "trainhealth: GPU metrics are off: NVML is not available: %s%s; "
+                    "set TRAINHEALTH_GPU_BACKEND=off to silence this",
+                    exc,
+                    retry,
+                )
             return False
         self._initialized = True
         self.unavailable_reason = None
@@ -210,7 +218,9 @@ class GpuSampler:
             uuid = _text(nvml.nvmlDeviceGetUUID(handle))
             labels = (str(index), self.backend)
             bus_id = _text(nvml.nvmlDeviceGetPciInfo(handle).busId)
-            writes.append((catalog.GPU_INFO, labels + (uuid, bus_id, _text(nvml.nvmlDeviceGetName(handle)), driver), 1.0))
+            writes.append(
+                (catalog.GPU_INFO, labels + (uuid, bus_id, _text(nvml.nvmlDeviceGetName(handle)), driver), 1.0)
+            )
             gpus.append(_Gpu(index=index, handle=handle, uuid=uuid, labels=labels))
         self._store.write(writes)
         return gpus
@@ -352,13 +362,17 @@ class GpuSampler:
             summary = f"GPU {gpu.index} ({gpu.uuid}) answers again after being {previous.replace('_', ' ')}"
             self._emit("gpu.recovered", Severity.INFO, summary, gpu, state=state)
         else:
-            summary = (f"GPU {gpu.index} ({gpu.uuid}) is {state.replace('_', ' ')}: {reason}; its series stay "
-                       f"with trainhealth_gpu_up=0 and the other GPUs are still sampled")
+            summary = (
+                f"GPU {gpu.index} ({gpu.uuid}) is {state.replace('_', ' ')}: {reason}; its series stay "
+                f"with trainhealth_gpu_up=0 and the other GPUs are still sampled"
+            )
             self._emit("gpu.down", Severity.CRITICAL, summary, gpu, state=state)
 
     def _state_writes(self, gpu: _Gpu) -> list[tuple[MetricSpec, tuple[str, ...], float]]:
         writes: list[Triple] = [(catalog.GPU_UP, gpu.labels, 1.0 if gpu.state == "ok" else 0.0)]
-        writes += [(catalog.GPU_STATE, gpu.labels + (state,), 1.0 if gpu.state == state else 0.0) for state in GPU_STATES]
+        writes += [
+            (catalog.GPU_STATE, gpu.labels + (state,), 1.0 if gpu.state == state else 0.0) for state in GPU_STATES
+        ]
         return writes
 
     def _note_recovery_action(self, gpu: _Gpu, triples: list[Triple]) -> None:
@@ -367,17 +381,32 @@ class GpuSampler:
                 gpu.recovery_action = value
                 if value:
                     advice = recovery_action_advice(int(value))
-                    self._emit("gpu.recovery_action", Severity.CRITICAL,
-                               f"GPU {gpu.index} ({gpu.uuid}): the driver requires recovery: {advice}",
-                               gpu, action=advice)
+                    self._emit(
+                        "gpu.recovery_action",
+                        Severity.CRITICAL,
+                        f"GPU {gpu.index} ({gpu.uuid}): the driver requires recovery: {advice}",
+                        gpu,
+                        action=advice,
+                    )
 
     def _emit(self, name: str, severity: Severity, summary: str, gpu: _Gpu, **attributes: str) -> None:
         if self._events is None:
             log.log(severity.log_level, "trainhealth: %s", summary)
             return
-        self._events.emit(Event(name, severity, summary, {
-            "gpu": gpu.index, "uuid": gpu.uuid, "backend": self.backend, **attributes,
-        }, time=self._clock()))
+        self._events.emit(
+            Event(
+                name,
+                severity,
+                summary,
+                {
+                    "gpu": gpu.index,
+                    "uuid": gpu.uuid,
+                    "backend": self.backend,
+                    **attributes,
+                },
+                time=self._clock(),
+            )
+        )
 
 
 _PROFILING_FIELDS: dict[str, tuple[MetricSpec, tuple[str, ...]]] = {

@@ -39,14 +39,23 @@ import pynvml
 
 from trainhealth.exporters.gpu.simulated_device import SimulatedFault, SimulatedFaultKind, SimulatedGpuState
 
-__all__ = ["DEFAULT_UNSUPPORTED", "SimulatedFaultKind", "SimulatedFault", "SimulatedGpuHandle", "SimulatedNvml", "SimulatedProfiler"]
+__all__ = [
+    "DEFAULT_UNSUPPORTED",
+    "SimulatedFaultKind",
+    "SimulatedFault",
+    "SimulatedGpuHandle",
+    "SimulatedNvml",
+    "SimulatedProfiler",
+]
 
 #: What an H100 SXM answers NOT_SUPPORTED to: it has no fan and remaps rows instead of retiring pages.
-DEFAULT_UNSUPPORTED = frozenset({
-    "nvmlDeviceGetFanSpeed",
-    "nvmlDeviceGetRetiredPages",
-    "nvmlDeviceGetRetiredPagesPendingStatus",
-})
+DEFAULT_UNSUPPORTED = frozenset(
+    {
+        "nvmlDeviceGetFanSpeed",
+        "nvmlDeviceGetRetiredPages",
+        "nvmlDeviceGetRetiredPagesPendingStatus",
+    }
+)
 
 _MIB = 1 << 20
 
@@ -103,13 +112,21 @@ class SimulatedNvml:
 
     def _deliver_xid(self, index: int, xid: int) -> None:
         with self._lock:
-            targets = [events for events, masks in self._event_sets
-                       if masks.get(index, 0) & pynvml.nvmlEventTypeXidCriticalError]
+            targets = [
+                events
+                for events, masks in self._event_sets
+                if masks.get(index, 0) & pynvml.nvmlEventTypeXidCriticalError
+            ]
         for events in targets:
-            events.put(SimpleNamespace(
-                device=SimulatedGpuHandle(index), eventType=pynvml.nvmlEventTypeXidCriticalError,
-                eventData=xid, gpuInstanceId=0, computeInstanceId=0,
-            ))
+            events.put(
+                SimpleNamespace(
+                    device=SimulatedGpuHandle(index),
+                    eventType=pynvml.nvmlEventTypeXidCriticalError,
+                    eventData=xid,
+                    gpuInstanceId=0,
+                    computeInstanceId=0,
+                )
+            )
 
     # --- helpers --------------------------------------------------------------------
     def _gpu(self, index: int) -> SimulatedGpuState:
@@ -384,4 +401,3 @@ class SimulatedProfiler:
 
     def close(self) -> None:
         pass
-

@@ -52,8 +52,9 @@ def own_gpu_selection(identity: Identity, env: Mapping[str, str], device_count: 
     return GpuSelection(indices=(index,))
 
 
-def _selection(gpu: GpuSettings, identity: Identity, env: Mapping[str, str], role: Role,
-               simulated_count: int | None) -> GpuSelection:
+def _selection(
+    gpu: GpuSettings, identity: Identity, env: Mapping[str, str], role: Role, simulated_count: int | None
+) -> GpuSelection:
     spec = gpu.gpus.strip() or ("own" if role == "rank" else "all")
     if spec == "all":
         return GpuSelection.all()
@@ -112,7 +113,8 @@ class GpuTelemetry:
                     log.warning("trainhealth: DCGM profiling fields are off: %s", exc)
         telemetry = cls(store, events, nvml)
         telemetry.sampler = GpuSampler(
-            store, nvml,
+            store,
+            nvml,
             backend="simulated" if simulated else "nvml",
             selection=_selection(gpu, identity, env, role, gpu.simulated_gpus if simulated else None),
             interval_s=gpu.sample_interval,
@@ -125,8 +127,14 @@ class GpuTelemetry:
         return telemetry
 
     def _watch_xids(self, gpus: list[tuple[int, Any, str]]) -> None:
-        watcher = XidWatcher(self._store, self.nvml, gpus, backend=self.sampler.backend, events=self._events,
-                             on_xid=lambda index, xid: self.sampler.wake())
+        watcher = XidWatcher(
+            self._store,
+            self.nvml,
+            gpus,
+            backend=self.sampler.backend,
+            events=self._events,
+            on_xid=lambda index, xid: self.sampler.wake(),
+        )
         if watcher.start():
             self.watcher = watcher
 

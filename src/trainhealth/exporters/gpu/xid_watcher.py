@@ -146,10 +146,22 @@ class XidWatcher:
         info = describe_xid(xid)
         if self._events is not None:
             summary = f"GPU {index} ({uuid}): XID {xid}, {info.meaning}; action: {info.action.value}"
-            self._events.emit(Event("gpu.xid", info.severity, summary, {
-                "gpu": index, "uuid": uuid, "xid": xid, "backend": self._backend,
-                "meaning": info.meaning, "action": info.action.value,
-            }, time=now))
+            self._events.emit(
+                Event(
+                    "gpu.xid",
+                    info.severity,
+                    summary,
+                    {
+                        "gpu": index,
+                        "uuid": uuid,
+                        "xid": xid,
+                        "backend": self._backend,
+                        "meaning": info.meaning,
+                        "action": info.action.value,
+                    },
+                    time=now,
+                )
+            )
         with self._seen_changed:
             self._seen += 1
             self._seen_changed.notify_all()

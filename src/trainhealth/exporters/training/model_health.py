@@ -23,13 +23,13 @@ from collections.abc import Mapping
 from typing import Any, cast
 
 from trainhealth import catalog
-from trainhealth.knowledge.advice import rewind_advice
 from trainhealth.config import Settings
 from trainhealth.events import Event, EventLog, Severity
 from trainhealth.exporters.training.goodput import Checkpoint, Goodput
 from trainhealth.exporters.training.loss_recovery import LossSpikeRecovery, SpikeOutcome
 from trainhealth.exporters.training.model_signals import ModelSignals, SignalValues
 from trainhealth.exporters.training.provenance import BlockOrder, Where
+from trainhealth.knowledge.advice import rewind_advice
 from trainhealth.sdc.checks import ReplicaCheckResult, ReplicaChecks
 from trainhealth.store import MetricStore
 
@@ -50,8 +50,18 @@ def transformer_blocks(torch: Any, model: Any) -> list[str]:
 class ModelHealth:
     """Built by the Monitor when it has a model; every public method is safe to call on any step."""
 
-    def __init__(self, torch: Any, model: Any, settings: Settings, store: MetricStore, events: EventLog, *,
-                 start_time: float, sdc_group: Any = None, env: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        torch: Any,
+        model: Any,
+        settings: Settings,
+        store: MetricStore,
+        events: EventLog,
+        *,
+        start_time: float,
+        sdc_group: Any = None,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
         self._torch = torch
         self._store = store
         self._events = events
@@ -62,14 +72,28 @@ class ModelHealth:
             # local gradients are measured where an all-reduce could bring another rank's bad value (several
             # ranks): on one process they cost a read of every gradient per step (docs/benchmarks.md, "What each
             # default costs") and a bad one can only be local
-            self.signals = ModelSignals(torch, model, transformer_blocks(torch, model),
-                                        sample_tokens=health.signal_tokens, store=store, signals=health.signals,
-                                        provenance=health.provenance, gradients=bool(ReplicaChecks.available(torch)))
+            self.signals = ModelSignals(
+                torch,
+                model,
+                transformer_blocks(torch, model),
+                sample_tokens=health.signal_tokens,
+                store=store,
+                signals=health.signals,
+                provenance=health.provenance,
+                gradients=bool(ReplicaChecks.available(torch)),
+            )
         self.checks: ReplicaChecks | None = None
         if health.sdc_group != "off" and (health.sdc_interval or health.grad_check_every):
-            self.checks = ReplicaChecks(torch, model, store, events, sdc_interval=health.sdc_interval,
-                                        grad_check_every=health.grad_check_every, group=sdc_group,
-                                        timeout_s=health.sdc_timeout)
+            self.checks = ReplicaChecks(
+                torch,
+                model,
+                store,
+                events,
+                sdc_interval=health.sdc_interval,
+                grad_check_every=health.grad_check_every,
+                group=sdc_group,
+                timeout_s=health.sdc_timeout,
+            )
         self.goodput = Goodput(start=start_time)
         self.spikes = LossSpikeRecovery()
         self._lock = threading.Lock()  # checkpoints arrive on the training thread, steps on the export thread
@@ -144,8 +168,13 @@ class ModelHealth:
         """A detector on the loss opened an anomaly (a NaN is the non-finite origin's, not a spike): listened
         to on the event log, before :meth:`export` sees the step."""
         attributes = event.attributes
-        if (event.name == "anomaly" and attributes.get("signal") == "loss" and not attributes.get("series")
-                and attributes.get("detector") != "nonfinite" and isinstance(attributes.get("step"), int)):
+        if (
+            event.name == "anomaly"
+            and attributes.get("signal") == "loss"
+            and not attributes.get("series")
+            and attributes.get("detector") != "nonfinite"
+            and isinstance(attributes.get("step"), int)
+        ):
             with self._lock:
                 self._spike_step = cast(int, attributes["step"])
 
@@ -156,8 +185,9 @@ class ModelHealth:
             ratio, lost = self.goodput.ratio(wall_time), dict(self.goodput.lost)
         self._store.set(catalog.TRAIN_GOODPUT, ratio)
         for reason, seconds in lost.items():  # the counter follows Goodput's running totals
-            self._store.inc(catalog.TRAIN_LOST_TIME, max(0.0, seconds - self._lost_published.get(reason, 0.0)),
-                            (reason,))
+            self._store.inc(
+                catalog.TRAIN_LOST_TIME, max(0.0, seconds - self._lost_published.get(reason, 0.0)), (reason,)
+            )
             self._lost_published[reason] = seconds
         with self._lock:
             spike_began = self._spike_step == step
@@ -192,14 +222,23 @@ class ModelHealth:
         self._first_nonfinite = step
         store.set(catalog.TRAIN_NONFINITE_FIRST_STEP, float(step), (origin.where.value,))
         if origin.where is Where.LOCAL:
-            text = (f"first non-finite or overflowing value at step {step}, in the {origin.stage.value} of block "
-                    f"{origin.block}, on this rank before the gradient all-reduce")
+            text = (
+                f"first non-finite or overflowing value at step {step}, in the {origin.stage.value} of block "
+                f"{origin.block}, on this rank before the gradient all-reduce"
+            )
         else:
-            text = (f"first non-finite or overflowing value at step {step}, received through the gradient "
-                    "all-reduce: another rank produced it")
-        self._events.emit(Event("nonfinite_origin", Severity.CRITICAL, text,
-                                {"block": origin.block, "step": step, "where": origin.where.value,
-                                 "stage": origin.stage.value}))
+            text = (
+                f"first non-finite or overflowing value at step {step}, received through the gradient "
+                "all-reduce: another rank produced it"
+            )
+        self._events.emit(
+            Event(
+                "nonfinite_origin",
+                Severity.CRITICAL,
+                text,
+                {"block": origin.block, "step": step, "where": origin.where.value, "stage": origin.stage.value},
+            )
+        )
 
     def _publish_spike(self, outcome: SpikeOutcome) -> None:
         store = self._store
@@ -212,9 +251,12 @@ class ModelHealth:
         if checkpoint is not None:
             store.set(catalog.TRAIN_LOSS_SPIKE_REWIND_STEP, float(checkpoint.step))
         advice = rewind_advice(outcome.onset_step, None if checkpoint is None else checkpoint.step)
-        self._events.emit(Event(
-            "loss_spike_unrecovered", Severity.CRITICAL,
-            f"the loss spike that began at step {outcome.onset_step} has not recovered (loss {outcome.level:.4g}, "
-            f"{outcome.baseline:.4g} before it). {advice}",
-            {"onset_step": outcome.onset_step,
-             "checkpoint_step": -1 if checkpoint is None else checkpoint.step}))
+        self._events.emit(
+            Event(
+                "loss_spike_unrecovered",
+                Severity.CRITICAL,
+                f"the loss spike that began at step {outcome.onset_step} has not recovered (loss {outcome.level:.4g}, "
+                f"{outcome.baseline:.4g} before it). {advice}",
+                {"onset_step": outcome.onset_step, "checkpoint_step": -1 if checkpoint is None else checkpoint.step},
+            )
+        )

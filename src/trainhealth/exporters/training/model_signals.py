@@ -63,9 +63,19 @@ class ModelSignals:
     and ``provenance`` choose the sampled instability signals and the every-step NaN provenance, ``gradients``
     whether provenance also measures each parameter's local gradient."""
 
-    def __init__(self, torch: Any, model: Any, blocks: Iterable[str], *, sample_tokens: int = 64,
-                 head: str | None = None, store: MetricStore | None = None, signals: bool = True,
-                 provenance: bool = True, gradients: bool = True) -> None:
+    def __init__(
+        self,
+        torch: Any,
+        model: Any,
+        blocks: Iterable[str],
+        *,
+        sample_tokens: int = 64,
+        head: str | None = None,
+        store: MetricStore | None = None,
+        signals: bool = True,
+        provenance: bool = True,
+        gradients: bool = True,
+    ) -> None:
         self._torch = torch
         self._store = store
         self._off: set[str] = set()  # hooks that raised (by signal and label): no longer measured
@@ -95,8 +105,14 @@ class ModelSignals:
         traced = embeddings + [name for name in self.block_names if name not in embeddings]
         if self.head_name is not None and self.head_name not in traced:
             traced.append(self.head_name)
-        self.provenance = Provenance(torch, modules, traced if provenance else [],
-                                     model.named_parameters() if provenance and gradients else [], _label, store)
+        self.provenance = Provenance(
+            torch,
+            modules,
+            traced if provenance else [],
+            model.named_parameters() if provenance and gradients else [],
+            _label,
+            store,
+        )
 
     # --- per step -------------------------------------------------------------------
     def take(self) -> tuple[list[tuple[str, Any, int]], BlockOrder]:
@@ -159,12 +175,12 @@ class ModelSignals:
                     q_in, k_in = self._slice(query.detach(), batch_first), self._slice(key.detach(), batch_first)
                     d_model, heads = mod.embed_dim, mod.num_heads
                     if mod.in_proj_weight is not None:
-                        w_q, w_k = mod.in_proj_weight[:d_model], mod.in_proj_weight[d_model: 2 * d_model]
+                        w_q, w_k = mod.in_proj_weight[:d_model], mod.in_proj_weight[d_model : 2 * d_model]
                     else:
                         w_q, w_k = mod.q_proj_weight, mod.k_proj_weight
                     bias = mod.in_proj_bias
                     q = torch.nn.functional.linear(q_in, w_q, None if bias is None else bias[:d_model])
-                    k = torch.nn.functional.linear(k_in, w_k, None if bias is None else bias[d_model: 2 * d_model])
+                    k = torch.nn.functional.linear(k_in, w_k, None if bias is None else bias[d_model : 2 * d_model])
                     logits = _head_logits(q, k, heads)
                     mask = kwargs.get("attn_mask", args[5] if len(args) > 5 else None)
                     causal = bool(kwargs.get("is_causal", False))
@@ -296,6 +312,7 @@ def _find_head(model: Any, torch: Any) -> str | None:
     """The output head: a Linear named lm_head, head, output or output_projection, else none."""
     for name, module in model.named_modules():
         if name.rsplit(".", 1)[-1] in ("lm_head", "head", "output", "output_projection") and isinstance(
-                module, torch.nn.Linear):
+            module, torch.nn.Linear
+        ):
             return name
     return None

@@ -29,8 +29,14 @@ _MAX_CACHED_INDEXES = 64
 class UpdateStats:
     """Device tensors describing one optimizer update, by layer group and in total."""
 
-    def __init__(self, update_norms: Tensor, param_norms: Tensor, total_update: Tensor, total_param: Tensor,
-                 cosine: Tensor | None) -> None:
+    def __init__(
+        self,
+        update_norms: Tensor,
+        param_norms: Tensor,
+        total_update: Tensor,
+        total_param: Tensor,
+        cosine: Tensor | None,
+    ) -> None:
         self.update_norms = update_norms
         self.param_norms = param_norms
         self.total_update = total_update

@@ -103,8 +103,10 @@ def _bad(value: float | None) -> bool:
 
 def locate(read: Mapping[str, Any], order: BlockOrder) -> Origin | None:
     """The origin among a step's read values (``block_peak``, ``grad_peak``, ``grad_norm``), or None."""
-    for key, blocks, stage in (("block_peak", order.forward, Stage.OUTPUT),
-                               ("grad_peak", order.gradients, Stage.GRADIENT)):
+    for key, blocks, stage in (
+        ("block_peak", order.forward, Stage.OUTPUT),
+        ("grad_peak", order.gradients, Stage.GRADIENT),
+    ):
         peaks = read.get(key)
         if peaks is not None:
             for block, peak in zip(blocks, peaks if isinstance(peaks, list) else [peaks]):
@@ -119,8 +121,15 @@ class Provenance:
     """Hooks measuring the sums of the outputs of ``blocks`` (module names, labelled by ``label``) and of the
     gradients of ``parameters`` (name, parameter), each gradient named by the block holding it."""
 
-    def __init__(self, torch: Any, modules: Mapping[str, Any], blocks: Iterable[str],
-                 parameters: Iterable[tuple[str, Any]], label: Any, store: MetricStore | None = None) -> None:
+    def __init__(
+        self,
+        torch: Any,
+        modules: Mapping[str, Any],
+        blocks: Iterable[str],
+        parameters: Iterable[tuple[str, Any]],
+        label: Any,
+        store: MetricStore | None = None,
+    ) -> None:
         self._torch = torch
         self._store = store
         self._off: set[object] = set()  # blocks and parameters (by id) whose hook raised: no longer measured
@@ -132,19 +141,28 @@ class Provenance:
         self._handles = [modules[name].register_forward_hook(self._output_hook(label(name))) for name in names]
         labels = [label(name) for name in names]
         for name, parameter in parameters:
-            self._handles.append(parameter.register_post_accumulate_grad_hook(
-                self._gradient_hook(_owner(label(name), labels))))
+            self._handles.append(
+                parameter.register_post_accumulate_grad_hook(self._gradient_hook(_owner(label(name), labels)))
+            )
 
     def take(self) -> tuple[list[tuple[str, Any, int]], BlockOrder]:
         """This step's peaks (name, device tensor, length) and their blocks; clears them."""
         out: list[tuple[str, Any, int]] = []
-        order = BlockOrder(tuple(self._block_peaks), tuple(block for block, _ in self._grad_peaks.values()),
-                           complete=self._gradients and not self._off)
+        order = BlockOrder(
+            tuple(self._block_peaks),
+            tuple(block for block, _ in self._grad_peaks.values()),
+            complete=self._gradients and not self._off,
+        )
         if self._block_peaks:
             out.append(("block_peak", self._magnitudes(list(self._block_peaks.values())), len(self._block_peaks)))
         if self._grad_peaks:
-            out.append(("grad_peak", self._magnitudes([total for _, total in self._grad_peaks.values()]),
-                        len(self._grad_peaks)))
+            out.append(
+                (
+                    "grad_peak",
+                    self._magnitudes([total for _, total in self._grad_peaks.values()]),
+                    len(self._grad_peaks),
+                )
+            )
         self._block_peaks, self._grad_peaks = {}, {}
         return out, order
 
@@ -185,7 +203,10 @@ class Provenance:
                             grad = grad.coalesce().values()
                         if grad.is_complex():  # a complex sum would not stack with the real ones
                             raise TypeError(f"complex gradient ({grad.dtype}) not measured")
-                        self._grad_peaks[id(parameter)] = (block, self._torch.sum(grad.detach(), dtype=self._torch.float32))
+                        self._grad_peaks[id(parameter)] = (
+                            block,
+                            self._torch.sum(grad.detach(), dtype=self._torch.float32),
+                        )
             except Exception as error:  # never break backward
                 self._turn_off(id(parameter), error)
 

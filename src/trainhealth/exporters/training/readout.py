@@ -161,8 +161,10 @@ def learning_rates(optimizer: Any, values: StepValues) -> list[float | object | 
                 copy = lr.detach().clone()
                 rates.append(ON_DEVICE if values.add(f"lr{position}", copy, source="learning_rate") else None)
             elif lr is None or isinstance(lr, bool):
-                values.store.record_error("learning_rate", TypeError(
-                    f"param_groups[{position}]['lr'] is {lr!r}, not a number: its learning rate is left out"))
+                values.store.record_error(
+                    "learning_rate",
+                    TypeError(f"param_groups[{position}]['lr'] is {lr!r}, not a number: its learning rate is left out"),
+                )
                 rates.append(None)
             else:
                 rates.append(float(lr))
