@@ -223,7 +223,7 @@ def provenance_overhead(rounds: int = 10, steps: int = 10) -> None:
     import torch
 
     from trainhealth.demo.tiny_gpt import TinyGPT, synthetic_batch
-    from trainhealth.exporters.training.model_health import transformer_blocks
+    from trainhealth.exporters.model_health import transformer_blocks
     from trainhealth.exporters.training.model_signals import ModelSignals
 
     torch.set_num_threads(1)

@@ -48,8 +48,8 @@ from trainhealth.events import EventLog
 from trainhealth.exporters.collectives import install as comm_module
 from trainhealth.exporters.gpu.telemetry import GpuTelemetry
 from trainhealth.exporters.markers import StepMarkers
+from trainhealth.exporters.model_health import ModelHealth
 from trainhealth.exporters.steps import LayerGroupStats, StepRecorder, StepStats
-from trainhealth.exporters.training.model_health import ModelHealth
 from trainhealth.exporters.wiring import base_optimizer, close_at_exit, cuda_uuid, hookable_optimizer, parameter_stats
 from trainhealth.identity import Identity
 from trainhealth.sinks.service import Sinks
@@ -80,7 +80,7 @@ class Monitor:
     With a model, the Monitor also hooks it for the model signals (attention
     max logit and entropy, output log Z, block activation RMS, the origin of
     non-finite activations) and, under torch.distributed, runs the cross-replica
-    SDC checks (see :mod:`trainhealth.exporters.training.model_health`); ``sdc_group`` is
+    SDC checks (see :mod:`trainhealth.exporters.model_health`); ``sdc_group`` is
     the process group of the ranks holding identical replicas when that is not
     every rank. Report checkpoints with :meth:`checkpoint_saved`.
 
@@ -136,7 +136,7 @@ class Monitor:
         self._sinks = Sinks.start(self.store, identity, settings, env, events=self.events)
         self.health: ModelHealth | None = None
         if model is not None:
-            self.health = ModelHealth(
+            self.health = ModelHealth.build(
                 torch, model, settings, self.store, self.events, start_time=time.time(), sdc_group=sdc_group, env=env
             )
         try:
@@ -161,7 +161,7 @@ class Monitor:
             group_labels,
             optimizer,
             self.detectors,
-            self.health,
+            () if self.health is None else self.health.observers,
             markers,
             lr_source=lr_source,
         )
@@ -244,7 +244,7 @@ class Monitor:
                 self.comm.watch.checkpoint_saved(float(duration_s))  # a save this long is no hang
             if self.health is None:
                 return
-            self.health.checkpoint_saved(int(step), None if duration_s is None else float(duration_s))
+            self.health.recovery.checkpoint_saved(int(step), None if duration_s is None else float(duration_s))
         except Exception as exc:
             self.store.record_error("monitor", exc)
 
@@ -298,8 +298,11 @@ class Monitor:
             handle.remove()
         self._hook_handles = []
         self._recorder.stats.release()
-        if self.health is not None:
-            self.health.close()
+        for observer in () if self.health is None else self.health.observers:
+            try:
+                observer.close()
+            except Exception as exc:  # one observer's failure leaves the others to close
+                self.store.record_error(observer.source, exc)
         if self.gpu is not None:
             self.gpu.close()
         if self._owns_comm:

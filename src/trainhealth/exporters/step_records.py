@@ -5,7 +5,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from trainhealth.exporters.training.model_signals import SignalValues
 from trainhealth.exporters.training.param_stats import UpdateStats
 from trainhealth.exporters.training.readout import StepValues
 
@@ -39,8 +38,8 @@ class StepStats:
     update_ratio: float | None = None
     update_cosine: float | None = None
     layers: tuple[LayerGroupStats, ...] = ()
-    #: Model signals: every step's non-finite origin, the sampled values every ``stats_every`` steps.
-    signals: SignalValues | None = None
+    #: ``time.time()`` when the step was recorded.
+    wall_time: float | None = None
     #: Signals the detectors do not judge at this step (its time includes a checkpoint save).
     unjudged: tuple[str, ...] = ()
 

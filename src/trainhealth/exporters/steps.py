@@ -13,18 +13,17 @@ step and its other signals are still recorded.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from trainhealth import catalog
 from trainhealth.config import TrainingSettings
 from trainhealth.detectors.runner import SignalDetectors
 from trainhealth.exporters.markers import StepMarkers
+from trainhealth.exporters.step_observer import StepObserver
 from trainhealth.exporters.step_records import HookResults, LayerGroupStats, PendingStep, StepStats
-from trainhealth.exporters.training.model_health import ModelHealth
 from trainhealth.exporters.training.param_stats import ParameterStats
 from trainhealth.exporters.training.readout import ON_DEVICE, DeferredReadout, StepValues, learning_rates
 from trainhealth.exporters.training.worker import OrderedWorker
@@ -40,7 +39,8 @@ class StepRecorder:
 
     ``optimizer`` is the optimizer whose step hooks take the gradient statistics (``None``:
     they are taken in :meth:`record` from ``stats``' parameters); ``lr_source`` the object whose
-    ``param_groups`` give the learning rates (default ``optimizer``).
+    ``param_groups`` give the learning rates (default ``optimizer``); ``observers`` watch each step
+    (:class:`~trainhealth.exporters.step_observer.StepObserver`).
     """
 
     def __init__(
@@ -52,7 +52,7 @@ class StepRecorder:
         group_labels: tuple[str, ...],
         optimizer: Any,
         detectors: SignalDetectors,
-        health: ModelHealth | None,
+        observers: Sequence[StepObserver],
         markers: StepMarkers | None,
         *,
         lr_source: Any = None,
@@ -65,7 +65,7 @@ class StepRecorder:
         self._optimizer = optimizer
         self._lr_source = optimizer if lr_source is None else lr_source
         self._detectors = detectors
-        self._health = health
+        self._observers = tuple(observers)
         self._markers = markers
         self._readout = DeferredReadout(torch)
         self._worker = OrderedWorker(store)  # metric writes and detectors run off the training thread
@@ -146,10 +146,8 @@ class StepRecorder:
         except Exception as exc:
             self.stats.release()
             self._store.record_error("optimizer_hook", exc)
-        health = self._health
-        if health is not None:  # every rank steps its optimizer in lockstep: the checks' collectives go here
-            step = index if self._last_step_label is None else self._last_step_label + 1
-            self._guard("sdc", lambda: health.run_checks(index, step))
+        # every rank steps its optimizer in lockstep: the observers' collectives go here
+        self._lockstep(index, index if self._last_step_label is None else self._last_step_label + 1)
 
     # --- the training thread --------------------------------------------------------
     def record(self, loss: Any, tokens: int | None, grad_norm: Any, step: int | None) -> None:
@@ -200,7 +198,7 @@ class StepRecorder:
         ):
             self._store.record_error("monitor", ValueError(f"tokens must be a non-negative number, got {tokens!r}"))
             tokens = None
-        markers, health = self._markers, self._health
+        markers = self._markers
         if markers is not None:
             self._guard("monitor", lambda: markers.step(step_index, now))
         results, self._hook_results = self._hook_results, HookResults()
@@ -214,9 +212,9 @@ class StepRecorder:
             reading.add("grad_norm", grad_norm, source="monitor")
         else:
             reading.add("grad_norm", results.grad_norm)
-        if health is not None:
-            for name, tensor, length in self._guard("monitor", lambda: health.device_values(index), []):
-                reading.add(name, tensor, length, source="monitor")
+        for observer in self._observers:
+            for name, tensor, length in self._guard(observer.source, lambda: observer.device_values(index), []):
+                reading.add(name, tensor, length, source=observer.source)
         n_groups = len(self._group_labels)
         reading.add("group_grad_norms", results.group_grad_norms, n_groups)
         if results.update is not None:
@@ -252,8 +250,14 @@ class StepRecorder:
             pending.fields = []
             pending.learning_rates = [None if lr is ON_DEVICE else lr for lr in rates]
             self._readout.submit([], pending)
-        if health is not None:  # without a hooked optimizer, the checks run here (every rank must call step)
-            self._guard("monitor", lambda: health.after_step(index, step_index, checks=self._optimizer is None))
+        if self._optimizer is None:  # without a hooked optimizer, the lockstep point is here (every rank calls step)
+            self._lockstep(index, step_index)
+        for observer in self._observers:
+            self._guard(observer.source, lambda: observer.recorded(index))
+
+    def _lockstep(self, index: int, step: int) -> None:
+        for observer in self._observers:
+            self._guard(observer.source, lambda: observer.lockstep(index, step))
 
     def _guard(self, source: str, compute: Callable[[], _T], fallback: Any = None) -> Any:
         """``compute()``, or ``fallback`` with the error counted under ``source``."""
@@ -296,12 +300,8 @@ class StepRecorder:
             read.get(f"lr{i}") if lr is ON_DEVICE else lr for i, lr in enumerate(pending.learning_rates)
         )
         stats = self._step_stats(pending, read, learning_rates)  # type: ignore[arg-type]  # no ON_DEVICE left
-        health = self._health
-        if health is not None:
-            signals = self._guard("monitor", lambda: health.signal_values(pending.index, read))
-            stats = dataclasses.replace(stats, signals=signals)
         self.latest = stats
-        self._worker.submit(self._export, stats, pending.wall_time)
+        self._worker.submit(self._export, pending.index, stats, read)
 
     def _step_stats(
         self, pending: PendingStep, read: dict[str, Any], learning_rates: tuple[float | None, ...]
@@ -343,10 +343,11 @@ class StepRecorder:
             update_cosine=read.get("update_cosine"),
             layers=layers,
             unjudged=pending.unjudged,
+            wall_time=pending.wall_time,
         )
 
     # --- the export thread ----------------------------------------------------------
-    def _export(self, stats: StepStats, wall_time: float) -> None:
+    def _export(self, index: int, stats: StepStats, read: dict[str, Any]) -> None:
         store = self._store
         store.inc(catalog.TRAIN_STEPS)
         store.set(catalog.TRAIN_STEP, stats.step)
@@ -381,13 +382,12 @@ class StepRecorder:
         ):
             if value is None or signal in stats.unjudged:
                 continue
-            try:  # a loss spike reaches model health as an event (ModelHealth listens to the event log)
+            try:  # a loss spike reaches the observers as an event (RecoveryWatch listens to the event log)
                 self._detectors.observe(signal, value, step=stats.step)
             except Exception as exc:  # a failing detector leaves the metrics and the other signals
                 self._store.record_error("detectors", exc)
-        health = self._health
-        if health is not None:
-            self._guard("monitor", lambda: health.export(stats.step, wall_time, stats.loss, stats.signals))
+        for observer in self._observers:
+            self._guard(observer.source, lambda: observer.finished(index, stats, read))
 
 
 #: The signals a checkpoint save inflates.

@@ -156,7 +156,7 @@ class _PeakProbe:
     """The provenance hooks' peaks, read on the host every step (lab only: a host sync per step)."""
 
     def __init__(self, torch: Any, model: Any) -> None:
-        from trainhealth.exporters.training.model_health import transformer_blocks
+        from trainhealth.exporters.model_health import transformer_blocks
         from trainhealth.exporters.training.model_signals import ModelSignals
 
         self._signals = ModelSignals(torch, model, transformer_blocks(torch, model))
