@@ -62,7 +62,7 @@ def test_booleans(raw, expected):
         ({"TRAINHEALTH_PEAK_FLOPS": "fast"}, "peak_flops (TRAINHEALTH_PEAK_FLOPS): expected a number, got 'fast'"),
         (
             {"TRAINHEALTH_PROMETHEUS_PORT": "-1"},
-            "prometheus_port (TRAINHEALTH_PROMETHEUS_PORT): must be 0..65535, got -1",
+            "prometheus_port (TRAINHEALTH_PROMETHEUS_PORT): must be from 0 to 65535, got -1",
         ),
         (
             {"TRAINHEALTH_RANK": "4", "TRAINHEALTH_WORLD_SIZE": "4"},
@@ -195,7 +195,7 @@ def test_a_group_validates_itself_and_names_the_setting():
         GpuSettings(sample_interval=0.0)
     assert (
         str(error.value)
-        == "gpu_sample_interval (TRAINHEALTH_GPU_SAMPLE_INTERVAL): must be 0.01..86400 seconds, got 0.0"
+        == "gpu_sample_interval (TRAINHEALTH_GPU_SAMPLE_INTERVAL): must be from 0.01 to 86400 seconds, got 0.0"
     )
     with pytest.raises(ConfigError) as error:
         TrainingSettings.resolve({"TRAINHEALTH_STATS_EVERY": "often"}, {})
@@ -289,9 +289,10 @@ def test_any_float_is_either_in_range_or_refused_naming_the_setting(value):
 
 
 def test_a_range_reads_as_its_help_says():
-    assert str(Range(1, 1000)) == "1..1000"
-    assert str(Range(0.01, 86400, unit="seconds")) == "0.01..86400 seconds"
-    assert str(Range(0, 1e18, above_low=True)) == "more than 0 up to 1e+18"
+    assert str(Range(1, 1000)) == "from 1 to 1000"
+    assert str(Range(0.01, 86400, unit="seconds")) == "from 0.01 to 86400 seconds"
+    assert str(Range(0, 1e18, above_low=True)) == "above 0 up to 1e+18"
+    assert 2.5 not in Range(1, 8, integer=True) and 2.0 in Range(1, 8, integer=True)
     assert 0 in Range(0.05, 1, off=0, above_low=True) and 0.05 not in Range(0.05, 1, off=0, above_low=True)
     assert True not in Range(0, 1) and "1" not in Range(0, 10)  # type: ignore[operator]
     with pytest.raises(ValueError):

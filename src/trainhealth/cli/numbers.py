@@ -20,15 +20,17 @@ argparse.ArgumentTypeError: expected an integer from 1 to 65535, got '70000'
 from __future__ import annotations
 
 import argparse
-import math
 from dataclasses import dataclass
+
+from trainhealth.config.fields import Range
 
 __all__ = ["PORT", "PORT_OR_ZERO", "Bounded"]
 
 
 @dataclass(frozen=True)
 class Bounded:
-    """An argparse ``type``: an ``int`` or finite ``float`` from ``low`` to ``high`` (``low_open``: above ``low``)."""
+    """An argparse ``type``: an ``int`` or finite ``float`` from ``low`` to ``high`` (``low_open``: above ``low``),
+    checked by the one :class:`~trainhealth.config.fields.Range`."""
 
     kind: type[int] | type[float]
     low: float
@@ -39,14 +41,16 @@ class Bounded:
     def __post_init__(self) -> None:
         if self.kind not in (int, float):
             raise TypeError(f"Bounded numbers are int or float, not {self.kind!r}")
-        if not (math.isfinite(self.low) and math.isfinite(self.high) and self.low <= self.high):
-            raise ValueError(f"Bounded needs finite low <= high, got {self.low}, {self.high}")
+        Range(self.low, self.high, above_low=self.low_open)  # refuses bounds that are not finite, low <= high
+
+    @property
+    def range(self) -> Range:
+        return Range(self.low, self.high, unit=self.unit, above_low=self.low_open, integer=self.kind is int)
 
     @property
     def range_text(self) -> str:
         """``from 20 to 86400`` or ``above 0 up to 3600``."""
-        low, high = _plain(self.low), _plain(self.high)
-        return f"above {low} up to {high}" if self.low_open else f"from {low} to {high}"
+        return self.range.span
 
     def describe(self) -> str:
         if self.kind is int:
@@ -57,12 +61,7 @@ class Bounded:
 
     def accepts(self, value: float) -> bool:
         """Whether ``value`` is in the range (finite, and an integer for ``int``)."""
-        if isinstance(value, bool) or not math.isfinite(value):
-            return False
-        if self.kind is int and value != int(value):
-            return False
-        above = value > self.low if self.low_open else value >= self.low
-        return above and value <= self.high
+        return value in self.range
 
     def __call__(self, text: str) -> int | float:
         try:
@@ -78,8 +77,3 @@ class Bounded:
 PORT = Bounded(int, 1, 65535)
 #: A TCP port, or 0 (for a free port, or off: the option's help says which).
 PORT_OR_ZERO = Bounded(int, 0, 65535)
-
-
-def _plain(value: float) -> str:
-    """``86400`` and ``0.05``, never ``8.64e+04``."""
-    return str(int(value)) if float(value).is_integer() else f"{value:g}"

@@ -19,11 +19,11 @@ fails when the group is built, and the range is part of the setting's help.
 >>> Example.resolve({}, {"example_every": 0})
 Traceback (most recent call last):
 ...
-trainhealth.config.fields.ConfigError: example_every (TRAINHEALTH_EXAMPLE_EVERY): must be 1..1000, got 0
+trainhealth.config.fields.ConfigError: example_every (TRAINHEALTH_EXAMPLE_EVERY): must be from 1 to 1000, got 0
 >>> Example.resolve({"TRAINHEALTH_EXAMPLE_PAUSE": "inf"}, {})
 Traceback (most recent call last):
 ...
-trainhealth.config.fields.ConfigError: example_pause (TRAINHEALTH_EXAMPLE_PAUSE): must be 0.01..86400 seconds, got inf
+trainhealth.config.fields.ConfigError: example_pause (TRAINHEALTH_EXAMPLE_PAUSE): must be from 0.01 to 86400 seconds, got inf
 """
 
 from __future__ import annotations
@@ -102,16 +102,22 @@ _TYPES: dict[Callable[[str], Any], tuple[str, type, str]] = {  # parser -> (type
 
 @dataclass(frozen=True)
 class Range:
-    """The values a numeric setting accepts: ``low..high``, both included unless ``above_low``.
+    """The values a number may take: ``low..high``, both included unless ``above_low``. The one range
+    type of trainhealth: settings, command-line options (:class:`trainhealth.cli.numbers.Bounded`) and
+    fault schedules check their numbers with it and say it the same way.
 
     ``off``, when set, is one more accepted value outside the range (``0`` turns the feature
-    off). ``nan`` is never in a range; ``inf`` only when ``high`` is.
+    off); ``integer`` accepts whole numbers only. ``nan`` and infinities are never in a range.
 
     >>> interval = Range(0.05, 86400, unit="seconds", off=0, above_low=True)
     >>> [value in interval for value in (0, 0.05, 2.5, 86400, float("inf"), float("nan"))]
     [True, False, True, True, False, False]
     >>> str(interval)
-    '0, or more than 0.05 up to 86400 seconds'
+    '0, or above 0.05 up to 86400 seconds'
+    >>> [value in Range(1, 8, integer=True) for value in (1, 2.0, 2.5, True)]
+    [True, True, False, False]
+    >>> Range(1, 8).span
+    'from 1 to 8'
     """
 
     low: float
@@ -120,24 +126,30 @@ class Range:
     unit: str = ""
     off: float | None = None
     above_low: bool = False
+    integer: bool = False
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.low) and math.isfinite(self.high) and self.low <= self.high):
-            raise ValueError(f"a setting's range needs finite low <= high, got {self.low}..{self.high}")
+            raise ValueError(f"a range needs finite low <= high, got {self.low}..{self.high}")
 
     def __contains__(self, value: object) -> bool:
         if not isinstance(value, (int, float)) or isinstance(value, bool):
             return False
         if self.off is not None and value == self.off:
             return True
+        if not math.isfinite(value) or (self.integer and value != int(value)):
+            return False
         above = value > self.low if self.above_low else value >= self.low
         return above and value <= self.high
 
-    def __str__(self) -> str:
+    @property
+    def span(self) -> str:
+        """The bounds in words, without the unit: ``from 1 to 8``, ``above 0 up to 3600``."""
         low, high = _number(self.low), _number(self.high)
-        text = f"more than {low} up to {high}" if self.above_low else f"{low}..{high}"
-        if self.unit:
-            text += f" {self.unit}"
+        return f"above {low} up to {high}" if self.above_low else f"from {low} to {high}"
+
+    def __str__(self) -> str:
+        text = f"{self.span} {self.unit}" if self.unit else self.span
         if self.off is not None:
             text = f"{_number(self.off)}, or {text}"
         return text

@@ -115,14 +115,14 @@ class SettingInfo:
     env: str
     type: str
     default: Any
-    #: What it does, ending with its range for a numeric setting ("Range: 1..1000000.").
+    #: What it does, ending with its range for a numeric setting ("Range: from 1 to 1000000.").
     help: str
     secret: bool
     #: The heading of its group ("GPU telemetry").
     group: str
     #: Where a program reads it on :class:`Settings` ("gpu.backend").
     attribute: str
-    #: The values it accepts ("0.01..86400 seconds"), or ``None`` for a setting without a range.
+    #: The values it accepts ("from 0.01 to 86400 seconds"), or ``None`` for a setting without a range.
     range: str | None = None
 
 
@@ -130,8 +130,8 @@ def setting_infos() -> tuple[SettingInfo, ...]:
     """Every setting, group by group, in declaration order.
 
     >>> info = {info.name: info for info in setting_infos()}["gpu_sample_interval"]
-    >>> info.range, info.help.endswith("Range: 0.01..86400 seconds.")
-    ('0.01..86400 seconds', True)
+    >>> info.range, info.help.endswith("Range: from 0.01 to 86400 seconds.")
+    ('from 0.01 to 86400 seconds', True)
     """
     infos = []
     for attribute, group in _GROUPS.items():

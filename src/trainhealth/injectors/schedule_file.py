@@ -41,7 +41,6 @@ trainhealth.injectors.schedule_file.ScheduleError: fault #1: seconds must be pos
 
 from __future__ import annotations
 
-import math
 import os
 import stat
 from collections.abc import Mapping, Sequence
@@ -49,6 +48,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from trainhealth.config.fields import Range
 from trainhealth.injectors.bits import BIT_FIELDS
 
 __all__ = ["FAULT_KINDS", "FaultSpec", "ScheduleError", "load_schedule"]
@@ -91,36 +91,29 @@ MAX_ENTRIES = 10_000
 
 def _integer(where: str, name: str, value: Any, low: int, high: int) -> int:
     """``value`` as an integer from ``low`` to ``high`` (an integral number or its text), else ScheduleError."""
+    bounds = Range(low, high, integer=True)
     number: Any = value
     if isinstance(value, str):
         try:
             number = int(value.strip())
         except ValueError:
             number = None
-    elif isinstance(value, float) and math.isfinite(value) and value.is_integer():
-        number = int(value)
-    if isinstance(number, bool) or not isinstance(number, int) or not low <= number <= high:
-        raise ScheduleError(f"{where}: {name} must be an integer from {low} to {high}, got {value!r}")
-    return number
+    if number not in bounds:
+        raise ScheduleError(f"{where}: {name} must be an integer {bounds}, got {value!r}")
+    return int(number)
 
 
 def _number(where: str, name: str, value: Any, low: float, high: float, *, low_open: bool = False) -> float:
     """``value`` as a finite number in the range (above ``low`` with ``low_open``), else ScheduleError."""
+    bounds = Range(low, high, above_low=low_open)
     number: Any = None
     if isinstance(value, (int, float, str)) and not isinstance(value, bool):
         try:
             number = float(value)
         except (ValueError, OverflowError):
             number = None
-    inside = (
-        number is not None
-        and math.isfinite(number)
-        and (number > low if low_open else number >= low)
-        and number <= high
-    )
-    if not inside:
-        span = f"above {low:g} up to {high:g}" if low_open else f"from {low:g} to {high:g}"
-        raise ScheduleError(f"{where}: {name} must be a finite number {span}, got {value!r}")
+    if number not in bounds:
+        raise ScheduleError(f"{where}: {name} must be a finite number {bounds}, got {value!r}")
     return float(number)
 
 
