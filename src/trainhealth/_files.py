@@ -15,6 +15,8 @@ Problems are :class:`~trainhealth.errors.UsageError` naming the option and the p
 >>> out = output_directory(root / "out", "--out")
 >>> write_text(out / "a.txt", "hello\\n"); (out / "a.txt").read_text()
 'hello\\n'
+>>> write_json(out / "b.json", {"b": 1, "a": 0.5}); (out / "b.json").read_text()
+'{\\n  "a": 0.5,\\n  "b": 1\\n}\\n'
 >>> output_directory(root / "missing" / "out", "--out")
 Traceback (most recent call last):
 ...
@@ -23,6 +25,7 @@ trainhealth.errors.UsageError: --out ...: its parent directory ... does not exis
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import stat
@@ -39,6 +42,7 @@ __all__ = [
     "output_directory",
     "same_file",
     "write_bytes",
+    "write_json",
     "write_text",
 ]
 
@@ -150,6 +154,12 @@ def write_bytes(path: Path, data: bytes) -> None:
 def write_text(path: Path, text: str) -> None:
     """:func:`write_bytes` of ``text`` in UTF-8."""
     write_bytes(path, text.encode("utf-8"))
+
+
+def write_json(path: Path, data: object) -> None:
+    """:func:`write_text` of ``data`` as JSON: keys sorted, indented by two, a trailing newline. Every JSON
+    document trainhealth writes (topologies, ground truth, probe results, state files) is written this way."""
+    write_text(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
 def exclusive_temporary(path: Path) -> tuple[int, Path]:

@@ -9,7 +9,7 @@ import argparse
 import json
 from pathlib import Path
 
-from trainhealth._files import check_output_file, same_file, write_text
+from trainhealth._files import check_output_file, same_file, write_json, write_text
 from trainhealth.errors import UsageError
 
 __all__ = ["add_commands"]
@@ -40,7 +40,7 @@ def _cmd_detect(args: argparse.Namespace) -> int:
     rows = [anomaly.to_dict() for anomaly in anomalies]
     if out is not None:
         if out.suffix.lower() == ".json":
-            write_text(out, json.dumps(rows, indent=2) + "\n")
+            write_json(out, rows)
         else:
             import pandas as pd
 

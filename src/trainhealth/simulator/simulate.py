@@ -29,7 +29,6 @@ True
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +37,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from trainhealth._files import write_json
 from trainhealth.simulator.cluster import ClusterLayout
 from trainhealth.simulator.noise import Hiccup, realise_noise
 from trainhealth.simulator.recorder import GroupNames, Recorder, group_view
@@ -67,8 +67,8 @@ class SimulatedTrace:
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         write_trace(self.records, directory / "trace.parquet")
-        (directory / "topology.json").write_text(json.dumps(self.topology, indent=2, sort_keys=True) + "\n")
-        (directory / "ground_truth.json").write_text(json.dumps(self.ground_truth, indent=2, sort_keys=True) + "\n")
+        write_json(directory / "topology.json", self.topology)
+        write_json(directory / "ground_truth.json", self.ground_truth)
         return [directory / "trace.parquet", directory / "topology.json", directory / "ground_truth.json"]
 
 

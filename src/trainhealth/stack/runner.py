@@ -36,7 +36,7 @@ from typing import Any
 
 import yaml
 
-from trainhealth._files import check_output_directory, check_output_files, write_text
+from trainhealth._files import check_output_directory, check_output_files, write_json, write_text
 from trainhealth.alerts.render import rule_file_yaml
 from trainhealth.errors import UsageError
 
@@ -340,7 +340,7 @@ def _alive(started: list[Started]) -> bool:
 
 
 def _save(directory: Path, started: list[Started]) -> None:
-    write_text(directory / STATE, json.dumps([asdict(s) for s in started], indent=2))
+    write_json(directory / STATE, [asdict(s) for s in started])
 
 
 def _pid_max() -> int:

@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
+from trainhealth._files import write_json
+
 __all__ = ["TOPOLOGY_FILE", "Topology"]
 
 TOPOLOGY_FILE = "topology.json"
@@ -114,4 +116,4 @@ class Topology:
         return out
 
     def save(self, path: str | os.PathLike[str]) -> None:
-        Path(path).write_text(json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n", encoding="utf-8")
+        write_json(Path(path), self.to_dict())

@@ -34,9 +34,10 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, cast
 
+from trainhealth._files import write_json
 from trainhealth._ports import free_port
 from trainhealth_lab.realrun.live import POLL_S, LivePoll, LiveWatcher, progress
-from trainhealth_lab.realrun.outcome import CaseOutcome, finish, score_run, write_json
+from trainhealth_lab.realrun.outcome import CaseOutcome, finish, score_run
 from trainhealth_lab.realrun.spec import LINK_KINDS, CaseSpec, RealRunFaultKind, Truth, host_name, truth
 
 __all__ = ["CaseOutcome", "LivePoll", "link_lab_unavailable", "run_case", "score_run"]

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from trainhealth._files import write_json
 from trainhealth_lab.realrun.live import LivePoll
 from trainhealth_lab.realrun.scoring import (
     baseline_compute,
@@ -24,7 +25,7 @@ from trainhealth_lab.realrun.scoring import (
 )
 from trainhealth_lab.realrun.spec import CaseSpec, RealRunFaultKind, Truth
 
-__all__ = ["CaseOutcome", "finish", "score_run", "write_json"]
+__all__ = ["CaseOutcome", "finish", "score_run"]
 
 
 @dataclass(frozen=True)
@@ -59,11 +60,6 @@ class CaseOutcome:
         out = asdict(self)
         out["live_polls"] = [asdict(p) for p in self.live_polls]
         return out
-
-
-def write_json(path: Path, data: Any) -> None:
-    """``data`` as sorted, indented JSON with a trailing newline (spec, truth and answer files)."""
-    path.write_text(json.dumps(data, sort_keys=True, indent=2) + "\n", encoding="utf-8")
 
 
 @dataclass(frozen=True)

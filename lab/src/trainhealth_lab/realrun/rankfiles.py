@@ -8,11 +8,11 @@ seconds, at the end) and ``topology.json`` (rank 0 merges every rank's groups an
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 from typing import Any
 
+from trainhealth import _files
 from trainhealth_lab.realrun.kernels import Clock
 from trainhealth_lab.realrun.spec import CaseSpec, Parallelism
 
@@ -20,11 +20,10 @@ __all__ = ["StepLog", "write_json", "write_topology"]
 
 
 def write_json(path: Path, data: Any) -> None:
-    """``data`` as sorted JSON, replacing ``path`` atomically (the launcher reads these while they change)."""
+    """``data`` as trainhealth writes JSON (replacing ``path`` atomically: the launcher reads these while they
+    change), its directory made first."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(path.name + ".partial")
-    partial.write_text(json.dumps(data, sort_keys=True, indent=2) + "\n", encoding="utf-8")
-    os.replace(partial, path)
+    _files.write_json(path, data)
 
 
 def write_topology(run_dir: Path, spec: CaseSpec, rank: int, fragment: dict[str, Any], timeout_s: float = 60.0) -> None:

@@ -28,6 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from trainhealth._files import write_json
+
 __all__ = ["PROBE_FORMAT", "LinkMeasurement", "LinkMetric", "ProbeResult", "SlowRank"]
 
 PROBE_FORMAT = "trainhealth-probe/1"
@@ -243,7 +245,7 @@ class ProbeResult:
             raise ValueError(f"malformed link probe result: {exc!r}") from None
 
     def to_json(self, path: str | Path) -> None:
-        Path(path).write_text(json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n", encoding="utf-8")
+        write_json(Path(path), self.to_dict())
 
     @classmethod
     def load(cls, path: str | Path) -> ProbeResult:
