@@ -35,6 +35,7 @@ from typing import Any
 from trainhealth._ports import free_port
 from trainhealth.demo import story
 from trainhealth.errors import UsageError
+from trainhealth.injectors.schedule_file import FaultSpec
 from trainhealth.stack.runner import find_binary
 from trainhealth_lab.cli import parse_seeds
 
@@ -97,7 +98,8 @@ def _summarise(report: dict[str, Any], demo: Path, seed: int, clean: bool, fired
         report["events"], histories, report["pages"], report["localization"], report.get("verdicts", [])
     )
     last_step = max((int(r["step"]) for rows in histories.values() for r in rows), default=0)
-    false_alarms = story.unexplained(report["schedule"], found, last_step)
+    schedule = [FaultSpec.from_dict(fault) for fault in report["schedule"]]
+    false_alarms = story.unexplained(schedule, found, last_step)
     anomalies = [e for e in report["events"] if e.get("event") == "anomaly"]
     live = [v for v in report.get("verdicts", []) if v.get("verdict") not in ("healthy", "insufficient_data")]
     return {

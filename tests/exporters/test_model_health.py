@@ -74,9 +74,9 @@ def test_restarts_come_from_torchelastic():
 @pytest.mark.parametrize(
     "name, value, problem",
     [
-        ("sdc_interval", -1, r"must be 0\.\.1000000"),
-        ("grad_check_every", -5, r"must be 0\.\.1000000"),
-        ("signal_tokens", 0, r"must be 1\.\.1024"),
+        ("sdc_interval", -1, "must be from 0 to 1000000"),
+        ("grad_check_every", -5, "must be from 0 to 1000000"),
+        ("signal_tokens", 0, "must be from 1 to 1024"),
         ("sdc_group", "dp", "must be world or off"),
     ],
 )

@@ -19,6 +19,7 @@ import pytest
 
 from tests.prometheus_server import require_binary
 from trainhealth.demo.story import TABLE_HEADER, Detection, match
+from trainhealth.injectors.schedule_file import FaultSpec
 
 pytest.importorskip("torch")
 pytest.importorskip("matplotlib")
@@ -88,8 +89,8 @@ def _markdown_rows(text: str) -> list[list[str]]:
 
 
 def test_matching_by_rank_family_and_window() -> None:
-    spike = {"kind": "lr_scale", "step": 50, "until": 54}  # every rank
-    throttle = {"kind": "gpu", "fault": "thermal_throttle", "gpu": 1, "step": 10, "ranks": [1]}
+    spike = FaultSpec.from_dict({"kind": "lr_scale", "factor": 30, "step": 50, "until": 54})  # every rank
+    throttle = FaultSpec.from_dict({"kind": "gpu", "fault": "thermal_throttle", "gpu": 1, "step": 10, "ranks": [1]})
     seen = [
         Detection("event", "anomaly on loss", "numerics", 0, 51),
         Detection("event", "anomaly on loss", "numerics", 1, 90),  # after until + grace
@@ -101,7 +102,8 @@ def test_matching_by_rank_family_and_window() -> None:
     # a throttle without ``until`` lasts: its window runs to the end of the run
     assert [(d.source, d.step) for d in match(throttle, seen, last_step=300)] == [("telemetry", 12), ("page", 200)]
     assert match(throttle, seen, last_step=100) == [Detection("telemetry", "SM clock", "gpu-clock", 1, 12)]
-    assert match({"kind": "delay", "step": 5, "until": 9, "ranks": [0]}, seen, last_step=300) == []
+    delay = FaultSpec.from_dict({"kind": "delay", "seconds": 1, "step": 5, "until": 9, "ranks": [0]})
+    assert match(delay, seen, last_step=300) == []
 
 
 def test_every_injected_fault_is_in_the_table_verdict_and_advice(demo: Path) -> None:
@@ -194,7 +196,8 @@ def test_false_alarms_are_the_detections_no_fault_explains(demo: Path) -> None:
     }
     found = story.detections(report["events"], histories, report["pages"], report["localization"], report["verdicts"])
     last_step = max(r["step"] for rows in histories.values() for r in rows)
-    explained = {id(d) for fault in report["schedule"] for d in story.match(fault, found, last_step)}
+    schedule = [FaultSpec.from_dict(fault) for fault in report["schedule"]]  # report.json holds the schedule's entries
+    explained = {id(d) for fault in schedule for d in story.match(fault, found, last_step)}
     expected = [(d.what, d.rank, d.step) for d in found if id(d) not in explained]
     assert sorted(expected, key=str) == sorted(
         ((a["what"], a["rank"], a["step"]) for a in report["false_alarms"]), key=str

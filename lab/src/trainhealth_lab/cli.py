@@ -37,7 +37,7 @@ MAX_SEEDS = 1000
 #: Steps per corpus run (enough for warm-up, a pre-event baseline and a window after the cause), worker processes.
 CORPUS_STEPS = Bounded(int, 100, 100_000, unit="steps")
 CORPUS_WORKERS = Bounded(int, 1, 64, unit="processes")
-#: ``lab corpus`` defaults: every model and scenario (trainhealth_lab.corpus TASKS, SCENARIOS; no torch import here).
+#: ``corpus`` defaults: every model and scenario (trainhealth_lab.corpus TASKS, SCENARIOS; no torch import here).
 CORPUS_MODELS = ("tiny_gpt", "mlp", "convnet")
 CORPUS_SCENARIOS = (
     "clean",
@@ -386,5 +386,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as exc:
         print(f"trainhealth-lab: error: {exc}", file=sys.stderr)
         return USAGE_ERROR
+    except BrokenPipeError:  # output piped into head or similar
+        sys.stderr.close()
+        return 0
     except KeyboardInterrupt:
         return 130

@@ -63,7 +63,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
                 )
             if spec.kind in ("bitflip", "nan", "inf"):
                 _check_tensor(args.faults, number, spec.target, spec.tensor)
-        faults = [_as_dict(spec) for spec in specs]
+        faults = specs
     if args.out is not None:
         check_output_directory(Path(args.out), "--out", empty=True)
     try:
@@ -116,12 +116,6 @@ def _fresh_default() -> Path:
             raise UsageError(f"cannot create {candidate} here: {exc.strerror or exc}; pass --out DIR") from None
         return candidate
     raise UsageError(f"{DEFAULT_OUT}-2 ... -999 all exist: pass --out DIR")
-
-
-def _as_dict(spec: object) -> dict:
-    from dataclasses import asdict
-
-    return {key: value for key, value in asdict(spec).items() if value is not None}  # type: ignore[call-overload]
 
 
 def add_commands(commands: argparse._SubParsersAction, parser_class: type[argparse.ArgumentParser]) -> None:

@@ -20,6 +20,7 @@ from typing import Any
 
 from trainhealth.demo import story
 from trainhealth.demo.worker import CHECKPOINT_EVERY
+from trainhealth.injectors.schedule_file import FaultSpec
 
 __all__ = ["Incident", "write_report"]
 
@@ -34,7 +35,7 @@ class Incident:
     localization: dict[str, Any] | None
     pages: list[dict[str, Any]] = field(default_factory=list)  # from Alertmanager, when a stack was running
     interrupted: bool = False
-    schedule: list[dict[str, Any]] = field(default_factory=list)  # the faults as injected (structured)
+    schedule: list[FaultSpec] = field(default_factory=list)  # the faults as injected
     wall_s: float | None = None  # the demo's wall time up to the report, start-up included
     verdicts: list[dict[str, Any]] = field(default_factory=list)  # the live analyzer's, each change with its time
 
@@ -68,7 +69,7 @@ def write_report(out: Path, incident: Incident) -> Path:
     (out / "report.json").write_text(
         json.dumps(
             {
-                "schedule": incident.schedule,
+                "schedule": [fault.to_dict() for fault in incident.schedule],
                 "faults": incident.faults,
                 "findings": [dict(zip(story.TABLE_HEADER, row)) for row in story.table_rows(items)],
                 "false_alarms": [
@@ -118,10 +119,10 @@ def _plot_timeline(path: Path, incident: Incident, culprit: int | None) -> bool:
     colours = plt.get_cmap("tab10")
     lane = 0.7 / max(1, len(incident.schedule))  # each fault its own lane in a rank's row: overlaps stay visible
     for number, fault in enumerate(incident.schedule):
-        start, until = int(fault["step"]), int(fault.get("until", fault["step"]))
-        end = last if fault.get("kind") == "gpu" and until == start else until
-        targets = [int(fault["gpu"])] if fault.get("kind") == "gpu" else fault.get("ranks") or ranks
-        label = story.describe(fault).split(": ", 1)[-1]
+        start, until = fault.step, fault.until
+        end = last if fault.kind == "gpu" and until == start else until
+        targets = [fault.gpu] if fault.kind == "gpu" else list(fault.ranks or ranks)
+        label = fault.describe().split(": ", 1)[-1]
         for position, rank in enumerate(r for r in targets if r in row):
             axes.broken_barh(
                 [(start, max(end - start, last / 200))],

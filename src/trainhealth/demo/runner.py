@@ -18,13 +18,15 @@ from collections import deque
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trainhealth._files import output_directory
 from trainhealth._ports import free_port
 from trainhealth.demo.report import Incident, write_report
-from trainhealth.demo.schedule import describe
 from trainhealth.demo.worker import DemoConfig, rank_main
+
+if TYPE_CHECKING:
+    from trainhealth.injectors.schedule_file import FaultSpec
 
 __all__ = ["DemoOptions", "run_demo"]
 
@@ -38,7 +40,7 @@ class DemoOptions:
     port_base: int = 9450
     analyzer_port: int | None = 9448  # None: no analyzer
     webhook_port: int | None = 9096  # None: no webhook
-    faults: list[dict[str, Any]] | None = None  # None: the built-in schedule; []: a fault-free run
+    faults: list[FaultSpec] | None = None  # None: the built-in schedule; []: a fault-free run
     master_port: int = 0  # the ranks' rendezvous port; 0: a free one, so two demos on one machine never meet
     seed: int = 0  # the model's initialisation and the batches
 
@@ -141,7 +143,7 @@ def run_demo(options: DemoOptions) -> int:
     histories = _histories(out / "history")
     incident = Incident(
         histories,
-        [describe(f) for f in view.schedule],
+        [f.describe() for f in view.schedule],
         view.events,
         localization,
         pages.alerts,
@@ -257,7 +259,7 @@ class _Live:
         self.events: list[dict[str, Any]] = []
         self.recent: deque[str] = deque(maxlen=8)
         self.steps: int | None = None
-        self.schedule: list[dict[str, Any]] = []
+        self.schedule: list[FaultSpec] = []
         self.failures: list[str] = []
         self._shown_pages = 0
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from trainhealth.demo.schedule import describe
+from trainhealth.injectors.schedule_file import FaultSpec
 from trainhealth.knowledge.advice import advice_for, rewind_advice, xid_advice
 
 __all__ = [
@@ -81,7 +81,7 @@ class Detection:
 class Finding:
     """One injected fault with its first detection per source (earliest first) and the advice for it."""
 
-    fault: dict[str, Any]
+    fault: FaultSpec
     description: str
     caught: tuple[Detection, ...]
     advice: tuple[str, ...]
@@ -97,31 +97,30 @@ class Finding:
             return "-"
         if first.step is None:
             return "at the end of the run"
-        steps = first.step - int(self.fault["step"])
+        steps = first.step - self.fault.step
         text = f"{steps} step{'' if steps == 1 else 's'}"
         if first.time is not None and self.injected_at is not None:
             text += f" ({max(0.0, first.time - self.injected_at):.1f} s)"
         return text
 
 
-def _fault_ranks(fault: dict[str, Any]) -> list[int] | None:
-    if fault.get("kind") == "gpu" and fault.get("gpu") is not None:
-        return [int(fault["gpu"])]  # the demo's rank r samples GPU r
-    ranks = fault.get("ranks")
-    return None if ranks is None else [int(r) for r in ranks]
+def _fault_ranks(fault: FaultSpec) -> list[int] | None:
+    if fault.kind == "gpu":
+        return [fault.gpu]  # the demo's rank r samples GPU r
+    return None if fault.ranks is None else list(fault.ranks)
 
 
-def _families(fault: dict[str, Any]) -> tuple[str, ...]:
+def _families(fault: FaultSpec) -> tuple[str, ...]:
     """The detection families that can show ``fault``."""
-    if fault.get("kind") == "gpu":
-        return ("gpu-clock" if fault.get("fault") in _SLOW_GPU else "gpu-error"), "any"
-    return FAMILIES.get(str(fault.get("kind")), "numerics"), "any"
+    if fault.kind == "gpu":
+        return ("gpu-clock" if fault.fault in _SLOW_GPU else "gpu-error"), "any"
+    return FAMILIES.get(fault.kind, "numerics"), "any"
 
 
-def match(fault: dict[str, Any], found: list[Detection], last_step: int, grace: int = GRACE_STEPS) -> list[Detection]:
+def match(fault: FaultSpec, found: list[Detection], last_step: int, grace: int = GRACE_STEPS) -> list[Detection]:
     """The detections of ``found`` that catch ``fault``, earliest first (undated ones last).
 
-    >>> straggler = {"kind": "delay", "step": 100, "until": 200, "ranks": [2]}
+    >>> straggler = FaultSpec.from_dict({"kind": "delay", "seconds": 1, "step": 100, "until": 200, "ranks": [2]})
     >>> seen = [Detection("event", "step_time anomaly", "timing", 2, 240),
     ...         Detection("event", "step_time anomaly", "timing", 2, 90),
     ...         Detection("event", "step_time anomaly", "timing", 1, 120),
@@ -133,7 +132,7 @@ def match(fault: dict[str, Any], found: list[Detection], last_step: int, grace: 
     ...         Detection("event", "step_time anomaly", "timing", 2, 210)]
     >>> [(d.source, d.rank, d.step) for d in match(straggler, seen, last_step=400)]
     [('event', 1, 120), ('page', 0, 170), ('event', 2, 210), ('analyzer', 2, None)]
-    >>> xid = {"kind": "gpu", "fault": "xid", "xid": 79, "gpu": 3, "step": 300, "ranks": [3]}
+    >>> xid = FaultSpec.from_dict({"kind": "gpu", "fault": "xid", "xid": 79, "gpu": 3, "step": 300, "ranks": [3]})
     >>> [d.step for d in match(xid, [Detection("page", "GPULost", "any", 3, 390)], last_step=400)]
     [390]
     """
@@ -142,9 +141,8 @@ def match(fault: dict[str, Any], found: list[Detection], last_step: int, grace: 
     # localizer's part, judged by the ranks the analyzer names)
     job_wide = families[0] == "timing"
     ranks = _fault_ranks(fault)
-    start = int(fault["step"])
-    until = int(fault.get("until", start))
-    end = last_step if fault.get("kind") == "gpu" and until == start else until + grace
+    start, until = fault.step, fault.until
+    end = last_step if fault.kind == "gpu" and until == start else until + grace
     hits = [
         d
         for d in found
@@ -160,10 +158,10 @@ def match(fault: dict[str, Any], found: list[Detection], last_step: int, grace: 
     return sorted(hits, key=lambda d: (d.step is None, d.step or 0))
 
 
-def unexplained(schedule: list[dict[str, Any]], found: list[Detection], last_step: int) -> list[Detection]:
+def unexplained(schedule: Sequence[FaultSpec], found: list[Detection], last_step: int) -> list[Detection]:
     """The detections that no injected fault explains: the run's false alarms, in step order.
 
-    >>> straggler = {"kind": "delay", "step": 100, "until": 200, "ranks": [2]}
+    >>> straggler = FaultSpec.from_dict({"kind": "delay", "seconds": 1, "step": 100, "until": 200, "ranks": [2]})
     >>> seen = [Detection("event", "step_time anomaly", "timing", 2, 150),
     ...         Detection("event", "loss anomaly", "numerics", 1, 40),
     ...         Detection("page", "Alertmanager: LossSpike", "any", None, 60)]
@@ -295,13 +293,13 @@ def _timestamp(text: Any) -> float | None:
         return None
 
 
-def advice(fault: dict[str, Any], localization: dict[str, Any] | None, checkpoint_every: int) -> tuple[str, ...]:
+def advice(fault: FaultSpec, localization: dict[str, Any] | None, checkpoint_every: int) -> tuple[str, ...]:
     """What to do about ``fault``: the knowledge base's entry, or the localizer's advice when it named the rank."""
-    kind = fault.get("kind")
+    kind = fault.kind
     loc = localization or {}
     named = {int(r) for s in loc.get("suspects", []) for r in s.get("ranks") or []}
-    if kind == "gpu" and fault.get("fault") == "xid":
-        xid = xid_advice(int(fault.get("xid") or 0))
+    if kind == "gpu" and fault.fault == "xid":
+        xid = xid_advice(fault.xid or 0)
         extra = advice_for("gpu_lost") if xid.xid == 79 else advice_for(f"xid_{xid.severity}")
         return (f"XID {xid.xid} ({xid.meaning}): {xid.action}. {xid.follow_up}", *extra)
     if kind == "gpu":
@@ -312,14 +310,14 @@ def advice(fault: dict[str, Any], localization: dict[str, Any] | None, checkpoin
             "nvlink_crc": "nvlink",
             "nvlink_down": "nvlink",
             "slow_clocks": "compute",
-        }.get(str(fault.get("fault")))
-        return tuple(advice_for(key or str(fault.get("fault"))) or advice_for("xid_critical"))
+        }.get(fault.fault)
+        return tuple(advice_for(key or fault.fault) or advice_for("xid_critical"))
     if kind in ("delay", "collective_delay"):
         if named & set(_fault_ranks(fault) or named) and loc.get("advice"):
             return tuple(f"(localizer) {a}" for a in loc["advice"])
         return tuple(advice_for("compute" if kind == "delay" else "communication"))
     if kind == "lr_scale":
-        onset = int(fault["step"])
+        onset = fault.step
         checkpoint = (onset - 1) // checkpoint_every * checkpoint_every
         return (rewind_advice(onset, checkpoint if checkpoint > 0 else None), *advice_for("loss_spike")[1:])
     if kind in ("nan", "inf"):
@@ -328,7 +326,7 @@ def advice(fault: dict[str, Any], localization: dict[str, Any] | None, checkpoin
 
 
 def findings(
-    schedule: list[dict[str, Any]],
+    schedule: Sequence[FaultSpec],
     found: list[Detection],
     histories: dict[int, list[dict[str, Any]]],
     localization: dict[str, Any] | None,
@@ -344,9 +342,9 @@ def findings(
         caught = sorted(first_per_source.values(), key=lambda d: (d.step is None, d.step or 0))
         ranks = _fault_ranks(fault)
         rows = histories.get(ranks[0] if ranks else 0, [])
-        injected = next((float(r["time"]) for r in rows if int(r["step"]) >= int(fault["step"])), None)
+        injected = next((float(r["time"]) for r in rows if int(r["step"]) >= fault.step), None)
         result.append(
-            Finding(fault, describe(fault), tuple(caught), advice(fault, localization, checkpoint_every), injected)
+            Finding(fault, fault.describe(), tuple(caught), advice(fault, localization, checkpoint_every), injected)
         )
     return result
 
@@ -366,7 +364,7 @@ def table_rows(items: list[Finding]) -> list[tuple[str, ...]]:
             (
                 item.description.split(": ", 1)[-1],
                 "all" if ranks is None else ", ".join(map(str, ranks)),
-                f"step {item.fault['step']}",
+                f"step {item.fault.step}",
                 caught,
                 item.delay() if item.caught else "not detected",
                 item.advice[0] if item.advice else "-",

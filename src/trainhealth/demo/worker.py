@@ -15,7 +15,10 @@ import queue
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from trainhealth.injectors.schedule_file import FaultSpec
 
 __all__ = ["MODEL_SHAPE", "DemoConfig", "rank_main", "tensor_names"]
 
@@ -53,7 +56,7 @@ class DemoConfig:
     out: str
     addr: str
     port_base: int
-    faults: list[dict[str, Any]] | None  # None: the built-in schedule
+    faults: list[FaultSpec] | None  # None: the built-in schedule
     master_port: int
     pace_s: float = 0.1  # host work per step on top of the tiny model, so steps look like a real job's
     job: str = "demo"

@@ -44,7 +44,7 @@ from __future__ import annotations
 import os
 import stat
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -214,6 +214,43 @@ class FaultSpec:
 
     def active(self, step: int, rank: int) -> bool:
         return self.step <= step <= self.until and (self.ranks is None or rank in self.ranks)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The entry as a schedule file writes it: ``kind``, ``step`` and every field set away from its default.
+
+        >>> spec = FaultSpec.from_dict({"kind": "delay", "seconds": 0.5, "step": 3, "ranks": [1]})
+        >>> spec.to_dict()
+        {'kind': 'delay', 'step': 3, 'ranks': [1], 'seconds': 0.5}
+        >>> FaultSpec.from_dict(spec.to_dict()) == spec
+        True
+        """
+        out: dict[str, Any] = {"kind": self.kind, "step": self.step}
+        for item in fields(self):
+            value = getattr(self, item.name)
+            default = self.step if item.name == "until" else item.default
+            if item.name not in out and value != default:
+                out[item.name] = list(value) if isinstance(value, tuple) else value
+        return out
+
+    def describe(self) -> str:
+        """One line for the terminal and the report.
+
+        >>> FaultSpec.from_dict({"kind": "lr_scale", "factor": 30, "step": 650, "until": 654}).describe()
+        'step 650-654: learning rate x30 (loss spike) on every rank'
+        """
+        who = "every rank" if self.ranks is None else "rank " + ", ".join(str(r) for r in self.ranks)
+        when = f"step {self.step}" + (f"-{self.until}" if self.until != self.step else "")
+        if self.kind == "gpu":
+            what = f"simulated {self.fault.replace('_', ' ')}" + (f" (XID {self.xid})" if self.xid else "")
+        elif self.kind == "delay":
+            what = f"straggler: +{self.seconds:g} s per step"
+        elif self.kind == "lr_scale":
+            what = f"learning rate x{self.factor:g} (loss spike)"
+        elif self.kind == "collective_delay":
+            what = f"slow link: +{self.seconds:g} s per collective"
+        else:
+            what = self.kind
+        return f"{when}: {what} on {who}"
 
 
 def load_schedule(source: str | os.PathLike[str] | Sequence[Mapping[str, Any]] | None) -> list[FaultSpec]:
