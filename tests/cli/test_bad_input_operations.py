@@ -347,14 +347,13 @@ def _yaml(entries: list[dict[str, str]], wrapped: bool) -> str:
 
 
 def test_the_good_entries_are_good(tmp_path):
-    from trainhealth.cli.demo import _as_dict
-    from trainhealth.injectors.schedule import load_schedule
+    from trainhealth.injectors.schedule_file import load_schedule
 
     path = tmp_path / "faults.yaml"
     path.write_text(_yaml(list(GOOD_ENTRIES.values()), wrapped=False))
     specs = load_schedule(path)
     assert [spec.kind for spec in specs] == list(GOOD_ENTRIES)
-    assert load_schedule([_as_dict(spec) for spec in specs]) == specs  # as the demo hands them to its ranks
+    assert load_schedule([spec.to_dict() for spec in specs]) == specs  # as the demo's report.json keeps them
 
 
 @st.composite
