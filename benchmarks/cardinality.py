@@ -18,14 +18,14 @@ from collections import Counter
 import torch
 from prometheus_client.parser import text_string_to_metric_families
 
-from trainhealth.config import Settings
-from trainhealth.demo.tiny_gpt import TinyGPT, synthetic_batch
-from trainhealth.events import EventLog
-from trainhealth.exporters.gpu.telemetry import GpuTelemetry
-from trainhealth.exporters.monitor import Monitor
-from trainhealth.identity import Identity
-from trainhealth.sinks.service import Sinks
-from trainhealth.store import MetricStore
+from trainhealth._internal.config import Settings
+from trainhealth._internal.demo.tiny_gpt import TinyGPT, synthetic_batch
+from trainhealth._internal.events import EventLog
+from trainhealth._internal.exporters.gpu.telemetry import GpuTelemetry
+from trainhealth._internal.exporters.monitor import Monitor
+from trainhealth._internal.identity import Identity
+from trainhealth._internal.sinks.service import Sinks
+from trainhealth._internal.store import MetricStore
 
 
 def count(url: str) -> Counter:

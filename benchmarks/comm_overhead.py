@@ -41,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # for tests.dis
 
 import trainhealth.comm  # noqa: E402
 from tests.distributed import free_port, init_rank, run_ranks  # noqa: E402
-from trainhealth.exporters.collectives.logger import CollectiveLogger  # noqa: E402
+from trainhealth._internal.exporters.collectives.logger import CollectiveLogger  # noqa: E402
 
 
 class Alternation(NamedTuple):
@@ -93,7 +93,7 @@ def overhead(rounds: int = 7, calls: int = 20_000) -> Alternation:
 def end_to_end(pairs: int = 40, calls: int = 4_000) -> Alternation:
     """Seconds per 1-element all_reduce with the logger installed and its flush thread aggregating into a store,
     as in a training job."""
-    from trainhealth.store import MetricStore
+    from trainhealth._internal.store import MetricStore
 
     init_rank(0, 1, free_port())
     unwrapped = dist.all_reduce
@@ -134,7 +134,7 @@ def bookkeeping(rounds: int = 15, calls: int = 200_000) -> float:
 
 def flush_cost(batch: int = 4_000, rounds: int = 200) -> float:
     """Seconds the flush thread spends per record, aggregating batches of ``batch`` collectives into a store."""
-    from trainhealth.store import MetricStore
+    from trainhealth._internal.store import MetricStore
 
     logger = CollectiveLogger(rank=0, store=MetricStore())
     seq, times = 0, []

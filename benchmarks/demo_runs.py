@@ -12,7 +12,7 @@ report is written, Prometheus is asked which alerts fired during the run
 
 Counted per run, from the demo's report.json: anomalies (detector events), the live
 analyzer's verdicts other than healthy, the detections no injected fault explains
-(false alarms, :func:`trainhealth.demo.story.unexplained`), Alertmanager's
+(false alarms, :func:`trainhealth._internal.demo.story.unexplained`), Alertmanager's
 notifications (page and ticket receivers) and the alerts Prometheus fired; for
 faulty runs, each fault's first detection and its delay. The demo's detector
 thresholds were chosen on seed 0 (development runs); these seeds are the report.
@@ -32,11 +32,11 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from trainhealth._ports import free_port
-from trainhealth.demo import story
-from trainhealth.errors import UsageError
-from trainhealth.injectors.schedule_file import FaultSpec
-from trainhealth.stack.runner import find_binary
+from trainhealth._internal._ports import free_port
+from trainhealth._internal.demo import story
+from trainhealth._internal.errors import UsageError
+from trainhealth._internal.injectors.schedule_file import FaultSpec
+from trainhealth._internal.stack.runner import find_binary
 from trainhealth_lab.cli import parse_seeds
 
 TRAINHEALTH = str(Path(sys.executable).parent / "trainhealth")

@@ -24,13 +24,13 @@ import time
 
 import numpy as np
 
-from trainhealth.detectors.bocpd import BOCPD
-from trainhealth.detectors.decision import Decision
-from trainhealth.detectors.divergence import Divergence
-from trainhealth.detectors.iqr import IQR
-from trainhealth.detectors.robust_z import RobustZ
-from trainhealth.detectors.stl import STLDetector
-from trainhealth.detectors.zscore import ZScore
+from trainhealth._internal.detectors.bocpd import BOCPD
+from trainhealth._internal.detectors.decision import Decision
+from trainhealth._internal.detectors.divergence import Divergence
+from trainhealth._internal.detectors.iqr import IQR
+from trainhealth._internal.detectors.robust_z import RobustZ
+from trainhealth._internal.detectors.stl import STLDetector
+from trainhealth._internal.detectors.zscore import ZScore
 
 WINDOW = 100
 

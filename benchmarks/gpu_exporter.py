@@ -25,15 +25,20 @@ import sys
 import time
 import tracemalloc
 
-from trainhealth.config import Settings
-from trainhealth.events import EventLog
-from trainhealth.exporters.gpu.sampler import GpuSampler
-from trainhealth.exporters.gpu.simulated import SimulatedFault, SimulatedFaultKind, SimulatedNvml, SimulatedProfiler
-from trainhealth.exporters.gpu.telemetry import GpuTelemetry
-from trainhealth.exporters.gpu.xid_watcher import XidWatcher
-from trainhealth.identity import Identity
-from trainhealth.sinks.service import Sinks
-from trainhealth.store import MetricStore
+from trainhealth._internal.config import Settings
+from trainhealth._internal.events import EventLog
+from trainhealth._internal.exporters.gpu.sampler import GpuSampler
+from trainhealth._internal.exporters.gpu.simulated import (
+    SimulatedFault,
+    SimulatedFaultKind,
+    SimulatedNvml,
+    SimulatedProfiler,
+)
+from trainhealth._internal.exporters.gpu.telemetry import GpuTelemetry
+from trainhealth._internal.exporters.gpu.xid_watcher import XidWatcher
+from trainhealth._internal.identity import Identity
+from trainhealth._internal.sinks.service import Sinks
+from trainhealth._internal.store import MetricStore
 
 CLIENT = r"""
 import http.client, sys, time, urllib.parse

@@ -15,11 +15,11 @@ import time
 
 import pynvml
 
-from trainhealth.events import EventLog
-from trainhealth.exporters.gpu.dcgm import DcgmProfiler
-from trainhealth.exporters.gpu.sampler import GpuSampler
-from trainhealth.exporters.gpu.xid_watcher import XidWatcher
-from trainhealth.store import HistogramValue, MetricStore
+from trainhealth._internal.events import EventLog
+from trainhealth._internal.exporters.gpu.dcgm import DcgmProfiler
+from trainhealth._internal.exporters.gpu.sampler import GpuSampler
+from trainhealth._internal.exporters.gpu.xid_watcher import XidWatcher
+from trainhealth._internal.store import HistogramValue, MetricStore
 
 
 def main() -> int:

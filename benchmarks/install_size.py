@@ -45,7 +45,7 @@ _POD_CHECK = """
 import sys, json
 import trainhealth, trainhealth.comm
 from trainhealth import Monitor
-from trainhealth.exporters.collectives.logger import CollectiveLogger
+from trainhealth._internal.exporters.collectives.logger import CollectiveLogger
 print(json.dumps(sorted(name for name in sys.modules if name.split(".")[0] in %r)))
 """ % (HEAVY,)
 

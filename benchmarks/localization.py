@@ -9,7 +9,7 @@ Cases come from trainhealth_lab.bench.localization (seeded simulator windows: 20
 steps, 4 layouts per scale from 3-D to 5-D parallelism, GPU / NIC / host /
 switch faults at severity 1.02-3, persistent or transient, and three negative
 controls per layout). The thresholds are the defaults of
-trainhealth.localize.localizer.Thresholds, chosen on seeds 0 and 1; this script
+trainhealth._internal.localize.localizer.Thresholds, chosen on seeds 0 and 1; this script
 reports on seeds 100 and up, which were not looked at while choosing them.
 
 Latency and peak memory: ``trainhealth localize`` on one core (taskset -c 0, one
@@ -31,9 +31,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from trainhealth.localize.localizer import Thresholds
-from trainhealth.simulator.cluster import ClusterLayout
-from trainhealth.simulator.simulate import (
+from trainhealth._internal.localize.localizer import Thresholds
+from trainhealth._internal.simulator.cluster import ClusterLayout
+from trainhealth._internal.simulator.simulate import (
     ClusterFaultKind,
     InjectedFault,
     Scenario,
@@ -105,7 +105,7 @@ def _latency(repeats: int, gpus: int = 8192, compare_with: str | None = None) ->
                             "0",
                             sys.executable,
                             "-m",
-                            "trainhealth.cli",
+                            "trainhealth._internal.cli",
                             "localize",
                             directory,
                             "--json",

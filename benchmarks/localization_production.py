@@ -29,7 +29,7 @@ from concurrent.futures.process import BrokenProcessPool
 
 import pandas as pd
 
-from trainhealth.localize.localizer import Thresholds
+from trainhealth._internal.localize.localizer import Thresholds
 from trainhealth_lab.bench.production import (
     CALIBRATION_SEEDS,
     HELD_OUT_SEEDS,

@@ -26,10 +26,10 @@ import time
 
 from prometheus_client import CollectorRegistry
 
-from trainhealth import catalog
-from trainhealth.identity import Identity
-from trainhealth.sinks.prometheus import MetricsServer, StoreCollector
-from trainhealth.store import MetricStore
+from trainhealth._internal import catalog
+from trainhealth._internal.identity import Identity
+from trainhealth._internal.sinks.prometheus import MetricsServer, StoreCollector
+from trainhealth._internal.store import MetricStore
 
 SCRAPER = r"""
 import http.client, sys, time

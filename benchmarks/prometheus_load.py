@@ -30,12 +30,12 @@ PER_PROCESS = 32
 
 
 def _serve(first_port: int, count: int, ready: multiprocessing.Queue, stop: multiprocessing.Event) -> None:
-    from trainhealth.config import Settings
-    from trainhealth.events import EventLog
-    from trainhealth.exporters.gpu.telemetry import GpuTelemetry
-    from trainhealth.identity import Identity
-    from trainhealth.sinks.service import Sinks
-    from trainhealth.store import MetricStore
+    from trainhealth._internal.config import Settings
+    from trainhealth._internal.events import EventLog
+    from trainhealth._internal.exporters.gpu.telemetry import GpuTelemetry
+    from trainhealth._internal.identity import Identity
+    from trainhealth._internal.sinks.service import Sinks
+    from trainhealth._internal.store import MetricStore
 
     running = []
     for offset in range(count):

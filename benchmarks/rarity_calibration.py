@@ -16,7 +16,7 @@ import argparse
 
 import numpy as np
 
-from trainhealth.detectors.rarity import Rarity
+from trainhealth._internal.detectors.rarity import Rarity
 
 HISTORY = 4096
 

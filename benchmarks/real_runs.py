@@ -29,7 +29,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from trainhealth.errors import UsageError
+from trainhealth._internal.errors import UsageError
 from trainhealth_lab.cli import parse_seeds
 from trainhealth_lab.realrun.cases import SUITES, suite_cases
 from trainhealth_lab.realrun.suite import (

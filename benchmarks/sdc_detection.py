@@ -4,7 +4,7 @@
     python benchmarks/sdc_detection.py --seeds 1 --no-overhead
     python benchmarks/sdc_detection.py --provenance   # NaN/Inf provenance of bit-30 flips (about 5 minutes)
 
-Each trial trains trainhealth.demo.tiny_gpt.TinyGPT for 250 steps with the
+Each trial trains trainhealth._internal.demo.tiny_gpt.TinyGPT for 250 steps with the
 Monitor at its default settings (fingerprints every 100 steps, local gradient
 norms every 10) and injects one fault on one rank at a step between 110 and
 190: a bit flip at a given position (31 sign, 30-23 exponent, 22-0 mantissa of
@@ -51,7 +51,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tests.distributed import init_rank, run_ranks  # noqa: E402
-from trainhealth.exporters.training.provenance import OVERFLOW_BOUND  # noqa: E402
+from trainhealth._internal.exporters.training.provenance import OVERFLOW_BOUND  # noqa: E402
 from trainhealth_lab.bench.sdc import Trial, run_trials  # noqa: E402
 
 WORLD = 4
@@ -222,9 +222,9 @@ def _provenance_row(kind: str, row: dict[str, int]) -> str:
 def provenance_overhead(rounds: int = 10, steps: int = 10) -> None:
     import torch
 
-    from trainhealth.demo.tiny_gpt import TinyGPT, synthetic_batch
-    from trainhealth.exporters.model_health import transformer_blocks
-    from trainhealth.exporters.training.model_signals import ModelSignals
+    from trainhealth._internal.demo.tiny_gpt import TinyGPT, synthetic_batch
+    from trainhealth._internal.exporters.model_health import transformer_blocks
+    from trainhealth._internal.exporters.training.model_signals import ModelSignals
 
     torch.set_num_threads(1)
     torch.manual_seed(0)

@@ -23,7 +23,7 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from trainhealth.config import DEFAULT_DETECTORS
+from trainhealth._internal.config import DEFAULT_DETECTORS
 from trainhealth_lab.bench.training_corpus import SHARP_STEPS, CorpusScore, score_corpus
 from trainhealth_lab.corpus import CorpusRun, load_corpus
 
@@ -68,7 +68,7 @@ def candidates() -> list[tuple[str, str, int | None]]:
         for signal in ("loss", "grad_norm")
     ]
     # trainhealth detect runs the Monitor's defaults on a column named after one of its signals
-    # (trainhealth.detectors.offline.default_detectors), from the first value
+    # (trainhealth._internal.detectors.offline.default_detectors), from the first value
     monitored = dict(part.split("=", 1) for part in training_defaults().split(";"))
     rows += [(f"detect defaults / {signal}", f"{signal}={monitored[signal]}", 0) for signal in ("loss", "grad_norm")]
     return rows

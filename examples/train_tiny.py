@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 import trainhealth
-from trainhealth.demo.tiny_gpt import TinyGPT, synthetic_batch
+from trainhealth._internal.demo.tiny_gpt import TinyGPT, synthetic_batch
 
 VOCAB, D_MODEL, LAYERS, HEADS, SEQ, BATCH = 256, 128, 2, 4, 64, 16
 CHECKPOINT_EVERY = 200

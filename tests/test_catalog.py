@@ -6,8 +6,8 @@ import re
 
 import pytest
 
-from trainhealth import catalog
-from trainhealth.catalog import (
+from trainhealth._internal import catalog
+from trainhealth._internal.catalog import (
     ANALYSIS_RANK_COMPUTE,
     ANALYSIS_RANK_WAIT,
     CATALOG,
@@ -239,7 +239,7 @@ def test_semantic_convention_attributes(spec: MetricSpec):
 def test_every_gpu_state_is_a_semantic_convention_state():
     from opentelemetry.semconv._incubating.attributes.hw_attributes import HwStateValues
 
-    from trainhealth.exporters.gpu.sampler import GPU_STATES
+    from trainhealth._internal.exporters.gpu.sampler import GPU_STATES
 
     states = {catalog.GPU_STATE.otel_attributes(("0", "nvml", state))["hw.state"] for state in GPU_STATES}
     assert states <= {v.value for v in HwStateValues} and "ok" in states and "failed" in states

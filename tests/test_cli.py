@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import trainhealth
-from trainhealth.catalog import CATALOG
+from trainhealth._internal.catalog import CATALOG
 
 COMMAND = str(Path(sys.executable).parent / "trainhealth")
 
@@ -97,7 +97,7 @@ def _config_sections(stdout: str) -> dict[str, list[str]]:
 
 
 def test_config_text_groups_settings_with_value_and_source():
-    from trainhealth.config import setting_infos
+    from trainhealth._internal.config import setting_infos
 
     result = run(
         "config",

@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 
-from trainhealth.config import (
+from trainhealth._internal.config import (
     MAX_INTERVAL,
     MAX_WORLD_SIZE,
     MIN_INTERVAL,
@@ -22,8 +22,8 @@ from trainhealth.config import (
     TrainingSettings,
     setting_infos,
 )
-from trainhealth.config.fields import bounds_of
-from trainhealth.config.settings import _GROUPS
+from trainhealth._internal.config.fields import bounds_of
+from trainhealth._internal.config.settings import _GROUPS
 
 
 def test_explicit_beats_environment_beats_default():

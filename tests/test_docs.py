@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from trainhealth.cli.docgen import GENERATED_DOCS
+from trainhealth._internal.cli.docgen import GENERATED_DOCS
 
 ROOT = Path(__file__).resolve().parent.parent
 COMMANDS = {
@@ -23,7 +23,7 @@ def test_generated_document_is_current(path):
 
 def test_every_catalogue_metric_is_documented():
     text = (ROOT / "docs/metrics.md").read_text(encoding="utf-8")
-    from trainhealth.catalog import CATALOG
+    from trainhealth._internal.catalog import CATALOG
 
     for spec in CATALOG:
         assert f"`{spec.prometheus_name}`" in text
@@ -31,7 +31,7 @@ def test_every_catalogue_metric_is_documented():
 
 def test_every_metric_has_its_three_names_in_one_row():
     """/metrics name, OTLP name and unit, and the name after the Collector's translation, side by side."""
-    from trainhealth.catalog import CATALOG
+    from trainhealth._internal.catalog import CATALOG
 
     rows = (ROOT / "docs/metrics.md").read_text(encoding="utf-8").splitlines()
     for spec in CATALOG:

@@ -30,7 +30,7 @@ def _without(modules: tuple[str, ...], code: str) -> subprocess.CompletedProcess
 )
 def test_a_command_without_its_extra_says_which_to_install(tmp_path, argv, hidden, extra):
     argv = [word.replace("{tmp}", str(tmp_path)) for word in argv]
-    result = _without(hidden, f"from trainhealth.cli import main; sys.exit(main({argv!r}))")
+    result = _without(hidden, f"from trainhealth._internal.cli import main; sys.exit(main({argv!r}))")
     assert result.returncode == 2, result.stderr
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in result.stderr
@@ -41,7 +41,10 @@ def test_a_command_without_its_extra_says_which_to_install(tmp_path, argv, hidde
 def test_the_python_api_names_the_extra_too():
     result = _without(("pandas",), "from trainhealth.traces import read_trace")
     assert result.returncode == 1
-    assert "trainhealth._extras.MissingExtra: trainhealth.traces.read_trace needs the 'analysis' extra" in result.stderr
+    assert (
+        "trainhealth._internal._extras.MissingExtra: trainhealth.traces.read_trace needs the 'analysis' extra"
+        in result.stderr
+    )
 
 
 def test_the_core_records_and_writes_a_trace_without_any_extra(tmp_path):
@@ -49,7 +52,7 @@ def test_the_core_records_and_writes_a_trace_without_any_extra(tmp_path):
     result = _without(
         heavy,
         "import trainhealth, trainhealth.comm; from trainhealth import Monitor; "
-        "from trainhealth.exporters.collectives.logger import CollectiveLogger; "
+        "from trainhealth._internal.exporters.collectives.logger import CollectiveLogger; "
         f"logger = CollectiveLogger(rank=0, trace_dir={str(tmp_path)!r}); "
         "logger.end('all_reduce', 'dp0', 0, 1.0, 0.5, 64, None, False); "
         "print(logger.write_trace().name)",
@@ -66,11 +69,11 @@ def test_a_monitor_asking_for_stl_without_the_extra_fails_at_once_naming_the_set
     result = _without(
         ("statsmodels",),
         "import trainhealth; trainhealth.Settings.resolve(env={}); "
-        "from trainhealth.detectors.spec import parse_setting; parse_setting('loss=stl')",
+        "from trainhealth._internal.detectors.spec import parse_setting; parse_setting('loss=stl')",
     )
     assert result.returncode == 1
     assert result.stderr.strip().splitlines()[-1] == (
-        "trainhealth.config.fields.ConfigError: detectors (TRAINHEALTH_DETECTORS): stl for loss: "
+        "trainhealth._internal.config.fields.ConfigError: detectors (TRAINHEALTH_DETECTORS): stl for loss: "
         "stl needs the 'analysis' extra (statsmodels): "
         "pip install 'trainhealth[analysis]'"
     )

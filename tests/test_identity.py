@@ -6,8 +6,8 @@ import socket
 
 import pytest
 
-from trainhealth.config import ConfigError, Settings
-from trainhealth.identity import Identity
+from trainhealth._internal.config import ConfigError, Settings
+from trainhealth._internal.identity import Identity
 
 
 def test_torchrun():
@@ -119,7 +119,7 @@ def test_import_trainhealth_does_not_import_torch():
     import subprocess
     import sys
 
-    code = "import sys, trainhealth.identity; trainhealth.identity.Identity.from_env({}); print('torch' in sys.modules)"
+    code = "import sys, trainhealth._internal.identity; trainhealth._internal.identity.Identity.from_env({}); print('torch' in sys.modules)"
     assert (
         subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout.strip()
         == "False"

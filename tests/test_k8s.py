@@ -23,8 +23,8 @@ import pytest
 import yaml
 
 from tests.prometheus_server import require_binary
-from trainhealth.alerts.render import prometheus_rule_yaml
-from trainhealth.dashboards.render import DASHBOARDS
+from trainhealth._internal.alerts.render import prometheus_rule_yaml
+from trainhealth._internal.dashboards.render import DASHBOARDS
 
 ROOT = Path(__file__).resolve().parents[1]
 K8S = ROOT / "deploy" / "k8s"

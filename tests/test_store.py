@@ -6,8 +6,8 @@ import threading
 
 import pytest
 
-from trainhealth import catalog
-from trainhealth.store import HistogramValue, MetricStore
+from trainhealth._internal import catalog
+from trainhealth._internal.store import HistogramValue, MetricStore
 
 
 def test_kinds_are_enforced():

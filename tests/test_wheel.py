@@ -56,7 +56,11 @@ def test_trainhealths_wheel_holds_no_evaluation_module(tmp_path):
     children = {name.split("/")[1].removesuffix(".py") for name in files if name.startswith("trainhealth/")}
     assert not children & (LAB_NAMES | {"lab"}), sorted(children & (LAB_NAMES | {"lab"}))
     # what users run stays: the demo, the simulator behind `trainhealth sim`, the injectors the demo needs
-    for module in ("trainhealth/demo/runner.py", "trainhealth/simulator/simulate.py", "trainhealth/injectors/bits.py"):
+    for module in (
+        "trainhealth/_internal/demo/runner.py",
+        "trainhealth/_internal/simulator/simulate.py",
+        "trainhealth/_internal/injectors/bits.py",
+    ):
         assert module in files
 
 

@@ -1,18 +1,22 @@
 """trainhealth: observability for large-model training.
 
+The public names are listed in docs/api.md; this module holds the Monitor and its settings.
+
 >>> import trainhealth
 >>> trainhealth.__version__
 '0.1.0'
+>>> trainhealth.Settings.resolve(env={"TRAINHEALTH_PROMETHEUS_PORT": "9400"}).prometheus.port
+9400
 """
 
-import logging
+import logging as _logging
 
+from trainhealth._internal.config import ConfigError, Settings
+from trainhealth._internal.exporters.monitor import LayerGroupStats, Monitor, StepStats
+from trainhealth._internal.identity import Identity
 from trainhealth._version import __version__
-from trainhealth.config import ConfigError, Settings  # noqa: E402
-from trainhealth.exporters.monitor import LayerGroupStats, Monitor, StepStats  # noqa: E402
-from trainhealth.identity import Identity  # noqa: E402
 
-logging.getLogger("trainhealth").addHandler(logging.NullHandler())
+_logging.getLogger("trainhealth").addHandler(_logging.NullHandler())
 
 __all__ = [
     "ConfigError",

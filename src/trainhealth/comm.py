@@ -1,15 +1,19 @@
-"""``import trainhealth.comm``: the collective logger's user API (install, uninstall, instrument_ddp).
+"""The collective logger: every ``torch.distributed`` collective timed and traced, per rank.
 
-The code lives in :mod:`trainhealth.exporters.collectives.install`; every other name is looked up
-there on first use, so this path stays the one documented to users.
+::
+
+    import trainhealth.comm
+    trainhealth.comm.install(trace_dir="traces")      # wraps the torch.distributed collectives
+    model = trainhealth.comm.instrument_ddp(DistributedDataParallel(model))  # DDP's buckets too
+    ...
+    trainhealth.comm.uninstall()                      # restores torch.distributed, writes the trace
+
+>>> import trainhealth.comm
+>>> trainhealth.comm.installed() is None
+True
 """
 
-from __future__ import annotations
-
-from typing import Any
-
-from trainhealth.exporters.collectives import install as _install
-from trainhealth.exporters.collectives.install import (
+from trainhealth._internal.exporters.collectives.install import (
     CollectiveLogger,
     install,
     installed,
@@ -18,7 +22,3 @@ from trainhealth.exporters.collectives.install import (
 )
 
 __all__ = ["CollectiveLogger", "install", "installed", "instrument_ddp", "uninstall"]
-
-
-def __getattr__(name: str) -> Any:
-    return getattr(_install, name)

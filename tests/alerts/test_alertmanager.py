@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from tests.prometheus_server import require_binary
-from trainhealth.alerts.rules import ALERTS
+from trainhealth._internal.alerts.rules import ALERTS
 
 CONFIG = Path(__file__).resolve().parents[2] / "deploy" / "alertmanager" / "alertmanager.yml"
 

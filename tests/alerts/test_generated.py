@@ -11,15 +11,15 @@ from pathlib import Path
 
 import pytest
 
-from trainhealth.alerts.render import (
+from trainhealth._internal.alerts.render import (
     prometheus_rule_yaml,
     rule_file_yaml,
     runbook_markdown,
 )
-from trainhealth.alerts.rules import ALERTS
-from trainhealth.catalog import CATALOG, MetricKind
-from trainhealth.dashboards.gpu import DCGM_METRICS
-from trainhealth.dashboards.render import DASHBOARDS, build_dashboards, dashboard_json, queries
+from trainhealth._internal.alerts.rules import ALERTS
+from trainhealth._internal.catalog import CATALOG, MetricKind
+from trainhealth._internal.dashboards.gpu import DCGM_METRICS
+from trainhealth._internal.dashboards.render import DASHBOARDS, build_dashboards, dashboard_json, queries
 
 ROOT = Path(__file__).resolve().parents[2]
 TRAINHEALTH = str(Path(sys.executable).parent / "trainhealth")
@@ -65,7 +65,7 @@ def test_every_dashboard_query_names_known_metrics(uid):
 
 
 def test_every_alert_and_recording_expression_names_known_metrics():
-    from trainhealth.alerts.recording import RECORDING_RULES
+    from trainhealth._internal.alerts.recording import RECORDING_RULES
 
     known = known_metrics()
     for name, expr in [(r.name, r.expr) for r in ALERTS] + [(r.record, r.expr) for r in RECORDING_RULES]:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from trainhealth.localize.localizer import Thresholds
-from trainhealth.simulator.simulate import ClusterFaultKind, Control
+from trainhealth._internal.localize.localizer import Thresholds
+from trainhealth._internal.simulator.simulate import ClusterFaultKind, Control
 from trainhealth_lab.bench.localization import SCALES, cases, evaluate, summarize
 
 

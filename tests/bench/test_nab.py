@@ -16,7 +16,7 @@ import pandas as pd
 import pytest
 
 from tests.data import data_dir, needs
-from trainhealth.detectors.spec import parse_item
+from trainhealth._internal.detectors.spec import parse_item
 from trainhealth_lab.bench.nab import (
     NabFile,
     detector_scores,

@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from trainhealth.detectors.spec import parse_spec
+from trainhealth._internal.detectors.spec import parse_spec
 from trainhealth_lab.bench.training_corpus import detections, observable, score_corpus
 from trainhealth_lab.corpus import CorpusRun, load_corpus
 from trainhealth_lab.corpus.store import write_index, write_run

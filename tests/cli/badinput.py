@@ -42,7 +42,9 @@ def run_cli(
         with open(log, "a", encoding="utf-8") as handle:
             handle.write(json.dumps(list(args)) + "\n")
     program = (
-        ["-m", "trainhealth_lab", *args[1:]] if args[:1] == ("trainhealth-lab",) else ["-m", "trainhealth.cli", *args]
+        ["-m", "trainhealth_lab", *args[1:]]
+        if args[:1] == ("trainhealth-lab",)
+        else ["-m", "trainhealth._internal.cli", *args]
     )
     return subprocess.run(
         [sys.executable, *program],

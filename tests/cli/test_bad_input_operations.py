@@ -3,7 +3,7 @@ traceback and no hang, and leaves the files it was given, and the directory it r
 
 Commands: ``demo``, ``stack up``, ``stack down``, ``trainhealth-lab run``, ``score`` and ``corpus``, ``alerts``, ``dashboards`` and
 ``export``. Their numeric options are found in the parser, so a new option is covered (and must declare its range
-with :class:`~trainhealth.cli.numbers.Bounded`); hypothesis draws values outside each range (NaN, infinities,
+with :class:`~trainhealth._internal.cli.numbers.Bounded`); hypothesis draws values outside each range (NaN, infinities,
 zero, negatives, huge, non-numbers). Also: fault schedule files, ``stack.json`` state files (a bystander
 ``sleep`` must survive every one of them), lab results files and output paths (a missing parent, a file where a
 directory goes, a symbolic link, a directory holding someone else's files).
@@ -39,8 +39,8 @@ from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from tests.cli.badinput import REFUSAL_TIMEOUT_S, assert_refused, run_cli, snapshot  # noqa: E402
-from trainhealth.cli.main import build_parser  # noqa: E402
-from trainhealth.cli.numbers import Bounded  # noqa: E402
+from trainhealth._internal.cli.main import build_parser  # noqa: E402
+from trainhealth._internal.cli.numbers import Bounded  # noqa: E402
 from trainhealth_lab.cli import build_parser as build_lab_parser  # noqa: E402
 
 #: The commands this file covers; every subcommand under them is found in the parser.
@@ -347,7 +347,7 @@ def _yaml(entries: list[dict[str, str]], wrapped: bool) -> str:
 
 
 def test_the_good_entries_are_good(tmp_path):
-    from trainhealth.injectors.schedule_file import load_schedule
+    from trainhealth._internal.injectors.schedule_file import load_schedule
 
     path = tmp_path / "faults.yaml"
     path.write_text(_yaml(list(GOOD_ENTRIES.values()), wrapped=False))
@@ -478,7 +478,7 @@ def _stack_down(root: Path, state: Any, *, contained: bool = False) -> subproces
     (directory / "stack.json").write_bytes(text.encode() if isinstance(text, str) else text)
     if contained and CONTAINED:
         return subprocess.run(
-            [*CONTAINED, sys.executable, "-m", "trainhealth.cli", "stack", "down", "--dir", str(directory)],
+            [*CONTAINED, sys.executable, "-m", "trainhealth._internal.cli", "stack", "down", "--dir", str(directory)],
             capture_output=True,
             text=True,
             timeout=REFUSAL_TIMEOUT_S,
@@ -692,7 +692,7 @@ def test_a_file_that_is_no_lab_results_file_is_refused(content):
 
 
 def _bad_seeds(text: str) -> bool:
-    from trainhealth.errors import UsageError
+    from trainhealth._internal.errors import UsageError
     from trainhealth_lab.cli import parse_seeds
 
     try:
@@ -863,7 +863,7 @@ def test_a_ranks_error_text_with_markup_is_shown_as_text():
     pytest.importorskip("rich")
     from rich.console import Console
 
-    from trainhealth.demo.runner import DemoOptions, _Live, _Pages, _summary
+    from trainhealth._internal.demo.runner import DemoOptions, _Live, _Pages, _summary
 
     for terminal in (False, True):
         console = Console(file=io.StringIO(), force_terminal=terminal, color_system=None, width=160)
@@ -892,7 +892,7 @@ def test_ctrl_c_while_the_ranks_start_prints_no_traceback(tmp_path):
         [
             sys.executable,
             "-m",
-            "trainhealth.cli",
+            "trainhealth._internal.cli",
             "demo",
             "--ranks",
             "2",

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from trainhealth.cli import build_parser
+from trainhealth._internal.cli import build_parser
 from trainhealth_lab.cli import build_parser as build_lab_parser
 
 BIN = Path(sys.executable).parent

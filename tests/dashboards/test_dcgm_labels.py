@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from trainhealth.alerts.rules import ALERTS
-from trainhealth.dashboards.gpu import DCGM_METRICS
-from trainhealth.dashboards.layout import DCGM_FILTER
-from trainhealth.dashboards.render import build_dashboards, panels
+from trainhealth._internal.alerts.rules import ALERTS
+from trainhealth._internal.dashboards.gpu import DCGM_METRICS
+from trainhealth._internal.dashboards.layout import DCGM_FILTER
+from trainhealth._internal.dashboards.render import build_dashboards, panels
 
 SAMPLE = Path(__file__).resolve().parents[1] / "fixtures" / "dcgm-exporter" / "gpu-operator-v25.10.0-rtx4000ada.prom"
 #: Labels Prometheus itself adds to every scraped series.

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from trainhealth.alerts.rules import ALERTS, GRAFANA_URL, Limit, PanelRef, by_name
-from trainhealth.dashboards.layout import dashboard, limit_steps
+from trainhealth._internal.alerts.rules import ALERTS, GRAFANA_URL, Limit, PanelRef, by_name
+from trainhealth._internal.dashboards.layout import dashboard, limit_steps
 
 ROOT = Path(__file__).resolve().parents[2]
 TRAINHEALTH = str(Path(sys.executable).parent / "trainhealth")

@@ -11,8 +11,8 @@ from grafanalib import core as g
 from grafanalib._gen import DashboardEncoder
 
 from tests.dashboards.grafana_schema import PLUGINS, violations
-from trainhealth.alerts.rules import ALERTS
-from trainhealth.dashboards.render import DASHBOARDS, build_dashboards, dashboard_json
+from trainhealth._internal.alerts.rules import ALERTS
+from trainhealth._internal.dashboards.render import DASHBOARDS, build_dashboards, dashboard_json
 
 ROOT = Path(__file__).resolve().parents[2]
 COMMITTED = ROOT / "deploy" / "grafana" / "dashboards"
@@ -37,7 +37,7 @@ def test_committed_dashboard_has_no_schema_violation(uid):
 
 
 def test_the_validator_finds_what_grafanalib_writes_unchanged(generated):
-    """grafanalib's own objects (not the subclasses in trainhealth.dashboards.model) break the schema: the
+    """grafanalib's own objects (not the subclasses in trainhealth._internal.dashboards.model) break the schema: the
     check is not vacuous."""
     legacy = g.Dashboard(
         title="legacy",

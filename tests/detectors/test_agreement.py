@@ -6,12 +6,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from trainhealth.detectors.delta import DeltaIrregularity
-from trainhealth.detectors.iqr import IQR
-from trainhealth.detectors.peer import PeerOutlier
-from trainhealth.detectors.robust_z import RobustZ
-from trainhealth.detectors.spike import SpikeScore
-from trainhealth.detectors.zscore import ZScore
+from trainhealth._internal.detectors.delta import DeltaIrregularity
+from trainhealth._internal.detectors.iqr import IQR
+from trainhealth._internal.detectors.peer import PeerOutlier
+from trainhealth._internal.detectors.robust_z import RobustZ
+from trainhealth._internal.detectors.spike import SpikeScore
+from trainhealth._internal.detectors.zscore import ZScore
 
 RNG = np.random.default_rng(42)
 DATA = RNG.standard_t(3, size=(400, 3)) + np.array([0.0, 10.0, -5.0])

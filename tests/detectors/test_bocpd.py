@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from trainhealth.detectors.bocpd import BOCPD
-from trainhealth.detectors.spec import parse_item
-from trainhealth.detectors.watch import Watch
+from trainhealth._internal.detectors.bocpd import BOCPD
+from trainhealth._internal.detectors.spec import parse_item
+from trainhealth._internal.detectors.watch import Watch
 
 
 def descending_loss(steps: int, seed: int) -> np.ndarray:

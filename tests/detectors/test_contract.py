@@ -11,7 +11,7 @@ import tracemalloc
 import numpy as np
 import pytest
 
-from trainhealth.detectors.spec import DETECTORS
+from trainhealth._internal.detectors.spec import DETECTORS
 
 FAST = {"stl": {"window": 48, "refit_every": 16, "period": 8}, "spike": {"window": 60}}
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from trainhealth.detectors.decision import Decision
-from trainhealth.detectors.watch import Watch
-from trainhealth.detectors.zscore import ZScore
+from trainhealth._internal.detectors.decision import Decision
+from trainhealth._internal.detectors.watch import Watch
+from trainhealth._internal.detectors.zscore import ZScore
 
 
 def run(decision: Decision, scores: list[float]) -> tuple[list[int], list[int]]:

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 import torch
 
-from trainhealth.detectors.divergence import Divergence
-from trainhealth.detectors.spec import parse_item
-from trainhealth.detectors.watch import Watch
+from trainhealth._internal.detectors.divergence import Divergence
+from trainhealth._internal.detectors.spec import parse_item
+from trainhealth._internal.detectors.watch import Watch
 
 
 def train(steps: int, *, seed: int) -> np.ndarray:

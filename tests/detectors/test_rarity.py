@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from trainhealth.detectors.rarity import Rarity
+from trainhealth._internal.detectors.rarity import Rarity
 
 
 def learnt(detector: Rarity, values: np.ndarray) -> Rarity:

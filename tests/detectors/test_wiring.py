@@ -14,11 +14,12 @@ import pytest
 
 from tests.helpers import scrape
 from tests.otlp import OtlpReceiver, attributes
-from trainhealth import ConfigError, Monitor, catalog
-from trainhealth.detectors.runner import SignalDetectors
-from trainhealth.detectors.spec import parse_setting, parse_spec
-from trainhealth.exporters.collectives.logger import CollectiveLogger
-from trainhealth.store import MetricStore
+from trainhealth import ConfigError, Monitor
+from trainhealth._internal import catalog
+from trainhealth._internal.detectors.runner import SignalDetectors
+from trainhealth._internal.detectors.spec import parse_setting, parse_spec
+from trainhealth._internal.exporters.collectives.logger import CollectiveLogger
+from trainhealth._internal.store import MetricStore
 
 SERVE = {"prometheus_addr": "127.0.0.1", "prometheus_port": 0, "otel": False, "gpu_backend": "off"}
 TRAINHEALTH = str(Path(sys.executable).parent / "trainhealth")

@@ -25,11 +25,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from trainhealth import catalog as c
-from trainhealth.alerts.rules import ALERTS
-from trainhealth.dashboards.render import build_dashboards, panels
-from trainhealth.errors import UsageError
-from trainhealth.stack.runner import StackOptions, find_binary, stack_down, stack_up
+from trainhealth._internal import catalog as c
+from trainhealth._internal.alerts.rules import ALERTS
+from trainhealth._internal.dashboards.render import build_dashboards, panels
+from trainhealth._internal.errors import UsageError
+from trainhealth._internal.stack.runner import StackOptions, find_binary, stack_down, stack_up
 
 MAX_DELAY_S = 90.0
 DCGM_SAMPLE = Path(__file__).resolve().parents[1] / "fixtures/dcgm-exporter/gpu-operator-v25.10.0-rtx4000ada.prom"

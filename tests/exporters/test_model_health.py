@@ -7,9 +7,9 @@ import random
 import pytest
 import torch
 
-from trainhealth import catalog
-from trainhealth.config import ConfigError, Settings
-from trainhealth.exporters.monitor import Monitor
+from trainhealth._internal import catalog
+from trainhealth._internal.config import ConfigError, Settings
+from trainhealth._internal.exporters.monitor import Monitor
 
 
 def _monitor(**settings):

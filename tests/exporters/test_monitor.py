@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from tests.helpers import BATCH, SEQ, TinyGPT, expected_group, lm_loss, scrape
-from trainhealth import Monitor, catalog
+from trainhealth import Monitor
+from trainhealth._internal import catalog
 
 ENV = {
     "RANK": "1",

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from tests.helpers import TinyGPT, lm_loss
-from trainhealth import ConfigError, Monitor, catalog
+from trainhealth import ConfigError, Monitor
+from trainhealth._internal import catalog
 
 
 def _errors(mon: Monitor, source: str) -> float:

@@ -11,14 +11,14 @@ from typing import Any
 import pytest
 import torch
 
-from trainhealth import catalog
-from trainhealth.config import Settings
-from trainhealth.detectors.runner import SignalDetectors
-from trainhealth.exporters.step_observer import StepObserver
-from trainhealth.exporters.step_records import StepStats
-from trainhealth.exporters.steps import StepRecorder
-from trainhealth.exporters.wiring import parameter_stats
-from trainhealth.store import MetricStore
+from trainhealth._internal import catalog
+from trainhealth._internal.config import Settings
+from trainhealth._internal.detectors.runner import SignalDetectors
+from trainhealth._internal.exporters.step_observer import StepObserver
+from trainhealth._internal.exporters.step_records import StepStats
+from trainhealth._internal.exporters.steps import StepRecorder
+from trainhealth._internal.exporters.wiring import parameter_stats
+from trainhealth._internal.store import MetricStore
 
 
 class Journal(StepObserver):

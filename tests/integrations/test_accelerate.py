@@ -18,7 +18,7 @@ import torch
 
 from tests.distributed import init_rank, run_ranks
 from tests.helpers import Scrape, scrape
-from trainhealth import catalog
+from trainhealth._internal import catalog
 
 accelerate = pytest.importorskip("accelerate")
 

@@ -8,7 +8,7 @@ import time
 import pytest
 import torch
 
-from trainhealth import catalog
+from trainhealth._internal import catalog
 
 SETTINGS = {"prometheus": False, "otel": False, "gpu_backend": "off", "env": {}}
 

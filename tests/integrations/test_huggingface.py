@@ -18,7 +18,7 @@ transformers = pytest.importorskip("transformers")
 
 from tests.distributed import init_rank, run_ranks
 from tests.helpers import scrape
-from trainhealth import catalog
+from trainhealth._internal import catalog
 from trainhealth.integrations.huggingface import TrainhealthCallback
 
 SETTINGS = {"prometheus_addr": "127.0.0.1", "prometheus_port": 0, "otel": False, "gpu_backend": "off", "env": {}}

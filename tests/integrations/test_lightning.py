@@ -26,7 +26,7 @@ from lightning.pytorch.utilities import grad_norm  # noqa: E402
 
 from tests.distributed import free_port  # noqa: E402
 from tests.helpers import scrape  # noqa: E402
-from trainhealth import catalog  # noqa: E402
+from trainhealth._internal import catalog  # noqa: E402
 from trainhealth.integrations.lightning import TrainhealthCallback  # noqa: E402
 
 BATCHES_PER_EPOCH = 10  # per rank; not a multiple of 4: Lightning also steps on each epoch's last batch

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from tests.distributed import init_rank, run_ranks
-from trainhealth import catalog
+from trainhealth._internal import catalog
 from trainhealth.traces import read_trace
 
 STEPS, SLOW_RANK, SLOW_S = 6, 1, 0.2

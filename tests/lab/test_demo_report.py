@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 
 from tests.prometheus_server import require_binary
-from trainhealth.demo.story import TABLE_HEADER, Detection, match
-from trainhealth.injectors.schedule_file import FaultSpec
+from trainhealth._internal.demo.story import TABLE_HEADER, Detection, match
+from trainhealth._internal.injectors.schedule_file import FaultSpec
 
 pytest.importorskip("torch")
 pytest.importorskip("matplotlib")
@@ -188,7 +188,7 @@ def test_the_demo_prints_its_wall_time_and_the_report_carries_it(demo: Path) -> 
 
 
 def test_false_alarms_are_the_detections_no_fault_explains(demo: Path) -> None:
-    from trainhealth.demo import story
+    from trainhealth._internal.demo import story
 
     report = _report(demo)
     histories = {

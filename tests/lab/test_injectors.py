@@ -9,9 +9,9 @@ import time
 import pytest
 import torch
 
-from trainhealth.events import EventLog
-from trainhealth.injectors.bits import flip_bits, float_layout, resolve_bit
-from trainhealth.injectors.schedule import Injector, ScheduleError, load_schedule
+from trainhealth._internal.events import EventLog
+from trainhealth._internal.injectors.bits import flip_bits, float_layout, resolve_bit
+from trainhealth._internal.injectors.schedule import Injector, ScheduleError, load_schedule
 
 
 def _model() -> torch.nn.Module:

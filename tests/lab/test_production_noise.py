@@ -6,16 +6,16 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from trainhealth.simulator.cluster import ClusterLayout
-from trainhealth.simulator.noise import HiccupKind, ProductionNoise, realise_noise
-from trainhealth.simulator.scenario import (
+from trainhealth._internal.simulator.cluster import ClusterLayout
+from trainhealth._internal.simulator.noise import HiccupKind, ProductionNoise, realise_noise
+from trainhealth._internal.simulator.scenario import (
     ClusterFaultKind,
     InjectedFault,
     Scenario,
     Timing,
     recurrent_fault,
 )
-from trainhealth.simulator.simulate import simulate
+from trainhealth._internal.simulator.simulate import simulate
 from trainhealth_lab.bench.production import Pattern, ProductionCase, evaluate
 
 LAYOUT = ClusterLayout(dp=4, pp=2, tp=8)  # 64 GPUs, 8 hosts; no expert parallelism, so no MoE skew

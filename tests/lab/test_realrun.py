@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from trainhealth.localize.localizer import localize
-from trainhealth.traces.io import read_trace
+from trainhealth._internal.localize.localizer import localize
+from trainhealth._internal.traces.io import read_trace
 from trainhealth_lab.realrun.cases import suite_cases
 from trainhealth_lab.realrun.launcher import run_case
 from trainhealth_lab.realrun.scoring import baseline_wait, score_answer

@@ -150,8 +150,8 @@ def test_the_acceptance_lines_count_healthy_answers_for_slow_ranks_and_false_bla
 
 def test_issue30_markerless_explicit_collectives_with_a_straggler_are_never_called_healthy(tmp_path: Path) -> None:
     pytest.importorskip("torch")
-    from trainhealth.localize.localizer import localize
-    from trainhealth.traces.io import read_trace
+    from trainhealth._internal.localize.localizer import localize
+    from trainhealth._internal.traces.io import read_trace
     from trainhealth_lab.realrun.launcher import run_case
 
     spec = issue30_repro(0)

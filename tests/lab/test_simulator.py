@@ -7,8 +7,8 @@ import json
 import numpy as np
 import pytest
 
-from trainhealth.simulator.cluster import ClusterLayout
-from trainhealth.simulator.simulate import (
+from trainhealth._internal.simulator.cluster import ClusterLayout
+from trainhealth._internal.simulator.simulate import (
     ClusterFaultKind,
     Control,
     InjectedFault,

@@ -18,9 +18,9 @@ from tests.distributed import init_rank, join, start_ranks
 from tests.helpers import scrape
 from tests.prometheus_server import start_prometheus
 from trainhealth import Monitor
-from trainhealth.simulator.cluster import ClusterLayout
-from trainhealth.simulator.simulate import ClusterFaultKind, InjectedFault, Scenario, simulate
-from trainhealth.traces.io import write_trace
+from trainhealth._internal.simulator.cluster import ClusterLayout
+from trainhealth._internal.simulator.simulate import ClusterFaultKind, InjectedFault, Scenario, simulate
+from trainhealth._internal.traces.io import write_trace
 
 TRAINHEALTH = str(Path(sys.executable).parent / "trainhealth")
 SERVE = ["--addr", "127.0.0.1", "--port", "0", "--interval", "0.5"]

@@ -24,12 +24,12 @@ import pytest
 from tests.helpers import scrape
 from tests.localize.upstream import BAD_ANSWERS, Upstream, forward_to
 from tests.prometheus_server import start_prometheus
-from trainhealth import catalog
-from trainhealth.config import Settings
-from trainhealth.identity import Identity
-from trainhealth.localize.sources import PrometheusClient, PrometheusSource, SourceError
-from trainhealth.sinks.service import Sinks
-from trainhealth.store import MetricStore
+from trainhealth._internal import catalog
+from trainhealth._internal.config import Settings
+from trainhealth._internal.identity import Identity
+from trainhealth._internal.localize.sources import PrometheusClient, PrometheusSource, SourceError
+from trainhealth._internal.sinks.service import Sinks
+from trainhealth._internal.store import MetricStore
 
 TRAINHEALTH = str(Path(sys.executable).parent / "trainhealth")
 #: a job name that breaks a query built by pasting it between double quotes

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from trainhealth.localize.excursions import binomial_tail, recurrent_members
+from trainhealth._internal.localize.excursions import binomial_tail, recurrent_members
 
 ROWS, STEPS = 64, 1000
 

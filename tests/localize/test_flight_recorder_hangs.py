@@ -74,7 +74,7 @@ def test_flight_recorder_dumps_of_a_hang_name_the_absent_rank_as_torch_does(tmp_
         assert sorted(p.name for p in dumps.glob("rank_*")) == ["rank_0", "rank_1", "rank_2"]
         time.sleep(0.5)
         done = subprocess.run(
-            [sys.executable, "-m", "trainhealth.cli", "localize", str(dumps), "--json"],
+            [sys.executable, "-m", "trainhealth._internal.cli", "localize", str(dumps), "--json"],
             capture_output=True,
             text=True,
             timeout=120,
@@ -116,7 +116,7 @@ def test_a_rank_that_exits_plainly_is_named_from_the_dumps_its_peers_wrote_as_th
     failed = sorted(p.name.split(".")[0] for p in (tmp_path / "stacks").glob("*.failed.txt"))
     assert failed == ["rank-0", "rank-1"]
     done = subprocess.run(
-        [sys.executable, "-m", "trainhealth.cli", "localize", str(dumps), "--json"],
+        [sys.executable, "-m", "trainhealth._internal.cli", "localize", str(dumps), "--json"],
         capture_output=True,
         text=True,
         timeout=120,

@@ -3,7 +3,7 @@ mismatches. (The real-job versions: tests/lab/test_hanglab.py and tests/exporter
 
 from __future__ import annotations
 
-from trainhealth.localize.hangs import hang_result, judge_hangs, positions_from_samples
+from trainhealth._internal.localize.hangs import hang_result, judge_hangs, positions_from_samples
 
 WORLD = "default_pg:0"
 

@@ -5,16 +5,16 @@ from __future__ import annotations
 import pytest
 
 from tests.data import data_dir, needs
-from trainhealth.localize.localizer import Thresholds, localize
-from trainhealth.simulator.cluster import ClusterLayout
-from trainhealth.simulator.simulate import (
+from trainhealth._internal.localize.localizer import Thresholds, localize
+from trainhealth._internal.simulator.cluster import ClusterLayout
+from trainhealth._internal.simulator.simulate import (
     ClusterFaultKind,
     Control,
     InjectedFault,
     Scenario,
     simulate,
 )
-from trainhealth.traces.convert import load_any
+from trainhealth._internal.traces.convert import load_any
 
 LAYOUT = ClusterLayout(dp=4, pp=4, tp=4, hosts_per_leaf=2)  # 64 GPUs on 8 hosts under 4 leaf switches
 DATA = data_dir("straggler-analysis")

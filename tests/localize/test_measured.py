@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from trainhealth.localize.localizer import localize
+from trainhealth._internal.localize.localizer import localize
 
 
 def _trace(

@@ -17,7 +17,8 @@ def _main_process_logs_only(rank, world, port, out):
     import torch
     import torch.distributed as dist
 
-    from trainhealth import Monitor, catalog
+    from trainhealth import Monitor
+    from trainhealth._internal import catalog
 
     init_rank(rank, world, port)
     torch.manual_seed(0)
@@ -56,7 +57,8 @@ def _one_rank_stops_stepping(rank, world, port, out):
 
     import torch
 
-    from trainhealth import Monitor, catalog
+    from trainhealth import Monitor
+    from trainhealth._internal import catalog
 
     init_rank(rank, world, port)
     model = torch.nn.Linear(4, 1)

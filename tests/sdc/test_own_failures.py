@@ -11,10 +11,10 @@ from pathlib import Path
 import torch
 
 from tests.distributed import init_rank, run_ranks
-from trainhealth import catalog
-from trainhealth.exporters.monitor import Monitor
-from trainhealth.sdc.gradient_norms import UNKNOWN, LocalGradientNorm, compare
-from trainhealth.store import MetricStore
+from trainhealth._internal import catalog
+from trainhealth._internal.exporters.monitor import Monitor
+from trainhealth._internal.sdc.gradient_norms import UNKNOWN, LocalGradientNorm, compare
+from trainhealth._internal.store import MetricStore
 
 
 def _model() -> torch.nn.Module:

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from trainhealth.injectors.bits import flip_bits
-from trainhealth.sdc.selftest import CHECKS, run_selftest
+from trainhealth._internal.injectors.bits import flip_bits
+from trainhealth._internal.sdc.selftest import CHECKS, run_selftest
 
 TRAINHEALTH = str(Path(sys.executable).parent / "trainhealth")
 
@@ -71,12 +71,12 @@ def test_the_failing_exit_status_is_1(tmp_path):
     script = tmp_path / "corrupt.py"
     script.write_text(
         "import sys\n"
-        "from trainhealth.injectors.bits import flip_bits\n"
-        "import trainhealth.sdc.selftest as s\n"
+        "from trainhealth._internal.injectors.bits import flip_bits\n"
+        "import trainhealth._internal.sdc.selftest as s\n"
         "real = s.run_selftest\n"
         "s.run_selftest = lambda devices, size, seed: real(devices, size, seed, inject=lambda d, c, r: "
         "flip_bits(r.view(-1), [3], 29) if c == 'gemm' else None)\n"
-        "from trainhealth.cli import main\n"
+        "from trainhealth._internal.cli import main\n"
         "sys.exit(main(['selftest', '--device', 'cpu', '--size', '64']))\n"
     )
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, check=False)

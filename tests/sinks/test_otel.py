@@ -12,13 +12,14 @@ import torch
 
 from tests.helpers import BATCH, SEQ, TinyGPT, lm_loss, scrape
 from tests.otlp import OtlpReceiver, attributes
-from trainhealth import Monitor, catalog
-from trainhealth.config import Settings
-from trainhealth.exporters.gpu.sampler import GpuSampler
-from trainhealth.exporters.gpu.simulated import SimulatedFault, SimulatedFaultKind, SimulatedNvml
-from trainhealth.identity import Identity
-from trainhealth.sinks.service import Sinks
-from trainhealth.store import MetricStore
+from trainhealth import Monitor
+from trainhealth._internal import catalog
+from trainhealth._internal.config import Settings
+from trainhealth._internal.exporters.gpu.sampler import GpuSampler
+from trainhealth._internal.exporters.gpu.simulated import SimulatedFault, SimulatedFaultKind, SimulatedNvml
+from trainhealth._internal.identity import Identity
+from trainhealth._internal.sinks.service import Sinks
+from trainhealth._internal.store import MetricStore
 
 
 @pytest.fixture

@@ -15,10 +15,10 @@ import pytest
 from opentelemetry.exporter.prometheus import PrometheusMetricReader
 from prometheus_client import CollectorRegistry
 
-from trainhealth.catalog import CATALOG, MetricKind, MetricSpec, OtelInstrument, translated_prometheus_name
-from trainhealth.identity import Identity
-from trainhealth.sinks.otel import OtelExporter
-from trainhealth.store import MetricStore
+from trainhealth._internal.catalog import CATALOG, MetricKind, MetricSpec, OtelInstrument, translated_prometheus_name
+from trainhealth._internal.identity import Identity
+from trainhealth._internal.sinks.otel import OtelExporter
+from trainhealth._internal.store import MetricStore
 
 ROOT = Path(__file__).resolve().parents[2]
 IDENTITY = Identity("job-a", "node-x", 0, 0, 1)

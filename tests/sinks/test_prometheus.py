@@ -13,12 +13,12 @@ import trustme
 from prometheus_client import CollectorRegistry, generate_latest
 
 from tests.helpers import scrape
-from trainhealth import catalog
-from trainhealth.config import ConfigError, Settings
-from trainhealth.identity import Identity
-from trainhealth.sinks.prometheus import StoreCollector
-from trainhealth.sinks.service import Sinks
-from trainhealth.store import MetricStore
+from trainhealth._internal import catalog
+from trainhealth._internal.config import ConfigError, Settings
+from trainhealth._internal.identity import Identity
+from trainhealth._internal.sinks.prometheus import StoreCollector
+from trainhealth._internal.sinks.service import Sinks
+from trainhealth._internal.store import MetricStore
 
 IDENTITY = Identity("job-a", "node-x", 0, 0, 1)
 REFUSED = (urllib.error.URLError, ssl.SSLError, ConnectionError, http.client.HTTPException)

@@ -12,11 +12,11 @@ import trustme
 from prometheus_client import CollectorRegistry
 
 from tests.helpers import scrape
-from trainhealth import catalog
-from trainhealth.identity import Identity
-from trainhealth.sinks.prometheus import MetricsServer, StoreCollector, TLSFiles
-from trainhealth.sinks.serving import ServingLimits
-from trainhealth.store import MetricStore
+from trainhealth._internal import catalog
+from trainhealth._internal.identity import Identity
+from trainhealth._internal.sinks.prometheus import MetricsServer, StoreCollector, TLSFiles
+from trainhealth._internal.sinks.serving import ServingLimits
+from trainhealth._internal.store import MetricStore
 
 
 def _server(limits: ServingLimits | None = None, tls: TLSFiles | None = None) -> MetricsServer:

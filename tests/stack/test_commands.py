@@ -12,7 +12,7 @@ from pathlib import Path
 import yaml
 
 from tests.e2e.test_stack import _binaries, _free_ports
-from trainhealth.stack.runner import StackOptions, stack_down, stack_up, write_configs
+from trainhealth._internal.stack.runner import StackOptions, stack_down, stack_up, write_configs
 
 ROOT = Path(__file__).resolve().parents[2]
 TRAINHEALTH = str(Path(sys.executable).parent / "trainhealth")
@@ -23,7 +23,7 @@ def _run(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
 
 
 def test_the_packaged_alertmanager_config_is_the_deployed_one():
-    packaged = ROOT / "src" / "trainhealth" / "stack" / "alertmanager.yml"
+    packaged = ROOT / "src" / "trainhealth" / "_internal" / "stack" / "alertmanager.yml"
     assert packaged.read_text() == (ROOT / "deploy" / "alertmanager" / "alertmanager.yml").read_text()
 
 
@@ -81,7 +81,7 @@ def test_down_stops_what_up_started_and_nothing_else(tmp_path):
 def test_a_missing_binary_is_one_clear_line(tmp_path):
     env = dict(os.environ, PATH=str(tmp_path))
     done = subprocess.run(
-        [sys.executable, "-m", "trainhealth.cli", "stack", "up", "--dir", str(tmp_path / "s")],
+        [sys.executable, "-m", "trainhealth._internal.cli", "stack", "up", "--dir", str(tmp_path / "s")],
         capture_output=True,
         text=True,
         timeout=60,

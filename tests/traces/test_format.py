@@ -150,7 +150,7 @@ def test_invalid_topology_is_named(tmp_path):
 
 
 def test_step_markers_are_an_optional_op_without_group_or_seq(tmp_path):
-    from trainhealth.traces.format import COMMUNICATION_OPS, COMPUTATION_OPS, MARKER_OPS, OPS
+    from trainhealth._internal.traces.format import COMMUNICATION_OPS, COMPUTATION_OPS, MARKER_OPS, OPS
 
     assert MARKER_OPS == ("step",) and "step" in OPS
     assert not set(MARKER_OPS) & (set(COMMUNICATION_OPS) | set(COMPUTATION_OPS))
@@ -172,12 +172,12 @@ def test_reading_a_parquet_trace_lets_the_process_exit_cleanly(tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from trainhealth.traces.straggler_analysis import COLUMNS
+    from trainhealth._internal.traces.straggler_analysis import COLUMNS
 
     pq.write_table(pa.table({name: pa.array([], pa.float64()) for name in COLUMNS}), tmp_path / "trace-E.parquet")
     script = (
         "from trainhealth.traces import TraceError\n"
-        "from trainhealth.traces.straggler_analysis import import_straggler_analysis\n"
+        "from trainhealth._internal.traces.straggler_analysis import import_straggler_analysis\n"
         f"try:\n    import_straggler_analysis({str(tmp_path / 'trace-E.parquet')!r})\n"
         "except TraceError as exc:\n    print(exc)\n"
     )

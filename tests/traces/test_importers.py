@@ -15,10 +15,10 @@ import torch.distributed as dist
 
 from tests.data import data_dir, needs
 from tests.distributed import init_rank, run_ranks
+from trainhealth._internal.traces.convert import load_any
+from trainhealth._internal.traces.flight_recorder import import_flight_recorder
+from trainhealth._internal.traces.straggler_analysis import import_straggler_analysis
 from trainhealth.traces import TraceError, read_trace
-from trainhealth.traces.convert import load_any
-from trainhealth.traces.flight_recorder import import_flight_recorder
-from trainhealth.traces.straggler_analysis import import_straggler_analysis
 
 DATA = data_dir("straggler-analysis")
 TRAINHEALTH = str(Path(sys.executable).parent / "trainhealth")

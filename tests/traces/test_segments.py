@@ -7,8 +7,8 @@ import logging
 
 import pytest
 
+from trainhealth._internal.traces.segments import SegmentWriter
 from trainhealth.traces import TraceError, read_trace, read_trace_file
-from trainhealth.traces.segments import SegmentWriter
 
 
 def _rows(steps: range) -> list[dict]:

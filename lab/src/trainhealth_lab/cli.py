@@ -19,9 +19,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from trainhealth._files import check_output_directory, output_directory
-from trainhealth.cli.numbers import Bounded
-from trainhealth.errors import UsageError
+from trainhealth._internal._files import check_output_directory, output_directory
+from trainhealth._internal.cli.numbers import Bounded
+from trainhealth._internal.errors import UsageError
 
 if TYPE_CHECKING:
     from trainhealth_lab.realrun.launcher import CaseOutcome
@@ -185,7 +185,7 @@ def _cmd_corpus(args: argparse.Namespace) -> int:
 
 
 def _cmd_nab(args: argparse.Namespace) -> int:
-    from trainhealth.detectors.spec import parse_item
+    from trainhealth._internal.detectors.spec import parse_item
     from trainhealth_lab.bench.nab import NAB_DETECTORS, PROFILES, run_nab
 
     data = args.data or os.environ.get("TRAINHEALTH_NAB_DATA")

@@ -14,8 +14,9 @@ import trainhealth.comm
 from tests.distributed import free_port, init_rank, join, run_ranks, start_ranks
 from tests.helpers import scrape
 from trainhealth import Monitor
-from trainhealth.localize.hangs import find_hangs, states_from_samples
-from trainhealth.traces import COMMUNICATION_OPS, read_trace
+from trainhealth._internal.localize.hangs import find_hangs, states_from_samples
+from trainhealth._internal.traces.ops import COMMUNICATION_OPS
+from trainhealth.traces import read_trace
 
 
 # --- work done in each rank (module level: spawned processes import it) ---------------------
@@ -265,9 +266,9 @@ def test_metrics_from_the_logger_in_one_process(tmp_path):
 
 
 def test_the_ring_buffer_is_bounded_and_counts_what_it_dropped():
-    from trainhealth import catalog
-    from trainhealth.exporters.collectives.logger import CollectiveLogger
-    from trainhealth.store import MetricStore
+    from trainhealth._internal import catalog
+    from trainhealth._internal.exporters.collectives.logger import CollectiveLogger
+    from trainhealth._internal.store import MetricStore
 
     store = MetricStore()
     logger = CollectiveLogger(rank=0, ring_size=100, store=store)

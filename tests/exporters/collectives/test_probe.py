@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.distributed import init_rank, run_ranks
-from trainhealth.exporters.collectives.probe import (
+from trainhealth._internal.exporters.collectives.probe import (
     PROBE_FORMAT,
     LinkMeasurement,
     LinkMetric,
@@ -117,7 +117,7 @@ def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedP
     environment = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
     environment.update(env or {})
     return subprocess.run(
-        [sys.executable, "-m", "trainhealth.cli", "probe", *args],
+        [sys.executable, "-m", "trainhealth._internal.cli", "probe", *args],
         capture_output=True,
         text=True,
         env=environment,
@@ -157,7 +157,7 @@ def test_probe_command_names_the_rate_limited_rank_in_network_namespaces(tmp_pat
             argv = [
                 sys.executable,
                 "-m",
-                "trainhealth.cli",
+                "trainhealth._internal.cli",
                 "probe",
                 "--out",
                 str(tmp_path / "probe.json"),

@@ -17,9 +17,10 @@ from prometheus_client import CollectorRegistry
 import trainhealth.comm
 from tests.distributed import init_rank, join, run_ranks, start_ranks
 from trainhealth import Monitor
-from trainhealth.exporters.collectives.logger import CollectiveLogger
-from trainhealth.sinks.prometheus import StoreCollector
-from trainhealth.traces import COMMUNICATION_OPS, read_trace
+from trainhealth._internal.exporters.collectives.logger import CollectiveLogger
+from trainhealth._internal.sinks.prometheus import StoreCollector
+from trainhealth._internal.traces.ops import COMMUNICATION_OPS
+from trainhealth.traces import read_trace
 
 STEPS = 8
 
@@ -245,8 +246,8 @@ def test_markers_are_trace_rows_with_empty_group_and_seq():
 
 
 def test_wait_counts_blocking_collectives_and_the_tail_of_asynchronous_ones():
-    from trainhealth import catalog
-    from trainhealth.store import MetricStore
+    from trainhealth._internal import catalog
+    from trainhealth._internal.store import MetricStore
 
     store = MetricStore()
     logger = CollectiveLogger(rank=0, store=store)
@@ -289,7 +290,7 @@ def _blocked_by_sweep(intervals, t0, t1):
 def test_step_wait_agrees_with_a_sweep_on_random_overlapping_intervals():
     import random
 
-    from trainhealth.exporters.collectives.logger import step_wait
+    from trainhealth._internal.exporters.collectives.logger import step_wait
 
     rng = random.Random(7)
     for _ in range(500):

@@ -10,8 +10,9 @@ import torch
 import torch.distributed as dist
 
 from tests.helpers import scrape
-from trainhealth import Monitor, catalog
-from trainhealth.exporters.collectives.watch import ranges_text
+from trainhealth import Monitor
+from trainhealth._internal import catalog
+from trainhealth._internal.exporters.collectives.watch import ranges_text
 
 
 def _slow_host_code(seconds: float) -> None:

@@ -13,9 +13,9 @@ import torch.distributed as dist
 
 from tests.helpers import scrape
 from trainhealth import Monitor
-from trainhealth.exporters.collectives.recorder import CollectiveRecorder
-from trainhealth.exporters.collectives.wrappers import wrap
-from trainhealth.store import MetricStore
+from trainhealth._internal.exporters.collectives.recorder import CollectiveRecorder
+from trainhealth._internal.exporters.collectives.wrappers import wrap
+from trainhealth._internal.store import MetricStore
 
 
 @contextmanager

@@ -13,15 +13,20 @@ import time
 import pytest
 
 from tests.helpers import scrape
-from trainhealth import catalog
-from trainhealth.config import Settings
-from trainhealth.events import EventLog
-from trainhealth.exporters.gpu.sampler import GpuSampler
-from trainhealth.exporters.gpu.simulated import SimulatedFault, SimulatedFaultKind, SimulatedNvml, SimulatedProfiler
-from trainhealth.exporters.gpu.xid_watcher import XidWatcher
-from trainhealth.identity import Identity
-from trainhealth.sinks.service import Sinks
-from trainhealth.store import MetricStore
+from trainhealth._internal import catalog
+from trainhealth._internal.config import Settings
+from trainhealth._internal.events import EventLog
+from trainhealth._internal.exporters.gpu.sampler import GpuSampler
+from trainhealth._internal.exporters.gpu.simulated import (
+    SimulatedFault,
+    SimulatedFaultKind,
+    SimulatedNvml,
+    SimulatedProfiler,
+)
+from trainhealth._internal.exporters.gpu.xid_watcher import XidWatcher
+from trainhealth._internal.identity import Identity
+from trainhealth._internal.sinks.service import Sinks
+from trainhealth._internal.store import MetricStore
 
 GPU_SPECS = [spec for spec in catalog.CATALOG if spec.labels[:2] == catalog.GPU_LABELS]
 SAMPLER_SPECS = [spec for spec in catalog.CATALOG if spec.name.startswith("exporter.gpu")]

@@ -16,8 +16,8 @@ import torch
 
 from tests.helpers import scrape
 from trainhealth import ConfigError, Monitor, Settings
-from trainhealth.exporters.gpu.dcgm import DcgmProfiler, DcgmUnavailable
-from trainhealth.exporters.gpu.simulated import SimulatedFault, SimulatedFaultKind
+from trainhealth._internal.exporters.gpu.dcgm import DcgmProfiler, DcgmUnavailable
+from trainhealth._internal.exporters.gpu.simulated import SimulatedFault, SimulatedFaultKind
 
 SERVE = {"prometheus_addr": "127.0.0.1", "prometheus_port": 0, "otel": False}
 

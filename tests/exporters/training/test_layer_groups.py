@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from trainhealth.exporters.training.layer_groups import group_parameters
+from trainhealth._internal.exporters.training.layer_groups import group_parameters
 
 
 def test_wrappers_are_ignored():

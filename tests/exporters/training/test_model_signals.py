@@ -6,10 +6,10 @@ import math
 
 import torch
 
-from trainhealth import catalog
-from trainhealth.demo.tiny_gpt import TinyGPT, synthetic_batch
-from trainhealth.exporters.monitor import Monitor
-from trainhealth.exporters.training.model_signals import ModelSignals
+from trainhealth._internal import catalog
+from trainhealth._internal.demo.tiny_gpt import TinyGPT, synthetic_batch
+from trainhealth._internal.exporters.monitor import Monitor
+from trainhealth._internal.exporters.training.model_signals import ModelSignals
 
 
 def test_attention_max_logit_and_entropy_match_the_materialised_probabilities():
@@ -95,7 +95,7 @@ class _TorchWithoutLogsumexp:
 
 
 def test_a_signal_whose_hook_raises_is_counted_once_and_turned_off_alone():
-    from trainhealth.store import MetricStore
+    from trainhealth._internal.store import MetricStore
 
     torch.manual_seed(1)
     model = TinyGPT(vocab=32, width=16, layers=2, heads=2, context=8)

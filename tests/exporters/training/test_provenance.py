@@ -10,11 +10,11 @@ import math
 import pytest
 import torch
 
-from trainhealth import catalog
-from trainhealth.demo.tiny_gpt import TinyGPT, synthetic_batch
-from trainhealth.exporters.monitor import Monitor
-from trainhealth.exporters.training.provenance import OVERFLOW_BOUND, BlockOrder, Origin, Stage, Where, locate
-from trainhealth.injectors.schedule import Injector
+from trainhealth._internal import catalog
+from trainhealth._internal.demo.tiny_gpt import TinyGPT, synthetic_batch
+from trainhealth._internal.exporters.monitor import Monitor
+from trainhealth._internal.exporters.training.provenance import OVERFLOW_BOUND, BlockOrder, Origin, Stage, Where, locate
+from trainhealth._internal.injectors.schedule import Injector
 
 
 def _train_with_flip(target: str, tensor: str, seed: int) -> tuple[Monitor, dict]:
@@ -132,8 +132,8 @@ class _ComplexGainModel(torch.nn.Module):
 
 def test_a_gradient_that_cannot_be_measured_is_counted_and_never_read_as_received():
     # the gradient hooks as a DDP rank has them (on one process there are none: nothing can be received)
-    from trainhealth.exporters.training.model_signals import ModelSignals
-    from trainhealth.store import MetricStore
+    from trainhealth._internal.exporters.training.model_signals import ModelSignals
+    from trainhealth._internal.store import MetricStore
 
     torch.manual_seed(0)
     model, store = _ComplexGainModel(), MetricStore()

@@ -14,7 +14,7 @@ when it is among the first three. A control run is **falsely blamed** when any
 suspect is named. The naive baseline blames the rank whose operations took the
 longest in total; it scores a hit when that rank is one of the fault's ranks.
 
->>> from trainhealth.localize.localizer import Thresholds
+>>> from trainhealth._internal.localize.localizer import Thresholds
 >>> case = next(c for c in cases(64, seeds=[1]) if c.fault and c.fault.severity == 1.5)
 >>> outcome = evaluate(case, Thresholds())
 >>> outcome.top1, outcome.expected_component == outcome.components[0]
@@ -31,10 +31,10 @@ from dataclasses import dataclass, replace
 import numpy as np
 import pandas as pd
 
-from trainhealth.localize.evidence import COMPUTE_OPS
-from trainhealth.localize.localizer import Analysis, Thresholds, analyze, decide
-from trainhealth.simulator.cluster import ClusterLayout
-from trainhealth.simulator.simulate import (
+from trainhealth._internal.localize.evidence import COMPUTE_OPS
+from trainhealth._internal.localize.localizer import Analysis, Thresholds, analyze, decide
+from trainhealth._internal.simulator.cluster import ClusterLayout
+from trainhealth._internal.simulator.simulate import (
     ClusterFaultKind,
     Control,
     InjectedFault,

@@ -54,8 +54,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from trainhealth.detectors.spec import WatchSpec, parse_item
-from trainhealth.detectors.watch import Watch
+from trainhealth._internal.detectors.spec import WatchSpec, parse_item
+from trainhealth._internal.detectors.watch import Watch
 
 __all__ = [
     "NAB_DETECTORS",

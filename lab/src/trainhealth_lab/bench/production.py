@@ -1,7 +1,7 @@
 """Localization under production noise: negative controls at scale, faults inside the noise, live windows.
 
 A case is one simulated run of 64 to 4,096 ranks and 1,000 to 5,000 steps
-with :class:`~trainhealth.simulator.noise.ProductionNoise` (uneven work, GC
+with :class:`~trainhealth._internal.simulator.noise.ProductionNoise` (uneven work, GC
 pauses, page-cache misses, slow data shards, checkpoint steps, transient NIC
 congestion), of one of four patterns:
 
@@ -40,17 +40,17 @@ from enum import Enum
 import numpy as np
 import pandas as pd
 
-from trainhealth.localize.localizer import Thresholds, localize
-from trainhealth.simulator.cluster import ClusterLayout
-from trainhealth.simulator.noise import Hiccup, ProductionNoise
-from trainhealth.simulator.scenario import (
+from trainhealth._internal.localize.localizer import Thresholds, localize
+from trainhealth._internal.simulator.cluster import ClusterLayout
+from trainhealth._internal.simulator.noise import Hiccup, ProductionNoise
+from trainhealth._internal.simulator.scenario import (
     ClusterFaultKind,
     Control,
     InjectedFault,
     Scenario,
     recurrent_fault,
 )
-from trainhealth.simulator.simulate import simulate
+from trainhealth._internal.simulator.simulate import simulate
 
 __all__ = [
     "CALIBRATION_SEEDS",

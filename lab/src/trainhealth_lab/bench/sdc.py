@@ -1,8 +1,8 @@
 """Silent-data-corruption trials on real DDP training: inject faults, record what each detector saw.
 
-One trial is a short data-parallel training run of :class:`~trainhealth.demo.tiny_gpt.TinyGPT`
+One trial is a short data-parallel training run of :class:`~trainhealth._internal.demo.tiny_gpt.TinyGPT`
 on gloo with the Monitor on every rank and a fault schedule for the
-:class:`~trainhealth.injectors.schedule.Injector`. Each rank returns the faults
+:class:`~trainhealth._internal.injectors.schedule.Injector`. Each rank returns the faults
 it injected (ground truth) and the detections it made, by detector:
 
 * ``fingerprint`` — the cross-replica parameter fingerprint named this rank;
@@ -12,7 +12,7 @@ it injected (ground truth) and the detections it made, by detector:
 
 Each rank also returns its first ``nonfinite_origin`` (step, block, local or
 received) and, with ``measure_peaks`` (for clean trials), the largest magnitudes
-its block outputs and local gradients reached (what :data:`~trainhealth.exporters.training.provenance.OVERFLOW_BOUND`
+its block outputs and local gradients reached (what :data:`~trainhealth._internal.exporters.training.provenance.OVERFLOW_BOUND`
 must stay far above).
 
 ``benchmarks/sdc_detection.py`` runs the grid; the tests run single trials.
@@ -98,9 +98,9 @@ def _run_trial(rank: int, world: int, trial: Trial, shape: dict[str, int], batch
 
     import torch
 
-    from trainhealth.demo.tiny_gpt import TinyGPT, synthetic_batch
-    from trainhealth.exporters.monitor import Monitor
-    from trainhealth.injectors.schedule import Injector
+    from trainhealth._internal.demo.tiny_gpt import TinyGPT, synthetic_batch
+    from trainhealth._internal.exporters.monitor import Monitor
+    from trainhealth._internal.injectors.schedule import Injector
 
     torch.manual_seed(trial.seed)
     model = TinyGPT(**shape)
@@ -156,8 +156,8 @@ class _PeakProbe:
     """The provenance hooks' peaks, read on the host every step (lab only: a host sync per step)."""
 
     def __init__(self, torch: Any, model: Any) -> None:
-        from trainhealth.exporters.model_health import transformer_blocks
-        from trainhealth.exporters.training.model_signals import ModelSignals
+        from trainhealth._internal.exporters.model_health import transformer_blocks
+        from trainhealth._internal.exporters.training.model_signals import ModelSignals
 
         self._signals = ModelSignals(torch, model, transformer_blocks(torch, model))
         self.output = 0.0

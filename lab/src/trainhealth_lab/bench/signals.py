@@ -4,7 +4,7 @@ The generator makes a loss curve, a gradient-norm series and a step-time series
 of ``steps`` steps with labelled events: loss spikes that decay over a few
 steps, gradient-norm spikes, delta-irregular steps (a step 1.6-3x longer) and a
 persistent step-time degradation (+8% from a random step on). Each detector
-runs on the signals it is meant for through a :class:`~trainhealth.detectors.watch.Watch`,
+runs on the signals it is meant for through a :class:`~trainhealth._internal.detectors.watch.Watch`,
 and every anomaly is matched to the labelled events: an anomaly opening between
 an event's start and ``tolerance`` steps after its end detects it (delay =
 opening step - start); one that detects nothing is a false positive.
@@ -22,8 +22,8 @@ from typing import cast
 
 import numpy as np
 
-from trainhealth.detectors.spec import parse_item
-from trainhealth.detectors.watch import Watch
+from trainhealth._internal.detectors.spec import parse_item
+from trainhealth._internal.detectors.watch import Watch
 
 __all__ = ["DetectorResult", "LabelledEvent", "TrainingRun", "evaluate", "generate"]
 

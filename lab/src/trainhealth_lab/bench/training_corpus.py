@@ -2,7 +2,7 @@
 
 A candidate is a set of detectors on one or more signals (a ``detectors``
 setting such as ``"loss=divergence;grad_norm=divergence"``); it detects an event
-when any of its detectors opens an event (:class:`~trainhealth.detectors.watch.Watch`)
+when any of its detectors opens an event (:class:`~trainhealth._internal.detectors.watch.Watch`)
 in the event's window. As in the Monitor, the detectors see each signal from
 step ``skip`` (the ``detector_warmup`` setting, 20) on. Per kind of event:
 
@@ -36,9 +36,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from trainhealth.config import DetectorSettings
-from trainhealth.detectors.spec import WatchSpec, parse_spec
-from trainhealth.detectors.watch import Watch
+from trainhealth._internal.config import DetectorSettings
+from trainhealth._internal.detectors.spec import WatchSpec, parse_spec
+from trainhealth._internal.detectors.watch import Watch
 from trainhealth_lab.corpus import CorpusRun
 
 __all__ = ["SHARP_STEPS", "CorpusScore", "DivergenceScore", "EventScore", "detections", "observable", "score_corpus"]

@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from trainhealth.injectors.bits import flip_bits
+from trainhealth._internal.injectors.bits import flip_bits
 
 __all__ = [
     "BLOWUP_FACTOR",

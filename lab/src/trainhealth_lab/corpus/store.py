@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trainhealth._files import write_text
+from trainhealth._internal._files import write_text
 
 __all__ = [
     "INDEX_FILE",

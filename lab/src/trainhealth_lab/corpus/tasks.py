@@ -21,7 +21,7 @@ from typing import Any, Protocol
 
 import torch
 
-from trainhealth.demo.tiny_gpt import TinyGPT
+from trainhealth._internal.demo.tiny_gpt import TinyGPT
 from trainhealth_lab.models.convnet import ConvNet, shape_batch
 from trainhealth_lab.models.mlp import MLP, Teacher
 

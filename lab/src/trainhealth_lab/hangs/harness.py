@@ -5,8 +5,8 @@ Monitor serving /metrics on 127.0.0.1; Prometheus scrapes them every
 ``scrape_s`` seconds and evaluates the generated rule file as often, sending to
 Alertmanager, which routes with trainhealth's own routing tree to a webhook the
 harness serves. Every ``poll_s`` seconds the harness runs the analyzer
-(:class:`~trainhealth.localize.analyzer.Analyzer` over
-:class:`~trainhealth.localize.sources.PrometheusSource`, as ``trainhealth analyze
+(:class:`~trainhealth._internal.localize.analyzer.Analyzer` over
+:class:`~trainhealth._internal.localize.sources.PrometheusSource`, as ``trainhealth analyze
 --prometheus URL`` does) and reads the firing alerts. A case ends when its
 target was named both ways, or ``watch_s`` seconds after the onset, or (controls)
 when the job finishes.
@@ -38,12 +38,12 @@ from typing import Any
 
 import yaml
 
-from trainhealth._ports import free_port
-from trainhealth.alerts.render import rule_file_yaml
-from trainhealth.localize.analyzer import Analyzer
-from trainhealth.localize.prometheus_api import PrometheusClient
-from trainhealth.localize.sources import PrometheusSource
-from trainhealth.store import MetricStore
+from trainhealth._internal._ports import free_port
+from trainhealth._internal.alerts.render import rule_file_yaml
+from trainhealth._internal.localize.analyzer import Analyzer
+from trainhealth._internal.localize.prometheus_api import PrometheusClient
+from trainhealth._internal.localize.sources import PrometheusSource
+from trainhealth._internal.store import MetricStore
 
 __all__ = ["HANG_ALERTS", "HangCase", "HangOutcome", "run_hang_case"]
 
@@ -202,7 +202,7 @@ def _start(stack: ExitStack, command: list[str], log: Path, env: dict[str, str] 
 def _services(stack: ExitStack, out: Path, case: HangCase, ports: list[int], webhook: _Webhook) -> str:
     """Alertmanager and Prometheus on 127.0.0.1; Prometheus's URL."""
     am_port, prom_port = free_port(), free_port()
-    template = resources.files("trainhealth.stack").joinpath("alertmanager.yml").read_text(encoding="utf-8")
+    template = resources.files("trainhealth._internal.stack").joinpath("alertmanager.yml").read_text(encoding="utf-8")
     (out / "alertmanager.yml").write_text(template.replace("127.0.0.1:9096", f"127.0.0.1:{webhook.port}"))
     alertmanager = _start(
         stack,
@@ -371,7 +371,7 @@ def _look(
 def _command(outcome: HangOutcome, *args: str) -> dict[str, Any] | None:
     """``trainhealth ARGS`` (with ``--json``) as on-call runs it: its answer, or None (noted) when it gave none."""
     done = subprocess.run(
-        [sys.executable, "-m", "trainhealth.cli", *args, "--json"],
+        [sys.executable, "-m", "trainhealth._internal.cli", *args, "--json"],
         capture_output=True,
         text=True,
         timeout=120,

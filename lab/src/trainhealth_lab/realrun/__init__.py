@@ -8,7 +8,7 @@ load on first use, so the ``trainhealth`` command does not import pandas to list
 
 from __future__ import annotations
 
-from trainhealth._extras import lazy_attributes
+from trainhealth._internal._extras import lazy_attributes
 
 __all__ = [
     "CaseOutcome",

@@ -34,8 +34,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, cast
 
-from trainhealth._files import write_json
-from trainhealth._ports import free_port
+from trainhealth._internal._files import write_json
+from trainhealth._internal._ports import free_port
 from trainhealth_lab.realrun.live import POLL_S, LivePoll, LiveWatcher, progress
 from trainhealth_lab.realrun.outcome import CaseOutcome, finish, score_run
 from trainhealth_lab.realrun.spec import LINK_KINDS, CaseSpec, RealRunFaultKind, Truth, host_name, truth

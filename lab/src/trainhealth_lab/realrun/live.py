@@ -51,9 +51,9 @@ def progress(run_dir: Path, ranks: int) -> tuple[int, int]:
 
 
 def _analyzer(run_dir: Path) -> Any:
-    from trainhealth.localize.analyzer import Analyzer
-    from trainhealth.localize.sources import TraceDirectory
-    from trainhealth.store import MetricStore
+    from trainhealth._internal.localize.analyzer import Analyzer
+    from trainhealth._internal.localize.sources import TraceDirectory
+    from trainhealth._internal.store import MetricStore
 
     return Analyzer(TraceDirectory(run_dir), MetricStore())
 

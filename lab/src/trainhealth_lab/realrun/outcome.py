@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from trainhealth._files import write_json
+from trainhealth._internal._files import write_json
 from trainhealth_lab.realrun.live import LivePoll
 from trainhealth_lab.realrun.scoring import (
     baseline_compute,
@@ -155,8 +155,8 @@ def score_run(plan: Truth, run_dir: str | os.PathLike[str], *, save: bool = True
     """Localize one finished run's traces with this code and score the answers (``localize``, ``localize_probe``,
     ``baseline_compute``, ``baseline_wait``, ``answer``); with ``save``, ``answer.json`` is written beside the
     traces."""
-    from trainhealth.localize.localizer import localize
-    from trainhealth.traces.io import read_trace
+    from trainhealth._internal.localize.localizer import localize
+    from trainhealth._internal.traces.io import read_trace
 
     run_dir = Path(run_dir)
     try:
@@ -190,7 +190,7 @@ def _with_probe(
     if "unavailable" in json.loads(path.read_text()):
         return None
     try:
-        from trainhealth.exporters.collectives.probe import ProbeResult
+        from trainhealth._internal.exporters.collectives.probe import ProbeResult
 
         result = localize(records, topology, probe=ProbeResult.load(path))
     except Exception as exc:

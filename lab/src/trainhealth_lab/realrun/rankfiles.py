@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from trainhealth import _files
+from trainhealth._internal import _files
 from trainhealth_lab.realrun.kernels import Clock
 from trainhealth_lab.realrun.spec import CaseSpec, Parallelism
 

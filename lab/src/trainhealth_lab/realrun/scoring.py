@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from trainhealth.traces.ops import COMMUNICATION_OPS
+from trainhealth._internal.traces.ops import COMMUNICATION_OPS
 from trainhealth_lab.realrun.spec import Truth
 
 __all__ = [
@@ -94,7 +94,7 @@ def score_answer(
 
 
 def score_result(truth: Truth, result: Any) -> AnswerScore:
-    """Score a :class:`~trainhealth.localize.result.LocalizationResult`."""
+    """Score a :class:`~trainhealth._internal.localize.result.LocalizationResult`."""
     suspects = [(s.component, tuple(s.ranks), float(s.score)) for s in result.suspects]
     events = [(e.get("component"), tuple(e.get("ranks", ()))) for e in result.details.get("events", [])]
     return score_answer(truth, str(result.verdict), suspects, events)

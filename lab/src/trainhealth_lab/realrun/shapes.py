@@ -139,7 +139,7 @@ def _fsdp(torch: Any, dist: Any, spec: CaseSpec, rank: int, run_dir: Path) -> No
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
     monitor = None
     if spec.markers:
-        from trainhealth.exporters.monitor import Monitor
+        from trainhealth._internal.exporters.monitor import Monitor
 
         monitor = Monitor(model, optimizer, **MONITOR_SETTINGS)
     else:
@@ -185,7 +185,7 @@ def _fsdp2(torch: Any, dist: Any, spec: CaseSpec, rank: int, run_dir: Path) -> N
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
     monitor = None
     if spec.markers:
-        from trainhealth.exporters.monitor import Monitor
+        from trainhealth._internal.exporters.monitor import Monitor
 
         monitor = Monitor(model, optimizer, **MONITOR_SETTINGS)
     else:

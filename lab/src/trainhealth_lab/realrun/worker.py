@@ -69,9 +69,9 @@ def _fork_ranks(spec_path: str, ranks: list[int]) -> int:
     import torch.distributed  # noqa: F401
     import torch.nn.parallel  # noqa: F401
 
+    import trainhealth._internal.exporters.monitor  # noqa: F401
+    import trainhealth._internal.traces.io  # noqa: F401
     import trainhealth.comm  # noqa: F401
-    import trainhealth.exporters.monitor  # noqa: F401
-    import trainhealth.traces.io  # noqa: F401
 
     driver = CaseSpec.load(spec_path).driver
     if driver in TRAINER_DRIVERS:  # the trainer and its integration: ~10 s each on 2 cores, once before the fork
@@ -183,7 +183,7 @@ def _train(torch: Any, dist: Any, spec: CaseSpec, rank: int, run_dir: Path) -> N
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
     monitor = None
     if spec.markers:
-        from trainhealth.exporters.monitor import Monitor
+        from trainhealth._internal.exporters.monitor import Monitor
 
         monitor = Monitor(
             train_module,
@@ -240,10 +240,12 @@ def _train(torch: Any, dist: Any, spec: CaseSpec, rank: int, run_dir: Path) -> N
 def _probe(run_dir: Path, rank: int) -> None:
     """The pairwise link probe, when the package has it; its result (rank 0's) goes to ``probe.json``."""
     try:
-        from trainhealth.exporters.collectives.probe import probe_links
+        from trainhealth._internal.exporters.collectives.probe import probe_links
     except ImportError as exc:
         if rank == 0:
-            write_json(run_dir / "probe.json", {"unavailable": f"trainhealth.exporters.collectives.probe: {exc}"})
+            write_json(
+                run_dir / "probe.json", {"unavailable": f"trainhealth._internal.exporters.collectives.probe: {exc}"}
+            )
         return
     try:
         result = probe_links()

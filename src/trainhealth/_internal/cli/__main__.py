@@ -1,0 +1,7 @@
+"""``python -m trainhealth``."""
+
+import sys
+
+from trainhealth._internal.cli.main import main
+
+sys.exit(main())

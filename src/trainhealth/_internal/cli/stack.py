@@ -1,0 +1,126 @@
+"""``trainhealth stack up`` and ``trainhealth stack down``."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from trainhealth._internal.cli.numbers import PORT, Bounded
+
+__all__ = ["add_commands"]
+
+
+SCRAPE_INTERVAL = Bounded(int, 1, 3600, unit="seconds")
+MAX_FOR = Bounded(int, 0, 86400, unit="seconds")
+DEMO_DURATION = Bounded(float, 20, 86400, unit="seconds")
+
+
+def _cmd_up(args: argparse.Namespace) -> int:
+    from trainhealth._internal.errors import UsageError
+    from trainhealth._internal.stack.runner import StackOptions, check_directory, demo_directory, stack_up
+
+    ports = {
+        "--prometheus-port": args.prometheus_port,
+        "--alertmanager-port": args.alertmanager_port,
+        "--webhook-port": args.webhook_port,
+    }
+    if len(set(ports.values())) < len(ports):
+        raise UsageError(f"{', '.join(f'{k} {v}' for k, v in ports.items())}: each needs a port of its own")
+    options = StackOptions(
+        directory=Path(args.dir),
+        prometheus_port=args.prometheus_port,
+        alertmanager_port=args.alertmanager_port,
+        webhook_port=args.webhook_port,
+        scrape_interval_s=args.scrape_interval,
+        max_for_s=args.max_for,
+        demo=not args.no_demo,
+        demo_duration_s=args.demo_duration,
+        demo_args=tuple(args.demo_arg or ()),
+    )
+    if options.demo:
+        ranks = range(options.port_base, options.port_base + options.ranks)
+        clash = [f"{option} {port}" for option, port in ports.items() if port == options.analyzer_port or port in ranks]
+        if clash:
+            raise UsageError(
+                f"{', '.join(clash)}: used by the demo (analyzer {options.analyzer_port}, ranks "
+                f"{ranks.start}-{ranks.stop - 1})"
+            )
+    check_directory(options.directory)
+    demo_out = demo_directory(options.directory)
+    started = stack_up(options)
+    for entry in started:
+        print(f"started {entry.name} (pid {entry.pid}), log {entry.log}")
+    print(
+        f"Prometheus http://127.0.0.1:{options.prometheus_port}  Alertmanager "
+        f"http://127.0.0.1:{options.alertmanager_port}"
+        + (f"  demo report {demo_out / 'report.html'} when it ends" if options.demo else "")
+    )
+    print(f"stop with: trainhealth stack down --dir {options.directory}")
+    return 0
+
+
+def _cmd_down(args: argparse.Namespace) -> int:
+    from trainhealth._internal.errors import UsageError
+    from trainhealth._internal.stack.runner import stack_down
+
+    directory = Path(args.dir)
+    if (directory.exists() or directory.is_symlink()) and not directory.is_dir():
+        raise UsageError(f"--dir {directory}: not a directory")
+    stopped = stack_down(directory)
+    print("stopped " + ", ".join(stopped) if stopped else f"nothing running from {args.dir}")
+    return 0
+
+
+def add_commands(commands: argparse._SubParsersAction, parser_class: type[argparse.ArgumentParser]) -> None:
+    stack = commands.add_parser(
+        "stack",
+        help="run Prometheus, Alertmanager and the demo as local processes (no docker)",
+        description="up starts the prometheus and alertmanager binaries found on PATH on 127.0.0.1 with "
+        "trainhealth's configs and rules, and the demo; down stops exactly what up started.",
+    )
+    actions = stack.add_subparsers(
+        dest="stack_command", metavar="ACTION", required=True, parser_class=parser_class, help="start or stop the stack"
+    )
+    up = actions.add_parser("up", help="start the stack")
+    down = actions.add_parser("down", help="stop what up started")
+    for parser in (up, down):
+        parser.add_argument("--dir", default=".trainhealth-stack", help="state directory (default .trainhealth-stack)")
+    up.add_argument("--prometheus-port", type=PORT, default=9090, help="Prometheus's port (default 9090)")
+    up.add_argument("--alertmanager-port", type=PORT, default=9093, help="Alertmanager's port (default 9093)")
+    up.add_argument(
+        "--webhook-port",
+        type=PORT,
+        default=9096,
+        help="port where the demo receives Alertmanager's pages (default 9096)",
+    )
+    up.add_argument(
+        "--scrape-interval",
+        type=SCRAPE_INTERVAL,
+        default=5,
+        metavar="SECONDS",
+        help=f"scrape and rule-evaluation interval, whole seconds {SCRAPE_INTERVAL.range_text} (default 5)",
+    )
+    up.add_argument(
+        "--max-for",
+        type=MAX_FOR,
+        default=30,
+        metavar="SECONDS",
+        help=f"cap every alert's 'for' so a short demo shows them, whole seconds {MAX_FOR.range_text} "
+        "(default 30; production rules: deploy/prometheus/trainhealth.rules.yml)",
+    )
+    up.add_argument("--no-demo", action="store_true", help="only Prometheus and Alertmanager")
+    up.add_argument(
+        "--demo-duration",
+        type=DEMO_DURATION,
+        default=600.0,
+        metavar="SECONDS",
+        help=f"how long the demo trains, {DEMO_DURATION.range_text} (default 600)",
+    )
+    up.add_argument(
+        "--demo-arg",
+        action="append",
+        metavar="ARG",
+        help="extra argument for trainhealth demo (repeatable), e.g. --demo-arg=--no-faults",
+    )
+    up.set_defaults(handler=_cmd_up)
+    down.set_defaults(handler=_cmd_down)

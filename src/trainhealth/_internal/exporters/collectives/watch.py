@@ -1,0 +1,416 @@
+"""The hang watcher: is this rank stuck, and where? Judged on the logger's flush thread, once a second.
+
+A rank is stuck when it has waited inside one collective, or stayed outside every
+collective without finishing a step, for longer than its **hang threshold**: three
+times the longest step, collective or gap between them it took in the last ten
+minutes (1.5 times its longest reported checkpoint save, if longer), and at least
+the floor (``comm_hang_floor``, :data:`FLOOR_S` by default); before its first collective completes, :data:`STARTUP_S` (start-up
+barriers, the first compilation). A pause the loop announces (:meth:`HangWatch.pause`,
+``Monitor.pause``) is never stuck and stays out of the history.
+
+When a rank is stuck, the watcher writes the Python stacks of all its threads and its
+last records to ``<trace_dir>/stacks/rank-<rank>.<time>.txt`` (once per episode) and
+exports ``trainhealth_comm_stuck_duration_seconds`` with the top frames of the training
+thread (``where``); with Flight Recorder on, torch's dump too (``flight-recorder/rank_<rank>``,
+with the groups' members filled in where torch left them out).
+It issues no collective and needs nothing from the blocked thread: ``sys._current_frames``
+reads any thread's stack.
+
+A collective that raises (a peer that exited closes its connections; a timeout) is counted
+(``trainhealth_comm_failures_total``) and written the same way, once, headed by the error
+(``stacks/rank-<rank>.<time>.failed.txt``), with the Flight Recorder dump: where every
+surviving rank was when a peer left, even when the error then ends the process (the last
+flush, at exit, writes it).
+
+>>> where_stuck([("/usr/lib/python3.11/threading.py", 320, "wait"),
+...              ("/venv/lib/python3.11/site-packages/torch/utils/data/dataloader.py", 631, "__next__"),
+...              ("/home/me/train.py", 88, "main")], stdlib="/usr/lib/python3.11")
+'torch/utils/data/dataloader.py:__next__:631 < train.py:main:88'
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import sys
+import sysconfig
+import threading
+import time
+import traceback
+from collections import deque
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+import numpy as np
+
+from trainhealth._internal import catalog
+
+if TYPE_CHECKING:
+    from trainhealth._internal.exporters.collectives.columns import RecordColumns
+    from trainhealth._internal.exporters.collectives.recorder import CollectiveFailure
+    from trainhealth._internal.store import MetricStore
+
+
+class _Watched(Protocol):
+    """What the watcher reads of the collective logger (:class:`~.logger.CollectiveLogger`)."""
+
+    store: MetricStore | None
+    training_thread: int | None
+    _current: tuple[str, str, int, float] | None
+    _ring: deque[tuple]
+    failure: CollectiveFailure | None
+    failures: int
+
+    @property
+    def rank(self) -> int: ...
+
+    @property
+    def members(self) -> dict[str, tuple[int, ...]]: ...
+
+    def trace_rows(self, records: Iterable[tuple]) -> list[dict[str, Any]]: ...
+
+
+__all__ = [
+    "FACTOR",
+    "FLOOR_S",
+    "STARTUP_S",
+    "HangWatch",
+    "Stuck",
+    "flight_recorder_enabled",
+    "ranges_text",
+    "where_stuck",
+]
+
+#: the shortest hang threshold: pauses of a few seconds (a GC, a slow batch) are never stuck
+FLOOR_S = 10.0
+#: the hang threshold over the longest step, collective or gap of the recent history
+FACTOR = 3.0
+#: the hang threshold before the rank's first collective completed
+STARTUP_S = 60.0
+#: the hang threshold over the longest checkpoint save reported (Monitor.checkpoint_saved)
+SAVE_FACTOR = 1.5
+#: how many flushes (about seconds) of history the threshold remembers
+HISTORY_FLUSHES = 600
+#: records written beside the stacks
+RECORDS_KEPT = 50
+
+_OWN = str(Path(__file__).resolve().parents[1])  # trainhealth._internal.exporters: the monitoring, never "where"
+_SKIPPED = ("torch/distributed/", "torch/_", "contextlib.py")
+
+
+@dataclass(frozen=True)
+class Stuck:
+    """A stuck episode: ``state`` in_collective (``op`` in ``group`` at ``seq``) or outside_collectives."""
+
+    state: str
+    seconds: float
+    op: str
+    group: str
+    seq: int | None
+    where: str
+
+    def labels(self) -> tuple[str, ...]:
+        return (self.state, self.op, self.group, "" if self.seq is None else str(self.seq), self.where)
+
+
+class HangWatch:
+    """Judges one rank's collective logger for hangs; :meth:`check` runs on its flush thread."""
+
+    def __init__(self, logger: _Watched, floor_s: float = FLOOR_S) -> None:
+        if not floor_s > 0:
+            raise ValueError("the hang floor must be positive")
+        self._logger = logger
+        self.floor_s = float(floor_s)
+        self._longest: deque[float] = deque(maxlen=HISTORY_FLUSHES)  # per flush: its longest step/collective/gap
+        self._last_end: float | None = None  # perf_counter end of the last record seen (a collective or a step)
+        self._saves = 0.0
+        self._lock = threading.Lock()
+        self._paused: dict[str, int] = {}
+        self._paused_since_check = False
+        self._known_reasons: set[str] = set()
+        self._groups_published: dict[str, tuple[str, ...]] = {}
+        self._stuck: Stuck | None = None
+        self._episode: tuple | None = None
+        self._failure_seen: CollectiveFailure | None = None
+        self._failures_published = 0
+        self.dumps: list[Path] = []
+
+    # --- what the loop tells ------------------------------------------------------------
+    @contextmanager
+    def pause(self, reason: str = "pause") -> Iterator[None]:
+        """A pause the loop announces (a checkpoint save, an evaluation): never stuck, not in the history."""
+        with self._lock:
+            self._paused[reason] = self._paused.get(reason, 0) + 1
+            self._paused_since_check = True
+            self._known_reasons.add(reason)
+        self._publish_paused()
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._paused[reason] -= 1
+                if not self._paused[reason]:
+                    del self._paused[reason]
+                self._paused_since_check = True
+            self._publish_paused()
+
+    def checkpoint_saved(self, duration_s: float) -> None:
+        """A save of ``duration_s`` seconds: later saves as long are not stuck."""
+        if duration_s > 0:
+            self._saves = max(self._saves, float(duration_s))
+
+    @property
+    def paused(self) -> bool:
+        return bool(self._paused)
+
+    # --- the flush thread ---------------------------------------------------------------
+    def observe(self, columns: RecordColumns) -> None:
+        """Take the longest step, collective or gap of a flush's new records into the history."""
+        order = np.argsort(columns.starts, kind="stable")
+        starts, durations = columns.starts[order], columns.durations[order]
+        # a group's first collective (start-up barrier, rendezvous) sets no norm, but what it covers counts
+        judged = columns.seqs[order] != 0
+        reach = np.maximum.accumulate(starts + durations)
+        if self._last_end is not None:
+            reach = np.maximum(reach, self._last_end)
+        before = np.concatenate(([-np.inf if self._last_end is None else self._last_end], reach[:-1]))
+        gaps = np.where(np.isfinite(before), starts - before, 0.0)
+        longest = float(np.max(np.maximum(durations, gaps)[judged], initial=0.0))
+        self._last_end = float(reach[-1])
+        with self._lock:
+            skip = self._paused_since_check or bool(self._paused)
+            self._paused_since_check = False
+        if not skip and longest > 0:
+            self._longest.append(longest)
+
+    def threshold(self) -> float:
+        """Seconds of waiting (or of absence from collectives) that make this rank stuck."""
+        if not self._longest:
+            return max(STARTUP_S, self.floor_s, SAVE_FACTOR * self._saves)
+        return max(self.floor_s, FACTOR * max(self._longest), SAVE_FACTOR * self._saves)
+
+    def check(self, store: MetricStore | None, trace_dir: Path | None) -> Stuck | None:
+        """Is the rank stuck now? Publishes the watcher's series and writes the stacks of a new episode."""
+        now = time.perf_counter()
+        threshold = self.threshold()
+        stuck = None if self.paused else self._stuck_now(now, threshold)
+        if store is not None:
+            self._publish(store, threshold, stuck)
+        if stuck is not None and trace_dir is not None:
+            episode = (stuck.state, stuck.group, stuck.seq, self._last_end)
+            if episode != self._episode:
+                self._episode = episode
+                path = self._dump(trace_dir, stuck, threshold)
+                if path is not None:
+                    self.dumps.append(path)
+                self._dump_flight_recorder(trace_dir)
+        self._stuck = stuck
+        self._failed(store, trace_dir)
+        return stuck
+
+    def _failed(self, store: MetricStore | None, trace_dir: Path | None) -> None:
+        """A collective that raised (a peer gone, a timeout): counted, and its error, the stacks and the Flight
+        Recorder dump written once. It often ends the process: this also runs at exit (the last flush), so the
+        peers of a rank that left record where they were when it did."""
+        logger = self._logger
+        failure = logger.failure
+        if store is not None and logger.failures > self._failures_published and failure is not None:
+            store.inc(catalog.COMM_FAILURES, logger.failures - self._failures_published, (failure.op, failure.group))
+            self._failures_published = logger.failures
+        if failure is None or failure is self._failure_seen or trace_dir is None:
+            return
+        self._failure_seen = failure
+        headline = (
+            f"rank {logger.rank}: {failure.op} #{failure.seq} of {failure.group} failed at "
+            f"{time.strftime('%H:%M:%S', time.gmtime(failure.time))} UTC: {failure.error}"
+        )
+        path = self._write_stacks(trace_dir, [headline, ""], ".failed")
+        if path is not None:
+            self.dumps.append(path)
+        self._dump_flight_recorder(trace_dir)
+
+    def _stuck_now(self, now: float, threshold: float) -> Stuck | None:
+        current = self._logger._current
+        thread = self._logger.training_thread
+        if current is not None:
+            op, group, seq, t0 = current
+            if now - t0 > threshold:
+                return Stuck("in_collective", now - t0, op, group, seq, _where(thread))
+            return None
+        if self._last_end is None or not self._longest:
+            return None  # no collective completed yet: nothing to be absent from
+        away = now - self._last_end
+        if away > threshold:
+            return Stuck("outside_collectives", away, "", "", None, _where(thread))
+        return None
+
+    def _publish(self, store: MetricStore, threshold: float, stuck: Stuck | None) -> None:
+        writes: list[tuple[catalog.MetricSpec, tuple[str, ...], float]] = [
+            (catalog.COMM_WATCH_TIMESTAMP, (), time.time()),
+            (catalog.COMM_HANG_THRESHOLD, (), threshold),
+        ]
+        if self._stuck is not None and (stuck is None or stuck.labels() != self._stuck.labels()):
+            store.remove(catalog.COMM_STUCK_DURATION, self._stuck.labels())
+        if stuck is not None:
+            writes.append((catalog.COMM_STUCK_DURATION, stuck.labels(), stuck.seconds))
+        store.write(writes)
+        for group, members in self._logger.members.items():
+            labels = (group, ranges_text(members), str(len(members)) if members else "")
+            if self._groups_published.get(group) != labels:
+                if group in self._groups_published:
+                    store.remove(catalog.COMM_GROUP, self._groups_published[group])
+                store.set(catalog.COMM_GROUP, 1.0, labels)  # one series per group
+                self._groups_published[group] = labels
+
+    def _publish_paused(self) -> None:
+        store = self._logger.store
+        if store is None:
+            return
+        with self._lock:
+            values = [
+                (catalog.COMM_PAUSED, (reason,), 1.0 if reason in self._paused else 0.0)
+                for reason in sorted(self._known_reasons)
+            ]
+        store.write(values)
+
+    def _dump_flight_recorder(self, trace_dir: Path) -> None:
+        """With Flight Recorder on, its dump beside the stacks (``flight-recorder/rank_<rank>``, the name torch's
+        ``fr_trace`` analyzer reads): the same hang through torch's own records (``trainhealth localize DIR``)."""
+        torch = sys.modules.get("torch")
+        if torch is None or not flight_recorder_enabled():
+            return
+        logger = self._logger
+        try:
+            blob = _with_members(torch._C._distributed_c10d._dump_fr_trace(), logger.members)
+            directory = trace_dir / "flight-recorder"
+            directory.mkdir(parents=True, exist_ok=True)
+            partial = directory / f".rank_{logger.rank}.partial"
+            partial.write_bytes(blob)
+            os.replace(partial, directory / f"rank_{logger.rank}")
+        except Exception as exc:  # torch without the call, a full disk: counted, the stacks are written anyway
+            if logger.store is not None:
+                logger.store.record_error("comm_stacks", exc)
+
+    def _dump(self, trace_dir: Path, stuck: Stuck, threshold: float) -> Path | None:
+        """Write every thread's stack and the last records; the file, or None when it could not be written."""
+        return self._write_stacks(
+            trace_dir,
+            [
+                f"rank {self._logger.rank}: {stuck.state} for {stuck.seconds:.1f} s (hang threshold {threshold:.1f} s)"
+                + (f" in {stuck.op} #{stuck.seq} of {stuck.group}" if stuck.state == "in_collective" else ""),
+                f"where: {stuck.where}",
+                "",
+            ],
+        )
+
+    def _write_stacks(self, trace_dir: Path, lines: list[str], kind: str = "") -> Path | None:
+        """``lines``, then every thread's stack and the last records, to a new file under ``stacks/``; the file,
+        or None when it could not be written."""
+        logger = self._logger
+        names = {thread.ident: thread.name for thread in threading.enumerate()}
+        for ident, frame in sys._current_frames().items():
+            marker = "  <- training thread" if ident == logger.training_thread else ""
+            lines.append(f"Thread {names.get(ident, '?')} ({ident}){marker}:")
+            lines += [line.rstrip("\n") for line in traceback.format_stack(frame)]
+            lines.append("")
+        lines.append(f"last {RECORDS_KEPT} records:")
+        lines += [json.dumps(row) for row in logger.trace_rows(list(logger._ring)[-RECORDS_KEPT:])]
+        directory = trace_dir / "stacks"
+        path = directory / f"rank-{logger.rank}.{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}{kind}.txt"
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+            partial = path.with_suffix(".partial")
+            with open(partial, "w", encoding="utf-8") as out:
+                out.write("\n".join(lines) + "\n")
+                out.flush()
+                os.fsync(out.fileno())
+            os.replace(partial, path)
+        except OSError as exc:
+            if logger.store is not None:
+                logger.store.record_error("comm_stacks", exc)
+            return None
+        return path
+
+
+def _with_members(blob: bytes, members: dict[str, tuple[int, ...]]) -> bytes:
+    """This rank's Flight Recorder dump with each group's members filled in: torch 2.13's gloo dumps leave
+    ``pg_config`` empty (one entry named "" without ranks), so neither torch's ``fr_trace`` nor anyone else
+    could tell who should have been in a collective. The entries are left as torch wrote them."""
+    dump = pickle.loads(blob)  # this process's own dump, just made by torch
+    config = {name: entry for name, entry in (dump.get("pg_config") or {}).items() if name}
+    for group, ranks in members.items():
+        desc, _, name = group.rpartition(":")
+        if ranks and name not in config:
+            config[name] = {"name": name, "desc": desc or "undefined", "ranks": str(list(ranks))}
+    dump["pg_config"] = config
+    return pickle.dumps(dump)
+
+
+def flight_recorder_enabled(env: dict[str, str] | os._Environ[str] = os.environ) -> bool:
+    """Whether torch's Flight Recorder records (``TORCH_FR_BUFFER_SIZE``, formerly
+    ``TORCH_NCCL_TRACE_BUFFER_SIZE``, above 0)."""
+    for name in ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE"):
+        value = env.get(name, "")
+        if value.strip().isdigit() and int(value) > 0:
+            return True
+    return False
+
+
+def _where(thread: int | None) -> str:
+    """The top frames of ``thread`` (the training thread; the main thread when none entered a collective)."""
+    ident = thread if thread is not None else threading.main_thread().ident
+    frame = sys._current_frames().get(ident) if ident is not None else None
+    if frame is None:
+        return "unknown (the training thread is gone)"
+    stack = [(f.filename, f.lineno or 0, f.name) for f in reversed(traceback.extract_stack(frame))]
+    return where_stuck(stack)
+
+
+def where_stuck(stack: Sequence[tuple[str, int, str]], stdlib: str | None = None, keep: int = 2) -> str:
+    """A one-line summary of a stack (innermost first): its ``keep`` innermost frames outside Python's
+    library, torch.distributed and trainhealth, as ``path:function:line``, innermost first."""
+    stdlib = stdlib or sysconfig.get_paths()["stdlib"]
+    chosen = []
+    for filename, line, function in stack:
+        normal = filename.replace(os.sep, "/")
+        packaged = "site-packages/" in normal or "dist-packages/" in normal
+        if normal.startswith(stdlib) and not packaged or normal.startswith(_OWN):
+            continue
+        short = _short(normal)
+        if any(part in short for part in _SKIPPED) or short.startswith("<"):
+            continue
+        chosen.append(f"{short}:{function}:{line}")
+        if len(chosen) == keep:
+            break
+    return " < ".join(chosen) if chosen else "python internals (no frame of the job's own code)"
+
+
+def _short(path: str) -> str:
+    """A path from its package root (``torch/utils/data/dataloader.py``), else the file name."""
+    for marker in ("site-packages/", "dist-packages/"):
+        if marker in path:
+            return path.split(marker, 1)[1]
+    return path.rsplit("/", 1)[-1]
+
+
+def ranges_text(ranks: Sequence[int]) -> str:
+    """Ranks as compact ranges.
+
+    >>> ranges_text([0, 1, 2, 3, 8, 10, 11])
+    '0-3,8,10-11'
+    """
+    out: list[str] = []
+    ordered = sorted(set(ranks))
+    start = previous = None
+    for rank in ordered + [None]:
+        if rank is not None and previous is not None and rank == previous + 1:
+            previous = rank
+            continue
+        if start is not None:
+            out.append(str(start) if start == previous else f"{start}-{previous}")
+        start = previous = rank
+    return ",".join(out)

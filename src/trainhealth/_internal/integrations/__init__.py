@@ -1,0 +1,1 @@
+"""The trainer integrations' code; users import them from :mod:`trainhealth.integrations`."""

@@ -1,0 +1,263 @@
+"""The advice catalogue: what on-call should do about each kind of finding, and where that comes from.
+
+One place for the mitigation text that localization results, alert
+annotations, the runbooks (docs/runbooks, generated) and the demo show. Every
+entry cites its source: REFERENCE.md's mitigation catalogue, NVIDIA's XID
+catalogue, the papers behind it.
+
+>>> advice_for("compute")[0]
+'Cordon the node of the suspect GPU and restart the job without it (or on a hot spare); the job runs at the speed of its slowest GPU.'
+>>> xid = xid_advice(79)
+>>> xid.meaning, xid.action
+('GPU has fallen off the bus', 'reboot the machine, then contact vendor support')
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from trainhealth._internal.knowledge.xid import XidAction, describe_xid, known_xids
+
+__all__ = ["ADVICE", "Advice", "XidAdvice", "advice_for", "known_xid_advice", "rewind_advice", "xid_advice"]
+
+_NVIDIA_XID = "NVIDIA XID catalogue, docs.nvidia.com/deploy/xid-errors"
+_DCGM = "NVIDIA DCGM diagnostics, docs.nvidia.com/datacenter/dcgm"
+_HOLMES = "Holmes (NSDI'25): localizing irregularities in LLM training"
+_PALM = "PaLM, arXiv 2204.02311 section 5.1"
+_OLMO2 = "OLMo 2, arXiv 2501.00656"
+_MA = "Ma et al., arXiv 2502.12340 (SDC in LLM training)"
+_MEGATRON = "Megatron-LM check_param_hashes_across_dp_replicas and rerun state machine"
+
+
+@dataclass(frozen=True)
+class Advice:
+    """What to do, in order, and the sources it comes from."""
+
+    title: str
+    steps: tuple[str, ...]
+    sources: tuple[str, ...]
+
+
+ADVICE: dict[str, Advice] = {
+    "compute": Advice(
+        "A slow GPU (straggler)",
+        (
+            "Cordon the node of the suspect GPU and restart the job without it (or on a hot spare); "
+            "the job runs at the speed of its slowest GPU.",
+            "Check the GPU's clocks-event (throttle) reasons, temperature, power and XIDs on the GPU health "
+            "dashboard; run DCGM diagnostics (dcgmi diag -r 3) before returning it to service.",
+        ),
+        (_HOLMES, _DCGM),
+    ),
+    "communication": Advice(
+        "A slow link, NIC, host or switch",
+        (
+            "Check the suspect link: NIC and switch-port error counters, link speed and width, PCIe replays "
+            "and NVLink errors of the GPUs on either side.",
+            "If one NIC or cable is slow, drain its node; if a switch is slow, move the job off the hosts behind "
+            "it and open a network ticket.",
+        ),
+        (_HOLMES,),
+    ),
+    "imbalance": Advice(
+        "Uneven work, no faulty device",
+        (
+            "No device is to blame: the work itself is uneven. Rebalance the pipeline stages (layers per stage) "
+            "or pack sequences to even out micro-batch lengths.",
+        ),
+        (_HOLMES,),
+    ),
+    "hang": Advice(
+        "A hung job or collective",
+        (
+            "The lagging ranks never entered the collective: inspect their stacks (py-spy dump), then restart "
+            "from the last checkpoint; if a GPU on them reports XIDs, cordon its node first.",
+        ),
+        ("REFERENCE.md, hung collectives; PyTorch Flight Recorder",),
+    ),
+    "healthy": Advice("Healthy", (), ()),
+    "insufficient_data": Advice(
+        "Not enough evidence for a verdict",
+        (
+            "The window cannot tell a slow device from noise (see the reason): record step markers "
+            "(trainhealth.Monitor with comm=True, or mon.step() each iteration) and localize a longer window.",
+        ),
+        (_HOLMES,),
+    ),
+    "sdc": Advice(
+        "Silent data corruption",
+        (
+            "Rerun the step on the suspect rank's GPU and on another GPU with the same inputs; a GPU whose result "
+            "differs is faulty (silent data corruption: wrong numbers, no error).",
+            "Cordon the node, run DCGM diagnostics at level 3 (dcgmi diag -r 3) and trainhealth selftest on it before "
+            "returning it to service.",
+            "Restart from the last checkpoint saved before the first mismatch (the replicas agreed then); parameters "
+            "that differ between replicas have already diverged.",
+        ),
+        (_MA, _MEGATRON, _DCGM),
+    ),
+    "loss_spike": Advice(
+        "A loss spike",
+        (
+            "If the loss does not recover: restore the last checkpoint before the spike (about 100 steps back), "
+            "skip the next 200-500 batches of data and resume.",
+            "If spikes recur: lower the learning rate or lengthen warm-up, clip gradients, add QK-norm or z-loss, "
+            "lower Adam epsilon (1e-8 or less).",
+        ),
+        (_PALM, _OLMO2, "REFERENCE.md mitigation catalogue"),
+    ),
+    "nonfinite": Advice(
+        "NaN or infinite values",
+        (
+            "Find the rank that produced it (trainhealth_train_nonfinite_origin_first_step with where=local) and the "
+            "block (trainhealth_train_nonfinite_origin there, or the nonfinite_origin event); if it is always the same "
+            "rank, suspect its GPU (run trainhealth selftest there); if it moves, the numerics: lower "
+            "the learning rate, check loss scaling and bf16/fp16 ranges, add z-loss.",
+            "Restore the last checkpoint with finite weights before resuming.",
+        ),
+        (_MA, "REFERENCE.md mitigation catalogue"),
+    ),
+    "xid_critical": Advice(
+        "A critical XID",
+        (
+            "Follow NVIDIA's action for the XID (in the description); drain the node's jobs first.",
+            "Then run DCGM diagnostics (dcgmi diag -r 3); repeated XIDs on one GPU: take it out of service and RMA.",
+        ),
+        (_NVIDIA_XID, _DCGM),
+    ),
+    "xid_warning": Advice(
+        "An XID that is usually not the hardware's fault",
+        (
+            "Follow NVIDIA's action for the XID (in the description), usually restarting the application.",
+            "If the same GPU keeps reporting it under different jobs, treat it as a hardware fault: DCGM diagnostics "
+            "level 3.",
+        ),
+        (_NVIDIA_XID,),
+    ),
+    "ecc_uncorrectable": Advice(
+        "An uncorrectable ECC error",
+        (
+            "Restart the job from its last checkpoint on other GPUs; reset this GPU to trigger row remapping.",
+            "If row remapping fails or errors recur, take the GPU out of service (RMA).",
+        ),
+        (_NVIDIA_XID, "NVIDIA GPU memory error management, docs.nvidia.com/deploy/a100-gpu-mem-error-mgmt"),
+    ),
+    "row_remap_failure": Advice(
+        "A failed row remap",
+        ("Take the GPU out of service: it has no spare rows left for its failing memory; RMA it.",),
+        ("NVIDIA GPU memory error management, docs.nvidia.com/deploy/a100-gpu-mem-error-mgmt",),
+    ),
+    "row_remap_pending": Advice(
+        "A pending row remap",
+        ("Reset the GPU when no job runs on it (drain, nvidia-smi -r) so the remap takes effect.",),
+        ("NVIDIA GPU memory error management, docs.nvidia.com/deploy/a100-gpu-mem-error-mgmt",),
+    ),
+    "gpu_lost": Advice(
+        "A lost GPU",
+        (
+            "Cordon the node, restart the job elsewhere from the last checkpoint, then reboot the node; if the GPU "
+            "does not come back or falls off the bus again, RMA it (XID 79).",
+        ),
+        (_NVIDIA_XID,),
+    ),
+    "thermal": Advice(
+        "Thermal throttling",
+        (
+            "Check the node's cooling (fans, airflow, inlet temperature) and the GPU's temperature against its "
+            "peers; a single hot GPU slows the whole synchronous job: move the job off it if it persists.",
+        ),
+        ("NVML clocks-event reasons, docs.nvidia.com/deploy/nvml-api", _HOLMES),
+    ),
+    "power": Advice(
+        "Power capping",
+        (
+            "Compare the GPU's power limit with its peers' (nvidia-smi -q -d POWER); a lower limit or a power brake "
+            "on one GPU makes it a straggler: restore the limit or check the node's power supply.",
+        ),
+        ("NVML clocks-event reasons, docs.nvidia.com/deploy/nvml-api",),
+    ),
+    "pcie": Advice(
+        "PCIe replays",
+        (
+            "Reseat or replace the riser or cable at the next maintenance; check the link width and speed "
+            "(nvidia-smi -q -d PCIE) against the GPU's peers.",
+        ),
+        ("NVML PCIe replay counter, docs.nvidia.com/deploy/nvml-api",),
+    ),
+    "nvlink": Advice(
+        "NVLink errors",
+        (
+            "Run DCGM diagnostics on the node; if CRC or recovery errors keep growing on one link, drain the node "
+            "and have the NVLink/NVSwitch fabric checked (XID 74 often follows).",
+        ),
+        (_NVIDIA_XID, _DCGM),
+    ),
+    "telemetry": Advice(
+        "Missing telemetry",
+        (
+            "Check that the target runs and listens on the scraped port (curl its /metrics); a training rank that "
+            "crashed also stops answering, so look at the job's state first.",
+        ),
+        ("Prometheus documentation, alerting on absent metrics",),
+    ),
+}
+
+_XID_FOLLOW_UP = {
+    XidAction.IGNORE: "None needed unless it repeats.",
+    XidAction.RESTART_APP: "If it repeats on this GPU under different jobs, run DCGM diagnostics level 3.",
+    XidAction.RESTART_APP_RESET_LATER: "Reset the GPU at the next drain; watch for XID 95 or 140.",
+    XidAction.FOLLOW_OTHER: "Look at the XID reported just before it.",
+    XidAction.RESET_GPU: "Run DCGM diagnostics level 3 after the reset; RMA if it recurs.",
+    XidAction.RESET_GPU_OR_REBOOT: "Check remapped rows after the reset; RMA when the error threshold is exceeded.",
+    XidAction.RESET_GPU_THEN_VENDOR: "Open a vendor case with nvidia-bug-report.sh output.",
+    XidAction.RESET_GPU_POWER_CYCLE: "Power-cycle the node if it recurs; then DCGM diagnostics level 3.",
+    XidAction.RESET_OR_REBOOT_CHECK_PEER: "Check the GPU at the other end of the link too.",
+    XidAction.REBOOT_MACHINE: "If the GPU falls off the bus again, RMA it.",
+    XidAction.CONTACT_SUPPORT: "Open a vendor case with nvidia-bug-report.sh output.",
+    XidAction.READ_RECOVERY_ACTION: "Read trainhealth_gpu_recovery_action and apply it.",
+    XidAction.INVESTIGATE: "Look the XID up in NVIDIA's catalogue.",
+}
+
+
+@dataclass(frozen=True)
+class XidAdvice:
+    xid: int
+    meaning: str
+    action: str
+    follow_up: str
+    severity: str
+    source: str = _NVIDIA_XID
+
+
+def xid_advice(xid: int) -> XidAdvice:
+    """Meaning, immediate action and follow-up for an XID (a generic entry for unlisted ones)."""
+    info = describe_xid(xid)
+    return XidAdvice(xid, info.meaning, info.action.value, _XID_FOLLOW_UP[info.action], info.severity.value)
+
+
+def known_xid_advice() -> tuple[XidAdvice, ...]:
+    """The advice for every XID in the catalogue."""
+    return tuple(xid_advice(info.xid) for info in known_xids())
+
+
+def rewind_advice(onset_step: int, checkpoint_step: int | None) -> str:
+    """The first thing to do about a loss spike that began at ``onset_step`` and did not recover.
+
+    >>> rewind_advice(1200, 1000)
+    'Restore the checkpoint of step 1000 (the last one before the spike began at step 1200), skip the next 200-500 batches of data and resume.'
+    """
+    if checkpoint_step is None:
+        return (
+            f"No checkpoint before the spike (step {onset_step}) was reported: restore the latest one saved "
+            f"before it, skip the next 200-500 batches of data and resume."
+        )
+    return (
+        f"Restore the checkpoint of step {checkpoint_step} (the last one before the spike began at step "
+        f"{onset_step}), skip the next 200-500 batches of data and resume."
+    )
+
+
+def advice_for(verdict: str) -> list[str]:
+    """The steps for a localization verdict or any catalogue key (empty for healthy or unknown keys)."""
+    entry = ADVICE.get(verdict)
+    return list(entry.steps) if entry is not None else []

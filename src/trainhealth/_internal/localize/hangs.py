@@ -1,0 +1,481 @@
+"""Hung collectives: which rank the others are waiting for, where it is, and a rank that is gone.
+
+Each rank exports, per process group, the sequence number of the last
+collective it entered (``trainhealth_comm_started_seq``) and completed
+(``trainhealth_comm_completed_seq``), how long it has been waiting in the
+current one (``trainhealth_comm_inflight_duration_seconds``), the group's members
+(``trainhealth_comm_group_info``), its own hang threshold, whether the loop
+announced a pause, and where its training thread is when it is stuck
+(:mod:`trainhealth._internal.exporters.collectives.watch`). In a hang, the group's ranks
+sit in collective S while a lagging rank has not entered it: its started
+sequence number is below S, or it reports nothing at all (gone: its last
+numbers are what Prometheus last scraped). When every member has entered S, the
+ranks wait on each other inside it and the communication path is the suspect;
+members at S inside different collectives are a mismatch.
+
+A group hangs when a member has waited longer than the job's hang threshold (the
+largest its ranks export: a few times their own step, at least 10 s); never
+while a rank is in an announced pause.
+
+>>> states = [RankCommState(0, "dp", 7, 6, "all_reduce", 42.0), RankCommState(1, "dp", 7, 6, "all_reduce", 41.5),
+...           RankCommState(2, "dp", 6, 6, "", 0.0)]
+>>> [(h.group, h.seq, h.lagging_ranks, h.waiting_ranks) for h in find_hangs(states, min_wait_s=30)]
+[('dp', 7, (2,), (0, 1))]
+>>> report = judge_hangs(Positions(tuple(states[:2]), members={"dp": (0, 1, 2)}, watch={0: RankWatch(15.0)},
+...                                gone={2: GoneRank(2, 1_700_000_000.0, {"dp": 6})}))
+>>> print(report.hangs[0].verdict)
+rank 2 missing since 22:13:20 UTC (last at #6 of dp); ranks 0, 1 waiting 42 s in all_reduce #7
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import pandas as pd
+
+from trainhealth._internal.knowledge.advice import advice_for
+from trainhealth._internal.localize.result import LocalizationResult, Suspect
+
+__all__ = [
+    "DEFAULT_THRESHOLD_S",
+    "GoneRank",
+    "HangReport",
+    "HangSuspect",
+    "Positions",
+    "RankCommState",
+    "RankWatch",
+    "find_hangs",
+    "hang_result",
+    "judge_hangs",
+    "positions_from_records",
+    "positions_from_samples",
+    "states_from_samples",
+]
+
+#: the hang threshold for ranks that export none (older versions): a minute
+DEFAULT_THRESHOLD_S = 60.0
+
+
+@dataclass(frozen=True)
+class RankCommState:
+    """One rank's position in one group, as its exporter reports it."""
+
+    rank: int
+    group: str
+    started_seq: int
+    completed_seq: int
+    inflight_op: str
+    inflight_s: float
+    inflight_bytes: int | None = None  # the size of the collective in flight, where known (Flight Recorder)
+
+
+@dataclass(frozen=True)
+class RankWatch:
+    """What a rank's hang watcher exports: its threshold, the pauses it is in, where it is stuck."""
+
+    threshold_s: float | None = None
+    paused: tuple[str, ...] = ()
+    stuck: str | None = None  # e.g. "outside collectives for 41 s at worker.py:load_batch:52 < worker.py:run:90"
+
+
+@dataclass(frozen=True)
+class GoneRank:
+    """A rank that stopped reporting: when it was last seen (unix time) and its last sequence number per group."""
+
+    rank: int
+    last_seen: float | None
+    last_seq: Mapping[str, int] = field(default_factory=dict)
+
+    def text(self, group: str) -> str:
+        since = (
+            f" since {time.strftime('%H:%M:%S', time.gmtime(self.last_seen))} UTC" if self.last_seen is not None else ""
+        )
+        seq = self.last_seq.get(group)
+        return f"rank {self.rank} missing{since}" + (f" (last at #{seq} of {group})" if seq is not None else "")
+
+
+@dataclass(frozen=True)
+class Positions:
+    """Every rank's position: the live ranks' states, who should be in each group, the watchers, the gone."""
+
+    states: tuple[RankCommState, ...]
+    members: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+    watch: Mapping[int, RankWatch] = field(default_factory=dict)
+    gone: Mapping[int, GoneRank] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class HangSuspect:
+    """A group whose ranks wait in collective ``seq`` for ``waited_s``; ``lagging_ranks`` never entered it.
+
+    ``lagging_at`` maps each live lagging rank to the last sequence number it entered
+    (-1: none); ``missing`` are members that report nothing (gone, where known);
+    ``mismatch`` maps members at ``seq`` inside another collective to it;
+    ``doing`` says where each lagging rank is.
+    """
+
+    group: str
+    seq: int
+    op: str
+    waiting_ranks: tuple[int, ...]
+    lagging_ranks: tuple[int, ...]
+    lagging_at: Mapping[int, int]
+    waited_s: float
+    missing: tuple[GoneRank, ...] = ()
+    mismatch: Mapping[int, str] = field(default_factory=dict)
+    doing: Mapping[int, str] = field(default_factory=dict)
+
+    @property
+    def waiting(self) -> str:
+        """``ranks 0, 1 waiting 42 s in all_reduce #7``."""
+        who = f"rank {self.waiting_ranks[0]}" if len(self.waiting_ranks) == 1 else f"ranks {_ranks(self.waiting_ranks)}"
+        return f"{who} waiting {self.waited_s:.0f} s in {self.op} #{self.seq}"
+
+    @property
+    def verdict(self) -> str:
+        waiting = self.waiting
+        parts = [gone.text(self.group) for gone in self.missing]
+        live = [r for r in self.lagging_ranks if r not in {g.rank for g in self.missing}]
+        parts += [
+            f"rank {r} never entered it ({self.doing.get(r) or f'last entered #{self.lagging_at.get(r, -1)}'})"
+            for r in live
+        ]
+        if self.mismatch:
+            parts.append(
+                "mismatch: " + ", ".join(f"rank {r} is in {op} #{self.seq}" for r, op in self.mismatch.items())
+            )
+        if not parts:
+            return f"every member entered {self.op} #{self.seq}: the communication path is stuck; {waiting}"
+        return "; ".join(parts + [waiting])
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "group": self.group,
+            "seq": self.seq,
+            "op": self.op,
+            "waiting_ranks": list(self.waiting_ranks),
+            "lagging_ranks": list(self.lagging_ranks),
+            "waited_s": round(self.waited_s, 1),
+            "missing": [
+                {"rank": g.rank, "last_seen": g.last_seen, "last_seq": g.last_seq.get(self.group)} for g in self.missing
+            ],
+            "mismatch": {str(r): op for r, op in self.mismatch.items()},
+            "doing": {str(r): text for r, text in self.doing.items()},
+            "verdict": self.verdict,
+        }
+
+
+@dataclass(frozen=True)
+class HangReport:
+    """The hangs of a job, the threshold that judged them, and the announced pauses that held a verdict back."""
+
+    hangs: tuple[HangSuspect, ...]
+    threshold_s: float
+    paused: tuple[str, ...] = ()  # "rank 0: checkpoint"
+
+    @property
+    def culprits(self) -> tuple[int, ...]:
+        """The ranks to look at first: in the largest hung group, a member inside another collective (or the same
+        one with another size: a bug in the program, and with gloo the peer that received it aborts, so it
+        explains a rank gone too), then the gone ranks, then those behind."""
+        if not self.hangs:
+            return ()
+        main = self.hangs[0]
+        gone = [g.rank for g in main.missing]
+        return tuple(list(main.mismatch) + gone + [r for r in main.lagging_ranks if r not in gone])
+
+
+def find_hangs(
+    states: Iterable[RankCommState],
+    *,
+    min_wait_s: float = DEFAULT_THRESHOLD_S,
+    members: Mapping[str, Sequence[int]] | None = None,
+    gone: Mapping[int, GoneRank] | None = None,
+    watch: Mapping[int, RankWatch] | None = None,
+) -> list[HangSuspect]:
+    """Groups in which some rank has waited at least ``min_wait_s`` in a collective, and who is behind,
+    largest group first.
+
+    ``members`` (from the ranks' ``trainhealth_comm_group_info``, or a topology) lets ranks that report
+    nothing count as lagging; ``gone`` says when they were last seen; ``watch`` where the live ones are.
+    """
+    states = list(states)
+    by_group: dict[str, list[RankCommState]] = {}
+    for state in states:
+        by_group.setdefault(state.group, []).append(state)
+    hangs = []
+    for group, group_states in by_group.items():
+        waiting = [s for s in group_states if s.started_seq > s.completed_seq and s.inflight_s >= min_wait_s]
+        if not waiting:
+            continue
+        seq = max(s.started_seq for s in waiting)
+        at_seq = [s for s in waiting if s.started_seq == seq]
+        op = max({s.inflight_op for s in at_seq}, key=lambda o: sum(s.inflight_op == o for s in at_seq))
+        behind = {s.rank: s.started_seq for s in group_states if s.started_seq < seq}
+        reporting = {s.rank for s in group_states}
+        missing = [rank for rank in (members or {}).get(group, ()) if rank not in reporting]
+        hangs.append(
+            HangSuspect(
+                group=group,
+                seq=seq,
+                op=op,
+                waiting_ranks=tuple(sorted(s.rank for s in at_seq)),
+                lagging_ranks=tuple(sorted([*behind, *missing])),
+                lagging_at=dict(sorted(behind.items())),
+                waited_s=max(s.inflight_s for s in waiting),
+                missing=tuple((gone or {}).get(rank, GoneRank(rank, None)) for rank in sorted(missing)),
+                mismatch=_mismatch(at_seq, op),
+                doing={rank: _doing(rank, group, states, (watch or {}).get(rank)) for rank in sorted(behind)},
+            )
+        )
+    return _root_first(hangs, states, members)
+
+
+def _root_first(
+    hangs: list[HangSuspect], states: Sequence[RankCommState], members: Mapping[str, Sequence[int]] | None
+) -> list[HangSuspect]:
+    """The hang that holds the others first: one that names someone (a lagging or mismatched rank) before one
+    where every member entered; then one whose lagging ranks are not themselves waiting in a collective (stuck
+    in host code, gone); among those, or in a cycle of groups waiting on each other, the largest group."""
+    waiting = {s.rank for s in states if s.started_seq > s.completed_seq}
+
+    def downstream(hang: HangSuspect) -> bool:  # a gone rank reports no state: never waiting
+        return bool(hang.lagging_ranks) and all(r in waiting for r in hang.lagging_ranks)
+
+    def size(hang: HangSuspect) -> int:
+        return max(len((members or {}).get(hang.group, ())), len(hang.waiting_ranks) + len(hang.lagging_ranks))
+
+    return sorted(hangs, key=lambda h: (not (h.lagging_ranks or h.mismatch), downstream(h), -size(h), h.group))
+
+
+def _mismatch(at_seq: Sequence[RankCommState], op: str) -> dict[int, str]:
+    """Members at the hung sequence number inside another collective, or the same one with another size."""
+    sizes = [s.inflight_bytes for s in at_seq if s.inflight_op == op and s.inflight_bytes is not None]
+    usual = max(set(sizes), key=sizes.count) if sizes else None
+    out = {}
+    for state in at_seq:
+        if state.inflight_op != op:
+            out[state.rank] = state.inflight_op
+        elif usual is not None and state.inflight_bytes is not None and state.inflight_bytes != usual:
+            out[state.rank] = f"{op} of {state.inflight_bytes} bytes (the others {usual})"
+    return out
+
+
+def judge_hangs(positions: Positions, min_wait_s: float | None = None) -> HangReport:
+    """The job's hangs under its own threshold (the largest its ranks export; ``min_wait_s`` instead, where
+    given: 0 for dumps taken because the job hung), none while a rank is paused."""
+    thresholds = [w.threshold_s for w in positions.watch.values() if w.threshold_s is not None]
+    threshold = max(thresholds) if thresholds else DEFAULT_THRESHOLD_S
+    if min_wait_s is not None:
+        threshold = min_wait_s
+    paused = tuple(f"rank {rank}: {', '.join(w.paused)}" for rank, w in sorted(positions.watch.items()) if w.paused)
+    if paused:
+        return HangReport((), threshold, paused)
+    hangs = find_hangs(
+        positions.states, min_wait_s=threshold, members=positions.members, gone=positions.gone, watch=positions.watch
+    )
+    # a lagging rank inside another group's collective makes that group part of the hang, however long its
+    # members have waited yet (two groups waiting on each other): the largest group's view comes first
+    hung = {h.group for h in hangs}
+    involved = {
+        s.group
+        for h in hangs
+        for s in positions.states
+        if s.rank in h.lagging_ranks and s.group not in hung and s.started_seq > s.completed_seq
+    }
+    if involved:
+        hangs += find_hangs(
+            [s for s in positions.states if s.group in involved],
+            min_wait_s=0.0,
+            members=positions.members,
+            gone=positions.gone,
+            watch=positions.watch,
+        )
+    return HangReport(tuple(_root_first(hangs, positions.states, positions.members)), threshold)
+
+
+def hang_result(report: HangReport) -> LocalizationResult:
+    """The ``hang`` verdict: the ranks the largest hung group waits for as suspects (kind ``rank``), every hung
+    group in ``details["hangs"]``.
+
+    >>> states = (RankCommState(0, "dp", 7, 6, "all_reduce", 42.0), RankCommState(1, "dp", 6, 6, "", 0.0))
+    >>> result = hang_result(judge_hangs(Positions(states, watch={1: RankWatch(12.0, (), "outside collectives "
+    ...                                                              "for 41 s at train.py:load_batch:52")})))
+    >>> result.verdict, result.suspects[0].component, result.suspects[0].evidence
+    ('hang', 'rank:1', 'rank 1 never entered it (outside collectives for 41 s at train.py:load_batch:52); rank 0 waiting 42 s in all_reduce #7')
+    """
+    main = report.hangs[0]
+    gone = {g.rank: g for g in main.missing}
+    suspects = []
+    for rank in report.culprits:
+        if rank in gone:
+            evidence = f"{gone[rank].text(main.group)}; its peers wait in {main.op} #{main.seq}"
+        elif rank in main.mismatch:
+            evidence = (
+                f"mismatch: rank {rank} is in {main.mismatch[rank]} #{main.seq} of {main.group}, its peers in {main.op}"
+            )
+        else:
+            doing = main.doing.get(rank) or f"last entered #{main.lagging_at.get(rank, -1)}"
+            evidence = f"rank {rank} never entered it ({doing}); {main.waiting}"
+        suspects.append(Suspect("rank", (rank,), None, main.group, 1.0, evidence, f"rank:{rank}"))
+    if not suspects:  # every member entered: the communication path between them
+        suspects.append(Suspect("link", main.waiting_ranks, None, main.group, 1.0, main.verdict, f"group:{main.group}"))
+    details = {
+        "hangs": [h.to_dict() for h in report.hangs],
+        "hang_threshold_s": round(report.threshold_s, 1),
+        "reasons": [h.verdict for h in report.hangs],
+    }
+    return LocalizationResult("hang", tuple(suspects[:5]), (), advice_for("hang"), details)
+
+
+def _doing(rank: int, group: str, states: Sequence[RankCommState], watch: RankWatch | None) -> str:
+    """Where a lagging rank is: inside a collective of another group, or where its watcher found it."""
+    elsewhere = [
+        s
+        for s in states
+        if s.rank == rank and s.group != group and s.started_seq > s.completed_seq and s.inflight_s > 0
+    ]
+    if elsewhere:
+        other = max(elsewhere, key=lambda s: s.inflight_s)
+        return f"in {other.inflight_op} #{other.started_seq} of {other.group} for {other.inflight_s:.0f} s"
+    if watch is not None and watch.stuck:
+        return watch.stuck
+    return ""
+
+
+def _ranks(ranks: Sequence[int]) -> str:
+    return ", ".join(map(str, ranks[:8])) + (f", ... ({len(ranks)} ranks)" if len(ranks) > 8 else "")
+
+
+def states_from_samples(samples: Iterable[tuple[str, Mapping[str, str], float]]) -> list[RankCommState]:
+    """Rebuild per-rank states from scraped samples ``(metric name, labels, value)`` of any number of ranks."""
+    started: dict[tuple[int, str], int] = {}
+    completed: dict[tuple[int, str], int] = {}
+    inflight: dict[tuple[int, str], tuple[str, float]] = {}
+    for name, labels, value in samples:
+        rank = _rank(labels)
+        if rank is None or "group" not in labels or not _plausible(value):
+            continue
+        key = (rank, labels["group"])
+        if name == "trainhealth_comm_started_seq":
+            started[key] = int(value)
+        elif name == "trainhealth_comm_completed_seq":
+            completed[key] = int(value)
+        elif name == "trainhealth_comm_inflight_duration_seconds" and value > inflight.get(key, ("", -1.0))[1]:
+            inflight[key] = (labels.get("op", ""), float(value))
+    return [
+        RankCommState(rank, group, seq, completed.get((rank, group), -1), *inflight.get((rank, group), ("", 0.0)))
+        for (rank, group), seq in sorted(started.items())
+    ]
+
+
+def positions_from_samples(
+    samples: Iterable[tuple[str, Mapping[str, str], float]],
+    gone_samples: Iterable[tuple[str, Mapping[str, str], float]] = (),
+) -> Positions:
+    """Every rank's position from scraped samples of the live ranks, and from the last samples of ranks that
+    stopped reporting (``gone_samples``: ``trainhealth_comm_started_seq``, ``..._watch_timestamp_seconds``
+    and ``..._group_info`` as Prometheus last saw them)."""
+    samples = [(name, labels, value) for name, labels, value in samples if _plausible(value)]
+    gone_samples = [(name, labels, value) for name, labels, value in gone_samples if _plausible(value)]
+    members: dict[str, tuple[int, ...]] = {}
+    watch: dict[int, dict[str, Any]] = {}
+    for name, labels, value in samples:
+        rank = _rank(labels)
+        if name == "trainhealth_comm_group_info" and labels.get("group"):
+            members[labels["group"]] = _parse_ranges(labels.get("members", ""))
+        if rank is None:
+            continue
+        entry = watch.setdefault(rank, {"threshold_s": None, "paused": [], "stuck": None})
+        if name == "trainhealth_comm_hang_threshold_seconds":
+            entry["threshold_s"] = float(value)
+        elif name == "trainhealth_comm_paused" and value > 0:
+            entry["paused"].append(labels.get("reason", "pause"))
+        elif name == "trainhealth_comm_stuck_duration_seconds":
+            state = labels.get("state", "").replace("_", " ")
+            what = (
+                f"in {labels.get('op')} #{labels.get('seq')} of {labels.get('group')}"
+                if labels.get("state") == "in_collective"
+                else state
+            )
+            entry["stuck"] = f"{what} for {value:.0f} s at {labels.get('where', '?')}"
+    states = tuple(states_from_samples(samples))
+    live = {s.rank for s in states}
+    gone: dict[int, GoneRank] = {}
+    last_seen: dict[int, float] = {}
+    last_seq: dict[int, dict[str, int]] = {}
+    for name, labels, value in gone_samples:
+        rank = _rank(labels)
+        if name == "trainhealth_comm_group_info" and labels.get("group"):
+            members.setdefault(labels["group"], _parse_ranges(labels.get("members", "")))
+        if rank is None or rank in live:
+            continue
+        if name == "trainhealth_comm_watch_timestamp_seconds":
+            last_seen[rank] = max(last_seen.get(rank, 0.0), float(value))
+        elif name == "trainhealth_comm_started_seq" and labels.get("group"):
+            last_seq.setdefault(rank, {})[labels["group"]] = int(value)
+    for rank in sorted(set(last_seen) | set(last_seq)):
+        gone[rank] = GoneRank(rank, last_seen.get(rank), last_seq.get(rank, {}))
+    return Positions(
+        states,
+        members,
+        {rank: RankWatch(w["threshold_s"], tuple(w["paused"]), w["stuck"]) for rank, w in watch.items()},
+        gone,
+    )
+
+
+def positions_from_records(records: Any, members: Mapping[str, Sequence[int]], dumped_at: float) -> Positions:
+    """Every rank's position from Flight Recorder records (trace format v1 with its ``state`` column, from
+    :func:`trainhealth._internal.traces.flight_recorder.import_flight_recorder`): per rank and group, the last collective
+    entered and the last completed, the one in flight and how long before ``dumped_at`` (unix time) it began.
+    Members that left no dump are missing. gloo marks no entry completed (and its ``pg_status`` counts
+    disagree between members), so there each rank's last entry counts as in flight, as torch's ``fr_trace``
+    reads it: the rank behind is the one whose last entry is older."""
+    collectives = records[~records["op"].isin(("send", "recv")) & records["seq"].notna()]
+    states = []
+    for (rank, group), rows in collectives.groupby(["rank", "group"], sort=True):
+        rows = rows.sort_values("seq")
+        last = rows.iloc[-1]
+        done = rows[rows["state"] == "completed"]
+        started = int(last["seq"])
+        finished = int(done["seq"].max()) if len(done) else -1
+        inflight = started > finished
+        size = last.get("bytes")
+        states.append(
+            RankCommState(
+                int(rank),
+                str(group),
+                started,
+                finished,
+                str(last["op"]) if inflight else "",
+                max(0.0, dumped_at - float(last["start"])) if inflight else 0.0,
+                int(size) if inflight and size is not None and not pd.isna(size) else None,
+            )
+        )
+    return Positions(tuple(states), {str(g): tuple(int(r) for r in m) for g, m in members.items()})
+
+
+def _plausible(value: float) -> bool:
+    """A sample that can be a sequence number, a duration or a time: finite, under 2**53 in size."""
+    return math.isfinite(value) and abs(value) < 2.0**53
+
+
+def _rank(labels: Mapping[str, str]) -> int | None:
+    text = labels.get("rank", "")
+    return int(text) if text.isascii() and text.isdigit() and len(text) <= 9 else None
+
+
+def _parse_ranges(text: str) -> tuple[int, ...]:
+    """``0-3,8`` -> (0, 1, 2, 3, 8); text that is not ranges gives ()."""
+    out: list[int] = []
+    try:
+        for part in filter(None, text.split(",")):
+            low, _, high = part.partition("-")
+            out += range(int(low), int(high or low) + 1)
+    except ValueError:
+        return ()
+    return tuple(out) if len(out) <= 1 << 20 else ()

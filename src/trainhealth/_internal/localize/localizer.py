@@ -1,0 +1,351 @@
+"""Root-cause localization of iteration-time irregularities from collective timings.
+
+The rules are Holmes's (NSDI'25), applied to whole windows of steps with numpy:
+
+1. **Compute.** In a prolonged collective, the member whose operation looks
+   normal while the others' look prolonged is the straggler: they were waiting
+   for it. Its compute times (recorded, or the time it spends outside
+   collectives) stand out against its data-parallel peers and its own past;
+   the waiting of other stages stays inside their sends and receives.
+2. **Communication.** When every member's operation is prolonged — the last
+   arrival's too, which did not wait — the path is slow. The transfers that
+   cross each NIC, host and leaf switch are scored; a slow switch or host
+   explains the transfers of all the NICs behind it, so the widest component
+   that explains the evidence is named.
+3. **Across iterations.** Evidence is accumulated over the window: for every
+   candidate the strongest slow stretch of consecutive steps against the rest of
+   the window (recent steps weighted more, by ``decay``), or its level over the
+   whole window when it was slow throughout. Candidates are ranked by it.
+4. **Imbalance is no one's fault.** Uneven work — a longer last pipeline stage,
+   longer sequences in one replica — moves whole stages or replicas; it is
+   compared between peers and replicas and reported as imbalance, never blamed
+   on a GPU.
+
+>>> from trainhealth._internal.simulator.cluster import ClusterLayout
+>>> from trainhealth._internal.simulator.simulate import ClusterFaultKind, InjectedFault, Scenario, simulate
+>>> fault = InjectedFault(ClusterFaultKind.GPU, target=5, severity=1.5, start_step=6)
+>>> trace = simulate(Scenario(ClusterLayout(dp=4, pp=2, tp=2), steps=12, faults=(fault,), seed=3))
+>>> result = localize(trace.records, trace.topology)
+>>> result.verdict, result.suspects[0].component
+('compute', 'gpu:rank-5')
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from trainhealth._internal.knowledge.advice import advice_for
+from trainhealth._internal.localize.candidates import Candidate, Thresholds
+from trainhealth._internal.localize.evidence import gather_evidence, last_steps
+from trainhealth._internal.localize.gpus import gpu_candidates, gpu_noise
+from trainhealth._internal.localize.imbalance import imbalance_reasons
+from trainhealth._internal.localize.iterations import needs_inference
+from trainhealth._internal.localize.measured import MIN_STEPS, analyze_measured
+from trainhealth._internal.localize.paths import path_candidates
+from trainhealth._internal.localize.power import Power, detection_power, uncovered_ranks
+from trainhealth._internal.localize.result import LocalizationResult, Suspect
+from trainhealth._internal.traces.topology import Topology
+
+__all__ = ["Analysis", "Candidate", "Thresholds", "analyze", "decide", "localize"]
+
+
+@dataclass(frozen=True)
+class Analysis:
+    """Everything the verdict is decided from (see :func:`decide`)."""
+
+    candidates: tuple[Candidate, ...]
+    imbalance: tuple[str, ...]  # reasons to call the irregularity uneven work
+    irregular_steps: tuple[int, ...]
+    details: dict[str, Any]
+    insufficient: str | None = None  # why the window cannot support a verdict
+    power: Power | None = None  # what the window could have seen (None: not measured)
+    uncovered: tuple[int, ...] = ()  # ranks without measurements in most of the window
+    undecided: tuple[str, ...] = ()  # why nobody is blamed and yet the window cannot be called healthy
+
+
+def localize(
+    records: pd.DataFrame,
+    topology: Topology | Mapping[str, Any] | None = None,
+    thresholds: Thresholds | None = None,
+    probe: Any = None,
+    judge_last: int | None = None,
+) -> LocalizationResult:
+    """Localize the cause of irregular steps in ``records`` (trace format v1, canonical dtypes).
+
+    ``probe`` is a :class:`trainhealth._internal.exporters.collectives.probe.ProbeResult` (or ``None``): a pairwise link
+    measurement that names the slow link where timings alone can only say "communication". With
+    ``judge_last``, only the last ``judge_last`` steps are judged, and the steps before them are the run's
+    history: each rank's usual, how far healthy members go, and recurrence come from all of them (what a live
+    analyzer does: ``trainhealth analyze --last 20 --history 200``).
+    """
+    thresholds = thresholds or Thresholds()
+    return decide(analyze(records, topology, thresholds, probe, judge_last), thresholds)
+
+
+def recorded_passes(records: pd.DataFrame) -> bool:
+    """True for traces the recorded path reads: no step markers, and either the compute is timed itself (every
+    forward and backward pass from the simulator or a profiler, or each step's compute from the Prometheus
+    source), or the steps are numbered and every collective blocks the training thread (no ``async`` rows), so
+    the gaps between a step's collectives are its compute. DDP buckets run beside backward (``async``), and
+    such gaps are then near zero: those traces, and traces with markers, take the measured path."""
+    ops = set(records["op"].unique())
+    if "step" in ops:
+        return False
+    if ops & {"backward", "compute"}:
+        return True
+    running_beside = "async" in records.columns and bool(records["async"].fillna(False).astype(bool).any())
+    return not running_beside and not needs_inference(records)
+
+
+def analyze(
+    records: pd.DataFrame,
+    topology: Topology | Mapping[str, Any] | None,
+    thresholds: Thresholds,
+    probe: Any = None,
+    judge_last: int | None = None,
+) -> Analysis:
+    """Score every candidate GPU and network component, and look for uneven work (in the last ``judge_last``
+    steps against the history before them, when given; see :func:`localize`)."""
+    if isinstance(topology, Mapping):
+        topology = Topology.from_dict(dict(topology))
+    if records.empty:
+        return Analysis((), (), (), {}, "the trace window is empty")
+    if judge_last is not None and judge_last < 1:
+        raise ValueError("judge_last must be at least 1")
+    if not recorded_passes(records):
+        if judge_last is not None:  # the measured path judges its window alone
+            records = records[records["step"].isin(np.sort(records["step"].unique())[-judge_last:])]
+        analysis = _measured(records, topology, thresholds)
+    else:
+        analysis = _recorded(records, topology, thresholds, judge_last)
+    return _with_probe(analysis, probe) if probe is not None else analysis
+
+
+def _measured(records: pd.DataFrame, topology: Topology | None, thresholds: Thresholds) -> Analysis:
+    found = analyze_measured(records, topology, thresholds)
+    details = dict(found.details)
+    if topology is not None and topology.simulated:
+        details["simulated"] = True
+    return Analysis(
+        found.candidates,
+        found.imbalance,
+        found.irregular_steps,
+        details,
+        found.insufficient,
+        found.power,
+        found.uncovered,
+        found.undecided,
+    )
+
+
+def _with_probe(analysis: Analysis, probe: Any) -> Analysis:
+    """A probe that names a slow link confirms (or adds) the communication finding with that rank."""
+    details = {**analysis.details, "probe": probe.to_dict()}
+    slow = probe.slow_ranks()
+    if slow is None:
+        return Analysis(
+            analysis.candidates, analysis.imbalance, analysis.irregular_steps, details, analysis.insufficient
+        )
+    named = Candidate(
+        "link",
+        f"nic:rank-{slow.rank}",
+        (slow.rank,),
+        slow.host,
+        float("inf"),
+        f"the pairwise probe confirms it: {slow.evidence}",
+        "probe",
+        slowdown=slow.factor if math.isfinite(slow.factor) else None,
+    )
+    others = tuple(c for c in analysis.candidates if c.kind != "link")
+    return Analysis((named,) + others, analysis.imbalance, analysis.irregular_steps, details, None)
+
+
+def _recorded(
+    records: pd.DataFrame, topology: Topology | None, thresholds: Thresholds, judge_last: int | None = None
+) -> Analysis:
+    evidence = gather_evidence(records, topology.hosts if topology else None, topology.switches if topology else None)
+    history = None
+    if judge_last is not None and len(evidence.steps) > judge_last:
+        history, evidence = evidence, last_steps(evidence, judge_last)
+    median_step = float(np.median(evidence.step_time)) if len(evidence.step_time) else 0.0
+    window = {
+        "steps": [int(evidence.steps[0]), int(evidence.steps[-1])] if len(evidence.steps) else [],
+        "ranks": len(evidence.ranks),
+        "median_step_seconds": round(median_step, 6),
+    }
+    if len(evidence.steps) < MIN_STEPS or len(evidence.ranks) < 2:
+        what = f"{len(evidence.steps)} steps" if len(evidence.steps) < MIN_STEPS else f"{len(evidence.ranks)} rank"
+        return Analysis(
+            (),
+            (),
+            (),
+            {"window": window, "evidence_source": "compute and collectives"},
+            f"{what} in the trace; at least {MIN_STEPS} steps of 2 or more ranks are needed to tell a "
+            f"slow device or uneven work from noise",
+        )
+    irregular = tuple(int(s) for s in evidence.steps[evidence.step_time > thresholds.irregular * median_step])
+    gpus = gpu_candidates(evidence, thresholds, history)
+    clearly_slow = tuple(c.ranks[0] for c in gpus if c.z >= thresholds.explain_z)
+    paths, network_notes = path_candidates(evidence, thresholds, clearly_slow, history)
+    candidates = gpus + paths
+    simulated = bool(topology and topology.simulated) or bool(
+        "simulated" in records.columns and records["simulated"].fillna(False).astype(bool).any()
+    )
+    details: dict[str, Any] = {
+        "window": window,
+        "evidence_source": "collectives" if evidence.compute_derived else "compute and collectives",
+    }
+    if simulated:
+        details["simulated"] = True
+    if network_notes:
+        details["notes"] = network_notes
+    threshold = thresholds.collectives_z if evidence.compute_derived else thresholds.gpu_z
+    power = detection_power(
+        evidence.compute_change,
+        gpu_noise(evidence, thresholds),
+        threshold,
+        thresholds.min_compute_effect,
+        thresholds.rarity,
+        thresholds.power_steps,
+        history.compute_change if history is not None else None,
+    )
+    if history is not None:
+        details["history"] = {"steps": [int(history.steps[0]), int(history.steps[-1])]}
+    uncovered = uncovered_ranks(evidence.ranks, evidence.compute, _members(topology))
+    return Analysis(
+        tuple(candidates), tuple(imbalance_reasons(evidence, thresholds)), irregular, details, None, power, uncovered
+    )
+
+
+def _members(topology: Topology | None) -> set[int] | None:
+    """Every rank the topology names (group members), or None without one."""
+    if topology is None or not topology.groups:
+        return None
+    return {int(r) for members in topology.groups.values() for r in members}
+
+
+def decide(analysis: Analysis, thresholds: Thresholds) -> LocalizationResult:
+    """The verdict: the strongest fault over its threshold, else imbalance, else healthy when the window could
+    have seen a fault (:mod:`.power`); "insufficient data" with the reason when it cannot tell.
+
+    A persistent, whole-window or recurrent slowness blames its device; a transient excursion, or one that
+    healthy members of the run show too, is an event with its steps (``events``), never a suspect. Near
+    misses (half the threshold or more) are listed apart (``near_misses``), never as suspects.
+    """
+    if analysis.insufficient is not None:
+        details = {**analysis.details, "reasons": [analysis.insufficient]}
+        return LocalizationResult("insufficient_data", (), (), advice_for("insufficient_data"), details)
+    ranked = sorted(analysis.candidates, key=lambda c: c.strength(thresholds), reverse=True)
+    faults = [c for c in ranked if c.blamable and c.strength(thresholds) >= 1.0]
+    # an excursion no other member matched (transient) tells more than one as common as the run's noise
+    events = sorted(
+        (c for c in ranked if not c.blamable and c.strength(thresholds) >= 1.0), key=lambda c: c.shape == "ordinary"
+    )
+    near = [c for c in ranked if c.blamable and 0.5 <= c.strength(thresholds) < 1.0]
+    details = dict(analysis.details)
+    if events:
+        details["events"] = [_event(c) for c in events[: thresholds.max_suspects]]
+    if near:
+        details["near_misses"] = [
+            {"component": c.component, "strength": round(c.strength(thresholds), 3)}
+            for c in near[: thresholds.max_suspects]
+        ]
+    if analysis.power is not None:
+        details["power"] = analysis.power.to_dict()
+    if analysis.uncovered:
+        details["uncovered_ranks"] = list(analysis.uncovered)
+    if faults:
+        verdict = "compute" if faults[0].kind == "gpu" else "communication"
+        suspects = tuple(_suspect(c, thresholds) for c in faults[: thresholds.max_suspects])
+        return LocalizationResult(
+            verdict, suspects, analysis.irregular_steps, advice_for(verdict), {**details, "reasons": []}
+        )
+    if analysis.imbalance:  # robust to one device's excursion (:func:`.imbalance.imbalance_reasons`)
+        return LocalizationResult(
+            "imbalance",
+            (),
+            analysis.irregular_steps,
+            advice_for("imbalance"),
+            {**details, "reasons": list(analysis.imbalance)},
+        )
+    unseen = _unseen(analysis, events, thresholds)
+    if unseen is not None or analysis.power is None:
+        return LocalizationResult(
+            "insufficient_data",
+            (),
+            analysis.irregular_steps,
+            advice_for("insufficient_data"),
+            {**details, "reasons": [unseen or "no detection power to state"]},
+        )
+    return LocalizationResult(
+        "healthy",
+        (),
+        analysis.irregular_steps,
+        advice_for("healthy"),
+        {**details, "reasons": [f"healthy: {analysis.power.sentence()}"]},
+    )
+
+
+def _unseen(analysis: Analysis, events: list[Candidate], thresholds: Thresholds) -> str | None:
+    """Why the window cannot be called healthy, or None when it can."""
+    if analysis.uncovered:
+        shown = ", ".join(map(str, analysis.uncovered[:8])) + (", ..." if len(analysis.uncovered) > 8 else "")
+        return (
+            f"rank{'s' if len(analysis.uncovered) > 1 else ''} {shown} measured in fewer than half of the "
+            f"window's steps (no records, or no step markers where other ranks have them): record every rank "
+            f"with the same tools (trainhealth.Monitor or trainhealth.comm on each)"
+        )
+    if analysis.undecided:
+        return analysis.undecided[0]
+    ongoing = [c for c in events if c.shape == "ordinary"]  # slow to the window's end, like the run's noise
+    if ongoing:
+        since = f"since step {ongoing[0].since}" if ongoing[0].since is not None else "all window"
+        return (
+            f"{ongoing[0].component} is {ongoing[0].slowdown or 0:.2f}x slow {since}, and other members of this "
+            f"run went as far for as long: too soon to tell a fault from this run's noise"
+        )
+    if analysis.power is None:
+        return "the window's noise could not be measured: no detection power to state"
+    if analysis.power.slowdown > thresholds.max_hidden:
+        return (
+            f"too noisy to call healthy: only {analysis.power.sentence().replace(' would have', ', or more, would have')}; "
+            f"a longer window (more steps) or steadier timings are needed"
+        )
+    return None
+
+
+def _event(candidate: Candidate) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "component": candidate.component,
+        "kind": candidate.kind,
+        "ranks": list(candidate.ranks),
+        "shape": candidate.shape,
+        "evidence": candidate.evidence,
+    }
+    if candidate.slowdown is not None:
+        out["slowdown"] = round(candidate.slowdown, 4)
+    if candidate.since is not None:
+        out["since_step"] = candidate.since
+    return out
+
+
+def _suspect(candidate: Candidate, thresholds: Thresholds) -> Suspect:
+    strength = candidate.strength(thresholds)
+    score = 1.0 if math.isinf(strength) else strength**2 / (strength**2 + 1.0)
+    return Suspect(
+        candidate.kind,
+        candidate.ranks,
+        candidate.host,
+        None,
+        score,
+        candidate.evidence,
+        candidate.component,
+        candidate.slowdown,
+        candidate.since,
+    )

@@ -1,0 +1,348 @@
+"""Network candidates: which NIC, host or switch makes every member of its transfers wait.
+
+The last member to arrive at a collective did not wait, so its duration is the
+transfer time (Holmes's communication rule). The inter-host transfers that cross
+each NIC, host and leaf switch are scored; the strongest NIC is taken, the host
+or switch behind it is named instead when it explains most of the NIC's excess,
+its transfers are set aside, and the next is looked for.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from itertools import pairwise
+
+import numpy as np
+import pandas as pd
+
+from trainhealth._internal.localize.candidates import (
+    Candidate,
+    Thresholds,
+    best,
+    row_noise,
+    rows_noise,
+    steps_text,
+    stretch_effect,
+)
+from trainhealth._internal.localize.evidence import Evidence
+from trainhealth._internal.localize.excursions import (
+    largest_elsewhere,
+    recurrent_members,
+    shape_of,
+)
+from trainhealth._internal.localize.stretches import Stretch, level, strongest_stretch
+
+__all__ = ["path_candidates"]
+
+
+@dataclass(frozen=True)
+class _Layer:
+    """One kind of network component (NIC, host, switch) and the transfers that cross each."""
+
+    name: str
+    labels: list[str]
+    members: list[np.ndarray]  # per component: indices into Evidence.ranks
+    instance: np.ndarray  # per (instance, component) pair
+    component: np.ndarray
+
+
+def path_candidates(
+    evidence: Evidence, thresholds: Thresholds, slow_gpus: tuple[int, ...], history: Evidence | None = None
+) -> tuple[list[Candidate], list[str]]:
+    """Greedy explaining-away: name the strongest component, drop the transfers it explains, repeat.
+
+    Transfers of a clearly slow GPU are explained by it (in real pipelines a
+    straggler's partners wait inside the transfers too). A NIC whose slow stretch
+    every NIC shares is no culprit: then the switch is named when one explains it,
+    else the slowdown is reported as network-wide.
+    """
+    transfers = evidence.transfers
+    if len(transfers.excess) < 2:
+        return [], []
+    layers = _layers(evidence)
+    explained = np.zeros(len(transfers.excess), dtype=bool)
+    _explain(evidence, explained, slow_gpus)
+    noise: dict[str, float] = {}  # per layer, measured once: explaining a few components away barely moves it
+    # the run the window is judged against: its NICs over the history (the window itself without one)
+    run = history or evidence
+    run_nics = _layers(run)[0] if history is not None else layers[0]
+    run_noise: dict[str, float] = {} if history is not None else noise
+    run_explained = np.zeros(len(run.transfers.excess), dtype=bool)
+    _explain(run, run_explained, slow_gpus)
+    remembered: dict[tuple[int, bytes], tuple[np.ndarray, Stretch, np.ndarray]] = {}
+
+    def score(
+        of: Evidence, layer: _Layer, marked: np.ndarray, layer_noise: dict[str, float]
+    ) -> tuple[np.ndarray, Stretch, np.ndarray]:
+        """:func:`_score_layer`, once per layer and set of explained transfers (the recurrence test, the first
+        round and a candidate's comparison with the run's other NICs often ask the same)."""
+        key = (id(layer), np.packbits(marked).tobytes())
+        if key not in remembered:
+            remembered[key] = _score_layer(of, layer, marked, thresholds, layer_noise)
+        return remembered[key]
+
+    _, _, run_values = score(run, run_nics, run_explained, run_noise)
+    out: list[Candidate] = _recurrent(run, run_values, thresholds)
+    for recurrent in out:  # its episodes are one finding, not events of their own
+        _explain(evidence, explained, recurrent.ranks)
+    notes: list[str] = []
+    for _ in range(min(thresholds.max_suspects, 3)):  # a network fault rarely comes with more than a second
+        scores = {layer.name: score(evidence, layer, explained, noise) for layer in layers}
+        nic_z, nic_stretch, nic_values = scores["nic"]
+        index = int(np.argmax(nic_z))
+        if nic_z[index] < 0.5 * thresholds.link_z:
+            break
+        start, stop, effect = (
+            int(nic_stretch.start[index]),
+            int(nic_stretch.stop[index]),
+            float(nic_stretch.effect[index]),
+        )
+        shared = stretch_effect(nic_values, start, stop)
+        candidate = _widest(
+            evidence, layers, scores, index, float(nic_z[index]), effect, thresholds, switch_only=shared >= 0.5 * effect
+        )
+        if candidate is None and shared >= 0.5 * effect:
+            notes.append(
+                f"all inter-host transfers were {np.exp(shared):.2f}x slower {steps_text(evidence, start, stop)}: "
+                f"network-wide, no single NIC, host or known switch stands out"
+            )
+            break
+        if candidate is None:
+            rank = int(evidence.ranks[index])
+            text = (
+                f"inter-host transfers through its NIC take {np.exp(effect):.2f}x their usual "
+                f"time {steps_text(evidence, start, stop)} (z={nic_z[index]:.1f}); every member of those "
+                f"collectives is slow, the last to arrive too"
+            )
+            candidate = Candidate(
+                "link", f"nic:rank-{rank}", (rank,), evidence.hosts.get(rank), float(nic_z[index]), text
+            )
+
+        def elsewhere(candidate: Candidate = candidate) -> np.ndarray:
+            """The run's other NICs, without the transfers the candidate explains (its partners' share)."""
+            others = run_explained.copy()
+            _explain(run, others, candidate.ranks)
+            return score(run, run_nics, others, run_noise)[2]
+
+        out.append(_judged(candidate, evidence, nic_values[index], elsewhere, start, stop, effect, thresholds))
+        _explain(evidence, explained, candidate.ranks)
+    return out, notes
+
+
+def _recurrent(evidence: Evidence, values: np.ndarray, thresholds: Thresholds) -> list[Candidate]:
+    """The NIC slow in episode after episode, far more often than episodes falling on random NICs of this run
+    would make one (:func:`.excursions.recurrent_members`); its partners' share of its episodes is left out by
+    taking the NIC whose episodes are strongest. ``values``: per NIC and step, the mean excess of its transfers
+    not yet explained."""
+    # each NIC's episodes stand out from its own noise too: one whose transfers were partly explained (a slow
+    # GPU's) is measured on fewer of them and is noisier than the rest
+    sigma = rows_noise(values, row_noise(values, thresholds.min_transfer_effect / 4))
+    level = np.maximum(thresholds.recurrent_effect, 4.0 * sigma)
+    found = recurrent_members(
+        values,
+        level,
+        thresholds.recurrent_episodes,
+        thresholds.false_blame,
+        thresholds.min_length - 1,
+        lambda: _partners(evidence),
+        thresholds.rarity,
+    )
+    best: Candidate | None = None
+    for index, episodes in found.items():
+        slow = np.zeros(values.shape[1], dtype=bool)
+        for start, stop in episodes:
+            slow[start:stop] = True
+        effect = float(np.nanmedian(values[index, slow]))
+        z = effect / sigma[index] * math.sqrt(slow.sum()) / 2.0  # discounted: the episodes are the row's largest
+        if z < thresholds.link_z or (best is not None and z <= best.z):
+            continue
+        rank = int(evidence.ranks[index])
+        where = ", ".join(f"{evidence.steps[a]}-{evidence.steps[b - 1]}" for a, b in episodes[:6])
+        text = (
+            f"inter-host transfers through its NIC take {math.exp(effect):.2f}x their usual time in "
+            f"{len(episodes)} separate episodes (steps {where}{', ...' if len(episodes) > 6 else ''}; z={z:.1f}), "
+            f"far more than episodes falling on random NICs of this run would give one NIC: a recurrent fault"
+        )
+        best = Candidate(
+            "link",
+            f"nic:rank-{rank}",
+            (rank,),
+            evidence.hosts.get(rank),
+            z,
+            text,
+            "transfers",
+            math.exp(effect),
+            int(evidence.steps[episodes[0][0]]),
+            "recurrent",
+        )
+    return [best] if best is not None else []
+
+
+def _partners(evidence: Evidence) -> dict[int, set[int]]:
+    """Per rank index, the rank indices at the other ends of its inter-host transfers. Instances of one group
+    share their members: each distinct member set is expanded once (a data-parallel group of 64 has 4,032
+    pairs, repeated in every step it would be millions)."""
+    transfers = evidence.transfers
+    order = np.lexsort((transfers.member_rank, transfers.member_instance))
+    instance, rank = transfers.member_instance[order], transfers.member_rank[order]
+    bounds = np.flatnonzero(np.r_[True, instance[1:] != instance[:-1], True])
+    member_sets = {rank[a:b].tobytes(): rank[a:b] for a, b in pairwise(bounds)}
+    out: dict[int, set[int]] = {}
+    for members in member_sets.values():
+        for member in members.tolist():
+            out.setdefault(member, set()).update(members.tolist())
+    for member, others in out.items():
+        others.discard(member)
+    return out
+
+
+def _judged(
+    candidate: Candidate,
+    evidence: Evidence,
+    row: np.ndarray,
+    elsewhere: Callable[[], np.ndarray],
+    start: int,
+    stop: int,
+    effect: float,
+    thresholds: Thresholds,
+) -> Candidate:
+    """The candidate with its shape (:mod:`.excursions`): slow all window, from an onset on, or an event (it
+    came and went, or other NICs of the run, without the transfers it explains, went as far for as long)."""
+    whole = start <= 0 and stop >= len(row)
+    shape = "throughout" if whole else shape_of(row, start, stop)
+    covered = np.flatnonzero(np.isin(evidence.ranks, candidate.ranks))  # a host's or switch's NICs are not "others"
+    if shape != "transient" and effect < thresholds.rarity * largest_elsewhere(elsewhere(), covered, stop - start):
+        shape = "ordinary"
+    note = {
+        "transient": "; it came and went: an event, not a faulty component",
+        "ordinary": "; other NICs of this run went as far for as long: an event, not a faulty component",
+    }
+    return replace(
+        candidate,
+        evidence=candidate.evidence + note.get(shape, ""),
+        shape=shape,
+        slowdown=float(np.exp(effect)),
+        since=None if whole else int(evidence.steps[start]),
+    )
+
+
+def _transfer_noise(excess: np.ndarray, values: np.ndarray, counts: np.ndarray, floor: float) -> float:
+    """One transfer's standard deviation, times the overdispersion of the per-step means (at least 1)."""
+    if not len(excess):
+        return floor
+    single = max(1.4826 * float(np.median(np.abs(excess - np.median(excess)))), floor)
+    with np.errstate(all="ignore"):
+        # step-to-step changes: a fault that starts in the window moves one of them, not all
+        standardized = np.diff(values, axis=1) / (single * np.sqrt(1 / counts[:, 1:] + 1 / counts[:, :-1]))
+    finite = np.abs(standardized[np.isfinite(standardized)])
+    return single * max(1.0, 1.4826 * float(np.median(finite)) if len(finite) else 1.0)
+
+
+def _explain(evidence: Evidence, explained: np.ndarray, ranks: tuple[int, ...]) -> None:
+    """Mark the transfers any of ``ranks`` took part in as explained."""
+    transfers = evidence.transfers
+    covered = np.isin(evidence.ranks[transfers.member_rank], ranks)
+    explained[transfers.member_instance[covered]] = True
+
+
+def _layers(evidence: Evidence) -> list[_Layer]:
+    transfers = evidence.transfers
+    ranks = [int(r) for r in evidence.ranks]
+    groupings = [("nic", {str(r): [i] for i, r in enumerate(ranks)})]
+    for name, mapping in (("host", evidence.hosts), ("switch", evidence.switches)):
+        members: dict[str, list[int]] = {}
+        for index, rank in enumerate(ranks):
+            if rank in mapping:
+                members.setdefault(mapping[rank], []).append(index)
+        if members:
+            groupings.append((name, members))
+    layers = []
+    for name, members in groupings:
+        labels = sorted(members, key=lambda label: members[label][0])
+        component_of = np.full(len(ranks), -1)
+        for code, label in enumerate(labels):
+            component_of[members[label]] = code
+        component = component_of[transfers.member_rank]
+        known = component >= 0
+        instance, component = transfers.member_instance[known], component[known]
+        if name != "nic":  # several members of an instance may share a host or switch: count it once
+            key = pd.unique(instance * len(labels) + component)
+            instance, component = key // len(labels), key % len(labels)
+        layers.append(_Layer(name, labels, [np.asarray(members[label]) for label in labels], instance, component))
+    return layers
+
+
+def _score_layer(
+    evidence: Evidence, layer: _Layer, explained: np.ndarray, thresholds: Thresholds, noise: dict[str, float]
+) -> tuple[np.ndarray, Stretch, np.ndarray]:
+    """Per component: z, stretch and per-step mean excess of the transfers crossing it, not yet explained.
+
+    Each transfer counts once; the noise is one transfer's, inflated by how much
+    more the per-step means vary than independent transfers would (congestion
+    moves many transfers of a step together).
+    """
+    transfers = evidence.transfers
+    n_steps, n_components = len(evidence.steps), len(layer.labels)
+    open_pairs = ~explained[layer.instance]
+    instance, code = layer.instance[open_pairs], layer.component[open_pairs]
+    cell = code * n_steps + transfers.step[instance]
+    size = n_components * n_steps
+    sums = np.bincount(cell, weights=transfers.excess[instance], minlength=size).reshape(n_components, n_steps)
+    counts = np.bincount(cell, minlength=size).astype(np.float64).reshape(n_components, n_steps)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        values = np.where(counts > 0, sums / counts, np.nan)
+    if layer.name not in noise:
+        noise[layer.name] = _transfer_noise(
+            transfers.excess[instance], values, counts, thresholds.min_transfer_effect / 4
+        )
+    sigma = noise[layer.name]
+    stretch = strongest_stretch(sums, counts, sigma, thresholds.min_length, thresholds.decay)
+    whole = level(sums, counts, sigma, thresholds.transfer_allowance, thresholds.min_length)
+    z, chosen = best(stretch, whole)
+    return np.where(chosen.effect >= thresholds.min_transfer_effect, z, 0.0), chosen, values
+
+
+def _widest(
+    evidence: Evidence,
+    layers: list[_Layer],
+    scores: dict[str, tuple[np.ndarray, Stretch, np.ndarray]],
+    index: int,
+    nic_z: float,
+    nic_effect: float,
+    thresholds: Thresholds,
+    switch_only: bool = False,
+) -> Candidate | None:
+    """The switch or host behind rank ``index`` when it explains the NIC's slow transfers, else None.
+
+    It explains them when its own transfers are slow by at least ``explain_share``
+    of the NIC's excess, with at least half the NIC's confidence.
+    """
+    for layer in sorted(layers, key=lambda layer: ("switch", "host").index(layer.name) if layer.name != "nic" else 9):
+        if layer.name == "nic" or switch_only and layer.name != "switch":
+            continue
+        found = [code for code, members in enumerate(layer.members) if index in members]
+        if not found:
+            continue
+        code = found[0]
+        z, stretch, _ = scores[layer.name]
+        if z[code] < 0.5 * nic_z or stretch.effect[code] < thresholds.explain_share * nic_effect:
+            continue
+        covered = tuple(int(evidence.ranks[i]) for i in layer.members[code])
+        label = layer.labels[code]
+        steps = steps_text(evidence, int(stretch.start[code]), int(stretch.stop[code]))
+        factor = np.exp(stretch.effect[code])
+        if layer.name == "switch":
+            hosts = len({evidence.hosts.get(r, str(r)) for r in covered})
+            text = (
+                f"inter-host transfers of all {hosts} hosts under {label} take {factor:.2f}x their usual "
+                f"time {steps} (z={z[code]:.1f}): the switch, not one host or NIC"
+            )
+            return Candidate("link", f"switch:{label}", covered, None, float(z[code]), text)
+        text = (
+            f"inter-host transfers of every GPU on {label} take {factor:.2f}x their usual time {steps} "
+            f"(z={z[code]:.1f}): the host's network path, not one NIC"
+        )
+        return Candidate("host", f"host:{label}", covered, label, float(z[code]), text)
+    return None

@@ -1,0 +1,332 @@
+"""Where the analyzer reads a window of collective timings: trace files, or Prometheus's HTTP API.
+
+Both return trace format v1 records, so one localizer serves both.
+
+* :class:`TraceDirectory` reads the trace files ranks drop into a directory
+  (``rank-<N>.<n>.jsonl.gz`` from ``trainhealth.comm``, or any v1 trace) and keeps the
+  last ``window`` steps. A file that cannot be read (a rank still writing with
+  another tool, a corrupt file) is skipped and reported, not fatal.
+* :class:`PrometheusSource` asks Prometheus (through
+  :class:`~trainhealth._internal.localize.prometheus_api.PrometheusClient`) for the per-rank aggregates every
+  rank exports: the mean duration of each collective (op, group) over each
+  ``step`` seconds — one "instance" of the group per interval, the same on every
+  member — and each rank's compute per training step, as ``compute`` records:
+  the compute the rank measures itself (step time less the time it was blocked
+  in collectives, ``trainhealth_train_step_compute_seconds_total``), or, from
+  ranks of older versions, the mean step time less the collective time per step.
+  In this mode a trace "step" is one query interval.
+
+Neither raises anything but :class:`SourceError` (one line) for input it cannot use:
+the analyzer counts that, keeps serving its last verdict and tries again.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from trainhealth._internal import catalog
+from trainhealth._internal.knowledge.limits import PAUSE_HOLD_S
+from trainhealth._internal.knowledge.promql import string_literal
+from trainhealth._internal.localize.hangs import HangReport, judge_hangs, positions_from_samples
+from trainhealth._internal.localize.prometheus_api import PrometheusClient, Series, SourceError, one_line
+from trainhealth._internal.traces.format import TraceError, validate
+from trainhealth._internal.traces.io import is_trace_file, read_trace_file
+from trainhealth._internal.traces.topology import TOPOLOGY_FILE, Topology
+
+#: the link probe's result, read from a trace directory beside the traces (``trainhealth probe --out``)
+PROBE_FILE = "probe.json"
+
+#: the longest a collective or a step's compute may plausibly take (a day); longer durations are left out
+MAX_SECONDS = 86400.0
+_IMPLAUSIBLE = object()  # a sample that cannot be a timing of the window
+
+__all__ = [
+    "MAX_SECONDS",
+    "PROBE_FILE",
+    "PrometheusClient",
+    "PrometheusSource",
+    "Series",
+    "SourceError",
+    "TraceDirectory",
+    "Window",
+    "load_probe",
+]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Window:
+    """A window of records to localize, with the topology when one is known and notes for the log."""
+
+    records: pd.DataFrame
+    topology: Topology | None
+    notes: tuple[str, ...] = ()
+    probe: Any = None  # a ProbeResult found beside the traces (probe.json), naming a slow link
+    judge_last: int | None = None  # judge only the last steps; those before are the run's history
+    hangs: HangReport | None = None  # the ranks' positions judged for hangs (Prometheus: every rank's live state)
+
+
+@dataclass(frozen=True)
+class TraceDirectory:
+    """The last ``window`` steps of the trace files in ``directory``, judged against up to ``history`` steps
+    (the window included) of the run before them: each rank's usual and how far healthy members go."""
+
+    directory: Path
+    window: int = 20
+    history: int = 0
+
+    def describe(self) -> str:
+        return f"trace files in {self.directory}"
+
+    def read(self) -> Window:
+        if not self.directory.is_dir():
+            raise SourceError(f"{self.directory}: no such directory")
+        frames, notes = [], []
+        try:
+            paths = sorted(p for p in self.directory.iterdir() if p.is_file() and is_trace_file(p))
+        except OSError as exc:
+            raise SourceError(f"{self.directory}: cannot list it: {exc.strerror or exc}") from None
+        for path in paths:
+            try:
+                frames.append(read_trace_file(path))
+            except TraceError as exc:
+                notes.append(f"skipped {exc}")
+            except OSError as exc:  # unreadable, or gone between listing and reading
+                notes.append(f"skipped {path}: {exc.strerror or exc}")
+        if not frames:
+            raise SourceError(f"{self.directory}: no readable trace files yet")
+        records = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
+        steps = np.sort(records["step"].unique())[-max(self.window, self.history) :]
+        records = records[records["step"].isin(steps)].reset_index(drop=True)
+        topology = None
+        if (self.directory / TOPOLOGY_FILE).is_file():
+            try:
+                topology = Topology.load(self.directory / TOPOLOGY_FILE)
+            except TraceError as exc:
+                notes.append(f"ignored {exc}")
+            except OSError as exc:
+                notes.append(f"ignored {self.directory / TOPOLOGY_FILE}: {exc.strerror or exc}")
+        probe, problem = load_probe(self.directory / PROBE_FILE)
+        if problem:
+            notes.append(problem)
+        return Window(records, topology, tuple(notes), probe, self.window if self.history > self.window else None)
+
+
+def load_probe(path: Path) -> tuple[Any, str | None]:
+    """The link probe result at ``path`` when there is one, else None; a bad file is a note, not fatal."""
+    if not path.is_file():
+        return None, None
+    from trainhealth._internal.exporters.collectives.probe import ProbeResult
+
+    try:
+        return ProbeResult.load(path), None
+    except (OSError, ValueError) as exc:
+        return None, f"ignored {path}: {exc}"
+
+
+@dataclass(frozen=True)
+class PrometheusSource:
+    """Per-rank collective and step aggregates over the last ``window`` seconds, in ``step``-second intervals.
+
+    ``job`` is matched as a PromQL string literal (:func:`~trainhealth._internal.knowledge.promql.string_literal`), so any
+    job name selects exactly that job. Samples that cannot be timings of this window (an infinite or implausibly
+    long duration, a time outside the window, a rank label that is not a rank) are left out and noted.
+    """
+
+    client: PrometheusClient
+    job: str | None = None
+    window: float = 600.0
+    step: float = 30.0
+
+    def describe(self) -> str:
+        return f"Prometheus at {self.client.url}" + (f" (job {one_line(repr(self.job))})" if self.job else "")
+
+    def read(self) -> Window:
+        hangs = self.hangs()
+        if hangs.hangs:  # the collectives stopped completing: the window before the hang is beside the point
+            return Window(pd.DataFrame(), None, hangs=hangs)
+        window = self._window()
+        return Window(window.records, window.topology, window.notes, hangs=hangs)
+
+    #: the ranks' live positions; the last ones of a rank gone (its series stale) within this many seconds
+    GONE_WITHIN_S = 600
+
+    def hangs(self) -> HangReport:
+        """Every rank's position now (and the last one of ranks that stopped reporting), judged for hangs."""
+        names = (
+            catalog.COMM_STARTED_SEQ,
+            catalog.COMM_COMPLETED_SEQ,
+            catalog.COMM_INFLIGHT_DURATION,
+            catalog.COMM_GROUP,
+            catalog.COMM_HANG_THRESHOLD,
+            catalog.COMM_STUCK_DURATION,
+            catalog.COMM_PAUSED,
+        )
+        queries = [(spec.prometheus_name, self._select(spec.prometheus_name)) for spec in names]
+        # a pause holds the verdict a while after it ends: the peers' wait may be from an older scrape
+        paused = catalog.COMM_PAUSED.prometheus_name
+        queries[-1] = (paused, f"max_over_time({self._select(paused)}[{PAUSE_HOLD_S}s])")
+        samples = [
+            (name, series.labels, value)
+            for name, promql in queries
+            for series in self.client.query(promql)
+            for _, value in series.samples[-1:]
+        ]
+        gone = []
+        for spec in (catalog.COMM_STARTED_SEQ, catalog.COMM_WATCH_TIMESTAMP, catalog.COMM_GROUP):
+            selector = self._select(spec.prometheus_name)
+            gone += [
+                (spec.prometheus_name, series.labels, value)
+                for series in self.client.query(f"last_over_time({selector}[{self.GONE_WITHIN_S}s]) unless {selector}")
+                for _, value in series.samples[-1:]
+            ]
+        return judge_hangs(positions_from_samples(samples, gone))
+
+    def _window(self) -> Window:
+        end = time.time()
+        start = end - self.window
+        comm_sum = catalog.COMM_OP_DURATION.prometheus_name + "_sum"
+        comm_count = catalog.COMM_OP_DURATION.prometheus_name + "_count"
+        step_sum = catalog.TRAIN_STEP_DURATION.prometheus_name + "_sum"
+        step_count = catalog.TRAIN_STEP_DURATION.prometheus_name + "_count"
+        by_op, by_rank = "job, host, rank, op, group", "job, host, rank"
+        interval = f"[{max(int(self.step), 1)}s]"
+        collectives = self.client.query_range(
+            f"sum by ({by_op}) (rate({self._select(comm_sum)}{interval})) / "
+            f"sum by ({by_op}) (rate({self._select(comm_count)}{interval}))",
+            start,
+            end,
+            self.step,
+        )
+        if not collectives:
+            raise SourceError(
+                f"no {catalog.COMM_OP_DURATION.prometheus_name} series in {self.describe()} over the "
+                f"last {self.window:g}s: are the ranks running trainhealth.comm and being scraped?"
+            )
+        compute = self._measured_compute(interval, start, end, by_rank)
+        if not compute:  # ranks without the measured split: the mean step time minus the collective time per step
+            step_mean = self.client.query_range(
+                f"sum by ({by_rank}) (rate({self._select(step_sum)}{interval})) / "
+                f"sum by ({by_rank}) (rate({self._select(step_count)}{interval}))",
+                start,
+                end,
+                self.step,
+            )
+            comm_per_step = self.client.query_range(
+                f"sum by ({by_rank}) (rate({self._select(comm_sum)}{interval})) / "
+                f"sum by ({by_rank}) (rate({self._select(step_count)}{interval}))",
+                start,
+                end,
+                self.step,
+            )
+        gpus = {
+            (series.labels.get("job"), series.labels.get("rank")): series.labels.get("local_rank")
+            for series in self.client.query(self._select(catalog.RANK_INFO.prometheus_name))
+        }
+        rows = [
+            self._row(series.labels, t, value, start, end, gpus)
+            for series in collectives
+            for t, value in series.samples
+        ]
+        if compute:
+            rows += [
+                self._row({**series.labels, "op": "compute"}, t, value, start, end, gpus)
+                for series in compute
+                for t, value in series.samples
+            ]
+        else:
+            rows += self._compute_rows(step_mean, comm_per_step, start, end, gpus)
+        dropped = sum(1 for row in rows if row is _IMPLAUSIBLE)
+        notes: tuple[str, ...] = ()
+        if dropped:
+            notes = (
+                (
+                    f"left out {dropped} samples that cannot be timings of this window: a duration infinite or "
+                    f"over {MAX_SECONDS:g} s, a time outside it or a rank label that is not a rank"
+                ),
+            )
+        frame = pd.DataFrame([row for row in rows if isinstance(row, dict)])
+        if frame.empty:
+            raise SourceError(
+                f"no collectives completed in {self.describe()} over the last {self.window:g}s"
+                + (f"; {notes[0]}" if notes else "")
+            )
+        frame["seq"] = frame["step"].where(frame["op"] != "compute")
+        frame.loc[frame["op"] == "compute", "group"] = None
+        try:
+            return Window(validate(frame, self.describe()), None, notes)
+        except TraceError as exc:
+            raise SourceError(str(exc)) from None
+
+    def _measured_compute(self, interval: str, start: float, end: float, by_rank: str) -> list[Series]:
+        """Per rank, seconds per step computing (step time less the time blocked in collectives), as the
+        ranks measure it themselves (trainhealth_train_step_compute_seconds_total); empty when not exported."""
+        compute_total = catalog.TRAIN_STEP_COMPUTE.prometheus_name
+        steps_total = catalog.TRAIN_STEPS.prometheus_name
+        return self.client.query_range(
+            f"sum by ({by_rank}) (rate({self._select(compute_total)}{interval})) / "
+            f"sum by ({by_rank}) (rate({self._select(steps_total)}{interval}))",
+            start,
+            end,
+            self.step,
+        )
+
+    def _select(self, metric: str) -> str:
+        return f"{metric}{{job={string_literal(self.job)}}}" if self.job else metric
+
+    def _row(
+        self, labels: dict[str, str], t: float, value: float, start: float, end: float, gpus: dict[tuple[Any, Any], Any]
+    ) -> dict[str, Any] | object | None:
+        """One record; None for NaN (an interval without operations) and a negative difference (compute
+        derived from two rates), ``_IMPLAUSIBLE`` for what cannot be a timing of the window."""
+        if math.isnan(value) or -MAX_SECONDS <= value < 0:
+            return None
+        rank = labels.get("rank", "")
+        if (
+            not 0 <= value <= MAX_SECONDS
+            or not start - self.step <= t <= end + self.step
+            or not (rank.isascii() and rank.isdigit() and len(rank) <= 9)
+        ):
+            return _IMPLAUSIBLE
+        row = {
+            "rank": int(rank),
+            "step": round((t - start) / self.step),
+            "op": labels.get("op", ""),
+            "group": labels.get("group", ""),
+            "start": t,
+            "duration": value,
+            "host": labels.get("host") or None,
+        }
+        gpu = gpus.get((labels.get("job"), rank))
+        if gpu is not None and gpu.isascii() and gpu.isdigit() and len(gpu) <= 9:
+            row["gpu"] = int(gpu)
+        return row
+
+    def _compute_rows(
+        self,
+        step_mean: list[Series],
+        comm_per_step: list[Series],
+        start: float,
+        end: float,
+        gpus: dict[tuple[Any, Any], Any],
+    ) -> list[dict[str, Any] | object | None]:
+        """Per rank and interval: the mean step time minus the collective time per step."""
+        communication = {(s.labels.get("job"), s.labels.get("rank"), t): v for s in comm_per_step for t, v in s.samples}
+        out = []
+        for series in step_mean:
+            labels = series.labels
+            for t, value in series.samples:
+                spent = communication.get((labels.get("job"), labels.get("rank"), t))
+                if spent is None:
+                    continue
+                out.append(self._row({**labels, "op": "compute"}, t, value - spent, start, end, gpus))
+        return out

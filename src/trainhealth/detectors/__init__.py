@@ -1,1 +1,0 @@
-"""Streaming detectors over exported signals, one per file, one API (:mod:`trainhealth.detectors.base`)."""
