@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 SURFACE = {
     "trainhealth": ["ConfigError", "Identity", "LayerGroupStats", "Monitor", "Settings", "StepStats", "__version__"],
-    "trainhealth.comm": ["CollectiveLogger", "install", "installed", "instrument_ddp", "uninstall"],
+    "trainhealth.comm": ["CollectiveLogger", "install", "installed", "instrument_ddp", "probe_links", "uninstall"],
     "trainhealth.catalog": ["CATALOG", "MetricKind", "MetricSpec", "Unit", "by_otel_name", "by_prometheus_name"],
     "trainhealth.traces": [
         "Topology",

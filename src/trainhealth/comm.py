@@ -20,5 +20,6 @@ from trainhealth._internal.exporters.collectives.install import (
     instrument_ddp,
     uninstall,
 )
+from trainhealth._internal.exporters.collectives.probe import probe_links
 
-__all__ = ["CollectiveLogger", "install", "installed", "instrument_ddp", "uninstall"]
+__all__ = ["CollectiveLogger", "install", "installed", "instrument_ddp", "probe_links", "uninstall"]
