@@ -13,10 +13,11 @@ import pytest
 
 from trainhealth._internal.localize.localizer import localize
 from trainhealth._internal.traces.io import read_trace
+from trainhealth_lab.realrun.baselines import baseline_wait
 from trainhealth_lab.realrun.cases import suite_cases
 from trainhealth_lab.realrun.launcher import run_case
-from trainhealth_lab.realrun.scoring import baseline_wait, score_answer
 from trainhealth_lab.realrun.spec import CaseSpec, Fault, Parallelism, Pattern, RealRunFaultKind, truth
+from trainhealth_lab.scoring import score
 
 pytest.importorskip("torch")
 
@@ -120,11 +121,11 @@ def test_a_finished_suite_is_scored_again_from_its_saved_traces(runs, tmp_path, 
 
 def test_scoring_counts_a_wrong_rank_as_false_blame() -> None:
     t = truth(_spec("s", Fault(RealRunFaultKind.COMPUTE, target=1, onset=5, severity=2.0)))
-    assert score_answer(t, "compute", [("gpu:rank-3", (3,), 0.9)]).false_blame
-    assert not score_answer(t, "compute", [("gpu:rank-3", (3,), 0.9)]).top1_right
+    assert score(t.expected(), "compute", [("gpu:rank-3", (3,), 0.9)]).false_blame
+    assert not score(t.expected(), "compute", [("gpu:rank-3", (3,), 0.9)]).top1
     control = truth(_spec("c", Fault(RealRunFaultKind.CLEAN)))
-    assert score_answer(control, "compute", [("gpu:rank-0", (0,), 0.7)]).false_blame
-    assert not score_answer(control, "imbalance", []).false_blame
+    assert score(control.expected(), "compute", [("gpu:rank-0", (0,), 0.7)]).false_blame
+    assert not score(control.expected(), "imbalance", []).false_blame
 
 
 def test_the_full_suite_covers_the_issue() -> None:

@@ -129,7 +129,7 @@ def _row(shape: CaseSpec, verdict: str, *, top1: bool | None, false_blame: bool 
         "reason": "",
         "truth": plan,
         "wall_s": 1.0,
-        "localize": {"verdict": verdict, "verdict_right": right, "top1_right": top1, "false_blame": false_blame},
+        "localize": {"verdict": verdict, "verdict_right": right, "top1": top1, "false_blame": false_blame},
     }
 
 

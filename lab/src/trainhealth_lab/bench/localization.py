@@ -7,17 +7,18 @@ transient (3 to 6 steps) — or a negative control (fault-free, a longer last
 stage, varying sequence lengths). Layouts cover 3-D to 5-D parallelism at each
 scale. Everything is seeded: the same (scale, seed) gives the same cases.
 
-A fault case is **top-1 correct** when the verdict names the fault's class
-(compute or communication) and the first suspect is the faulty component
-(``gpu:rank-N``, ``nic:rank-N``, ``host:NAME`` or ``switch:NAME``); **top-3**
-when it is among the first three. A control run is **falsely blamed** when any
-suspect is named. The naive baseline blames the rank whose operations took the
+Cases are scored by the one scorer (:mod:`trainhealth_lab.scoring`): a fault case is **top-1
+correct** when the verdict names the fault's class (compute or communication) and the first
+suspect is the faulty component (``gpu:rank-N``, ``nic:rank-N``, ``host:NAME`` or
+``switch:NAME``), or, for a transient fault that left nobody blamed, the first event names it;
+**top-3** when it is among the first three. A control run is **falsely blamed** when any suspect
+is named. The naive baseline blames the rank whose operations took the
 longest in total; it scores a hit when that rank is one of the fault's ranks.
 
 >>> from trainhealth._internal.localize.localizer import Thresholds
 >>> case = next(c for c in cases(64, seeds=[1]) if c.fault and c.fault.severity == 1.5)
 >>> outcome = evaluate(case, Thresholds())
->>> outcome.top1, outcome.expected_component == outcome.components[0]
+>>> outcome.top1, outcome.expected.components[0] == outcome.components[0]
 (True, True)
 """
 
@@ -27,6 +28,7 @@ import time
 import zlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -41,6 +43,7 @@ from trainhealth._internal.simulator.simulate import (
     Scenario,
     simulate,
 )
+from trainhealth_lab.scoring import Expected, Score, score_result
 
 __all__ = ["SCALES", "SEVERITIES", "Case", "Outcome", "cases", "evaluate", "judge", "summarize"]
 
@@ -135,39 +138,48 @@ def _fault(layout: ClusterLayout, kind: ClusterFaultKind, severity: float, rng: 
 @dataclass(frozen=True)
 class Outcome:
     case: Case
-    expected_verdict: str
-    expected_component: str | None
-    expected_ranks: tuple[int, ...]
-    verdict: str
-    components: tuple[str, ...]  # suspects, in rank order
+    expected: Expected
     naive_rank: int
     seconds: float
     analysis: Analysis
-    events: tuple[str, ...] = ()  # events (slow stretches that came and went), strongest first
+    score: Score = Score("healthy", None, (), False, None, None, False)  # set by :func:`judge`
+
+    @property
+    def verdict(self) -> str:
+        return self.score.verdict
+
+    @property
+    def components(self) -> tuple[str, ...]:
+        """The suspects' components, best first."""
+        return self.score.suspects
 
     @property
     def top1(self) -> bool:
-        """The suspect is the injected component; for a fault that came and went, the first event is, with
-        nobody blamed (a transient excursion is reported as an event, not as a faulty device)."""
-        if self.case.pattern == "transient" and not self.components and self.expected_component is not None:
-            return self.events[:1] == (self.expected_component,)
-        return self.verdict == self.expected_verdict and (
-            self.expected_component is None or self.components[:1] == (self.expected_component,)
-        )
+        return bool(self.score.top1) if not self.expected.control else self.score.verdict_right
 
     @property
     def top3(self) -> bool:
-        if self.case.pattern == "transient" and not self.components and self.expected_component is not None:
-            return self.expected_component in self.events[:3]
-        return self.expected_component in self.components[:3] if self.expected_component else self.top1
+        return bool(self.score.top3) if not self.expected.control else self.score.verdict_right
 
     @property
     def blamed(self) -> bool:
-        return bool(self.components)
+        return bool(self.score.blamed)
 
     @property
     def naive_hit(self) -> bool:
-        return self.naive_rank in self.expected_ranks
+        return self.naive_rank in self.expected.ranks
+
+
+def expected(truth: dict[str, Any], transient: bool) -> Expected:
+    """What a right answer is for a simulated scenario's ground truth (:meth:`Scenario.ground_truth`): the
+    first fault's component, first, under its class; a transient one may also leave the window healthy or
+    without enough data, with an event naming it."""
+    verdict = truth["verdict"]
+    if not truth["faults"]:
+        return Expected(verdict, (verdict,))
+    fault = truth["faults"][0]
+    accepted = (verdict, "healthy", "insufficient_data") if transient else (verdict,)
+    return Expected(verdict, accepted, (fault["component"],), tuple(fault["ranks"]), transient=transient)
 
 
 def evaluate(case: Case, thresholds: Thresholds, collectives_only: bool = False) -> Outcome:
@@ -181,32 +193,16 @@ def evaluate(case: Case, thresholds: Thresholds, collectives_only: bool = False)
         records, trace.topology, replace(thresholds, gpu_z=1.0, collectives_z=1.0, link_z=1.0, max_suspects=10)
     )
     seconds = time.perf_counter() - began
-    truth = trace.ground_truth
-    fault = truth["faults"][0] if truth["faults"] else None
     totals = records.groupby("rank", sort=False)["duration"].sum()
     base = Outcome(
-        case,
-        truth["verdict"],
-        fault["component"] if fault else None,
-        tuple(fault["ranks"]) if fault else (),
-        "healthy",
-        (),
-        int(totals.idxmax()),
-        seconds,
-        analysis,
+        case, expected(trace.ground_truth, case.pattern == "transient"), int(totals.idxmax()), seconds, analysis
     )
     return judge(base, thresholds)
 
 
 def judge(outcome: Outcome, thresholds: Thresholds) -> Outcome:
     """The outcome under other thresholds, from the same analysis (for choosing thresholds)."""
-    result = decide(outcome.analysis, thresholds)
-    return replace(
-        outcome,
-        verdict=result.verdict,
-        components=tuple(s.component or "" for s in result.suspects),
-        events=tuple(e["component"] for e in result.details.get("events", [])),
-    )
+    return replace(outcome, score=score_result(outcome.expected, decide(outcome.analysis, thresholds)))
 
 
 def summarize(outcomes: Sequence[Outcome], by: str) -> pd.DataFrame:
@@ -227,7 +223,7 @@ def summarize(outcomes: Sequence[Outcome], by: str) -> pd.DataFrame:
                 "top3": outcome.top3,
                 "naive": outcome.naive_hit,
                 "blamed": outcome.blamed,
-                "verdict_ok": outcome.verdict == outcome.expected_verdict,
+                "verdict_ok": outcome.verdict == outcome.expected.verdict,
                 "seconds": outcome.seconds,
             }
         )

@@ -51,6 +51,7 @@ from trainhealth._internal.simulator.scenario import (
     recurrent_fault,
 )
 from trainhealth._internal.simulator.simulate import simulate
+from trainhealth_lab.scoring import Expected, Score, score_result
 
 __all__ = [
     "CALIBRATION_SEEDS",
@@ -165,6 +166,15 @@ class ProductionCase:
             return "healthy"
         return "compute" if self.faults[0].kind is ClusterFaultKind.GPU else "communication"
 
+    def expected(self) -> Expected:
+        """A right answer: for a control, nobody blamed and ``healthy`` or ``imbalance``; for a fault (persistent
+        or recurrent: a device to blame either way), its class and its component first."""
+        if not self.faults:
+            return Expected("healthy", ("healthy", "imbalance"))
+        return Expected(
+            self.expected_verdict, (self.expected_verdict,), (str(self.expected_component),), (self.faults[0].target,)
+        )
+
 
 def production_cases(
     seeds: Iterable[int],
@@ -258,23 +268,21 @@ class ProductionOutcome:
     localize_seconds: float  # the whole run
     window_seconds: float  # every judged window together
     peak_rss_mib: float  # of the process that ran it, so far
+    score: Score  # the whole run's answer (:mod:`trainhealth_lab.scoring`)
 
     @property
     def blamed(self) -> bool:
-        return bool(self.components)
+        return bool(self.score.blamed)
 
     @property
     def top1(self) -> bool:
-        expected = self.case.expected_component
-        return (
-            expected is not None and self.verdict == self.case.expected_verdict and self.components[:1] == (expected,)
-        )
+        return bool(self.score.top1)
 
     @property
     def verdict_ok(self) -> bool:
         """Controls: nobody blamed and ``healthy`` or ``imbalance``; faults: top-1."""
         if self.case.pattern.is_control:
-            return not self.blamed and self.verdict in ("healthy", "imbalance")
+            return self.score.verdict_right and not self.score.false_blame
         return self.top1
 
 
@@ -330,6 +338,7 @@ def evaluate(
         localized,
         judged,
         resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        score_result(case.expected(), result),
     )
 
 

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trainhealth_lab.realrun.scoring import score_result
 from trainhealth_lab.realrun.spec import Truth
+from trainhealth_lab.scoring import score_result
 
 __all__ = ["ANALYZER_NICE", "POLL_S", "LivePoll", "LiveWatcher", "progress"]
 
@@ -112,9 +112,9 @@ def _poll(analyzer: Any, plan: Truth, wall_s: float, step: int) -> LivePoll:
     took = round(time.perf_counter() - began, 4)
     if result is None:
         return LivePoll(wall_s, step, None, None, False, "no readable traces yet", took)
-    score = score_result(plan, result)
+    score = score_result(plan.expected(), result)
     if plan.target is None:
         right = score.verdict_right and not score.false_blame
     else:  # the right verdict and top suspect, once the fault is on (a blame before the onset is false)
-        right = score.verdict_right and bool(score.top1_right) and step >= plan.onset
+        right = bool(score.top1) and step >= plan.onset
     return LivePoll(wall_s, step, score.verdict, score.top, right, None, took)

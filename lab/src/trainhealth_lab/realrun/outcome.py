@@ -16,14 +16,10 @@ from typing import Any
 import numpy as np
 
 from trainhealth._internal._files import write_json
+from trainhealth_lab.realrun.baselines import baseline_compute, baseline_wait, score_baseline
 from trainhealth_lab.realrun.live import LivePoll
-from trainhealth_lab.realrun.scoring import (
-    baseline_compute,
-    baseline_wait,
-    score_baseline,
-    score_result,
-)
 from trainhealth_lab.realrun.spec import CaseSpec, RealRunFaultKind, Truth
+from trainhealth_lab.scoring import score_result
 
 __all__ = ["CaseOutcome", "finish", "score_run"]
 
@@ -176,7 +172,10 @@ def score_run(plan: Truth, run_dir: str | os.PathLike[str], *, save: bool = True
     if save:
         write_json(run_dir / "answer.json", result.to_dict())
     return dict(
-        localize=score_result(plan, result).to_dict(), localize_probe=probe_score, answer=result.to_dict(), **baselines
+        localize=score_result(plan.expected(), result).to_dict(),
+        localize_probe=probe_score,
+        answer=result.to_dict(),
+        **baselines,
     )
 
 
@@ -197,4 +196,4 @@ def _with_probe(
         return {"error": f"{type(exc).__name__}: {exc}"}
     if save:
         write_json(run_dir / "answer-probe.json", result.to_dict())
-    return score_result(plan, result).to_dict()
+    return score_result(plan.expected(), result).to_dict()

@@ -32,6 +32,8 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from trainhealth_lab.scoring import Expected
+
 __all__ = [
     "CONTROL_KINDS",
     "LINK_KINDS",
@@ -310,6 +312,17 @@ class Truth:
     notes: tuple[str, ...] = ()
     driver: str = "lab"  # Driver.value (absent from truth files written before it existed)
     markers: bool = True  # whether the Monitor wrote step markers (on rank 0 only for accelerate)
+
+    def expected(self) -> Expected:
+        """What a right answer is, for :func:`trainhealth_lab.scoring.score`."""
+        return Expected(
+            self.expected_verdict,
+            self.accepted_verdicts,
+            self.components,
+            ranks=() if self.target is None else (self.target,),
+            link=self.kind.startswith("link"),
+            transient=self.pattern == Pattern.TRANSIENT.value,
+        )
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)

@@ -98,7 +98,7 @@ _TRUTH = {
     "severity": (int, float, type(None)),
     "fault": dict,
 }
-_ANSWER = {"verdict_right": (bool, type(None)), "top1_right": (bool, type(None)), "false_blame": (bool, type(None))}
+_ANSWER = {"verdict_right": (bool, type(None)), "top1": (bool, type(None)), "false_blame": (bool, type(None))}
 
 
 def _check(where: str, data: dict[str, Any], fields: dict[str, Any]) -> None:
@@ -128,6 +128,8 @@ def _checked(row: Any, where: str) -> dict[str, Any]:
     if row["status"] == "ok":
         _check(where, row, _SCORED)
         for name in ("localize", "baseline_compute", "baseline_wait"):
+            if isinstance(row[name], dict) and "top1_right" in row[name]:  # written before the one scorer
+                row[name]["top1"] = row[name].pop("top1_right")
             _check(
                 f"{where}: {name}",
                 row[name],
@@ -221,18 +223,18 @@ def table(rows: Sequence[dict[str, Any]]) -> str:
         lines.append(
             f"{label:<28}{layout:<7}{band:<9}{len(members):>5}"
             f"{_percent(r['localize']['verdict_right'] for r in members):>8}"
-            f"{_percent(r['localize']['top1_right'] for r in members):>7}"
+            f"{_percent(r['localize']['top1'] for r in members):>7}"
             f"{_percent(r['localize']['false_blame'] for r in members):>7}{delay}"
-            f"{_percent(r['baseline_compute']['top1_right'] if r['truth']['target'] is not None else not r['baseline_compute']['false_blame'] for r in members):>9}"
-            f"{_percent(r['baseline_wait']['top1_right'] if r['truth']['target'] is not None else not r['baseline_wait']['false_blame'] for r in members):>10}"
+            f"{_percent(r['baseline_compute']['top1'] if r['truth']['target'] is not None else not r['baseline_compute']['false_blame'] for r in members):>9}"
+            f"{_percent(r['baseline_wait']['top1'] if r['truth']['target'] is not None else not r['baseline_wait']['false_blame'] for r in members):>10}"
         )
     for label, reason in sorted(skipped.items()):
         lines.append(f"{label:<28}skipped: {reason}")
     for error in errors:
         lines.append(f"error: {error}")
     lines.append(
-        "(verdict: accepted verdict; top-1: the top suspect is the injected component; false: anyone "
-        "wrongly blamed; delay: median live detection, steps after onset; base: the naive baselines' "
+        "(verdict: accepted verdict; top-1: an accepted verdict and the top suspect names the injected component; "
+        "false: anyone wrongly blamed; delay: median live detection, steps after onset; base: the naive baselines' "
         "top-1, or for controls the share of runs where they blame nobody)"
     )
     return "\n".join(lines)
@@ -260,8 +262,8 @@ def summary(rows: Sequence[dict[str, Any]]) -> str:
         f"{sum(r['status'] == 'error' for r in rows)} failed); median wall time per run "
         f"{np.median([r['wall_s'] for r in done]) if done else float('nan'):.1f}s",
         f"top-1, persistent compute faults (slow kernels, contention, data-loader stalls), severity >= 1.2: "
-        f"{share(persistent, lambda r: r['localize']['top1_right'])}",
-        f"top-1, transient and intermittent compute faults, severity >= 1.2: {share(passing, lambda r: r['localize']['top1_right'])}",
+        f"{share(persistent, lambda r: r['localize']['top1'])}",
+        f"top-1, transient and intermittent compute faults, severity >= 1.2: {share(passing, lambda r: r['localize']['top1'])}",
         f"controls with an accepted verdict and nobody blamed: "
         f"{share(controls, lambda r: r['localize']['verdict_right'] and not r['localize']['false_blame'])}",
         f"link faults answered 'communication' from timings alone: "
@@ -269,12 +271,12 @@ def summary(rows: Sequence[dict[str, Any]]) -> str:
         f"{share(links, lambda r: r['localize']['verdict'] == 'imbalance')}; with the probe: 'communication' "
         f"{share([r for r in links if r['localize_probe']], lambda r: r['localize_probe'].get('verdict') == 'communication')}"
         f", the slow rank's link named "
-        f"{share([r for r in links if r['localize_probe']], lambda r: bool(r['localize_probe'].get('top1_right')))}",
+        f"{share([r for r in links if r['localize_probe']], lambda r: bool(r['localize_probe'].get('top1')))}",
         f"false blame over all runs: {share(done, lambda r: r['localize']['false_blame'])}",
         f"live detection: {len(delays)}/{len(detected)} faults detected, median delay "
         f"{np.median(delays) if delays else float('nan'):.0f} steps after onset",
-        f"naive baselines top-1 over faults: cmp {share(detected, lambda r: bool(r['baseline_compute']['top1_right']))}, "
-        f"wait {share(detected, lambda r: bool(r['baseline_wait']['top1_right']))}",
+        f"naive baselines top-1 over faults: cmp {share(detected, lambda r: bool(r['baseline_compute']['top1']))}, "
+        f"wait {share(detected, lambda r: bool(r['baseline_wait']['top1']))}",
     ]
     return "\n".join(lines)
 
@@ -331,7 +333,7 @@ def shape_table(rows: Sequence[dict[str, Any]]) -> str:
         for r in members:
             verdicts[str(r["localize"]["verdict"])] += 1
         slow = [r for r in members if _slow(r)]
-        top1 = [r["localize"]["top1_right"] for r in members if r["truth"]["target"] is not None]
+        top1 = [r["localize"]["top1"] for r in members if r["truth"]["target"] is not None]
         lines.append(
             f"{shape:<24}{fault:<15}{len(members):>5}"
             f"{sum(map(_right_or_insufficient, members)):>7}/{len(members):<4}"
