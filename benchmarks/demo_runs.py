@@ -35,7 +35,8 @@ from typing import Any
 from trainhealth._internal._ports import free_port
 from trainhealth._internal.demo import story
 from trainhealth._internal.errors import UsageError
-from trainhealth._internal.injectors.schedule_file import FaultSpec
+from trainhealth._internal.faults import Fault
+from trainhealth._internal.injectors import schedule_file  # noqa: F401  (declares the demo's fault kinds)
 from trainhealth._internal.stack.runner import find_binary
 from trainhealth_lab.cli import parse_seeds
 
@@ -98,7 +99,7 @@ def _summarise(report: dict[str, Any], demo: Path, seed: int, clean: bool, fired
         report["events"], histories, report["pages"], report["localization"], report.get("verdicts", [])
     )
     last_step = max((int(r["step"]) for rows in histories.values() for r in rows), default=0)
-    schedule = [FaultSpec.from_dict(fault) for fault in report["schedule"]]
+    schedule = [Fault.from_dict(fault) for fault in report["schedule"]]
     false_alarms = story.unexplained(schedule, found, last_step)
     anomalies = [e for e in report["events"] if e.get("event") == "anomaly"]
     live = [v for v in report.get("verdicts", []) if v.get("verdict") not in ("healthy", "insufficient_data")]

@@ -33,12 +33,8 @@ import pandas as pd
 
 from trainhealth._internal.localize.localizer import Thresholds
 from trainhealth._internal.simulator.cluster import ClusterLayout
-from trainhealth._internal.simulator.simulate import (
-    ClusterFaultKind,
-    InjectedFault,
-    Scenario,
-    simulate,
-)
+from trainhealth._internal.simulator.scenario import Scenario, cluster_fault
+from trainhealth._internal.simulator.simulate import simulate
 from trainhealth_lab.bench.localization import Outcome, cases, evaluate, summarize
 
 
@@ -77,7 +73,7 @@ def _latency(repeats: int, gpus: int = 8192, compare_with: str | None = None) ->
     alternates with the same command importing that checkout's ``src``, so both see the same machine load."""
     layout = ClusterLayout(dp=gpus // 128, pp=16, tp=8)
     target = gpus // 2 + 146  # 4242 at 8192 GPUs
-    fault = InjectedFault(ClusterFaultKind.GPU, target, 1.2, start_step=8)
+    fault = cluster_fault(layout, "gpu", target, 1.2, step=8)
     with tempfile.TemporaryDirectory() as directory:
         began = time.perf_counter()
         trace = simulate(Scenario(layout, steps=20, microbatches=4, seed=7, faults=(fault,)))

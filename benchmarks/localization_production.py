@@ -187,7 +187,7 @@ def main() -> None:
             print(
                 f"- seed {outcome.case.seed} {outcome.case.pattern.value} {outcome.case.size}: injected "
                 f"{outcome.case.expected_component} x{fault.severity} ({len(outcome.case.faults)} episode(s) from "
-                f"step {fault.start_step}); answered {outcome.verdict} {list(outcome.components[:3])}"
+                f"step {fault.step}); answered {outcome.verdict} {list(outcome.components[:3])}"
             )
         if len(missed) > args.examples:
             print(f"- ... {len(missed) - args.examples} more")

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 from trainhealth._internal.localize.localizer import Thresholds
-from trainhealth._internal.simulator.simulate import ClusterFaultKind, Control
+from trainhealth._internal.simulator.scenario import CLUSTER_FAULTS, Control
 from trainhealth_lab.bench.localization import SCALES, cases, evaluate, summarize
 
 
 def test_cases_cover_every_kind_severity_control_and_layout():
     generated = cases(64, seeds=[3])
     faults = [c for c in generated if c.fault]
-    assert {c.fault.kind for c in faults} == set(ClusterFaultKind)
+    assert {c.fault.kind for c in faults} == set(CLUSTER_FAULTS)
     assert {c.fault.severity for c in faults} == {1.02, 1.05, 1.1, 1.2, 1.5, 2.0, 3.0}
     assert {c.pattern for c in faults} == {"persistent", "transient"}
     assert {c.control for c in generated if not c.fault} == set(Control)

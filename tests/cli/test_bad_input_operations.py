@@ -311,22 +311,21 @@ def test_a_bad_setting_is_refused_naming_its_option(case):
 
 #: A good entry of each kind, for ``demo --ranks 2`` (field: YAML text).
 GOOD_ENTRIES = {
-    "delay": {"kind": "delay", "seconds": "0.5", "step": "10", "ranks": "[1]"},
-    "collective_delay": {"kind": "collective_delay", "seconds": "0.5", "step": "10", "until": "12"},
-    "lr_scale": {"kind": "lr_scale", "factor": "30", "step": "10"},
-    "batch": {"kind": "batch", "factor": "2", "step": "10"},
+    "delay": {"kind": "delay", "severity": "0.5", "step": "10", "ranks": "[1]"},
+    "collective_delay": {"kind": "collective_delay", "severity": "0.5", "step": "10", "until": "12"},
+    "lr_scale": {"kind": "lr_scale", "severity": "30", "step": "10"},
+    "batch": {"kind": "batch", "severity": "2", "step": "10"},
     "bitflip": {"kind": "bitflip", "target": "parameter", "tensor": "'*'", "bit": "30", "count": "2", "step": "10"},
     "nan": {"kind": "nan", "target": "gradient", "step": "10"},
-    "gpu": {"kind": "gpu", "fault": "xid", "xid": "79", "gpu": "1", "step": "10", "ranks": "[1]"},
+    "simulated_gpu": {"kind": "simulated_gpu", "fault": "xid", "xid": "79", "gpu": "1", "step": "10", "ranks": "[1]"},
 }
 ALL = tuple(GOOD_ENTRIES)
 #: field -> (the kinds it matters to, bad YAML values)
 BAD_FIELDS = {
-    "seconds": (
-        ("delay", "collective_delay"),
-        (".nan", ".inf", "-.inf", "-1", "0", "3601", "1.0e+9", "abc", "[1]", "{a: 1}", "true", "null"),
+    "severity": (
+        ("delay", "collective_delay", "lr_scale", "batch"),
+        (".nan", ".inf", "-.inf", "1.0e+9", "-1.0e+7", "abc", "[1]", "{a: 1}", "true", "null"),
     ),
-    "factor": (("lr_scale", "batch"), (".nan", ".inf", "-.inf", "1.0e+7", "-1.0e+7", "abc", "[2]", "true", "null")),
     "step": (ALL, (".nan", ".inf", "-.inf", "-1", "1.5", str(10**30), "1.0e+30", "true", "abc", "null", "[1]")),
     "until": (ALL, (".nan", ".inf", "3", "-1", "1.5", str(10**30), "abc")),
     "ranks": (ALL, ("[-1]", "[2]", "[.nan]", "[]", "all", "[1.5]", "[true]", str(10**30), "{a: 1}")),
@@ -334,9 +333,9 @@ BAD_FIELDS = {
     "bit": (("bitflip",), ("64", "-1", "exponent-low", ".nan", "1.5", "[1]")),
     "target": (("bitflip", "nan"), ("weights", "[parameter]", "null")),
     "tensor": (("bitflip", "nan"), ("[a]", "{a: 1}", "null", "no.such.weight")),
-    "gpu": (("gpu",), ("-1", "2", "1024", ".nan", ".inf", "abc")),
-    "xid": (("gpu",), ("-1", ".inf", ".nan", "abc", "70000")),
-    "fault": (("gpu",), ("meteor", "null", "[xid]")),
+    "gpu": (("simulated_gpu",), ("-1", "2", "1024", ".nan", ".inf", "abc")),
+    "xid": (("simulated_gpu",), ("-1", ".inf", ".nan", "abc", "70000")),
+    "fault": (("simulated_gpu",), ("meteor", "null", "[xid]")),
     "kind": (ALL, ("meteor", "null", "[delay]", "1")),
 }
 
@@ -394,8 +393,8 @@ SCHEDULE_FILES = {
     "binary": b"\xff\xfe\x00\x01garbage",
     "nested deeply": b"[" * 20000 + b"]" * 20000,
     "larger than 1 MiB": b"# padding\n" * 120_000,
-    "JSON with NaN": b'[{"kind": "delay", "seconds": NaN, "step": 3}]',
-    "an unknown field": b"- {kind: delay, seconds: 1, step: 3, colour: red}\n",
+    "JSON with NaN": b'[{"kind": "delay", "severity": NaN, "step": 3}]',
+    "an unknown field": b"- {kind: delay, severity: 1, step: 3, colour: red}\n",
 }
 
 
@@ -602,7 +601,8 @@ GOOD_ROW = {
         "severity_band": "high",
         "target": 1,
         "severity": 2.0,
-        "fault": {"onset": 5},
+        "onset": 5,
+        "fault": {"kind": "compute", "ranks": [1], "step": 5, "severity": 2.0},
     },
     "localize": {"verdict": "compute", "verdict_right": True, "top1": True, "false_blame": False},
     "baseline_compute": {"top1": True, "false_blame": False},

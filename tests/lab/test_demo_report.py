@@ -19,7 +19,8 @@ import pytest
 
 from tests.prometheus_server import require_binary
 from trainhealth._internal.demo.story import TABLE_HEADER, Detection, match
-from trainhealth._internal.injectors.schedule_file import FaultSpec
+from trainhealth._internal.faults import Fault
+from trainhealth._internal.injectors.schedule_file import load_schedule
 
 pytest.importorskip("torch")
 pytest.importorskip("matplotlib")
@@ -89,8 +90,12 @@ def _markdown_rows(text: str) -> list[list[str]]:
 
 
 def test_matching_by_rank_family_and_window() -> None:
-    spike = FaultSpec.from_dict({"kind": "lr_scale", "factor": 30, "step": 50, "until": 54})  # every rank
-    throttle = FaultSpec.from_dict({"kind": "gpu", "fault": "thermal_throttle", "gpu": 1, "step": 10, "ranks": [1]})
+    spike, throttle = load_schedule(
+        [
+            {"kind": "lr_scale", "severity": 30, "step": 50, "until": 54},  # every rank
+            {"kind": "simulated_gpu", "fault": "thermal_throttle", "gpu": 1, "step": 10, "ranks": [1]},
+        ]
+    )
     seen = [
         Detection("event", "anomaly on loss", "numerics", 0, 51),
         Detection("event", "anomaly on loss", "numerics", 1, 90),  # after until + grace
@@ -102,14 +107,14 @@ def test_matching_by_rank_family_and_window() -> None:
     # a throttle without ``until`` lasts: its window runs to the end of the run
     assert [(d.source, d.step) for d in match(throttle, seen, last_step=300)] == [("telemetry", 12), ("page", 200)]
     assert match(throttle, seen, last_step=100) == [Detection("telemetry", "SM clock", "gpu-clock", 1, 12)]
-    delay = FaultSpec.from_dict({"kind": "delay", "seconds": 1, "step": 5, "until": 9, "ranks": [0]})
+    [delay] = load_schedule([{"kind": "delay", "severity": 1, "step": 5, "until": 9, "ranks": [0]}])
     assert match(delay, seen, last_step=300) == []
 
 
 def test_every_injected_fault_is_in_the_table_verdict_and_advice(demo: Path) -> None:
     report = _report(demo)
     schedule, findings = report["schedule"], report["findings"]
-    assert [f["kind"] for f in schedule] == ["gpu", "delay", "lr_scale", "gpu"]
+    assert [f["kind"] for f in schedule] == ["simulated_gpu", "delay", "lr_scale", "simulated_gpu"]
     assert [f"step {f['step']}" for f in schedule] == [row["injected"] for row in findings]
     markdown = (demo / "report.md").read_text()
     for row in findings:
@@ -196,7 +201,7 @@ def test_false_alarms_are_the_detections_no_fault_explains(demo: Path) -> None:
     }
     found = story.detections(report["events"], histories, report["pages"], report["localization"], report["verdicts"])
     last_step = max(r["step"] for rows in histories.values() for r in rows)
-    schedule = [FaultSpec.from_dict(fault) for fault in report["schedule"]]  # report.json holds the schedule's entries
+    schedule = [Fault.from_dict(fault) for fault in report["schedule"]]  # report.json holds the schedule's entries
     explained = {id(d) for fault in schedule for d in story.match(fault, found, last_step)}
     expected = [(d.what, d.rank, d.step) for d in found if id(d) not in explained]
     assert sorted(expected, key=str) == sorted(

@@ -127,7 +127,7 @@ def test_learning_rate_and_delay_faults_undo_themselves():
     model = _model()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     injector = Injector(
-        [{"kind": "lr_scale", "factor": 100.0, "step": 3}, {"kind": "delay", "seconds": 0.05, "step": 4}],
+        [{"kind": "lr_scale", "severity": 100.0, "step": 3}, {"kind": "delay", "severity": 0.05, "step": 4}],
         model=model,
         optimizer=optimizer,
         rank=0,
@@ -147,11 +147,14 @@ def test_schedules_from_yaml_and_their_errors(tmp_path):
         "faults:\n  - {kind: bitflip, target: gradient, tensor: '*', bit: 3, step: 10, until: 12, ranks: 1}\n"
     )
     (spec,) = load_schedule(good)
-    assert (spec.kind, spec.step, spec.until, spec.ranks, spec.bit) == ("bitflip", 10, 12, (1,), 3)
+    assert (spec.kind, spec.step, spec.until, spec.ranks, spec.params["bit"]) == ("bitflip", 10, 12, (1,), 3)
     for text, message in (
         ("- {kind: meteor, step: 1}", "kind must be one of"),
         ("- {kind: nan, target: weights, step: 1}", "target must be one of"),
-        ("- {kind: delay, step: 1}", "seconds must be positive"),
+        ("- {kind: delay, step: 1}", "severity is required (above 0 up to 3600)"),
+        ("- {kind: delay, step: 1, severity: 0}", "severity must be above 0 up to 3600, got 0.0"),
+        ("- {kind: delay, seconds: 1, step: 1}", "unknown field(s) seconds (seconds is now severity)"),
+        ("- {kind: nan, step: 1, ranks: []}", "ranks must name at least one rank"),
         ("- {kind: nan, step: 1, colour: red}", "unknown field(s) colour"),
         ("- {kind: nan}", "step is required"),
     ):
@@ -185,7 +188,7 @@ def test_a_collective_delay_lands_inside_the_recorded_collectives_and_leaves_wit
     try:
         ddp = torch.nn.parallel.DistributedDataParallel(_model())
         trainhealth.comm.instrument_ddp(ddp)
-        injector = Injector([{"kind": "collective_delay", "seconds": 0.05, "step": 1}], rank=0)
+        injector = Injector([{"kind": "collective_delay", "severity": 0.05, "step": 1}], rank=0)
         for step in range(3):
             injector.begin_step(step)
             dist.all_reduce(torch.ones(2))

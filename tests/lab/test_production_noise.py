@@ -8,13 +8,7 @@ import pytest
 
 from trainhealth._internal.simulator.cluster import ClusterLayout
 from trainhealth._internal.simulator.noise import HiccupKind, ProductionNoise, realise_noise
-from trainhealth._internal.simulator.scenario import (
-    ClusterFaultKind,
-    InjectedFault,
-    Scenario,
-    Timing,
-    recurrent_fault,
-)
+from trainhealth._internal.simulator.scenario import Scenario, Timing, cluster_fault, recurrent_fault
 from trainhealth._internal.simulator.simulate import simulate
 from trainhealth_lab.bench.production import Pattern, ProductionCase, evaluate
 
@@ -106,8 +100,8 @@ def test_congestion_slows_the_transfers_through_its_nic(traces):
 
 
 def test_faults_inside_the_noise_slow_their_device_only():
-    gpu = recurrent_fault(ClusterFaultKind.GPU, 21, 1.5, [(20, 24), (60, 63), (100, 105)])
-    nic = InjectedFault(ClusterFaultKind.NIC, 40, 2.0, start_step=80)
+    gpu = recurrent_fault(LAYOUT, "gpu", 21, 1.5, [(20, 23), (60, 62), (100, 104)])
+    nic = cluster_fault(LAYOUT, "nic", 40, 2.0, step=80)
     with_faults = simulate(Scenario(LAYOUT, steps=150, microbatches=1, seed=4, faults=gpu + (nic,), noise=NOISE))
     without = simulate(Scenario(LAYOUT, steps=150, microbatches=1, seed=4, noise=NOISE)).records
     assert [f["component"] for f in with_faults.ground_truth["faults"]] == ["gpu:rank-21"] * 3 + ["nic:rank-40"]
@@ -115,7 +109,7 @@ def test_faults_inside_the_noise_slow_their_device_only():
     passes = records["op"].isin(["forward", "backward"]).to_numpy()
     ratio = records["duration"].to_numpy()[passes] / without["duration"].to_numpy()[passes]
     step, rank = records["step"].to_numpy()[passes], records["rank"].to_numpy()[passes]
-    slow = (rank == 21) & np.isin(step, [s for f in gpu for s in range(f.start_step, f.end_step or 0)])
+    slow = (rank == 21) & np.isin(step, [s for f in gpu for s in range(f.step, (f.until or 0) + 1)])
     stalled = realise_noise(NOISE, LAYOUT, 150, 1, seed=4).compute_extra[step, rank] > 0  # a stall is not slower
     assert slow.sum() == 2 * 12 and np.allclose(ratio[slow & ~stalled], 1.5) and (ratio[slow] > 1.05).all()
     assert np.allclose(ratio[~slow], 1.0)
@@ -138,7 +132,7 @@ def test_bad_noise_settings_are_refused():
     with pytest.raises(ValueError, match="congestion_steps"):
         ProductionNoise(congestion_steps=(4, 2))
     with pytest.raises(ValueError, match="separate"):
-        recurrent_fault(ClusterFaultKind.GPU, 0, 1.5, [(10, 14), (14, 18)])
+        recurrent_fault(LAYOUT, "gpu", 0, 1.5, [(10, 13), (14, 17)])
 
 
 def test_a_production_noise_control_blames_nobody():

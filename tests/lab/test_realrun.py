@@ -11,12 +11,13 @@ from pathlib import Path
 
 import pytest
 
+from trainhealth._internal.faults import Fault
 from trainhealth._internal.localize.localizer import localize
 from trainhealth._internal.traces.io import read_trace
 from trainhealth_lab.realrun.baselines import baseline_wait
 from trainhealth_lab.realrun.cases import suite_cases
 from trainhealth_lab.realrun.launcher import run_case
-from trainhealth_lab.realrun.spec import CaseSpec, Fault, Parallelism, Pattern, RealRunFaultKind, truth
+from trainhealth_lab.realrun.spec import LAB_FAULTS, CaseSpec, Parallelism, Pattern, lab_fault, truth
 from trainhealth_lab.scoring import score
 
 pytest.importorskip("torch")
@@ -32,10 +33,8 @@ def _spec(name: str, fault: Fault) -> CaseSpec:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
     out = tmp_path_factory.mktemp("lab")
-    straggler = _spec(
-        "straggler", Fault(RealRunFaultKind.COMPUTE, Pattern.PERSISTENT, target=TARGET, onset=8, severity=2.0)
-    )
-    clean = _spec("clean", Fault(RealRunFaultKind.CLEAN))
+    straggler = _spec("straggler", lab_fault("compute", Pattern.PERSISTENT, target=TARGET, onset=8, severity=2.0))
+    clean = _spec("clean", lab_fault("clean"))
     return {"straggler": run_case(straggler, out, live=False), "clean": run_case(clean, out, live=False)}
 
 
@@ -120,10 +119,10 @@ def test_a_finished_suite_is_scored_again_from_its_saved_traces(runs, tmp_path, 
 
 
 def test_scoring_counts_a_wrong_rank_as_false_blame() -> None:
-    t = truth(_spec("s", Fault(RealRunFaultKind.COMPUTE, target=1, onset=5, severity=2.0)))
+    t = truth(_spec("s", lab_fault("compute", target=1, onset=5, severity=2.0)))
     assert score(t.expected(), "compute", [("gpu:rank-3", (3,), 0.9)]).false_blame
     assert not score(t.expected(), "compute", [("gpu:rank-3", (3,), 0.9)]).top1
-    control = truth(_spec("c", Fault(RealRunFaultKind.CLEAN)))
+    control = truth(_spec("c", lab_fault("clean")))
     assert score(control.expected(), "compute", [("gpu:rank-0", (0,), 0.7)]).false_blame
     assert not score(control.expected(), "imbalance", []).false_blame
 
@@ -133,8 +132,8 @@ def test_the_full_suite_covers_the_issue() -> None:
     assert len(cases) >= 60
     assert {c.ranks for c in cases} == {4, 8}
     assert {c.layout for c in cases} == set(Parallelism)
-    assert {c.fault.kind for c in cases} == set(RealRunFaultKind)
-    assert {c.fault.pattern for c in cases if c.fault.kind is RealRunFaultKind.COMPUTE} == set(Pattern)
+    assert {c.fault.kind for c in cases} == set(LAB_FAULTS)
+    assert {c.fault.pattern for c in cases if c.fault.kind == "compute"} == set(Pattern)
 
 
 def test_public_names_are_the_labs_own_and_documented() -> None:

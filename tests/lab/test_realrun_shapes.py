@@ -14,20 +14,20 @@ from pathlib import Path
 
 import pytest
 
+from trainhealth._internal.faults import Fault
 from trainhealth_lab.realrun.cases import SHAPES, issue30_repro, suite_cases
 from trainhealth_lab.realrun.spec import (
     CaseSpec,
     Driver,
-    Fault,
     Parallelism,
     Pattern,
-    RealRunFaultKind,
     Truth,
+    lab_fault,
     truth,
 )
 from trainhealth_lab.realrun.suite import shape_label, shape_summary, shape_table
 
-STRAGGLER = Fault(RealRunFaultKind.COMPUTE, Pattern.PERSISTENT, target=1, onset=10, severity=2.0)
+STRAGGLER = lab_fault("compute", Pattern.PERSISTENT, target=1, onset=10, severity=2.0)
 
 
 def _spec(
@@ -76,14 +76,14 @@ def test_accepted_verdicts_per_shape() -> None:
 
     assert accepted(_spec(Driver.FSDP)) == ("compute",)  # markers on every rank: a majority to compare with
     assert accepted(_spec(Driver.HF_TRAINER)) == ("compute",)
-    assert accepted(_spec(Driver.FSDP, fault=replace(STRAGGLER, onset=0))) == ("compute",)  # across ranks, not time
+    assert accepted(_spec(Driver.FSDP, fault=replace(STRAGGLER, step=0))) == ("compute",)  # across ranks, not time
     assert accepted(_spec(Driver.EXPLICIT, markers=False)) == ("compute", "insufficient_data")
     assert accepted(_spec(Driver.FSDP, markers=False)) == ("compute", "insufficient_data")
     assert accepted(_spec(Driver.ACCELERATE)) == ("compute", "insufficient_data")  # rank 0's markers only
     assert accepted(_spec(Driver.FSDP2)) == ("compute", "insufficient_data")  # its collectives are not recorded
     for layout in Parallelism:  # two ranks: no majority, so "insufficient data" is honest
         assert accepted(_spec(Driver.LAB, ranks=2, layout=layout)) == ("compute", "insufficient_data")
-    clean = Fault(RealRunFaultKind.CLEAN)
+    clean = lab_fault("clean")
     assert accepted(_spec(Driver.FSDP, fault=clean)) == ("healthy",)
     assert accepted(_spec(Driver.EXPLICIT, markers=False, fault=clean)) == ("healthy", "insufficient_data")
     assert truth(_spec(Driver.FSDP)).components == ("gpu:rank-1",)
@@ -96,7 +96,7 @@ def test_accepted_verdicts_per_shape() -> None:
         ({"driver": Driver.EXPLICIT, "markers": True}, "markers must be False"),
         ({"driver": Driver.FSDP, "layout": Parallelism.DP_PP}, "layout must be ddp"),
         ({"driver": Driver.HF_TRAINER, "markers": False}, "markers must be True"),
-        ({"driver": Driver.FSDP, "fault": Fault(RealRunFaultKind.LINK_RATE, target=1, rate_mbit=10.0)}, "link_rate"),
+        ({"driver": Driver.FSDP, "fault": lab_fault("link_rate", target=1, rate_mbit=10.0)}, "link_rate"),
     ],
 )
 def test_a_shape_the_lab_cannot_run_is_refused_naming_the_setting(changes: dict[str, object], named: str) -> None:
@@ -114,9 +114,9 @@ def test_the_shapes_suite_has_every_shape_with_a_straggler_from_mid_run_and_from
     assert len(by_shape) == len(SHAPES)
     for members in by_shape.values():
         stragglers = [c.fault for c in members if c.fault.target is not None]
-        assert sorted(f.onset == 0 for f in stragglers) == [False, False, True, True]
-        assert all(f.kind is RealRunFaultKind.COMPUTE and f.severity >= 1.5 for f in stragglers)
-        assert sum(c.fault.kind is RealRunFaultKind.CLEAN for c in members) == 2
+        assert sorted(f.step == 0 for f in stragglers) == [False, False, True, True]
+        assert all(f.kind == "compute" and f.severity >= 1.5 for f in stragglers)
+        assert sum(c.fault.kind == "clean" for c in members) == 2
     assert issue30_repro(0) in cases and issue30_repro(1) in cases
 
 
@@ -138,7 +138,7 @@ def test_the_acceptance_lines_count_healthy_answers_for_slow_ranks_and_false_bla
         _row(_spec(Driver.HF_TRAINER), "healthy", top1=False),
         _row(_spec(Driver.EXPLICIT, markers=False), "insufficient_data", top1=False),
         _row(_spec(Driver.FSDP), "compute", top1=True),
-        _row(_spec(Driver.FSDP, fault=Fault(RealRunFaultKind.CLEAN)), "compute", top1=None, false_blame=True),
+        _row(_spec(Driver.FSDP, fault=lab_fault("clean")), "compute", top1=None, false_blame=True),
     ]
     lines = shape_summary(rows).splitlines()  # type: ignore[arg-type]
     assert "never `healthy` while a rank is >=1.5x slow: 2/3" in lines

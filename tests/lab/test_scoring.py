@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from trainhealth._internal.localize.result import LocalizationResult, Suspect
-from trainhealth_lab.realrun.spec import CaseSpec, Fault, Parallelism, Pattern, RealRunFaultKind, truth
+from trainhealth_lab.realrun.spec import CaseSpec, Parallelism, Pattern, lab_fault, truth
 from trainhealth_lab.scoring import BLAME_SCORE, Expected, score, score_result
 
 GPU3 = Expected("compute", ("compute",), components=("gpu:rank-3",), ranks=(3,))
@@ -61,11 +61,11 @@ def test_a_link_fault_is_covered_by_any_suspect_of_its_rank_alone_but_its_gpu():
 @pytest.mark.parametrize(
     ("fault", "verdict", "component", "right"),
     [
-        (Fault(RealRunFaultKind.COMPUTE, target=1, onset=3, severity=2.0), "compute", "gpu:rank-1", True),
-        (Fault(RealRunFaultKind.LINK_DELAY, target=2, onset=3, delay_ms=5.0), "communication", "nic:rank-2", True),
-        (Fault(RealRunFaultKind.DATALOADER, target=0, onset=3, stall_s=0.1), "compute", "gpu:rank-0", True),
+        (lab_fault("compute", target=1, onset=3, severity=2.0), "compute", "gpu:rank-1", True),
+        (lab_fault("link_delay", target=2, onset=3, delay_ms=5.0), "communication", "nic:rank-2", True),
+        (lab_fault("dataloader", target=0, onset=3, stall_s=0.1), "compute", "gpu:rank-0", True),
         (
-            Fault(RealRunFaultKind.COMPUTE, Pattern.TRANSIENT, target=1, onset=3, severity=2.0, length=3),
+            lab_fault("compute", Pattern.TRANSIENT, target=1, onset=3, severity=2.0, length=3),
             "compute",
             "gpu:rank-3",
             False,

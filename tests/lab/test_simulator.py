@@ -7,14 +7,11 @@ import json
 import numpy as np
 import pytest
 
+from trainhealth._internal.faults import Fault
+from trainhealth._internal.injectors import schedule_file  # noqa: F401  (declares the injectors' kinds, delay among them)
 from trainhealth._internal.simulator.cluster import ClusterLayout
-from trainhealth._internal.simulator.simulate import (
-    ClusterFaultKind,
-    Control,
-    InjectedFault,
-    Scenario,
-    simulate,
-)
+from trainhealth._internal.simulator.scenario import Control, Scenario, cluster_fault
+from trainhealth._internal.simulator.simulate import simulate
 from trainhealth.traces import read_trace
 
 LAYOUT = ClusterLayout(dp=4, pp=4, tp=4, hosts_per_leaf=2)  # 64 GPUs, 8 hosts, 4 leaf switches
@@ -64,7 +61,7 @@ def test_the_1f1b_schedule_and_the_parallel_groups():
 @pytest.mark.parametrize("kind", ["gpu", "nic"])
 def test_a_fault_slows_its_target_only_while_it_is_active(kind):
     target, start, end = 21, 4, 8
-    fault = InjectedFault(ClusterFaultKind(kind), target, 2.0, start_step=start, end_step=end)
+    fault = cluster_fault(LAYOUT, kind, target, 2.0, step=start, until=end - 1)
     faulty = simulate(Scenario(LAYOUT, steps=10, seed=3, faults=(fault,))).records
     healthy = simulate(Scenario(LAYOUT, steps=10, seed=3)).records
     active = faulty["step"].between(start, end - 1)
@@ -88,7 +85,7 @@ def test_a_fault_slows_its_target_only_while_it_is_active(kind):
 
 
 def test_a_switch_fault_slows_the_transfers_of_every_host_under_it():
-    fault = InjectedFault(ClusterFaultKind.SWITCH, target=1, severity=3.0)
+    fault = cluster_fault(LAYOUT, "switch", 1, 3.0)
     trace = simulate(Scenario(LAYOUT, steps=4, seed=4, faults=(fault,)))
     assert trace.ground_truth["faults"][0]["ranks"] == list(range(16, 32))
     assert trace.ground_truth["faults"][0]["component"] == "switch:leaf-1"
@@ -124,8 +121,12 @@ def test_negative_controls():
 
 def test_bad_scenarios_are_refused():
     with pytest.raises(ValueError, match="severity"):
-        InjectedFault(ClusterFaultKind.GPU, 0, 0.9)
+        cluster_fault(LAYOUT, "gpu", 0, 0.9)
     with pytest.raises(ValueError, match="outside the cluster"):
-        Scenario(LAYOUT, faults=(InjectedFault(ClusterFaultKind.SWITCH, 9, 2.0),))
+        cluster_fault(LAYOUT, "switch", 9, 2.0)
+    with pytest.raises(ValueError, match="outside the cluster"):
+        Scenario(LAYOUT, faults=(Fault("gpu", (64,), severity=2.0),))
+    with pytest.raises(ValueError, match="the simulator injects gpu, nic, host, switch faults, not delay"):
+        Scenario(LAYOUT, faults=(Fault("delay", (1,), severity=0.5),))
     with pytest.raises(ValueError, match="ep must divide dp"):
         ClusterLayout(dp=3, pp=1, ep=2)

@@ -19,7 +19,8 @@ from tests.helpers import scrape
 from tests.prometheus_server import start_prometheus
 from trainhealth import Monitor
 from trainhealth._internal.simulator.cluster import ClusterLayout
-from trainhealth._internal.simulator.simulate import ClusterFaultKind, InjectedFault, Scenario, simulate
+from trainhealth._internal.simulator.scenario import Scenario, cluster_fault
+from trainhealth._internal.simulator.simulate import simulate
 from trainhealth._internal.traces.io import write_trace
 
 TRAINHEALTH = str(Path(sys.executable).parent / "trainhealth")
@@ -54,8 +55,9 @@ def _suspects(url: str, timeout_s: float = 30.0, want: str | None = None) -> dic
 
 def _drop_rank_files(directory: Path, severity: float | None) -> None:
     """What ranks running trainhealth.comm leave behind: one trace file per rank (and a topology)."""
-    faults = (InjectedFault(ClusterFaultKind.GPU, 13, severity, start_step=5),) if severity else ()
-    trace = simulate(Scenario(ClusterLayout(dp=4, pp=2, tp=2), steps=12, seed=5, faults=faults))
+    layout = ClusterLayout(dp=4, pp=2, tp=2)
+    faults = (cluster_fault(layout, "gpu", 13, severity, step=5),) if severity else ()
+    trace = simulate(Scenario(layout, steps=12, seed=5, faults=faults))
     for rank, records in trace.records.groupby("rank"):
         write_trace(records, directory / f"rank-{rank}.parquet")
     (directory / "topology.json").write_text(json.dumps(trace.topology))

@@ -5,15 +5,11 @@ from __future__ import annotations
 import pytest
 
 from tests.data import data_dir, needs
+from trainhealth._internal.faults import Fault
 from trainhealth._internal.localize.localizer import Thresholds, localize
 from trainhealth._internal.simulator.cluster import ClusterLayout
-from trainhealth._internal.simulator.simulate import (
-    ClusterFaultKind,
-    Control,
-    InjectedFault,
-    Scenario,
-    simulate,
-)
+from trainhealth._internal.simulator.scenario import Control, Scenario, cluster_fault
+from trainhealth._internal.simulator.simulate import simulate
 from trainhealth._internal.traces.convert import load_any
 
 LAYOUT = ClusterLayout(dp=4, pp=4, tp=4, hosts_per_leaf=2)  # 64 GPUs on 8 hosts under 4 leaf switches
@@ -22,7 +18,7 @@ COMPUTE = ["forward", "backward", "optimizer"]
 
 
 def _run(
-    *faults: InjectedFault,
+    *faults: Fault,
     seed: int = 11,
     control: Control = Control.NONE,
     collectives_only: bool = False,
@@ -46,7 +42,7 @@ def _run(
 )
 @pytest.mark.parametrize("start, end", [(6, None), (8, 13)])
 def test_the_injected_fault_is_the_top_suspect(kind, target, component, verdict, start, end):
-    result, truth = _run(InjectedFault(ClusterFaultKind(kind), target, 1.3, start_step=start, end_step=end))
+    result, truth = _run(cluster_fault(LAYOUT, kind, target, 1.3, step=start, until=None if end is None else end - 1))
     assert truth["faults"][0]["component"] == component
     assert result.details["simulated"] is True and "SIMULATED" in result.render()
     if end is not None:  # it came and went: an event with its steps, no faulty device to page on
@@ -85,7 +81,7 @@ def test_negative_controls_blame_no_device(control, verdict, reason, seed):
 
 def test_a_slow_gpu_is_found_from_collectives_alone():
     # numbered steps, every collective blocking: the gaps between collectives are compute (recorded path)
-    result, _ = _run(InjectedFault(ClusterFaultKind.GPU, 21, 1.5, start_step=6), collectives_only=True)
+    result, _ = _run(cluster_fault(LAYOUT, "gpu", 21, 1.5, step=6), collectives_only=True)
     assert result.details["evidence_source"] == "collectives"
     assert result.verdict == "compute" and [s.component for s in result.suspects] == ["gpu:rank-21"]
     assert "1.50x as long outside collectives" in result.suspects[0].evidence
@@ -93,7 +89,7 @@ def test_a_slow_gpu_is_found_from_collectives_alone():
 
 
 def test_collectives_alone_with_steps_unnumbered_are_read_from_inferred_iterations():
-    result, _ = _run(InjectedFault(ClusterFaultKind.GPU, 21, 1.5, start_step=6), collectives_only=True, unnumbered=True)
+    result, _ = _run(cluster_fault(LAYOUT, "gpu", 21, 1.5, step=6), collectives_only=True, unnumbered=True)
     assert result.details["evidence_source"] == "collectives (steps inferred)"
     assert result.verdict == "compute" and result.suspects[0].component == "gpu:rank-21"
     assert result.suspects[0].evidence.startswith("rank 21 computes 1.")
@@ -109,7 +105,7 @@ def test_uneven_batches_from_collectives_alone_blame_no_device(seed):
 def test_uneven_batches_stay_imbalance_when_one_gpu_also_came_and_went(collectives_only):
     # one GPU's excursion moves its replica's compute for a few steps; the run's uneven batches move every
     # replica in every step: the imbalance is still named, the excursion listed as an event beside it
-    excursion = InjectedFault(ClusterFaultKind.GPU, 21, 1.5, start_step=8, end_step=13)
+    excursion = cluster_fault(LAYOUT, "gpu", 21, 1.5, step=8, until=13 - 1)
     result, _ = _run(excursion, control=Control.SEQLEN_IMBALANCE, collectives_only=collectives_only, seed=2)
     assert result.verdict == "imbalance" and result.suspects == ()
     assert result.details["reasons"][0].startswith("uneven batches")
@@ -123,7 +119,7 @@ def test_a_clean_run_from_collectives_alone_blames_no_device(seed):
 
 
 def test_a_fault_below_the_noise_is_not_blamed_on_someone_else():
-    result, _ = _run(InjectedFault(ClusterFaultKind.GPU, 9, 1.02, start_step=15, end_step=18))
+    result, _ = _run(cluster_fault(LAYOUT, "gpu", 9, 1.02, step=15, until=18 - 1))
     assert all(s.component == "gpu:rank-9" for s in result.suspects[:1])
 
 
@@ -156,8 +152,8 @@ def test_thresholds_are_checked():
 def test_a_live_window_is_judged_against_the_runs_history():
     # 60 steps: a 4-step GPU slowdown long before the judged window, a persistent one inside it
     faults = (
-        InjectedFault(ClusterFaultKind.GPU, 9, 1.5, start_step=10, end_step=14),
-        InjectedFault(ClusterFaultKind.GPU, 37, 1.3, start_step=48),
+        cluster_fault(LAYOUT, "gpu", 9, 1.5, step=10, until=14 - 1),
+        cluster_fault(LAYOUT, "gpu", 37, 1.3, step=48),
     )
     trace = simulate(Scenario(LAYOUT, steps=60, seed=11, faults=faults))
     result = localize(trace.records, trace.topology, judge_last=20)

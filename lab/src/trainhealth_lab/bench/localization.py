@@ -33,16 +33,12 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from trainhealth._internal.faults import Fault
 from trainhealth._internal.localize.evidence import COMPUTE_OPS
 from trainhealth._internal.localize.localizer import Analysis, Thresholds, analyze, decide
 from trainhealth._internal.simulator.cluster import ClusterLayout
-from trainhealth._internal.simulator.simulate import (
-    ClusterFaultKind,
-    Control,
-    InjectedFault,
-    Scenario,
-    simulate,
-)
+from trainhealth._internal.simulator.scenario import CLUSTER_FAULTS, Control, Scenario, cluster_fault
+from trainhealth._internal.simulator.simulate import simulate
 from trainhealth_lab.scoring import Expected, Score, score_result
 
 __all__ = ["SCALES", "SEVERITIES", "Case", "Outcome", "cases", "evaluate", "judge", "summarize"]
@@ -74,7 +70,7 @@ SCALES: dict[int, tuple[ClusterLayout, ...]] = {
     ),
 }
 SEVERITIES = (1.02, 1.05, 1.1, 1.2, 1.5, 2.0, 3.0)
-KINDS = (ClusterFaultKind.GPU, ClusterFaultKind.NIC, ClusterFaultKind.HOST, ClusterFaultKind.SWITCH)
+KINDS = CLUSTER_FAULTS
 STEPS, MICROBATCHES = 20, 4
 
 
@@ -83,14 +79,14 @@ class Case:
     scale: int
     layout: ClusterLayout
     seed: int
-    fault: InjectedFault | None
+    fault: Fault | None
     control: Control = Control.NONE
 
     @property
     def pattern(self) -> str:
         if self.fault is None:
             return "control"
-        return "persistent" if self.fault.end_step is None else "transient"
+        return self.fault.pattern
 
     def scenario(self) -> Scenario:
         return Scenario(
@@ -107,7 +103,7 @@ def cases(
     scale: int,
     seeds: Iterable[int],
     severities: Sequence[float] = SEVERITIES,
-    kinds: Sequence[ClusterFaultKind] = KINDS,
+    kinds: Sequence[str] = KINDS,
 ) -> list[Case]:
     """Per seed and layout of ``scale``: every kind at every severity, and the three controls."""
     out = []
@@ -115,24 +111,22 @@ def cases(
         for position, layout in enumerate(SCALES[scale]):
             for kind in kinds:
                 for severity in severities:
-                    rng = np.random.default_rng(
-                        zlib.crc32(f"{scale}/{seed}/{position}/{kind.value}/{severity}".encode())
-                    )
+                    rng = np.random.default_rng(zlib.crc32(f"{scale}/{seed}/{position}/{kind}/{severity}".encode()))
                     out.append(Case(scale, layout, seed, _fault(layout, kind, severity, rng)))
             out += [Case(scale, layout, seed, None, control) for control in Control]
     return out
 
 
-def _fault(layout: ClusterLayout, kind: ClusterFaultKind, severity: float, rng: np.random.Generator) -> InjectedFault:
+def _fault(layout: ClusterLayout, kind: str, severity: float, rng: np.random.Generator) -> Fault:
     limit = {
-        ClusterFaultKind.HOST: int(layout.host_of(layout.world - 1)) + 1,
-        ClusterFaultKind.SWITCH: int(layout.leaf_of(layout.world - 1)) + 1,
+        "host": int(layout.host_of(layout.world - 1)) + 1,
+        "switch": int(layout.leaf_of(layout.world - 1)) + 1,
     }.get(kind, layout.world)
     target = int(rng.integers(limit))
     if rng.random() < 0.5:
-        return InjectedFault(kind, target, severity, start_step=int(rng.integers(4, 11)))
+        return cluster_fault(layout, kind, target, severity, step=int(rng.integers(4, 11)))
     start = int(rng.integers(4, 12))
-    return InjectedFault(kind, target, severity, start_step=start, end_step=start + int(rng.integers(3, 7)))
+    return cluster_fault(layout, kind, target, severity, step=start, until=start + int(rng.integers(3, 7)) - 1)
 
 
 @dataclass(frozen=True)
@@ -214,7 +208,7 @@ def summarize(outcomes: Sequence[Outcome], by: str) -> pd.DataFrame:
             {
                 "scale": case.scale,
                 "dims": case.layout.dimensions,
-                "kind": case.fault.kind.value if case.fault else "control",
+                "kind": case.fault.kind if case.fault else "control",
                 "severity": case.fault.severity if case.fault else np.nan,
                 "pattern": case.pattern,
                 "control": case.control.value if case.fault is None else "-",

@@ -40,16 +40,11 @@ from enum import Enum
 import numpy as np
 import pandas as pd
 
+from trainhealth._internal.faults import Fault
 from trainhealth._internal.localize.localizer import Thresholds, localize
 from trainhealth._internal.simulator.cluster import ClusterLayout
 from trainhealth._internal.simulator.noise import Hiccup, ProductionNoise
-from trainhealth._internal.simulator.scenario import (
-    ClusterFaultKind,
-    Control,
-    InjectedFault,
-    Scenario,
-    recurrent_fault,
-)
+from trainhealth._internal.simulator.scenario import Control, Scenario, cluster_fault, recurrent_fault
 from trainhealth._internal.simulator.simulate import simulate
 from trainhealth_lab.scoring import Expected, Score, score_result
 
@@ -134,7 +129,7 @@ class ProductionCase:
     layout: ClusterLayout
     steps: int
     seed: int
-    faults: tuple[InjectedFault, ...] = ()
+    faults: tuple[Fault, ...] = ()
     control: Control = Control.NONE
     noise: ProductionNoise = field(default_factory=ProductionNoise)
     microbatches: int = 1
@@ -158,13 +153,13 @@ class ProductionCase:
     def expected_component(self) -> str | None:
         if not self.faults:
             return None
-        return f"{self.faults[0].kind.value}:rank-{self.faults[0].target}"
+        return f"{self.faults[0].kind}:rank-{self.faults[0].target}"
 
     @property
     def expected_verdict(self) -> str:
         if not self.faults:
             return "healthy"
-        return "compute" if self.faults[0].kind is ClusterFaultKind.GPU else "communication"
+        return "compute" if self.faults[0].kind == "gpu" else "communication"
 
     def expected(self) -> Expected:
         """A right answer: for a control, nobody blamed and ``healthy`` or ``imbalance``; for a fault (persistent
@@ -172,7 +167,7 @@ class ProductionCase:
         if not self.faults:
             return Expected("healthy", ("healthy", "imbalance"))
         return Expected(
-            self.expected_verdict, (self.expected_verdict,), (str(self.expected_component),), (self.faults[0].target,)
+            self.expected_verdict, (self.expected_verdict,), (str(self.expected_component),), self.faults[0].ranks
         )
 
 
@@ -223,20 +218,20 @@ def _size(sizes: Sequence[tuple[int, int, float]], rng: np.random.Generator) -> 
     return layouts[int(rng.integers(len(layouts)))], steps
 
 
-def _faults(pattern: Pattern, layout: ClusterLayout, steps: int, rng: np.random.Generator) -> tuple[InjectedFault, ...]:
-    kind = ClusterFaultKind.GPU if rng.random() < 0.5 else ClusterFaultKind.NIC
+def _faults(pattern: Pattern, layout: ClusterLayout, steps: int, rng: np.random.Generator) -> tuple[Fault, ...]:
+    kind = "gpu" if rng.random() < 0.5 else "nic"
     target = int(rng.integers(layout.world))
     severity = round(float(np.exp(rng.uniform(math.log(_SEVERITY[0]), math.log(_SEVERITY[1])))), 3)
     if pattern is Pattern.PERSISTENT:
-        return (InjectedFault(kind, target, severity, start_step=int(rng.integers(steps // 10, 9 * steps // 10))),)
+        return (cluster_fault(layout, kind, target, severity, step=int(rng.integers(steps // 10, 9 * steps // 10))),)
     episodes = int(rng.integers(3, 6))
     span = steps // episodes  # one episode somewhere in each of equal parts of the run
     windows = []
     for part in range(episodes):
         length = int(rng.integers(3, 7))
         start = part * span + int(rng.integers(1, span - length))
-        windows.append((start, start + length))
-    return recurrent_fault(kind, target, severity, windows)
+        windows.append((start, start + length - 1))
+    return recurrent_fault(layout, kind, target, severity, windows)
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """The naive baselines a user would try first, scored as the localizer is (:mod:`trainhealth_lab.scoring`).
 
->>> from trainhealth_lab.realrun.spec import CaseSpec, Fault, RealRunFaultKind, Parallelism, truth
->>> t = truth(CaseSpec("c", Parallelism.DDP, 4, 30, 0, Fault(RealRunFaultKind.COMPUTE, target=1, onset=5, severity=2.0)))
+>>> from trainhealth_lab.realrun.spec import CaseSpec, Parallelism, lab_fault, truth
+>>> t = truth(CaseSpec("c", Parallelism.DDP, 4, 30, 0, lab_fault("compute", target=1, onset=5, severity=2.0)))
 >>> s = score_baseline(t, 1)
 >>> s.verdict_right, s.top1, s.false_blame
 (True, True, False)

@@ -23,10 +23,9 @@ from trainhealth_lab.realrun.spec import (
     CONTROL_KINDS,
     CaseSpec,
     Driver,
-    Fault,
     Parallelism,
     Pattern,
-    RealRunFaultKind,
+    lab_fault,
 )
 
 __all__ = ["SHAPES", "SUITES", "Entry", "issue30_repro", "make_case", "suite_cases"]
@@ -45,7 +44,7 @@ BASE_STEP_S = {4: 0.11, 8: 0.13}
 class Entry(NamedTuple):
     """One line of a suite: a case per seed. ``ranks`` None alternates 4 and 8 between entries and seeds."""
 
-    kind: RealRunFaultKind
+    kind: str  # one of spec.LAB_FAULTS
     pattern: Pattern
     layout: Parallelism
     mid_run: bool = True
@@ -55,42 +54,42 @@ class Entry(NamedTuple):
     min_severity: float = 1.1  # a compute fault's severity is drawn from [min_severity, 3] (log-uniform)
 
 
-_C, _P, _L = RealRunFaultKind, Pattern, Parallelism
+_P, _L = Pattern, Parallelism
 _FULL: tuple[Entry, ...] = (
-    Entry(_C.COMPUTE, _P.PERSISTENT, _L.DDP),
-    Entry(_C.COMPUTE, _P.PERSISTENT, _L.DP_PP),
-    Entry(_C.COMPUTE, _P.PERSISTENT, _L.DP_TP),
-    Entry(_C.COMPUTE, _P.TRANSIENT, _L.DDP),
-    Entry(_C.COMPUTE, _P.TRANSIENT, _L.DP_TP),
-    Entry(_C.COMPUTE, _P.INTERMITTENT, _L.DDP),
-    Entry(_C.COMPUTE, _P.INTERMITTENT, _L.DP_PP),
-    Entry(_C.LINK_RATE, _P.PERSISTENT, _L.DDP, mid_run=False),
-    Entry(_C.LINK_RATE, _P.PERSISTENT, _L.DDP),
-    Entry(_C.LINK_RATE, _P.PERSISTENT, _L.DP_PP),
-    Entry(_C.LINK_RATE, _P.PERSISTENT, _L.DP_TP),
-    Entry(_C.LINK_DELAY, _P.PERSISTENT, _L.DDP),
+    Entry("compute", _P.PERSISTENT, _L.DDP),
+    Entry("compute", _P.PERSISTENT, _L.DP_PP),
+    Entry("compute", _P.PERSISTENT, _L.DP_TP),
+    Entry("compute", _P.TRANSIENT, _L.DDP),
+    Entry("compute", _P.TRANSIENT, _L.DP_TP),
+    Entry("compute", _P.INTERMITTENT, _L.DDP),
+    Entry("compute", _P.INTERMITTENT, _L.DP_PP),
+    Entry("link_rate", _P.PERSISTENT, _L.DDP, mid_run=False),
+    Entry("link_rate", _P.PERSISTENT, _L.DDP),
+    Entry("link_rate", _P.PERSISTENT, _L.DP_PP),
+    Entry("link_rate", _P.PERSISTENT, _L.DP_TP),
+    Entry("link_delay", _P.PERSISTENT, _L.DDP),
     # 4 ranks only: at 8, the seven ranks pinned to the other CPU would saturate it with their own CPU-bound share
-    Entry(_C.CPU_CONTENTION, _P.PERSISTENT, _L.DDP, ranks=4),
-    Entry(_C.CPU_CONTENTION, _P.PERSISTENT, _L.DP_TP, ranks=4),
-    Entry(_C.DATALOADER, _P.PERSISTENT, _L.DDP),
-    Entry(_C.DATALOADER, _P.INTERMITTENT, _L.DP_PP),
-    Entry(_C.CLEAN, _P.PERSISTENT, _L.DDP, mid_run=False),
-    Entry(_C.CLEAN, _P.PERSISTENT, _L.DP_PP, mid_run=False),
-    Entry(_C.CLEAN, _P.PERSISTENT, _L.DP_TP, mid_run=False),
-    Entry(_C.SEQ_IMBALANCE, _P.PERSISTENT, _L.DDP, mid_run=False),
-    Entry(_C.SEQ_IMBALANCE, _P.PERSISTENT, _L.DP_TP, mid_run=False),
-    Entry(_C.STAGE_IMBALANCE, _P.PERSISTENT, _L.DP_PP, mid_run=False),
+    Entry("cpu_contention", _P.PERSISTENT, _L.DDP, ranks=4),
+    Entry("cpu_contention", _P.PERSISTENT, _L.DP_TP, ranks=4),
+    Entry("dataloader", _P.PERSISTENT, _L.DDP),
+    Entry("dataloader", _P.INTERMITTENT, _L.DP_PP),
+    Entry("clean", _P.PERSISTENT, _L.DDP, mid_run=False),
+    Entry("clean", _P.PERSISTENT, _L.DP_PP, mid_run=False),
+    Entry("clean", _P.PERSISTENT, _L.DP_TP, mid_run=False),
+    Entry("seq_imbalance", _P.PERSISTENT, _L.DDP, mid_run=False),
+    Entry("seq_imbalance", _P.PERSISTENT, _L.DP_TP, mid_run=False),
+    Entry("stage_imbalance", _P.PERSISTENT, _L.DP_PP, mid_run=False),
     # the collective logger alone (no Monitor, no step markers): a right verdict or "insufficient data"
-    Entry(_C.COMPUTE, _P.PERSISTENT, _L.DDP, ranks=4, markers=False),
-    Entry(_C.CLEAN, _P.PERSISTENT, _L.DDP, mid_run=False, ranks=4, markers=False),
+    Entry("compute", _P.PERSISTENT, _L.DDP, ranks=4, markers=False),
+    Entry("clean", _P.PERSISTENT, _L.DDP, mid_run=False, ranks=4, markers=False),
 )
 _SMALL: tuple[Entry, ...] = (
-    Entry(_C.COMPUTE, _P.PERSISTENT, _L.DDP),
-    Entry(_C.CLEAN, _P.PERSISTENT, _L.DDP, mid_run=False),
-    Entry(_C.COMPUTE, _P.PERSISTENT, _L.DP_PP),
-    Entry(_C.CLEAN, _P.PERSISTENT, _L.DP_TP, mid_run=False),
-    Entry(_C.LINK_RATE, _P.PERSISTENT, _L.DDP),
-    Entry(_C.STAGE_IMBALANCE, _P.PERSISTENT, _L.DP_PP, mid_run=False),
+    Entry("compute", _P.PERSISTENT, _L.DDP),
+    Entry("clean", _P.PERSISTENT, _L.DDP, mid_run=False),
+    Entry("compute", _P.PERSISTENT, _L.DP_PP),
+    Entry("clean", _P.PERSISTENT, _L.DP_TP, mid_run=False),
+    Entry("link_rate", _P.PERSISTENT, _L.DDP),
+    Entry("stage_imbalance", _P.PERSISTENT, _L.DP_PP, mid_run=False),
 )
 #: The shapes of issue 30 (driver, layout, ranks, markers): explicit collectives with the collective logger
 #: alone, FSDP-style per-layer gathers and reduce-scatters (with and without the Monitor), the Hugging Face
@@ -113,9 +112,9 @@ _SHAPE_ENTRIES: tuple[Entry, ...] = tuple(
     entry
     for driver, layout, ranks, markers in SHAPES
     for entry in (
-        Entry(_C.COMPUTE, _P.PERSISTENT, layout, True, ranks, markers, driver, 1.5),
-        Entry(_C.COMPUTE, _P.PERSISTENT, layout, False, ranks, markers, driver, 1.5),
-        Entry(_C.CLEAN, _P.PERSISTENT, layout, False, ranks, markers, driver),
+        Entry("compute", _P.PERSISTENT, layout, True, ranks, markers, driver, 1.5),
+        Entry("compute", _P.PERSISTENT, layout, False, ranks, markers, driver, 1.5),
+        Entry("clean", _P.PERSISTENT, layout, False, ranks, markers, driver),
     )
 )
 SUITES = {"small": _SMALL, "full": _FULL, "shapes": _SHAPE_ENTRIES}
@@ -137,7 +136,7 @@ def _bits_per_step(layout: Parallelism, ranks: int) -> float:
 
 
 def make_case(
-    kind: RealRunFaultKind,
+    kind: str,
     pattern: Pattern,
     layout: Parallelism,
     ranks: int,
@@ -162,38 +161,38 @@ def make_case(
         fields["every"] = int(rng.integers(3, 7))
     if kind in CONTROL_KINDS:
         severity = {
-            RealRunFaultKind.CLEAN: 1.0,
-            RealRunFaultKind.SEQ_IMBALANCE: 1.3,
-            RealRunFaultKind.STAGE_IMBALANCE: 1.5,
+            "clean": 1.0,
+            "seq_imbalance": 1.3,
+            "stage_imbalance": 1.5,
         }[kind]
-        fault = Fault(kind, severity=severity)
-    elif kind is RealRunFaultKind.LINK_RATE:
+        fault = lab_fault(kind, severity=severity)
+    elif kind == "link_rate":
         severity = float(rng.uniform(1.3, 2.5))
         extra_s = (severity - 1.0) * BASE_STEP_S.get(ranks, 0.12)
         rate = float(np.clip(_bits_per_step(layout, ranks) / extra_s / 1e6, 10.0, 2000.0))
-        fault = Fault(kind, pattern, target, onset, severity, rate_mbit=round(rate, 1), **fields)
-    elif kind is RealRunFaultKind.LINK_DELAY:
+        fault = lab_fault(kind, pattern, target, onset, severity, rate_mbit=round(rate, 1), **fields)
+    elif kind == "link_delay":
         severity = float(rng.uniform(1.3, 2.5))
         delay = (severity - 1.0) * BASE_STEP_S.get(ranks, 0.12) * 1000 / 8  # ~8 round trips per step
-        fault = Fault(kind, pattern, target, onset, severity, delay_ms=round(delay, 1), **fields)
-    elif kind is RealRunFaultKind.CPU_CONTENTION:
-        fault = Fault(kind, pattern, target, onset, 1.0, hogs=2, **fields)
-    elif kind is RealRunFaultKind.DATALOADER:
+        fault = lab_fault(kind, pattern, target, onset, severity, delay_ms=round(delay, 1), **fields)
+    elif kind == "cpu_contention":
+        fault = lab_fault(kind, pattern, target, onset, 1.0, hogs=2, **fields)
+    elif kind == "dataloader":
         severity = float(rng.uniform(1.3, 2.5))
-        fault = Fault(
+        fault = lab_fault(
             kind, pattern, target, onset, severity, stall_s=round((severity - 1.0) * COMPUTE_S * 1.5, 4), **fields
         )
     else:
-        fault = Fault(kind, pattern, target, onset, round(severity, 3), **fields)
+        fault = lab_fault(kind, pattern, target, onset, round(severity, 3), **fields)
     shape = layout.value if driver is Driver.LAB else driver.value
     name = (
-        f"s{seed}-{shape}-{kind.value}"
+        f"s{seed}-{shape}-{kind}"
         + ("" if kind in CONTROL_KINDS else f"-{pattern.value}")
         + ("-start" if kind not in CONTROL_KINDS and not mid_run else "")
         + ("" if markers else "-nomarkers")
         + f"-r{ranks}"
     )
-    cpu_share = CONTENTION_CPU_SHARE if kind is RealRunFaultKind.CPU_CONTENTION else 0.0
+    cpu_share = CONTENTION_CPU_SHARE if kind == "cpu_contention" else 0.0
     return CaseSpec(
         name,
         layout,
@@ -216,11 +215,11 @@ def issue30_repro(seed: int) -> CaseSpec:
     every 5th, the collective logger alone; one rank spends ~15 ms more before its all-reduce from iteration 10
     of 40 (the others ~1 ms). The slow rank is drawn from the seed.
 
-    >>> issue30_repro(0).name, issue30_repro(0).fault.onset, issue30_repro(0).driver.value
+    >>> issue30_repro(0).name, issue30_repro(0).fault.step, issue30_repro(0).driver.value
     ('s0-issue30-repro-explicit-r4', 10, 'explicit')
     """
     target = int(np.random.default_rng([seed, 30]).integers(0, 4))
-    fault = Fault(RealRunFaultKind.COMPUTE, Pattern.PERSISTENT, target, REPRO_ONSET, REPRO_SEVERITY)
+    fault = lab_fault("compute", Pattern.PERSISTENT, target, REPRO_ONSET, REPRO_SEVERITY)
     return CaseSpec(
         f"s{seed}-issue30-repro-explicit-r4",
         Parallelism.DDP,
@@ -258,10 +257,10 @@ def suite_cases(suite: str, seeds: Sequence[int] = (0, 1, 2), kinds: Sequence[st
                 driver=entry.driver,
                 min_severity=entry.min_severity,
             )
-            if not kinds or any(k == entry.kind.value or k in case.name for k in kinds):
+            if not kinds or any(k == entry.kind or k in case.name for k in kinds):
                 cases.append(case)
         if suite == "shapes":
             repro = issue30_repro(seed)
-            if not kinds or any(k == repro.fault.kind.value or k in repro.name for k in kinds):
+            if not kinds or any(k == repro.fault.kind or k in repro.name for k in kinds):
                 cases.append(repro)
     return cases

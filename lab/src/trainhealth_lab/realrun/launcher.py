@@ -38,7 +38,7 @@ from trainhealth._internal._files import write_json
 from trainhealth._internal._ports import free_port
 from trainhealth_lab.realrun.live import POLL_S, LivePoll, LiveWatcher, progress
 from trainhealth_lab.realrun.outcome import CaseOutcome, finish, score_run
-from trainhealth_lab.realrun.spec import LINK_KINDS, CaseSpec, RealRunFaultKind, Truth, host_name, truth
+from trainhealth_lab.realrun.spec import LINK_KINDS, CaseSpec, Truth, host_name, truth
 
 __all__ = ["CaseOutcome", "LivePoll", "link_lab_unavailable", "run_case", "score_run"]
 
@@ -127,13 +127,13 @@ def run_case(
     kind = spec.fault.kind
     hosts = {rank: host_name(rank) for rank in range(spec.ranks)}
     if kind in LINK_KINDS:
-        reason = link_lab_unavailable(delay=kind is RealRunFaultKind.LINK_DELAY)
+        reason = link_lab_unavailable(delay=kind == "link_delay")
         if reason is not None:
             plan = _truth_for(spec, hosts)
             write_json(run_dir / "truth.json", plan.to_dict())
             return CaseOutcome(spec.name, "skipped", reason, str(run_dir), plan.to_dict(), noise=noise)
         spec = replace(spec, netns=True)
-    if kind is RealRunFaultKind.CPU_CONTENTION and not spec.pin and (os.cpu_count() or 1) >= 2:
+    if kind == "cpu_contention" and not spec.pin and (os.cpu_count() or 1) >= 2:
         target = spec.fault.target
         spec = replace(spec, pin=tuple(1 if rank == target else 0 for rank in range(spec.ranks)))
     began = time.monotonic()
@@ -154,13 +154,13 @@ def run_case(
         hogs: list[subprocess.Popen[bytes]] = []
         stack.callback(_stop, hogs)
         stack.callback(_stop, processes)
-        by_launcher = kind in LINK_KINDS or kind is RealRunFaultKind.CPU_CONTENTION
-        onset_done = not by_launcher or spec.fault.onset <= 0
+        by_launcher = kind in LINK_KINDS or kind == "cpu_contention"
+        onset_done = not by_launcher or spec.fault.step <= 0
         actual_onset: int | None = 0 if by_launcher and onset_done else None
         if kind in LINK_KINDS and onset_done:
             _slow(netlab, spec)
-        if kind is RealRunFaultKind.CPU_CONTENTION and onset_done:  # a fault, not a control: it has a target
-            hogs += _start_hogs(spec.fault.hogs, spec.pin[cast(int, spec.fault.target)] if spec.pin else None)
+        if kind == "cpu_contention" and onset_done:  # a fault, not a control: it has a target
+            hogs += _start_hogs(spec.fault.params["hogs"], spec.pin[cast(int, spec.fault.target)] if spec.pin else None)
         env = dict(
             os.environ,
             MASTER_ADDR=master,
@@ -221,19 +221,21 @@ def run_case(
             elif time.monotonic() - moved_at > (STALL_S if slowest >= 0 else START_S) and slowest < spec.steps - 1:
                 failed = f"no progress for {time.monotonic() - moved_at:.0f}s at step {slowest}"
                 break
-            if not onset_done and fastest + 1 >= spec.fault.onset:
+            if not onset_done and fastest + 1 >= spec.fault.step:
                 if kind in LINK_KINDS:
                     _slow(netlab, spec)
                 else:
-                    hogs += _start_hogs(spec.fault.hogs, spec.pin[cast(int, spec.fault.target)] if spec.pin else None)
+                    hogs += _start_hogs(
+                        spec.fault.params["hogs"], spec.pin[cast(int, spec.fault.target)] if spec.pin else None
+                    )
                 onset_done = True
                 actual_onset = fastest + 1
-                if actual_onset != spec.fault.onset:
+                if actual_onset != spec.fault.step:
                     plan = _truth_for(
                         spec,
                         hosts,
                         onset=actual_onset,
-                        notes=(f"planned onset {spec.fault.onset}, switched on at step {actual_onset}",),
+                        notes=(f"planned onset {spec.fault.step}, switched on at step {actual_onset}",),
                     )
             if watcher is not None and slowest >= 0:
                 watcher.update(plan)
@@ -246,7 +248,7 @@ def run_case(
         wall = time.monotonic() - began
         if watcher is not None:
             polls = watcher.stop()
-    if actual_onset is not None and actual_onset != spec.fault.onset:
+    if actual_onset is not None and actual_onset != spec.fault.step:
         write_json(run_dir / "truth.json", plan.to_dict())
     if failed is not None:
         tail = _log_tail(run_dir)
@@ -277,10 +279,10 @@ def _namespaces(netlab: Any, ranks: int) -> dict[str, str]:
 
 def _slow(netlab: Any, spec: CaseSpec) -> None:
     fault = spec.fault
-    if fault.kind is RealRunFaultKind.LINK_RATE:
-        netlab.slow_link(fault.target, rate_mbit=fault.rate_mbit)
+    if fault.kind == "link_rate":
+        netlab.slow_link(fault.target, rate_mbit=fault.params["rate_mbit"])
     else:
-        netlab.slow_link(fault.target, delay_ms=fault.delay_ms)
+        netlab.slow_link(fault.target, delay_ms=fault.params["delay_ms"])
 
 
 def _log_tail(run_dir: Path) -> str:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import inspect
 import json
 import os
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +18,7 @@ import numpy as np
 from trainhealth._internal._files import write_json
 from trainhealth_lab.realrun.baselines import baseline_compute, baseline_wait, score_baseline
 from trainhealth_lab.realrun.live import LivePoll
-from trainhealth_lab.realrun.spec import CaseSpec, RealRunFaultKind, Truth
+from trainhealth_lab.realrun.spec import CaseSpec, Truth, with_onset
 from trainhealth_lab.scoring import score_result
 
 __all__ = ["CaseOutcome", "finish", "score_run"]
@@ -91,7 +91,7 @@ def _measured_slowdown(spec: CaseSpec, plan: Truth, run_dir: Path) -> _Slowdowns
     median = float(np.median([step_s[s] for s in steps])) if steps else None
     if plan.target is None or not steps:
         return _Slowdowns(len(step_s), median)
-    fault = replace(spec.fault, onset=plan.onset)
+    fault = with_onset(spec.fault, plan.onset)
     active = [s for s in steps if fault.active(s)]
     calm = [s for s in steps if not fault.active(s)]
     step_ratio = _ratio([step_s[s] for s in active], [step_s[s] for s in calm])
@@ -101,7 +101,7 @@ def _measured_slowdown(spec: CaseSpec, plan: Truth, run_dir: Path) -> _Slowdowns
         [busy[r][s] for r in others for s in calm if s in busy[r]],
     )
     measured = step_ratio
-    if spec.fault.kind in (RealRunFaultKind.COMPUTE, RealRunFaultKind.CPU_CONTENTION) and plan.target in busy:
+    if spec.fault.kind in ("compute", "cpu_contention") and plan.target in busy:
         mine = busy[plan.target]
         measured = _ratio([mine[s] for s in active if s in mine], [mine[s] for s in calm if s in mine])
     return _Slowdowns(len(step_s), median, measured, step_ratio, other_ratio)

@@ -40,7 +40,7 @@ from trainhealth_lab.realrun.kernels import (
     build_model,
 )
 from trainhealth_lab.realrun.rankfiles import StepLog, write_topology
-from trainhealth_lab.realrun.spec import CaseSpec, Driver
+from trainhealth_lab.realrun.spec import CaseSpec, Driver, stall_seconds
 
 __all__ = ["BARRIER_EVERY", "MONITOR_SETTINGS", "clock_for", "default_topology", "stall", "train_shape"]
 
@@ -72,7 +72,7 @@ def clock_for(spec: CaseSpec, *, paced: bool = True) -> Clock:
 
 def stall(spec: CaseSpec, rank: int, step: int, clock: Clock) -> None:
     """A data-loader fault's sleep in the data fetch (not the rank's compute: the pacing does not absorb it)."""
-    seconds = spec.fault.stall(rank, step)
+    seconds = stall_seconds(spec.fault, rank, step)
     if seconds > 0:
         with clock.blocked():
             time.sleep(seconds)

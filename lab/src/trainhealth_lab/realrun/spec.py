@@ -1,14 +1,17 @@
 """What one real-run case is: layout, ranks, steps, seed and the injected fault, and its ground truth.
 
-A :class:`CaseSpec` is written to ``spec.json`` in the run directory; every rank
-process reads it and applies the same fault schedule (:meth:`Fault.factor`), so
-the schedule is the same on every rank and in the ground truth.
+The fault is trainhealth's one :class:`~trainhealth._internal.faults.Fault`; the lab's kinds
+(``compute``, ``link_rate``, ``link_delay``, ``cpu_contention``, ``dataloader`` and the controls
+``clean``, ``seq_imbalance``, ``stage_imbalance``) are declared here, and :func:`lab_fault` lays one
+out in time by :class:`Pattern`. A :class:`CaseSpec` is written to ``spec.json`` in the run directory;
+every rank process reads it and applies the same fault schedule (:func:`compute_factor`), so the
+schedule is the same on every rank and in the ground truth.
 
->>> fault = Fault(RealRunFaultKind.COMPUTE, Pattern.INTERMITTENT, target=2, onset=10, severity=2.0, every=4)
->>> [fault.factor(2, step) for step in (9, 10, 11, 14)]
-[1.0, 2.0, 1.0, 2.0]
->>> fault.factor(1, 10)
-1.0
+>>> fault = lab_fault("compute", Pattern.INTERMITTENT, target=2, onset=10, severity=2.0, every=4)
+>>> [compute_factor(fault, 2, step) for step in (9, 10, 11, 14)], compute_factor(fault, 1, 10)
+([1.0, 2.0, 1.0, 2.0], 1.0)
+>>> fault.describe()
+'every 4th step from step 10: slow kernels x2 on rank 2'
 >>> spec = CaseSpec("ddp-compute", Parallelism.DDP, ranks=4, steps=30, seed=0, fault=fault)
 >>> CaseSpec.from_dict(json.loads(json.dumps(spec.to_dict()))) == spec
 True
@@ -16,7 +19,7 @@ True
 ('compute', ('gpu:rank-2',))
 >>> truth(replace(spec, markers=False)).accepted_verdicts
 ('compute', 'insufficient_data')
->>> truth(replace(spec, ranks=2, fault=replace(fault, target=1))).accepted_verdicts  # no majority to compare with
+>>> truth(replace(spec, ranks=2, fault=replace(fault, ranks=(1,)))).accepted_verdicts  # no majority to compare with
 ('compute', 'insufficient_data')
 >>> explicit = CaseSpec("explicit", Parallelism.DDP, 4, 40, 0, fault, driver=Driver.EXPLICIT, markers=False)
 >>> CaseSpec.from_dict(explicit.to_dict()).driver
@@ -32,22 +35,27 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from trainhealth._internal.config.fields import Range
+from trainhealth._internal.faults import KINDS, Fault, FaultError, FaultKind, Param, register
 from trainhealth_lab.scoring import Expected
 
 __all__ = [
     "CONTROL_KINDS",
+    "LAB_FAULTS",
     "LINK_KINDS",
     "TRAINER_DRIVERS",
     "CaseSpec",
     "Driver",
-    "Fault",
     "Parallelism",
     "Pattern",
-    "RealRunFaultKind",
     "Truth",
+    "compute_factor",
     "host_name",
+    "lab_fault",
     "severity_band",
+    "stall_seconds",
     "truth",
+    "with_onset",
 ]
 
 
@@ -84,86 +92,152 @@ class Driver(str, enum.Enum):
 TRAINER_DRIVERS = frozenset({Driver.HF_TRAINER, Driver.ACCELERATE})
 
 
-class RealRunFaultKind(str, enum.Enum):
-    COMPUTE = "compute"  # slower kernels on one rank
-    LINK_RATE = "link_rate"  # tbf rate limit on one rank's link
-    LINK_DELAY = "link_delay"  # netem delay on one rank's link
-    CPU_CONTENTION = "cpu_contention"  # busy processes on the target rank's CPU
-    DATALOADER = "dataloader"  # a stall in one rank's data fetch, before forward
-    CLEAN = "clean"  # negative control
-    SEQ_IMBALANCE = "seq_imbalance"  # negative control: every replica's work drawn per step
-    STAGE_IMBALANCE = "stage_imbalance"  # negative control (dp_pp): the last stage longer on every replica
-
-
 class Pattern(str, enum.Enum):
+    """How a case's fault is laid out in time (the values of :attr:`Fault.pattern`)."""
+
     PERSISTENT = "persistent"  # from the onset to the end (onset 0: from the start)
     TRANSIENT = "transient"  # ``length`` steps from the onset
     INTERMITTENT = "intermittent"  # every ``every``-th step from the onset
 
 
-LINK_KINDS = frozenset({RealRunFaultKind.LINK_RATE, RealRunFaultKind.LINK_DELAY})
-CONTROL_KINDS = frozenset({RealRunFaultKind.CLEAN, RealRunFaultKind.SEQ_IMBALANCE, RealRunFaultKind.STAGE_IMBALANCE})
+def _positive(value: Any) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise ValueError(f"must be a positive number, got {value!r}")
+    return float(value)
 
 
-@dataclass(frozen=True)
-class Fault:
-    """One injected fault (or control). ``severity`` is the kernel-time factor of a compute fault and of the
-    stage/batch spread of a control; for a link or a stall it is the step slowdown the lab aims for."""
+def _seconds(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 60:
+        raise ValueError(f"must be from 0 to 60 seconds, got {value!r}")
+    return float(value)
 
-    kind: RealRunFaultKind
-    pattern: Pattern = Pattern.PERSISTENT
-    target: int | None = None
-    onset: int = 0
-    severity: float = 1.0
-    length: int = 0  # transient: steps affected
-    every: int = 0  # intermittent: period in steps
-    rate_mbit: float | None = None  # link_rate
-    delay_ms: float | None = None  # link_delay
-    stall_s: float = 0.0  # dataloader: seconds per affected step
-    hogs: int = 0  # cpu_contention: busy processes on the target's CPU
 
-    def __post_init__(self) -> None:
-        if self.kind not in CONTROL_KINDS and self.target is None:
-            raise ValueError(f"fault {self.kind.value}: a target rank is required")
-        if self.pattern is Pattern.TRANSIENT and self.length < 1:
-            raise ValueError("a transient fault needs length >= 1")
-        if self.pattern is Pattern.INTERMITTENT and self.every < 2:
-            raise ValueError("an intermittent fault needs every >= 2")
-        if self.severity <= 0 or not math.isfinite(self.severity):
-            raise ValueError(f"severity must be a positive number, got {self.severity}")
+def _count(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 64:
+        raise ValueError(f"must be an integer from 0 to 64, got {value!r}")
+    return value
 
-    def active(self, step: int) -> bool:
-        """Whether the fault acts at ``step`` (the same answer on every rank)."""
-        if step < self.onset:
-            return False
-        if self.pattern is Pattern.TRANSIENT:
-            return step < self.onset + self.length
-        if self.pattern is Pattern.INTERMITTENT:
-            return (step - self.onset) % self.every == 0
-        return True
 
-    def factor(self, rank: int, step: int) -> float:
-        """The kernel-time factor of a compute fault on ``rank`` at ``step`` (1.0 elsewhere)."""
-        if self.kind is RealRunFaultKind.COMPUTE and rank == self.target and self.active(step):
-            return self.severity
-        return 1.0
+#: The lab's factors: a compute fault's kernel-time factor, a control's spread, or for a link or a stall the
+#: step slowdown the lab aims for.
+_FACTOR = Range(0.0, 100.0, above_low=True)
+for _kind in (
+    FaultKind("compute", "lab", "slow kernels x{severity:g}", severity=_FACTOR, needs_ranks=True),
+    FaultKind(
+        "link_rate",
+        "lab",
+        "link limited to {rate_mbit} Mbit/s (steps x{severity:.2f})",
+        severity=_FACTOR,
+        params={"rate_mbit": Param(None, _positive, "tbf rate limit")},
+        needs_ranks=True,
+    ),
+    FaultKind(
+        "link_delay",
+        "lab",
+        "link delayed {delay_ms} ms (steps x{severity:.2f})",
+        severity=_FACTOR,
+        params={"delay_ms": Param(None, _positive, "netem delay")},
+        needs_ranks=True,
+    ),
+    FaultKind(
+        "cpu_contention",
+        "lab",
+        "{hogs} busy processes on its CPU",
+        params={"hogs": Param(0, _count, "busy processes")},
+        needs_ranks=True,
+    ),
+    FaultKind(
+        "dataloader",
+        "lab",
+        "data fetch stalls {stall_s:g} s (steps x{severity:.2f})",
+        severity=_FACTOR,
+        params={"stall_s": Param(0.0, _seconds, "seconds per affected step")},
+        needs_ranks=True,
+    ),
+    FaultKind("clean", "lab", "no fault (control)", control=True),
+    FaultKind(
+        "seq_imbalance", "lab", "work drawn per step within x{severity:g} (control)", severity=_FACTOR, control=True
+    ),
+    FaultKind("stage_imbalance", "lab", "the last stage x{severity:g} (control)", severity=_FACTOR, control=True),
+):
+    register(_kind)
 
-    def stall(self, rank: int, step: int) -> float:
-        """Seconds the data fetch of ``rank`` stalls at ``step``."""
-        if self.kind is RealRunFaultKind.DATALOADER and rank == self.target and self.active(step):
-            return self.stall_s
-        return 0.0
+LAB_FAULTS = (
+    "compute",
+    "link_rate",
+    "link_delay",
+    "cpu_contention",
+    "dataloader",
+    "clean",
+    "seq_imbalance",
+    "stage_imbalance",
+)
+LINK_KINDS = frozenset({"link_rate", "link_delay"})
+CONTROL_KINDS = frozenset({"clean", "seq_imbalance", "stage_imbalance"})
 
-    def to_dict(self) -> dict[str, Any]:
-        out = asdict(self)
-        out["kind"], out["pattern"] = self.kind.value, self.pattern.value
-        return out
 
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Fault:
-        return cls(
-            **{**data, "kind": RealRunFaultKind(data["kind"]), "pattern": Pattern(data.get("pattern", "persistent"))}
-        )
+def lab_fault(
+    kind: str,
+    pattern: Pattern = Pattern.PERSISTENT,
+    target: int | None = None,
+    onset: int = 0,
+    severity: float = 1.0,
+    *,
+    length: int = 0,
+    every: int = 0,
+    **params: Any,
+) -> Fault:
+    """A lab fault on rank ``target`` from step ``onset``: persistent, ``length`` steps (transient) or every
+    ``every``-th step (intermittent); ``params`` are the kind's settings (``rate_mbit``, ``delay_ms``, ...)."""
+    if pattern is Pattern.TRANSIENT and length < 1:
+        raise FaultError(f"{kind}: a transient fault needs length >= 1")
+    if pattern is Pattern.INTERMITTENT and every < 2:
+        raise FaultError(f"{kind}: an intermittent fault needs every >= 2")
+    return Fault(
+        kind,
+        () if target is None else (target,),
+        step=onset,
+        until=onset + length - 1 if pattern is Pattern.TRANSIENT else None,
+        every=every if pattern is Pattern.INTERMITTENT else 1,
+        severity=severity,
+        params=params,
+    )
+
+
+def compute_factor(fault: Fault, rank: int, step: int) -> float:
+    """The kernel-time factor of a compute fault on ``rank`` at ``step`` (1.0 elsewhere)."""
+    return fault.severity if fault.kind == "compute" and fault.active(step, rank) else 1.0
+
+
+def stall_seconds(fault: Fault, rank: int, step: int) -> float:
+    """Seconds the data fetch of ``rank`` stalls at ``step``."""
+    return float(fault.params["stall_s"]) if fault.kind == "dataloader" and fault.active(step, rank) else 0.0
+
+
+def with_onset(fault: Fault, onset: int) -> Fault:
+    """``fault`` moved to begin at step ``onset`` (a transient one keeps its length)."""
+    until = None if fault.until is None else fault.until + onset - fault.step
+    return replace(fault, step=onset, until=until)
+
+
+def _legacy_fault(data: dict[str, Any]) -> Fault:
+    """A fault as ``spec.json`` files written before the one vocabulary hold it (onset, pattern, length, ...)."""
+    params = {name: data[name] for name in ("rate_mbit", "delay_ms", "stall_s", "hogs") if data.get(name) is not None}
+    kind = data["kind"]
+    params = {name: value for name, value in params.items() if name in KINDS[kind].params}
+    severity = data.get("severity", 1.0) if KINDS[kind].severity is not None else 1.0
+    return lab_fault(
+        kind,
+        Pattern(data.get("pattern", "persistent")),
+        data.get("target"),
+        data.get("onset", 0),
+        severity,
+        length=data.get("length", 0),
+        every=data.get("every", 0),
+        **params,
+    )
 
 
 @dataclass(frozen=True)
@@ -183,7 +257,7 @@ class CaseSpec:
     ranks: int
     steps: int
     seed: int
-    fault: Fault = field(default_factory=lambda: Fault(RealRunFaultKind.CLEAN))
+    fault: Fault = field(default_factory=lambda: Fault("clean"))
     compute_s: float = 0.08
     width: int = 128
     layers: int = 4
@@ -206,12 +280,12 @@ class CaseSpec:
                 f"driver {self.driver.value} runs trainhealth's integration (its Monitor): markers must be True"
             )
         if self.driver is not Driver.LAB and self.fault.kind not in (
-            RealRunFaultKind.COMPUTE,
-            RealRunFaultKind.CLEAN,
-            RealRunFaultKind.DATALOADER,
+            "compute",
+            "clean",
+            "dataloader",
         ):
             raise ValueError(
-                f"driver {self.driver.value} takes compute, dataloader and clean cases, got {self.fault.kind.value}"
+                f"driver {self.driver.value} takes compute, dataloader and clean cases, got {self.fault.kind}"
             )
         if self.ranks < 2:
             raise ValueError("ranks must be at least 2")
@@ -223,7 +297,7 @@ class CaseSpec:
             raise ValueError("steps must be at least 5")
         if self.fault.target is not None and not 0 <= self.fault.target < self.ranks:
             raise ValueError(f"target rank {self.fault.target} is not below {self.ranks} ranks")
-        if self.fault.kind is RealRunFaultKind.STAGE_IMBALANCE and self.layout is not Parallelism.DP_PP:
+        if self.fault.kind == "stage_imbalance" and self.layout is not Parallelism.DP_PP:
             raise ValueError("stage_imbalance needs layout dp_pp")
         if self.pin and len(self.pin) != self.ranks:
             raise ValueError("pin must give one CPU per rank")
@@ -249,14 +323,14 @@ class CaseSpec:
 
     def work_factor(self, rank: int, step: int) -> float:
         """Kernel-time factor of ``rank`` at ``step``: the fault times the workload's own unevenness."""
-        factor = self.fault.factor(rank, step)
-        if self.fault.kind is RealRunFaultKind.SEQ_IMBALANCE:
+        factor = compute_factor(self.fault, rank, step)
+        if self.fault.kind == "seq_imbalance":
             import numpy as np
 
             spread = self.fault.severity - 1.0  # e.g. 1.4: work drawn from [0.6, 1.4] x the mean
             draw = np.random.default_rng([self.seed, step, self.replica(rank), 7]).uniform(1 - spread, 1 + spread)
             factor *= float(draw)
-        if self.fault.kind is RealRunFaultKind.STAGE_IMBALANCE and self.stage(rank) == 1:
+        if self.fault.kind == "stage_imbalance" and self.stage(rank) == 1:
             factor *= self.fault.severity
         return factor
 
@@ -268,12 +342,13 @@ class CaseSpec:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> CaseSpec:
-        """The inverse of :meth:`to_dict`; a spec written before ``driver`` existed is the lab's own loop."""
+        """The inverse of :meth:`to_dict`; a spec written before ``driver`` existed is the lab's own loop, and one
+        written before the one fault vocabulary has its fault read the old way."""
         return cls(
             **{
                 **data,
                 "layout": Parallelism(data["layout"]),
-                "fault": Fault.from_dict(data["fault"]),
+                "fault": _legacy_fault(data["fault"]) if "onset" in data["fault"] else Fault.from_dict(data["fault"]),
                 "pin": tuple(data.get("pin", ())),
                 "driver": Driver(data.get("driver", "lab")),
             }
@@ -364,7 +439,7 @@ def truth(
     """The ground truth of ``spec`` (``onset`` overrides the planned one: the step a mid-run switch happened)."""
     fault = spec.fault
     if onset is not None:
-        fault = replace(fault, onset=onset)
+        fault = with_onset(fault, onset)
     target = fault.target
     target_host = None
     if target is not None:
@@ -372,14 +447,14 @@ def truth(
     kind = fault.kind
     accepted: tuple[str, ...]
     components: tuple[str, ...]
-    if kind is RealRunFaultKind.CLEAN:
+    if kind == "clean":
         verdict, accepted, components = "healthy", ("healthy",), ()
     elif kind in CONTROL_KINDS:
         verdict, accepted, components = "imbalance", ("imbalance", "healthy"), ()
     elif kind in LINK_KINDS:
         verdict, accepted = "communication", ("communication",)
         components = (f"nic:rank-{target}", f"host:{target_host}", f"link:rank-{target}")
-    elif kind is RealRunFaultKind.COMPUTE:
+    elif kind == "compute":
         verdict, accepted, components = "compute", ("compute",), (f"gpu:rank-{target}",)
     else:  # host-side slowness of one rank: its device is late to every collective, as a slow GPU would be
         verdict, accepted, components = "compute", ("compute",), (f"gpu:rank-{target}", f"host:{target_host}")
@@ -389,24 +464,24 @@ def truth(
         # all_gather_single and reduce_scatter_single not logged), "insufficient data" is an honest answer;
         # "healthy" for a fault is not
         accepted = accepted + ("insufficient_data",)
-    if fault.pattern is Pattern.TRANSIENT and kind not in CONTROL_KINDS | {RealRunFaultKind.CLEAN}:
+    if fault.pattern == Pattern.TRANSIENT and kind not in CONTROL_KINDS | {"clean"}:
         # a slowness that came and went is an event with its steps, not a faulty device: once it is over the
         # window may read healthy (or insufficient data), with the event naming the rank (scoring.py)
         accepted = tuple(dict.fromkeys(accepted + ("healthy", "insufficient_data")))
     if spec.driver is Driver.HF_TRAINER:
         notes = notes + ("the trace's steps are the Trainer's state.global_step: the lab's step k is trace step k+1",)
-    severity = fault.severity if kind not in (RealRunFaultKind.CLEAN, RealRunFaultKind.CPU_CONTENTION) else None
+    severity = fault.severity if kind not in ("clean", "cpu_contention") else None
     return Truth(
         case=spec.name,
         layout=spec.layout.value,
         ranks=spec.ranks,
         seed=spec.seed,
         steps=spec.steps,
-        kind=kind.value,
-        pattern=fault.pattern.value,
+        kind=kind,
+        pattern=fault.pattern,
         target=target,
         target_host=target_host,
-        onset=fault.onset,
+        onset=fault.step,
         severity=severity,
         severity_band=severity_band(severity),
         expected_verdict=verdict,

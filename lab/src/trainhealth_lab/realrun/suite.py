@@ -124,7 +124,7 @@ def _checked(row: Any, where: str) -> dict[str, Any]:
         raise ResultsError(f"{where}: status must be ok, error or skipped, got {row['status']!r}")
     _check(f"{where}: truth", row["truth"], _TRUTH)
     if row["truth"]["kind"].startswith("link"):
-        _check(f"{where}: truth.fault", row["truth"]["fault"], {"onset": int})
+        _check(f"{where}: truth", row["truth"], {"onset": int})
     if row["status"] == "ok":
         _check(where, row, _SCORED)
         for name in ("localize", "baseline_compute", "baseline_wait"):
@@ -189,7 +189,7 @@ def _label(row: dict[str, Any]) -> str:
     kind = truth["kind"]
     if truth["target"] is None:
         return kind
-    if kind.startswith("link") and truth["fault"]["onset"] == 0 and not truth.get("notes"):
+    if kind.startswith("link") and truth["onset"] == 0 and not truth.get("notes"):
         return f"{kind}/start"
     return f"{kind}/{truth['pattern']}"
 

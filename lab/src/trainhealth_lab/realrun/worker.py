@@ -40,7 +40,7 @@ from trainhealth_lab.realrun.kernels import (
 )
 from trainhealth_lab.realrun.parallel import STEPS, new_groups
 from trainhealth_lab.realrun.rankfiles import StepLog, write_json, write_topology
-from trainhealth_lab.realrun.spec import TRAINER_DRIVERS, CaseSpec, Driver, Parallelism
+from trainhealth_lab.realrun.spec import TRAINER_DRIVERS, CaseSpec, Driver, Parallelism, stall_seconds
 
 __all__ = ["main", "run_rank"]
 
@@ -217,7 +217,7 @@ def _train(torch: Any, dist: Any, spec: CaseSpec, rank: int, run_dir: Path) -> N
     try:
         for step in range(spec.steps):
             steps.begin(spec.work_factor(rank, step))
-            stall = spec.fault.stall(rank, step)
+            stall = stall_seconds(spec.fault, rank, step)
             if stall > 0:  # the data fetch of every rank (inputs, or a last stage's labels) comes before forward
                 with clock.blocked():  # not the rank's compute: the pacing must not absorb it
                     time.sleep(stall)

@@ -51,18 +51,18 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         except ScheduleError as exc:
             raise UsageError(f"--faults {exc}") from None
         for number, spec in enumerate(specs, 1):
-            if spec.ranks is not None and max(spec.ranks) >= args.ranks:
+            if spec.ranks and max(spec.ranks) >= args.ranks:
                 raise UsageError(
                     f"--faults {args.faults}: fault #{number}: ranks must be below --ranks "
                     f"{args.ranks}, got {max(spec.ranks)}"
                 )
-            if spec.kind == "gpu" and spec.gpu >= args.ranks:
+            if spec.kind == "simulated_gpu" and spec.params["gpu"] >= args.ranks:
                 raise UsageError(
                     f"--faults {args.faults}: fault #{number}: gpu must be below --ranks {args.ranks} "
-                    f"(one simulated GPU per rank), got {spec.gpu}"
+                    f"(one simulated GPU per rank), got {spec.params['gpu']}"
                 )
             if spec.kind in ("bitflip", "nan", "inf"):
-                _check_tensor(args.faults, number, spec.target, spec.tensor)
+                _check_tensor(args.faults, number, spec.params["target"], spec.params["tensor"])
         faults = specs
     if args.out is not None:
         check_output_directory(Path(args.out), "--out", empty=True)

@@ -14,7 +14,7 @@ import signal
 import sys
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 from urllib.parse import urlparse
 
 from trainhealth._internal._files import check_output_directory
@@ -25,7 +25,6 @@ if TYPE_CHECKING:
     from trainhealth._internal.exporters.collectives.probe import ProbeResult
     from trainhealth._internal.localize.localizer import Thresholds
     from trainhealth._internal.localize.result import LocalizationResult
-    from trainhealth._internal.simulator.simulate import InjectedFault
 
 __all__ = ["add_commands"]
 
@@ -157,40 +156,52 @@ def _probe(args: argparse.Namespace) -> ProbeResult | None:
     return None
 
 
-def _parse_fault(text: str) -> InjectedFault:
+class _FaultOption(NamedTuple):
+    """One ``--fault kind:index:severity[:start[:end]]`` (``end`` exclusive), before the layout is known."""
+
+    text: str
+    kind: str
+    target: int  # a rank, host or leaf switch
+    severity: float
+    start: int
+    end: int | None
+
+
+def _parse_fault(text: str) -> _FaultOption:
     """``kind:target:severity[:start[:end]]``, e.g. ``gpu:5:1.5`` or ``nic:9:2:4:8``."""
-    from trainhealth._internal.simulator.simulate import ClusterFaultKind, InjectedFault
+    from trainhealth._internal.simulator.scenario import CLUSTER_FAULTS
 
     parts = text.split(":")
-    kinds = ", ".join(kind.value for kind in ClusterFaultKind)
+    kinds = ", ".join(CLUSTER_FAULTS)
     if not 3 <= len(parts) <= 5:
         raise UsageError(f"--fault {text[:60]!r}: expected kind:target:severity[:start[:end]] with kind one of {kinds}")
-    try:
-        kind = ClusterFaultKind(parts[0])
-    except ValueError:
-        raise UsageError(f"--fault {text!r}: unknown kind {parts[0]!r}; expected one of {kinds}") from None
+    if parts[0] not in CLUSTER_FAULTS:
+        raise UsageError(f"--fault {text!r}: unknown kind {parts[0]!r}; expected one of {kinds}")
     try:
         target, severity, steps = int(parts[1]), float(parts[2]), [int(p) for p in parts[3:]]
-        if not math.isfinite(severity):
-            raise ValueError("severity must be in (1, 10]")
+        if not math.isfinite(severity) or not 1.0 < severity <= 10.0:
+            raise ValueError("severity must be above 1 up to 10")
         if target < 0 or target > _MAX_WORLD:
             raise ValueError(f"target {target} is outside the cluster")
         if any(not 0 <= step <= _STEPS.high for step in steps):
             raise ValueError(f"start and end must be steps from 0 to {_STEPS.high:g}")
         if len(steps) == 2 and steps[1] <= steps[0]:
             raise ValueError(f"the fault ends (step {steps[1]}) before it starts (step {steps[0]})")
-        return InjectedFault(kind, target, severity, *steps)
     except ValueError as exc:
         raise UsageError(f"--fault {text!r}: {exc}") from None
+    return _FaultOption(
+        text, parts[0], target, severity, steps[0] if steps else 0, steps[1] if len(steps) == 2 else None
+    )
 
 
 def _cmd_sim(args: argparse.Namespace) -> int:
     from trainhealth._internal.simulator.cluster import ClusterLayout
-    from trainhealth._internal.simulator.simulate import Control, Scenario, simulate
+    from trainhealth._internal.simulator.scenario import Control, Scenario, cluster_fault
+    from trainhealth._internal.simulator.simulate import simulate
 
     output = Path(args.output)
     check_output_directory(output, "-o")
-    faults = tuple(_parse_fault(text) for text in args.fault or ())
+    options = tuple(_parse_fault(text) for text in args.fault or ())
     world = args.dp * args.pp * args.tp * args.cp
     if world > _MAX_WORLD:
         raise UsageError(f"sim: {world} GPUs (--dp x --pp x --tp x --cp): the simulator goes up to {_MAX_WORLD}")
@@ -199,10 +210,10 @@ def _cmd_sim(args: argparse.Namespace) -> int:
             f"sim: {world} GPUs x {args.steps} --steps x {args.microbatches} --microbatches is more "
             f"than the simulator runs ({_MAX_WORK} GPU micro-batches; fewer steps or GPUs)"
         )
-    for fault in faults:
-        if fault.start_step >= args.steps:
+    for option in options:
+        if option.start >= args.steps:
             raise UsageError(
-                f"--fault {fault.kind.value}:{fault.target}: starts at step {fault.start_step}, after "
+                f"--fault {option.kind}:{option.target}: starts at step {option.start}, after "
                 f"the last of {args.steps} --steps"
             )
     try:
@@ -215,16 +226,26 @@ def _cmd_sim(args: argparse.Namespace) -> int:
             gpus_per_host=args.gpus_per_host,
             hosts_per_leaf=args.hosts_per_leaf,
         )
+    except ValueError as exc:
+        raise UsageError(f"sim: {exc}") from None
+    faults = []
+    for option in options:
+        until = None if option.end is None else option.end - 1
+        try:
+            faults.append(cluster_fault(layout, option.kind, option.target, option.severity, option.start, until))
+        except ValueError as exc:
+            raise UsageError(f"--fault {option.text!r}: {exc}") from None
+    try:
         scenario = Scenario(
             layout,
             steps=args.steps,
             microbatches=args.microbatches,
             seed=args.seed,
-            faults=faults,
+            faults=tuple(faults),
             control=Control(args.control),
         )
     except ValueError as exc:
-        raise UsageError(f"--fault: {exc}" if "fault" in str(exc) else f"sim: {exc}") from None
+        raise UsageError(f"sim: {exc}") from None
     trace = simulate(scenario)
     written = trace.write(output)
     print(

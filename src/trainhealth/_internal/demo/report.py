@@ -20,7 +20,7 @@ from typing import Any
 
 from trainhealth._internal.demo import story
 from trainhealth._internal.demo.worker import CHECKPOINT_EVERY
-from trainhealth._internal.injectors.schedule_file import FaultSpec
+from trainhealth._internal.faults import Fault
 
 __all__ = ["Incident", "write_report"]
 
@@ -35,7 +35,7 @@ class Incident:
     localization: dict[str, Any] | None
     pages: list[dict[str, Any]] = field(default_factory=list)  # from Alertmanager, when a stack was running
     interrupted: bool = False
-    schedule: list[FaultSpec] = field(default_factory=list)  # the faults as injected
+    schedule: list[Fault] = field(default_factory=list)  # the faults as injected
     wall_s: float | None = None  # the demo's wall time up to the report, start-up included
     verdicts: list[dict[str, Any]] = field(default_factory=list)  # the live analyzer's, each change with its time
 
@@ -119,9 +119,9 @@ def _plot_timeline(path: Path, incident: Incident, culprit: int | None) -> bool:
     colours = plt.get_cmap("tab10")
     lane = 0.7 / max(1, len(incident.schedule))  # each fault its own lane in a rank's row: overlaps stay visible
     for number, fault in enumerate(incident.schedule):
-        start, until = fault.step, fault.until
-        end = last if fault.kind == "gpu" and until == start else until
-        targets = [fault.gpu] if fault.kind == "gpu" else list(fault.ranks or ranks)
+        start, until = fault.step, last if fault.until is None else fault.until
+        end = last if fault.kind == "simulated_gpu" and until == start else until
+        targets = [fault.params["gpu"]] if fault.kind == "simulated_gpu" else list(fault.ranks or ranks)
         label = fault.describe().split(": ", 1)[-1]
         for position, rank in enumerate(r for r in targets if r in row):
             axes.broken_barh(

@@ -26,7 +26,7 @@ from trainhealth._internal.demo.report import Incident, write_report
 from trainhealth._internal.demo.worker import DemoConfig, rank_main
 
 if TYPE_CHECKING:
-    from trainhealth._internal.injectors.schedule_file import FaultSpec
+    from trainhealth._internal.faults import Fault
 
 __all__ = ["DemoOptions", "run_demo"]
 
@@ -40,7 +40,7 @@ class DemoOptions:
     port_base: int = 9450
     analyzer_port: int | None = 9448  # None: no analyzer
     webhook_port: int | None = 9096  # None: no webhook
-    faults: list[FaultSpec] | None = None  # None: the built-in schedule; []: a fault-free run
+    faults: list[Fault] | None = None  # None: the built-in schedule; []: a fault-free run
     master_port: int = 0  # the ranks' rendezvous port; 0: a free one, so two demos on one machine never meet
     seed: int = 0  # the model's initialisation and the batches
 
@@ -261,7 +261,7 @@ class _Live:
         self.events: list[dict[str, Any]] = []
         self.recent: deque[str] = deque(maxlen=8)
         self.steps: int | None = None
-        self.schedule: list[FaultSpec] = []
+        self.schedule: list[Fault] = []
         self.failures: list[str] = []
         self._shown_pages = 0
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from trainhealth._internal.injectors.schedule_file import FaultSpec
+from trainhealth._internal.faults import Fault
 from trainhealth._internal.knowledge.advice import advice_for, rewind_advice, xid_advice
 
 __all__ = [
@@ -81,7 +81,7 @@ class Detection:
 class Finding:
     """One injected fault with its first detection per source (earliest first) and the advice for it."""
 
-    fault: FaultSpec
+    fault: Fault
     description: str
     caught: tuple[Detection, ...]
     advice: tuple[str, ...]
@@ -104,23 +104,24 @@ class Finding:
         return text
 
 
-def _fault_ranks(fault: FaultSpec) -> list[int] | None:
-    if fault.kind == "gpu":
-        return [fault.gpu]  # the demo's rank r samples GPU r
-    return None if fault.ranks is None else list(fault.ranks)
+def _fault_ranks(fault: Fault) -> list[int] | None:
+    if fault.kind == "simulated_gpu":
+        return [fault.params["gpu"]]  # the demo's rank r samples GPU r
+    return list(fault.ranks) or None
 
 
-def _families(fault: FaultSpec) -> tuple[str, ...]:
+def _families(fault: Fault) -> tuple[str, ...]:
     """The detection families that can show ``fault``."""
-    if fault.kind == "gpu":
-        return ("gpu-clock" if fault.fault in _SLOW_GPU else "gpu-error"), "any"
+    if fault.kind == "simulated_gpu":
+        return ("gpu-clock" if fault.params["fault"] in _SLOW_GPU else "gpu-error"), "any"
     return FAMILIES.get(fault.kind, "numerics"), "any"
 
 
-def match(fault: FaultSpec, found: list[Detection], last_step: int, grace: int = GRACE_STEPS) -> list[Detection]:
+def match(fault: Fault, found: list[Detection], last_step: int, grace: int = GRACE_STEPS) -> list[Detection]:
     """The detections of ``found`` that catch ``fault``, earliest first (undated ones last).
 
-    >>> straggler = FaultSpec.from_dict({"kind": "delay", "seconds": 1, "step": 100, "until": 200, "ranks": [2]})
+    >>> from trainhealth._internal.injectors.schedule_file import load_schedule
+    >>> [straggler] = load_schedule([{"kind": "delay", "severity": 1, "step": 100, "until": 200, "ranks": [2]}])
     >>> seen = [Detection("event", "step_time anomaly", "timing", 2, 240),
     ...         Detection("event", "step_time anomaly", "timing", 2, 90),
     ...         Detection("event", "step_time anomaly", "timing", 1, 120),
@@ -132,7 +133,7 @@ def match(fault: FaultSpec, found: list[Detection], last_step: int, grace: int =
     ...         Detection("event", "step_time anomaly", "timing", 2, 210)]
     >>> [(d.source, d.rank, d.step) for d in match(straggler, seen, last_step=400)]
     [('event', 1, 120), ('page', 0, 170), ('event', 2, 210), ('analyzer', 2, None)]
-    >>> xid = FaultSpec.from_dict({"kind": "gpu", "fault": "xid", "xid": 79, "gpu": 3, "step": 300, "ranks": [3]})
+    >>> [xid] = load_schedule([{"kind": "simulated_gpu", "fault": "xid", "xid": 79, "gpu": 3, "step": 300, "ranks": [3]}])
     >>> [d.step for d in match(xid, [Detection("page", "GPULost", "any", 3, 390)], last_step=400)]
     [390]
     """
@@ -141,8 +142,8 @@ def match(fault: FaultSpec, found: list[Detection], last_step: int, grace: int =
     # localizer's part, judged by the ranks the analyzer names)
     job_wide = families[0] == "timing"
     ranks = _fault_ranks(fault)
-    start, until = fault.step, fault.until
-    end = last_step if fault.kind == "gpu" and until == start else until + grace
+    start, until = fault.step, last_step if fault.until is None else fault.until
+    end = last_step if fault.kind == "simulated_gpu" and until == start else until + grace
     hits = [
         d
         for d in found
@@ -158,10 +159,11 @@ def match(fault: FaultSpec, found: list[Detection], last_step: int, grace: int =
     return sorted(hits, key=lambda d: (d.step is None, d.step or 0))
 
 
-def unexplained(schedule: Sequence[FaultSpec], found: list[Detection], last_step: int) -> list[Detection]:
+def unexplained(schedule: Sequence[Fault], found: list[Detection], last_step: int) -> list[Detection]:
     """The detections that no injected fault explains: the run's false alarms, in step order.
 
-    >>> straggler = FaultSpec.from_dict({"kind": "delay", "seconds": 1, "step": 100, "until": 200, "ranks": [2]})
+    >>> from trainhealth._internal.injectors.schedule_file import load_schedule
+    >>> [straggler] = load_schedule([{"kind": "delay", "severity": 1, "step": 100, "until": 200, "ranks": [2]}])
     >>> seen = [Detection("event", "step_time anomaly", "timing", 2, 150),
     ...         Detection("event", "loss anomaly", "numerics", 1, 40),
     ...         Detection("page", "Alertmanager: LossSpike", "any", None, 60)]
@@ -293,16 +295,16 @@ def _timestamp(text: Any) -> float | None:
         return None
 
 
-def advice(fault: FaultSpec, localization: dict[str, Any] | None, checkpoint_every: int) -> tuple[str, ...]:
+def advice(fault: Fault, localization: dict[str, Any] | None, checkpoint_every: int) -> tuple[str, ...]:
     """What to do about ``fault``: the knowledge base's entry, or the localizer's advice when it named the rank."""
     kind = fault.kind
     loc = localization or {}
     named = {int(r) for s in loc.get("suspects", []) for r in s.get("ranks") or []}
-    if kind == "gpu" and fault.fault == "xid":
-        xid = xid_advice(fault.xid or 0)
+    if kind == "simulated_gpu" and fault.params["fault"] == "xid":
+        xid = xid_advice(fault.params["xid"] or 0)
         extra = advice_for("gpu_lost") if xid.xid == 79 else advice_for(f"xid_{xid.severity}")
         return (f"XID {xid.xid} ({xid.meaning}): {xid.action}. {xid.follow_up}", *extra)
-    if kind == "gpu":
+    if kind == "simulated_gpu":
         key = {
             "thermal_throttle": "thermal",
             "power_throttle": "power",
@@ -310,8 +312,8 @@ def advice(fault: FaultSpec, localization: dict[str, Any] | None, checkpoint_eve
             "nvlink_crc": "nvlink",
             "nvlink_down": "nvlink",
             "slow_clocks": "compute",
-        }.get(fault.fault)
-        return tuple(advice_for(key or fault.fault) or advice_for("xid_critical"))
+        }.get(fault.params["fault"])
+        return tuple(advice_for(key or fault.params["fault"]) or advice_for("xid_critical"))
     if kind in ("delay", "collective_delay"):
         if named & set(_fault_ranks(fault) or named) and loc.get("advice"):
             return tuple(f"(localizer) {a}" for a in loc["advice"])
@@ -326,7 +328,7 @@ def advice(fault: FaultSpec, localization: dict[str, Any] | None, checkpoint_eve
 
 
 def findings(
-    schedule: Sequence[FaultSpec],
+    schedule: Sequence[Fault],
     found: list[Detection],
     histories: dict[int, list[dict[str, Any]]],
     localization: dict[str, Any] | None,

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from trainhealth._internal.injectors.schedule_file import FaultSpec
+    from trainhealth._internal.faults import Fault
 
 __all__ = ["MODEL_SHAPE", "DemoConfig", "rank_main", "tensor_names"]
 
@@ -56,7 +56,7 @@ class DemoConfig:
     out: str
     addr: str
     port_base: int
-    faults: list[FaultSpec] | None  # None: the built-in schedule
+    faults: list[Fault] | None  # None: the built-in schedule
     master_port: int
     pace_s: float = 0.1  # host work per step on top of the tiny model, so steps look like a real job's
     job: str = "demo"

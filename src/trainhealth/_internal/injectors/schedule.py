@@ -29,10 +29,11 @@ from pathlib import Path
 from typing import Any, cast
 
 from trainhealth._internal.events import Event, EventLog, Severity
+from trainhealth._internal.faults import Fault
 from trainhealth._internal.injectors.bits import flip_bits, float_layout, resolve_bit, set_values
-from trainhealth._internal.injectors.schedule_file import FAULT_KINDS, FaultSpec, ScheduleError, load_schedule
+from trainhealth._internal.injectors.schedule_file import ScheduleError, load_schedule
 
-__all__ = ["FAULT_KINDS", "FaultSpec", "Injector", "load_schedule"]
+__all__ = ["Injector"]
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +52,7 @@ class Injector:
 
     def __init__(
         self,
-        schedule: str | os.PathLike[str] | Sequence[Mapping[str, Any]] | Sequence[FaultSpec] | None,
+        schedule: str | os.PathLike[str] | Sequence[Mapping[str, Any]] | Sequence[Fault] | None,
         *,
         model: Any = None,
         optimizer: Any = None,
@@ -64,10 +65,10 @@ class Injector:
         if (
             schedule is not None
             and not isinstance(schedule, (str, os.PathLike))
-            and all(isinstance(s, FaultSpec) for s in schedule)
+            and all(isinstance(s, Fault) for s in schedule)
         ):
-            self.schedule: list[FaultSpec] = cast("list[FaultSpec]", list(schedule))
-        else:  # a file, dictionaries (FaultSpec.from_dict checks each) or None
+            self.schedule: list[Fault] = cast("list[Fault]", list(schedule))
+        else:  # a file, dictionaries (Fault.from_dict checks each) or None
             self.schedule = load_schedule(cast("str | os.PathLike[str] | Sequence[Mapping[str, Any]] | None", schedule))
         self.rank = _rank() if rank is None else rank
         self.model = model
@@ -91,8 +92,8 @@ class Injector:
         if any(s.kind == "collective_delay" for s in self.schedule if self._mine(s)):
             self._install_collective_delay()
 
-    def _mine(self, spec: FaultSpec) -> bool:
-        return spec.ranks is None or self.rank in spec.ranks
+    def _mine(self, spec: Fault) -> bool:
+        return not spec.ranks or self.rank in spec.ranks
 
     # --- the training loop calls these -----------------------------------------------
     def begin_step(self, step: int) -> None:
@@ -125,12 +126,12 @@ class Injector:
             self._delay_installed = None
 
     # --- applying -------------------------------------------------------------------
-    def _apply(self, spec: FaultSpec, step: int) -> None:
+    def _apply(self, spec: Fault, step: int) -> None:
         if spec.kind in ("bitflip", "nan", "inf"):
-            if spec.target == "parameter":
+            if spec.params["target"] == "parameter":
                 name, tensor = self._find(self.model.named_parameters(), spec)
                 self._corrupt(spec, name, tensor, step)
-            elif spec.target == "gradient":
+            elif spec.params["target"] == "gradient":
                 name, parameter = self._find(self.model.named_parameters(), spec)
                 self._hooks.append(parameter.register_hook(self._gradient_hook(spec, name, step)))
             else:
@@ -138,36 +139,36 @@ class Injector:
                 # first among the module's hooks: they see the output as the faulty module produced it
                 self._hooks.append(module.register_forward_hook(self._activation_hook(spec, name, step), prepend=True))
         elif spec.kind == "delay":
-            self._record(spec, step, seconds=spec.seconds)
-            time.sleep(spec.seconds)
+            self._record(spec, step, seconds=spec.severity)
+            time.sleep(spec.severity)
         elif spec.kind == "collective_delay":
-            self._collective_delay = spec.seconds
-            self._record(spec, step, seconds=spec.seconds)
+            self._collective_delay = spec.severity
+            self._record(spec, step, seconds=spec.severity)
         elif spec.kind == "lr_scale":
             for group in self.optimizer.param_groups:
                 self._scaled_lr.append((group, group["lr"]))
-                group["lr"] = group["lr"] * spec.factor
-            self._record(spec, step, factor=spec.factor)
+                group["lr"] = group["lr"] * spec.severity
+            self._record(spec, step, factor=spec.severity)
         elif spec.kind == "batch":
-            self._batch_factor = spec.factor
-            self._record(spec, step, factor=spec.factor)
-        elif spec.kind == "gpu":
+            self._batch_factor = spec.severity
+            self._record(spec, step, factor=spec.severity)
+        elif spec.kind == "simulated_gpu":
             self._simulated_gpu_fault(spec, step)
 
-    def _find(self, named: Iterable[tuple[str, Any]], spec: FaultSpec) -> tuple[str, Any]:
+    def _find(self, named: Iterable[tuple[str, Any]], spec: Fault) -> tuple[str, Any]:
         for name, item in named:
             bare = name.removeprefix("module.")  # DDP and similar wrappers
-            if fnmatch.fnmatchcase(bare, spec.tensor) or fnmatch.fnmatchcase(name, spec.tensor):
-                if spec.target != "activation" and not getattr(item, "is_floating_point", lambda: False)():
+            if fnmatch.fnmatchcase(bare, spec.params["tensor"]) or fnmatch.fnmatchcase(name, spec.params["tensor"]):
+                if spec.params["target"] != "activation" and not getattr(item, "is_floating_point", lambda: False)():
                     continue
                 return bare, item
-        raise ScheduleError(f"no {spec.target} matches tensor {spec.tensor!r}")
+        raise ScheduleError(f"no {spec.params['target']} matches tensor {spec.params['tensor']!r}")
 
-    def _corrupt(self, spec: FaultSpec, name: str, tensor: Any, step: int) -> list[tuple[int, float, float]]:
-        count = min(spec.count, tensor.numel())
+    def _corrupt(self, spec: Fault, name: str, tensor: Any, step: int) -> list[tuple[int, float, float]]:
+        count = min(spec.params["count"], tensor.numel())
         indices = self._random.sample(range(tensor.numel()), count)
         if spec.kind == "bitflip":
-            bit = resolve_bit(spec.bit, float_layout(tensor.dtype), self._random.choice)
+            bit = resolve_bit(spec.params["bit"], float_layout(tensor.dtype), self._random.choice)
             changed = flip_bits(tensor, indices, bit)
             self._record(spec, step, tensor=name, bit=bit, changes=changed)
         else:
@@ -175,7 +176,7 @@ class Injector:
             self._record(spec, step, tensor=name, changes=changed)
         return changed
 
-    def _gradient_hook(self, spec: FaultSpec, name: str, step: int) -> Any:
+    def _gradient_hook(self, spec: Fault, name: str, step: int) -> Any:
         done: list[bool] = []
 
         def corrupt(gradient: Any) -> Any:
@@ -188,7 +189,7 @@ class Injector:
 
         return corrupt
 
-    def _activation_hook(self, spec: FaultSpec, name: str, step: int) -> Any:
+    def _activation_hook(self, spec: Fault, name: str, step: int) -> Any:
         done: list[bool] = []
 
         def corrupt(module: Any, inputs: Any, output: Any) -> Any:
@@ -266,28 +267,28 @@ class Injector:
 
         return sleeping
 
-    def _simulated_gpu_fault(self, spec: FaultSpec, step: int) -> None:
+    def _simulated_gpu_fault(self, spec: Fault, step: int) -> None:
         from trainhealth._internal.exporters.gpu.simulated import SimulatedFault, SimulatedFaultKind
 
         if self.simulated_gpu is None:
-            raise ScheduleError("gpu faults need the simulated GPU backend (gpu_backend=simulated)")
+            raise ScheduleError("simulated_gpu faults need the simulated GPU backend (gpu_backend=simulated)")
         try:
-            kind = SimulatedFaultKind(spec.fault)
+            kind = SimulatedFaultKind(spec.params["fault"])
         except ValueError:
             raise ScheduleError(
-                f"unknown gpu fault {spec.fault!r}; one of {', '.join(k.value for k in SimulatedFaultKind)}"
+                f"unknown gpu fault {spec.params['fault']!r}; one of {', '.join(k.value for k in SimulatedFaultKind)}"
             ) from None
-        self.simulated_gpu.inject(SimulatedFault(kind, gpu=spec.gpu, xid=spec.xid))
-        self._record(spec, step, fault=spec.fault, gpu=spec.gpu, xid=spec.xid)
+        self.simulated_gpu.inject(SimulatedFault(kind, gpu=spec.params["gpu"], xid=spec.params["xid"]))
+        self._record(spec, step, fault=spec.params["fault"], gpu=spec.params["gpu"], xid=spec.params["xid"])
 
     # --- ground truth ---------------------------------------------------------------
-    def _record(self, spec: FaultSpec, step: int, **details: Any) -> None:
+    def _record(self, spec: Fault, step: int, **details: Any) -> None:
         entry = {
             "time": time.time(),
             "step": step,
             "rank": self.rank,
             "kind": spec.kind,
-            **({"target": spec.target} if spec.kind in ("bitflip", "nan", "inf") else {}),
+            **({"target": spec.params["target"]} if spec.kind in ("bitflip", "nan", "inf") else {}),
             **details,
         }
         with self._lock:

@@ -20,11 +20,12 @@ struggling Prometheus is asked half as often, and a fresh verdict comes at most
 two intervals after it answers well again.
 
 >>> from trainhealth._internal.simulator.cluster import ClusterLayout
->>> from trainhealth._internal.simulator.simulate import ClusterFaultKind, InjectedFault, Scenario, simulate
+>>> from trainhealth._internal.simulator.scenario import Scenario, cluster_fault
+>>> from trainhealth._internal.simulator.simulate import simulate
 >>> from trainhealth._internal.localize.sources import Window
 >>> from trainhealth._internal.store import MetricStore
->>> trace = simulate(Scenario(ClusterLayout(dp=4, pp=2, tp=2), steps=12, seed=3,
-...                           faults=(InjectedFault(ClusterFaultKind.GPU, target=5, severity=1.5, start_step=6),)))
+>>> layout = ClusterLayout(dp=4, pp=2, tp=2)
+>>> trace = simulate(Scenario(layout, steps=12, seed=3, faults=(cluster_fault(layout, "gpu", 5, 1.5, step=6),)))
 >>> class Fixed:
 ...     def describe(self): return "a fixed window"
 ...     def read(self): return Window(trace.records, None)

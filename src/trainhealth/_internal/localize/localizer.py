@@ -22,9 +22,10 @@ The rules are Holmes's (NSDI'25), applied to whole windows of steps with numpy:
    on a GPU.
 
 >>> from trainhealth._internal.simulator.cluster import ClusterLayout
->>> from trainhealth._internal.simulator.simulate import ClusterFaultKind, InjectedFault, Scenario, simulate
->>> fault = InjectedFault(ClusterFaultKind.GPU, target=5, severity=1.5, start_step=6)
->>> trace = simulate(Scenario(ClusterLayout(dp=4, pp=2, tp=2), steps=12, faults=(fault,), seed=3))
+>>> from trainhealth._internal.simulator.scenario import Scenario, cluster_fault
+>>> from trainhealth._internal.simulator.simulate import simulate
+>>> layout = ClusterLayout(dp=4, pp=2, tp=2)
+>>> trace = simulate(Scenario(layout, steps=12, faults=(cluster_fault(layout, "gpu", 5, 1.5, step=6),), seed=3))
 >>> result = localize(trace.records, trace.topology)
 >>> result.verdict, result.suspects[0].component
 ('compute', 'gpu:rank-5')

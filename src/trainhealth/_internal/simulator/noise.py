@@ -24,7 +24,7 @@ job has about 3 GC pauses, 6 page-cache misses, 2 congestion episodes and one
 slow shard (8 replicas) every 100 steps. Pauses are in seconds against the
 default :class:`~trainhealth._internal.simulator.scenario.Timing` (a forward pass of
 20 ms). Faults inside this noise are ordinary
-:class:`~trainhealth._internal.simulator.scenario.InjectedFault`\\ s; a recurrent
+:class:`~trainhealth._internal.faults.Fault`\\ s; a recurrent
 transient fault is several of them on one device
 (:func:`~trainhealth._internal.simulator.scenario.recurrent_fault`). A scenario
 carries its noise (``Scenario(..., noise=ProductionNoise())``) and

@@ -1,9 +1,11 @@
 """What the cluster simulator is asked to run: the layout, the timing model, injected faults and controls.
 
-Injected faults, with ground truth: a slow GPU (compute x severity), a slow NIC
-or link of one rank (its inter-host transfers x severity), every NIC of one host,
-a slow leaf switch (every inter-host transfer of its hosts x severity) — transient or persistent,
-severity 1.02 to 3, or recurrent (:func:`recurrent_fault`: one device slow in separate episodes).
+Injected faults (:class:`~trainhealth._internal.faults.Fault`, kinds ``gpu``, ``nic``, ``host`` and
+``switch``, declared here), with ground truth: a slow GPU (compute x severity), a slow NIC or link of
+one rank (its inter-host transfers x severity), every NIC of one host, a slow leaf switch (every
+inter-host transfer of its hosts x severity) — transient or persistent, or recurrent
+(:func:`recurrent_fault`: one device slow in separate episodes). :func:`cluster_fault` makes one from
+a rank, host or leaf switch index.
 Negative controls: fault-free, a longer last pipeline stage, and varying
 sequence lengths; production noise (:mod:`trainhealth._internal.simulator.noise`) on
 top of any of them.
@@ -17,42 +19,32 @@ from enum import Enum
 from itertools import pairwise
 from typing import Any
 
+import numpy as np
+
+from trainhealth._internal.config.fields import Range
+from trainhealth._internal.faults import Fault, FaultKind, register
 from trainhealth._internal.simulator.cluster import ClusterLayout
 from trainhealth._internal.simulator.noise import ProductionNoise
 
-__all__ = ["ClusterFaultKind", "Control", "InjectedFault", "Scenario", "Timing", "recurrent_fault", "with_fault"]
+__all__ = ["CLUSTER_FAULTS", "Control", "Scenario", "Timing", "cluster_fault", "recurrent_fault", "with_fault"]
 
-
-class ClusterFaultKind(str, Enum):
-    GPU = "gpu"  # the GPU computes slowly (throttling, a degraded HBM stack)
-    NIC = "nic"  # one rank's NIC or link: its inter-host transfers are slow
-    HOST = "host"  # every NIC of one host (a host-level network problem)
-    SWITCH = "switch"  # a leaf switch: every inter-host transfer of the hosts under it
+#: The simulator's fault kinds; a fault's ranks are the GPU's or NIC's rank, or every rank of the host or
+#: leaf switch (see :func:`cluster_fault`).
+CLUSTER_FAULTS = ("gpu", "nic", "host", "switch")
+_SEVERITY = Range(1.0, 10.0, above_low=True)
+for _kind, _what in (
+    ("gpu", "slow GPU: compute x{severity:g}"),
+    ("nic", "slow NIC: inter-host transfers x{severity:g}"),
+    ("host", "slow host network: every NIC x{severity:g}"),
+    ("switch", "slow leaf switch: inter-host transfers x{severity:g}"),
+):
+    register(FaultKind(_kind, "simulator", _what, severity=_SEVERITY, needs_ranks=True))
 
 
 class Control(str, Enum):
     NONE = "none"
     STAGE_IMBALANCE = "stage_imbalance"
     SEQLEN_IMBALANCE = "seqlen_imbalance"
-
-
-@dataclass(frozen=True)
-class InjectedFault:
-    """``target`` is a rank (gpu, nic), a host index (host) or a leaf switch (switch);
-    active in steps ``[start_step, end_step)``."""
-
-    kind: ClusterFaultKind
-    target: int
-    severity: float
-    start_step: int = 0
-    end_step: int | None = None
-
-    def __post_init__(self) -> None:
-        if not 1.0 < self.severity <= 10.0:
-            raise ValueError("severity must be in (1, 10]")
-
-    def active(self, step: int) -> bool:
-        return self.start_step <= step and (self.end_step is None or step < self.end_step)
 
 
 @dataclass(frozen=True)
@@ -84,7 +76,7 @@ class Scenario:
     steps: int = 20
     microbatches: int = 4
     seed: int = 0
-    faults: tuple[InjectedFault, ...] = ()
+    faults: tuple[Fault, ...] = ()
     control: Control = Control.NONE
     timing: Timing = field(default_factory=Timing)
     noise: ProductionNoise | None = None  # production noise on top of the timing model's own
@@ -93,42 +85,33 @@ class Scenario:
         if self.steps < 1 or self.microbatches < 1:
             raise ValueError("steps and microbatches must be >= 1")
         for fault in self.faults:
-            limit = {
-                ClusterFaultKind.SWITCH: int(self.layout.leaf_of(self.layout.world - 1)) + 1,
-                ClusterFaultKind.HOST: int(self.layout.host_of(self.layout.world - 1)) + 1,
-            }.get(fault.kind, self.layout.world)
-            if not 0 <= fault.target < limit:
-                raise ValueError(f"{fault.kind.value} fault target {fault.target} is outside the cluster")
+            if fault.kind not in CLUSTER_FAULTS:
+                raise ValueError(f"the simulator injects {', '.join(CLUSTER_FAULTS)} faults, not {fault.kind}")
+            if max(fault.ranks) >= self.layout.world:
+                raise ValueError(f"{fault.kind} fault on rank {max(fault.ranks)}, outside the cluster")
 
     def ground_truth(self) -> dict[str, Any]:
         """What a localizer should find, for evaluation."""
         layout = self.layout
         faults = []
         for fault in self.faults:
-            if fault.kind is ClusterFaultKind.SWITCH:
-                per_leaf = layout.gpus_per_host * layout.hosts_per_leaf
-                ranks = [r for r in range(fault.target * per_leaf, (fault.target + 1) * per_leaf) if r < layout.world]
-                component = f"switch:leaf-{fault.target}"
-            elif fault.kind is ClusterFaultKind.HOST:
-                per_host = layout.gpus_per_host
-                ranks = [r for r in range(fault.target * per_host, (fault.target + 1) * per_host) if r < layout.world]
-                component = f"host:{layout.host_name(fault.target)}"
+            first = fault.ranks[0]
+            if fault.kind == "switch":
+                component = f"switch:leaf-{int(layout.leaf_of(first))}"
+            elif fault.kind == "host":
+                component = f"host:{layout.host_name(int(layout.host_of(first)))}"
             else:
-                ranks = [fault.target]
-                component = f"{fault.kind.value}:rank-{fault.target}"
+                component = f"{fault.kind}:rank-{first}"
             faults.append(
                 {
-                    **asdict(fault),
-                    "kind": fault.kind.value,
-                    "ranks": ranks,
+                    **fault.to_dict(),
+                    "ranks": list(fault.ranks),
                     "component": component,
-                    "host": layout.host_name(int(layout.host_of(ranks[0]))),
+                    "host": layout.host_name(int(layout.host_of(first))),
                 }
             )
         if faults:
-            verdict = (
-                "compute" if self.faults[0].kind is ClusterFaultKind.GPU else "communication"
-            )  # the first is the one to find
+            verdict = "compute" if self.faults[0].kind == "gpu" else "communication"  # the first is the one to find
         else:
             verdict = "imbalance" if self.control is not Control.NONE else "healthy"
         truth = {
@@ -146,22 +129,49 @@ class Scenario:
         return truth
 
 
-def with_fault(scenario: Scenario, fault: InjectedFault) -> Scenario:
+def with_fault(scenario: Scenario, fault: Fault) -> Scenario:
     return replace(scenario, faults=scenario.faults + (fault,))
 
 
-def recurrent_fault(
-    kind: ClusterFaultKind, target: int, severity: float, episodes: Iterable[tuple[int, int]]
-) -> tuple[InjectedFault, ...]:
-    """One device slow in separate episodes ``(start_step, end_step)``: a recurrent transient fault.
+def cluster_fault(
+    layout: ClusterLayout, kind: str, index: int, severity: float, step: int = 0, until: int | None = None
+) -> Fault:
+    """A simulator fault on the GPU or NIC of rank ``index``, every NIC of host ``index`` or the leaf switch
+    ``index``, in steps ``step`` to ``until`` (None: to the end).
 
-    >>> [(f.start_step, f.end_step) for f in recurrent_fault(ClusterFaultKind.GPU, 5, 1.5, [(40, 43), (10, 14)])]
-    [(10, 14), (40, 43)]
+    >>> layout = ClusterLayout(dp=4, pp=2, tp=8)  # 64 GPUs: 8 hosts of 8, under one leaf switch
+    >>> cluster_fault(layout, "host", 1, 1.5, step=4).describe()
+    'from step 4: slow host network: every NIC x1.5 on ranks 8, 9, 10, 11, 12, 13, 14, 15'
+    >>> cluster_fault(layout, "switch", 3, 2.0)
+    Traceback (most recent call last):
+    ...
+    ValueError: switch 3 is outside the cluster (leaf switches 0 to 0)
+    """
+    if kind == "host":
+        owners, names = layout.host_of(np.arange(layout.world)), "hosts"
+    elif kind == "switch":
+        owners, names = layout.leaf_of(np.arange(layout.world)), "leaf switches"
+    else:
+        owners, names = np.arange(layout.world), "ranks"
+    ranks = tuple(int(rank) for rank in np.flatnonzero(owners == index))
+    if not ranks:
+        raise ValueError(f"{kind} {index} is outside the cluster ({names} 0 to {int(owners.max())})")
+    return Fault(kind, ranks, step=step, until=until, severity=severity)
+
+
+def recurrent_fault(
+    layout: ClusterLayout, kind: str, index: int, severity: float, episodes: Iterable[tuple[int, int]]
+) -> tuple[Fault, ...]:
+    """One device slow in separate episodes (first step, last step): a recurrent transient fault.
+
+    >>> layout = ClusterLayout(dp=4, pp=2, tp=8)
+    >>> [(f.step, f.until) for f in recurrent_fault(layout, "gpu", 5, 1.5, [(40, 42), (10, 13)])]
+    [(10, 13), (40, 42)]
     """
     faults = tuple(
-        InjectedFault(kind, target, severity, start_step=start, end_step=end) for start, end in sorted(episodes)
+        cluster_fault(layout, kind, index, severity, step=first, until=last) for first, last in sorted(episodes)
     )
     for before, after in pairwise(faults):
-        if before.end_step is None or after.start_step <= before.end_step:
+        if before.until is None or after.step <= before.until + 1:
             raise ValueError("the episodes of a recurrent fault must be separate (a healthy step between them)")
     return faults

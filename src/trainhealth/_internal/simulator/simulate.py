@@ -41,16 +41,9 @@ from trainhealth._internal._files import write_json
 from trainhealth._internal.simulator.cluster import ClusterLayout
 from trainhealth._internal.simulator.noise import Hiccup, realise_noise
 from trainhealth._internal.simulator.recorder import GroupNames, Recorder, group_view
-from trainhealth._internal.simulator.scenario import (
-    ClusterFaultKind,
-    Control,
-    InjectedFault,
-    Scenario,
-    Timing,
-)
-from trainhealth._internal.simulator.scenario import with_fault as with_fault  # re-exported from its old home
+from trainhealth._internal.simulator.scenario import Control, Scenario, Timing
 
-__all__ = ["Control", "ClusterFaultKind", "InjectedFault", "Scenario", "SimulatedTrace", "Timing", "simulate"]
+__all__ = ["SimulatedTrace", "simulate"]
 
 
 @dataclass(frozen=True)
@@ -92,7 +85,6 @@ def simulate(scenario: Scenario) -> SimulatedTrace:
     speed = 1.0 + rng.uniform(0.0, timing.gpu_spread, world)
     ranks_of = [layout.stage_ranks(s) for s in range(stages)]
     hosts = layout.host_of(np.arange(world))
-    leaves = layout.leaf_of(np.arange(world))
     base = np.full(stages, timing.forward)
     if scenario.control is Control.STAGE_IMBALANCE:
         base[-1] *= timing.stage_imbalance
@@ -154,14 +146,8 @@ def simulate(scenario: Scenario) -> SimulatedTrace:
         for fault in scenario.faults:
             if not fault.active(step):
                 continue
-            if fault.kind is ClusterFaultKind.GPU:
-                slow[fault.target] *= fault.severity
-            elif fault.kind is ClusterFaultKind.NIC:
-                path[fault.target] *= fault.severity
-            elif fault.kind is ClusterFaultKind.HOST:
-                path[hosts == fault.target] *= fault.severity
-            else:
-                path[leaves == fault.target] *= fault.severity
+            affected = slow if fault.kind == "gpu" else path  # the GPUs compute, or the NICs and switches transfer
+            affected[list(fault.ranks)] *= fault.severity
         seqlen = np.ones((scenario.microbatches, layout.dp))
         if scenario.control is Control.SEQLEN_IMBALANCE:
             seqlen = np.exp(rng.normal(0, timing.seqlen_sigma, seqlen.shape))
