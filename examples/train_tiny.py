@@ -19,10 +19,39 @@ from pathlib import Path
 import torch
 
 import trainhealth
-from trainhealth._internal.demo.tiny_gpt import TinyGPT, synthetic_batch
 
 VOCAB, D_MODEL, LAYERS, HEADS, SEQ, BATCH = 256, 128, 2, 4, 64, 16
 CHECKPOINT_EVERY = 200
+
+
+class TinyGPT(torch.nn.Module):
+    """A causal transformer language model: token and position embeddings, pre-norm blocks, a head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = torch.nn.Embedding(VOCAB, D_MODEL)
+        self.position = torch.nn.Embedding(SEQ, D_MODEL)
+        block = torch.nn.TransformerEncoderLayer(
+            D_MODEL, HEADS, 4 * D_MODEL, dropout=0.0, batch_first=True, norm_first=True
+        )
+        self.blocks = torch.nn.TransformerEncoder(block, LAYERS, enable_nested_tensor=False)
+        self.head = torch.nn.Linear(D_MODEL, VOCAB)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        length = tokens.shape[1]
+        mask = torch.nn.Transformer.generate_square_subsequent_mask(length)
+        hidden = self.embed(tokens) + self.position(torch.arange(length))
+        return self.head(self.blocks(hidden, mask=mask, is_causal=True))
+
+
+def synthetic_batch(step: int) -> torch.Tensor:
+    """Sequences where each token is the previous one plus one, 10% replaced at random: learnable."""
+    generator = torch.Generator().manual_seed(step)
+    start = torch.randint(0, VOCAB, (BATCH, 1), generator=generator)
+    tokens = (start + torch.arange(SEQ + 1)) % VOCAB
+    noise = torch.rand(BATCH, SEQ + 1, generator=generator) < 0.1
+    tokens[noise] = torch.randint(0, VOCAB, (int(noise.sum()),), generator=generator)
+    return tokens
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -37,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     torch.manual_seed(0)
-    model = TinyGPT(vocab=VOCAB, width=D_MODEL, layers=LAYERS, heads=HEADS, context=SEQ)
+    model = TinyGPT()
     decay = [p for p in model.parameters() if p.ndim >= 2]
     no_decay = [p for p in model.parameters() if p.ndim < 2]
     optimizer = torch.optim.AdamW(
@@ -65,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"serving metrics at {monitor.metrics_url}  (try: curl -s {monitor.metrics_url} | grep trainhealth_train_)"
             )
         for step in range(args.steps):
-            tokens = synthetic_batch(VOCAB, SEQ, BATCH, seed=step)
+            tokens = synthetic_batch(step)
             logits = model(tokens[:, :-1])
             loss = torch.nn.functional.cross_entropy(logits.reshape(-1, VOCAB), tokens[:, 1:].reshape(-1))
             loss.backward()
