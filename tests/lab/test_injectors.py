@@ -154,6 +154,7 @@ def test_schedules_from_yaml_and_their_errors(tmp_path):
         ("- {kind: delay, step: 1}", "severity is required (above 0 up to 3600)"),
         ("- {kind: delay, step: 1, severity: 0}", "severity must be above 0 up to 3600, got 0.0"),
         ("- {kind: delay, seconds: 1, step: 1}", "unknown field(s) seconds (seconds is now severity)"),
+        ("- {kind: gpu, fault: xid, step: 1}", "got 'gpu' (kind gpu is now simulated_gpu)"),
         ("- {kind: nan, step: 1, ranks: []}", "ranks must name at least one rank"),
         ("- {kind: nan, step: 1, colour: red}", "unknown field(s) colour"),
         ("- {kind: nan}", "step is required"),

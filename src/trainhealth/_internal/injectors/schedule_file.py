@@ -168,7 +168,10 @@ for _kind in (
 def _entry(entry: Any, position: int) -> Fault:
     where = f"fault #{position + 1}"
     if isinstance(entry, Mapping) and entry.get("kind") not in FAULT_KINDS:
-        raise ScheduleError(f"{where}: kind must be one of {', '.join(FAULT_KINDS)}, got {entry.get('kind')!r}")
+        renamed = " (kind gpu is now simulated_gpu)" if entry.get("kind") == "gpu" else ""
+        raise ScheduleError(
+            f"{where}: kind must be one of {', '.join(FAULT_KINDS)}, got {entry.get('kind')!r}{renamed}"
+        )
     if isinstance(entry, Mapping) and "step" not in entry:
         raise ScheduleError(f"{where}: step is required")
     try:
