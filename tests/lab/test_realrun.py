@@ -127,6 +127,33 @@ def test_scoring_counts_a_wrong_rank_as_false_blame() -> None:
     assert not score(control.expected(), "imbalance", []).false_blame
 
 
+def test_a_spec_written_before_the_one_fault_vocabulary_still_loads() -> None:
+    """The ``spec.json`` of runs recorded before (onset, pattern, length, rate_mbit) is read as the same fault."""
+    written = _spec("old", lab_fault("link_rate", Pattern.TRANSIENT, 2, 12, 1.8, length=5, rate_mbit=40.0)).to_dict()
+    written["fault"] = {
+        "kind": "link_rate",
+        "pattern": "transient",
+        "target": 2,
+        "onset": 12,
+        "severity": 1.8,
+        "length": 5,
+        "every": 0,
+        "rate_mbit": 40.0,
+        "delay_ms": None,
+        "stall_s": 0.0,
+        "hogs": 0,
+    }
+    fault = CaseSpec.from_dict(written).fault
+    assert (fault.kind, fault.ranks, fault.step, fault.until, fault.params["rate_mbit"]) == (
+        "link_rate",
+        (2,),
+        12,
+        16,
+        40.0,
+    )
+    assert fault.pattern == Pattern.TRANSIENT and truth(CaseSpec.from_dict(written)).onset == 12
+
+
 def test_the_full_suite_covers_the_issue() -> None:
     cases = suite_cases("full", seeds=(0, 1, 2))
     assert len(cases) >= 60
