@@ -206,7 +206,7 @@ def _run(rank: int, world: int, port: int, out: str, iterations: int, slow_rank:
 
 def reduction(iterations: int = 300, world: int = 4, slow_rank: int = 2) -> tuple[int, int, int, int]:
     with tempfile.TemporaryDirectory() as out:
-        run_ranks(_run, world, out, iterations, slow_rank, timeout_s=600)
+        run_ranks(_run, world, out, iterations, slow_rank, steps=iterations)
         counts = [json.loads(Path(out, f"counts-{r}.json").read_text()) for r in range(world)]
         total = sum(c[0] for c in counts)
         kept = sum(c[1] for c in counts)

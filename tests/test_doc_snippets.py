@@ -17,10 +17,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 from tests.distributed import free_port
 from tests.otlp import OtlpReceiver
+from tests.tiers import sweep
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCUMENTS = [ROOT / "README.md", ROOT / "docs" / "integrations.md"]
@@ -102,11 +101,11 @@ def _cases() -> list:
     for document in DOCUMENTS:
         name = document.relative_to(ROOT).as_posix() if document.is_relative_to(ROOT) else document.name
         for line, code in python_blocks(document):
-            cases.append(pytest.param(code, f"{name}:{line}", id=f"{name}:{line}"))
+            cases.append((code, f"{name}:{line}"))
     return cases
 
 
-@pytest.mark.parametrize(("code", "where"), _cases())
+@sweep(("code", "where"), _cases(), ids=[where for _, where in _cases()])
 def test_snippet_runs_and_exports_the_loss(code, where, tmp_path):
     check_snippet(code, tmp_path, where)
 

@@ -107,7 +107,7 @@ def test_rank_from_torch_distributed_when_no_variable_gives_it(tmp_path):
 
     from tests.distributed import run_ranks
 
-    run_ranks(_report_identity, 2, str(tmp_path))
+    run_ranks(_report_identity, 2, str(tmp_path), timeout_s=120)  # no steps
     for rank in (0, 1):
         seen = json.loads((tmp_path / f"rank-{rank}.json").read_text())
         assert seen["before"] == [0, 1]  # not initialised yet: the defaults

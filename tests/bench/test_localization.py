@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from trainhealth._internal.localize.localizer import Thresholds
 from trainhealth._internal.simulator.scenario import CLUSTER_FAULTS, Control
 from trainhealth_lab.bench.localization import SCALES, cases, evaluate, summarize
@@ -18,6 +20,7 @@ def test_cases_cover_every_kind_severity_control_and_layout():
     assert cases(64, seeds=[3]) == generated  # seeded: the same cases every time
 
 
+@pytest.mark.slow
 def test_clear_faults_are_found_and_controls_blame_no_one():
     chosen = [c for c in cases(64, seeds=[7]) if c.fault is None or c.fault.severity >= 1.5]
     outcomes = [evaluate(case, Thresholds()) for case in chosen]

@@ -34,6 +34,7 @@ from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from tests.cli.badinput import assert_refused, run_cli, snapshot  # noqa: E402
+from tests.tiers import sweep  # noqa: E402
 
 #: seconds a case may take before it counts as a hang (the slowest refusal takes about 2 s)
 CASE_TIMEOUT_S = 120.0  # a hang, not a slow start on a busy machine: pandas and torch take seconds to import
@@ -409,6 +410,7 @@ def trace_command(name: str, draw: st.DrawFn) -> tuple[tuple[str, ...], tuple[st
 
 @given(st.data())
 @examples(24)
+@pytest.mark.slow
 def test_bad_cells_of_v1_traces(data):
     suffix, content, column = data.draw(st.one_of(bad_cell_traces(), bad_parquet_traces()))
     name = "trace" + suffix
@@ -418,6 +420,7 @@ def test_bad_cells_of_v1_traces(data):
 
 @given(st.data())
 @examples(16)
+@pytest.mark.slow
 def test_bad_v1_files(data):
     suffix, content, column = data.draw(bad_structure_traces())
     name = "trace" + suffix
@@ -478,6 +481,7 @@ def bad_topology_files(draw: st.DrawFn) -> bytes:
 
 @given(st.data())
 @examples(12)
+@pytest.mark.slow
 def test_bad_topologies(data):
     content = data.draw(bad_topology_files())
     inside = data.draw(st.booleans())  # topology.json in the trace directory, or --topology
@@ -611,6 +615,7 @@ def bad_flight_recorder_dumps(draw: st.DrawFn) -> tuple[str, bytes]:
 
 @given(st.data())
 @examples(18)
+@pytest.mark.slow
 def test_bad_flight_recorder_dumps(data):
     name, content = data.draw(bad_flight_recorder_dumps())
     files = ((name, content), ("nccl_trace_rank_1", plain_pickle(fr_dump(1))))
@@ -733,6 +738,7 @@ def bad_straggler_analysis(draw: st.DrawFn) -> tuple[tuple[tuple[str, Content], 
 
 @given(st.data())
 @examples(14)
+@pytest.mark.slow
 def test_bad_straggler_analysis_traces(data):
     files, named = data.draw(bad_straggler_analysis())
     command = data.draw(st.sampled_from([("trace", "info"), ("trace", "convert"), ("localize",)]))
@@ -764,6 +770,7 @@ BAD_INPUT_PATHS: list[tuple[tuple[tuple[str, Content], ...], str]] = [
 
 @given(st.data())
 @examples(12)
+@pytest.mark.slow
 def test_bad_input_paths(data):
     files, given_path = data.draw(st.sampled_from(BAD_INPUT_PATHS))
     command = data.draw(st.sampled_from([("trace", "info"), ("trace", "convert"), ("localize",), ("detect",)]))
@@ -782,6 +789,7 @@ def test_bad_input_paths(data):
 
 @given(st.data())
 @examples(6)
+@pytest.mark.slow
 def test_bad_topology_paths(data):
     files, given_path = data.draw(
         st.sampled_from(
@@ -839,6 +847,7 @@ BAD_OUTPUTS: list[tuple[tuple[str, ...], tuple[tuple[str, Content], ...], str]] 
 
 @given(st.data())
 @examples(14)
+@pytest.mark.slow
 def test_bad_output_paths(data):
     args, files, named = data.draw(st.sampled_from(BAD_OUTPUTS))
     base = (GOOD_TRACE, SERIES) + nab_layout()
@@ -878,7 +887,7 @@ NUMERIC_OPTIONS: list[tuple[tuple[str, ...], str, list[str]]] = (
 PROBE_ENV = (("RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", "1"))
 
 
-@pytest.mark.parametrize("prefix, option, values", NUMERIC_OPTIONS, ids=lambda v: v if isinstance(v, str) else "")
+@sweep("prefix, option, values", NUMERIC_OPTIONS, ids=lambda v: v if isinstance(v, str) else "")
 @given(data=st.data())
 @examples(2)
 def test_bad_numeric_options(prefix, option, values, data):
@@ -912,6 +921,7 @@ BAD_FAULTS = [
 
 @given(st.sampled_from(BAD_FAULTS))
 @examples(8)
+@pytest.mark.slow
 def test_bad_simulated_faults(spec):
     refuse(
         Case(
@@ -993,6 +1003,7 @@ def bad_detector_specs(draw: st.DrawFn) -> tuple[str, str]:
 
 @given(bad_detector_specs())
 @examples(16)
+@pytest.mark.slow
 def test_bad_detector_specs(spec_and_name):
     spec, named = spec_and_name
     refuse(Case(("detect", "{d}/series.csv", "--column", "loss", "--detector", spec), (SERIES,), mentions=(named,)))
@@ -1018,6 +1029,7 @@ BAD_SERIES: list[tuple[tuple[str, ...], tuple[tuple[str, Content], ...], str]] =
 
 @given(st.sampled_from(BAD_SERIES))
 @examples(8)
+@pytest.mark.slow
 def test_bad_series(case):
     options, files, named = case
     refuse(Case(("detect", "{d}/" + files[0][0]) + options, files, mentions=(named,)))
@@ -1051,7 +1063,7 @@ BAD_NAB_DATA: list[tuple[str, bytes]] = [
 ]
 
 
-@pytest.mark.parametrize("name, content", BAD_NAB_DATA, ids=[f"{n}:{c[:24]!r}" for n, c in BAD_NAB_DATA])
+@sweep("name, content", BAD_NAB_DATA, ids=[f"{n}:{c[:24]!r}" for n, c in BAD_NAB_DATA])
 def test_every_bad_nab_file_is_refused_naming_it(name, content):
     """Each bad file, not only those drawn below: one line naming the file at fault (no pandas warning)."""
     files = tuple(f for f in nab_layout() if f[0] != "nab/" + name) + (("nab/" + name, content),)
@@ -1060,6 +1072,7 @@ def test_every_bad_nab_file_is_refused_naming_it(name, content):
 
 @given(st.data())
 @examples(8)
+@pytest.mark.slow
 def test_bad_bench_inputs(data):
     kind = data.draw(st.sampled_from(["data", "data", "detector", "no data"]))
     files = nab_layout()
@@ -1163,6 +1176,7 @@ BAD_PROBES = [
 
 @given(st.sampled_from(BAD_PROBES + [Fifo(), Directory()]))
 @examples(5)
+@pytest.mark.slow
 def test_bad_probe_files(content):
     refuse(
         Case(

@@ -39,6 +39,7 @@ from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from tests.cli.badinput import REFUSAL_TIMEOUT_S, assert_refused, run_cli, snapshot  # noqa: E402
+from tests.tiers import sweep  # noqa: E402
 from trainhealth._internal.cli.main import build_parser  # noqa: E402
 from trainhealth._internal.cli.numbers import Bounded  # noqa: E402
 from trainhealth_lab.cli import build_parser as build_lab_parser  # noqa: E402
@@ -236,7 +237,7 @@ def bad_numbers(kind: Bounded) -> st.SearchStrategy[str]:
     return st.one_of(strategies).filter(lambda text: _refuses(kind, text))
 
 
-@pytest.mark.parametrize(("path", "option", "kind"), NUMERIC, ids=[f"{' '.join(p)} {o}" for p, o, _ in NUMERIC])
+@sweep(("path", "option", "kind"), NUMERIC, ids=[f"{' '.join(p)} {o}" for p, o, _ in NUMERIC])
 @examples(7)
 @given(data=st.data())
 def test_a_number_outside_its_range_is_refused(path, option, kind, data):
@@ -297,7 +298,7 @@ SETTINGS = {
 }
 
 
-@pytest.mark.parametrize("case", list(SETTINGS.values()), ids=list(SETTINGS))
+@sweep("case", list(SETTINGS.values()), ids=list(SETTINGS))
 def test_a_bad_setting_is_refused_naming_its_option(case):
     path, extra, option = case
     with sandbox() as root:
@@ -369,6 +370,7 @@ def bad_schedules(draw: st.DrawFn) -> tuple[str, str, int]:
 
 @examples(30)
 @given(case=bad_schedules())
+@pytest.mark.slow
 def test_a_bad_fault_schedule_is_refused_naming_the_file_and_field(case):
     text, field, number = case
     with sandbox() as root:
@@ -398,7 +400,7 @@ SCHEDULE_FILES = {
 }
 
 
-@pytest.mark.parametrize("content", list(SCHEDULE_FILES.values()), ids=list(SCHEDULE_FILES))
+@sweep("content", list(SCHEDULE_FILES.values()), ids=list(SCHEDULE_FILES))
 def test_a_file_that_is_no_schedule_is_refused(content):
     with sandbox() as root:
         faults = root / "faults.yaml"
@@ -535,7 +537,7 @@ STATE_FILES = {
 }
 
 
-@pytest.mark.parametrize("state", list(STATE_FILES.values()), ids=list(STATE_FILES))
+@sweep("state", list(STATE_FILES.values()), ids=list(STATE_FILES))
 def test_a_bad_state_file_is_refused_and_nothing_signalled(bystander, state):
     with sandbox() as root:
         refused(_stack_down(root, state, contained=True), "stack.json")
@@ -658,6 +660,7 @@ def bad_rows(draw: st.DrawFn) -> tuple[str, str]:
 
 @examples(12)
 @given(case=bad_rows())
+@pytest.mark.slow
 def test_a_bad_lab_results_row_is_refused_naming_the_line_and_field(case):
     text, field = case
     with sandbox() as root:
@@ -670,7 +673,7 @@ def test_a_bad_lab_results_row_is_refused_naming_the_line_and_field(case):
         results.unlink()
 
 
-@pytest.mark.parametrize(
+@sweep(
     "content",
     [
         b"not json\n",
@@ -711,6 +714,7 @@ def _bad_seeds(text: str) -> bool:
         TEXT,
     ).filter(_bad_seeds)
 )
+@pytest.mark.slow
 def test_bad_seeds_are_refused(seeds):
     with sandbox() as root:
         refused(run_cli(*_args(("trainhealth-lab", "run"), root, f"--seeds={seeds}"), cwd=root), "--seeds")
@@ -770,7 +774,7 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize(("name", "kind"), CASES, ids=[f"{n}: {k}" for n, k in CASES])
+@sweep(("name", "kind"), CASES, ids=[f"{n}: {k}" for n, k in CASES])
 def test_a_bad_output_path_is_refused(name, kind):
     path, _, _ = OUTPUTS[name]
     option = name.split()[-1]
@@ -883,6 +887,7 @@ def test_a_ranks_error_text_with_markup_is_shown_as_text():
         assert "a [/bold] tag and [red]colour" in printed and "loss [/] odd" in printed and "[/a]" in printed
 
 
+@pytest.mark.slow
 def test_ctrl_c_while_the_ranks_start_prints_no_traceback(tmp_path):
     pytest.importorskip("torch")
     pytest.importorskip("matplotlib")

@@ -31,6 +31,8 @@ from trainhealth._internal.dashboards.render import build_dashboards, panels
 from trainhealth._internal.errors import UsageError
 from trainhealth._internal.stack.runner import StackOptions, find_binary, stack_down, stack_up
 
+pytestmark = pytest.mark.slow  # the slow tier: `pytest -m slow`
+
 MAX_DELAY_S = 90.0
 DCGM_SAMPLE = Path(__file__).resolve().parents[1] / "fixtures/dcgm-exporter/gpu-operator-v25.10.0-rtx4000ada.prom"
 #: Panels whose queries compare with a baseline hours back (ThroughputDrop, ThroughputDegraded): a run of

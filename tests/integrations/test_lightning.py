@@ -208,6 +208,7 @@ def test_one_rank_exports_what_lightning_logs(tmp_path, accumulate):
     _check_rank(report, accumulate, rank=0)
 
 
+@pytest.mark.slow
 def test_two_ranks_each_export_their_own_values(tmp_path, monkeypatch):
     # Lightning takes MASTER_PORT from the environment when set: an earlier test in this process
     # may have left a port there that is taken by now

@@ -20,6 +20,8 @@ from tests.distributed import init_rank, run_ranks
 from trainhealth._internal import catalog
 from trainhealth.traces import read_trace
 
+pytestmark = pytest.mark.slow  # the slow tier: `pytest -m slow`
+
 STEPS, SLOW_RANK, SLOW_S = 6, 1, 0.2
 MONITOR = {
     "comm": True,
@@ -134,7 +136,7 @@ def _assert_ddp_buckets(records, first_step: int) -> None:
 def trainer_trace(tmp_path_factory):
     pytest.importorskip("transformers")
     out = tmp_path_factory.mktemp("hf-trace")
-    run_ranks(_hf_rank, 2, str(out), timeout_s=90)
+    run_ranks(_hf_rank, 2, str(out), timeout_s=240)  # the step loop is the Trainer's: not read
     return _records(out)
 
 
@@ -142,7 +144,7 @@ def trainer_trace(tmp_path_factory):
 def accelerate_trace(tmp_path_factory):
     pytest.importorskip("accelerate")
     out = tmp_path_factory.mktemp("accelerate-trace")
-    run_ranks(_accelerate_rank, 2, str(out), timeout_s=90)
+    run_ranks(_accelerate_rank, 2, str(out), steps=STEPS)
     return _records(out)
 
 

@@ -22,6 +22,8 @@ from trainhealth._internal.demo.story import TABLE_HEADER, Detection, match
 from trainhealth._internal.faults import Fault
 from trainhealth._internal.injectors.schedule_file import load_schedule
 
+pytestmark = pytest.mark.slow  # the slow tier: `pytest -m slow`
+
 pytest.importorskip("torch")
 pytest.importorskip("matplotlib")
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import shutil
 
+import pytest
+
 from tests.prometheus_server import require_binary
 from trainhealth_lab.hangs.harness import HangCase, run_hang_case
 
@@ -23,6 +25,7 @@ def test_a_rank_stalled_in_host_code_is_named_within_a_minute_with_its_function(
     assert outcome.stacks_files >= 1
 
 
+@pytest.mark.slow
 def test_a_checkpoint_save_inside_monitor_pause_pages_nobody(tmp_path):
     require_binary("prometheus")
     require_binary("prometheus-alertmanager" if shutil.which("prometheus-alertmanager") else "alertmanager")

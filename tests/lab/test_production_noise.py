@@ -135,6 +135,7 @@ def test_bad_noise_settings_are_refused():
         recurrent_fault(LAYOUT, "gpu", 0, 1.5, [(10, 13), (14, 17)])
 
 
+@pytest.mark.slow
 def test_a_production_noise_control_blames_nobody():
     outcome = evaluate(ProductionCase(Pattern.CONTROL, LAYOUT, STEPS, seed=1000))
     assert len(outcome.windows) == STEPS // 20

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 from urllib.parse import urlparse
 
+import pytest
 import torch
 import torch.distributed as dist
 
@@ -129,6 +130,7 @@ def _job(rank: int, world: int, port: int, out: str, slow_rank: int) -> None:
     dist.destroy_process_group()
 
 
+@pytest.mark.slow
 def test_analyzer_over_prometheus_names_the_slow_rank(tmp_path):
     context = start_ranks(_job, 4, str(tmp_path), 2)
     prometheus = None

@@ -125,6 +125,7 @@ def _until(process: subprocess.Popen, url: str, done, timeout_s: float, what: st
     raise TimeoutError(f"the analyzer never reached {what}: {_analysis(url)}")
 
 
+@pytest.mark.slow
 def test_analyzer_survives_every_bad_answer_and_recovers(prometheus, tmp_path):
     upstream = Upstream(forward_to(prometheus.url))
     upstream.start()

@@ -13,6 +13,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import torch
 import torch.distributed as dist
 
@@ -64,6 +65,7 @@ def _torch_analyzer(dumps: Path) -> tuple[int, set[int]]:
     return int(seq.group(1)), {int(r) for r in missing.group(1).split(",") if r.strip()}
 
 
+@pytest.mark.slow
 def test_flight_recorder_dumps_of_a_hang_name_the_absent_rank_as_torch_does(tmp_path):
     context = start_ranks(_hang_with_flight_recorder, 3, str(tmp_path))
     dumps = tmp_path / "flight-recorder"
@@ -105,6 +107,7 @@ def _leave_early(rank: int, world: int, port: int, out: str) -> None:
     dist.all_reduce(t)  # raises in the peers ("Connection closed by peer"), which end with it
 
 
+@pytest.mark.slow
 def test_a_rank_that_exits_plainly_is_named_from_the_dumps_its_peers_wrote_as_they_failed(tmp_path):
     context = start_ranks(_leave_early, 3, str(tmp_path))
     for process in context.processes:  # the peers fail: nothing to join cleanly

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from tests.distributed import init_rank, run_ranks
 
 SETTINGS = {"prometheus": False, "otel": False, "gpu_backend": "off", "env": {}}
@@ -45,7 +47,7 @@ def _main_process_logs_only(rank, world, port, out):
 
 
 def test_checks_run_in_lockstep_when_only_the_main_process_steps_the_monitor(tmp_path):
-    run_ranks(_main_process_logs_only, 2, str(tmp_path), timeout_s=120)
+    run_ranks(_main_process_logs_only, 2, str(tmp_path), steps=6)
     for rank in (0, 1):
         found = json.loads((tmp_path / f"rank-{rank}.json").read_text())
         assert found["checks"] == {"grad_norm": 6.0, "fingerprint": 3.0}, (rank, found)
@@ -85,8 +87,9 @@ def _one_rank_stops_stepping(rank, world, port, out):
         time.sleep(4)  # stay up past rank 0's timeout, as a rank stuck elsewhere would
 
 
+@pytest.mark.slow
 def test_a_check_that_waits_too_long_is_turned_off_and_counted(tmp_path):
-    run_ranks(_one_rank_stops_stepping, 2, str(tmp_path), timeout_s=120)
+    run_ranks(_one_rank_stops_stepping, 2, str(tmp_path), steps=6)
     waited = json.loads((tmp_path / "rank-0.json").read_text())
     assert waited["steps"] == 6 and waited["errors"] == 1 and waited["disabled"]
     assert waited["elapsed"] < 30  # one timeout of 2 s, not one per step and never gloo's 30 minutes

@@ -51,7 +51,7 @@ def _train(rank: int, world: int, port: int, out: str) -> None:
 
 
 def test_a_gradient_norm_that_was_not_measured_raises_no_sdc_event(tmp_path):
-    run_ranks(_train, 2, str(tmp_path))
+    run_ranks(_train, 2, str(tmp_path), steps=4)
     for rank in range(2):
         seen = json.loads((tmp_path / f"rank-{rank}.json").read_text())
         assert seen["checks"] >= 3.0 and not seen["mismatches"] and seen["events"] == [], seen  # checked, no page

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from tests.distributed import init_rank, run_ranks
 from trainhealth_lab.bench.sdc import Trial, run_trials
+
+pytestmark = pytest.mark.slow  # the slow tier: `pytest -m slow`
 
 WORLD = 4
 
@@ -21,7 +25,7 @@ def _run(rank, world, port, trials, out):
 
 
 def _results(tmp_path, trials):
-    run_ranks(_run, WORLD, trials, str(tmp_path), timeout_s=240)
+    run_ranks(_run, WORLD, trials, str(tmp_path), steps=sum(trial.steps for trial in trials))
     by_trial: dict[str, list[dict]] = {}
     for rank in range(WORLD):
         for result in json.loads((tmp_path / f"rank-{rank}.json").read_text()):

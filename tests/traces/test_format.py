@@ -166,6 +166,7 @@ def test_step_markers_are_an_optional_op_without_group_or_seq(tmp_path):
     assert "step" not in set(read_trace_file(tmp_path / "old.parquet")["op"])
 
 
+@pytest.mark.slow
 def test_reading_a_parquet_trace_lets_the_process_exit_cleanly(tmp_path):
     """Arrow's threaded reader aborted the interpreter at exit ("terminate called without an active exception",
     apache/arrow#34314): refusing an empty StragglerAnalysis trace ended with status -6 in 9 of 20 runs."""

@@ -93,7 +93,7 @@ def _dump_flight_recorder(rank: int, world: int, port: int, out: str) -> None:
 
 def test_a_flight_recorder_dump_from_a_real_gloo_run(tmp_path):
     """torch writes Flight Recorder dumps on CPU too: gloo records each collective as scheduled, without timings."""
-    run_ranks(_dump_flight_recorder, 2, str(tmp_path))
+    run_ranks(_dump_flight_recorder, 2, str(tmp_path), timeout_s=120)  # no steps: a few collectives
     trace, skipped = import_flight_recorder(sorted(tmp_path.iterdir()))
     records = trace.records
     assert skipped == {}

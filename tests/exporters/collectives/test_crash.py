@@ -7,6 +7,7 @@ import signal
 import time
 from pathlib import Path
 
+import pytest
 import torch
 import torch.distributed as dist
 
@@ -30,6 +31,7 @@ def _all_reduce_until_killed(rank: int, world: int, port: int, out: str) -> None
         time.sleep(0.002)
 
 
+@pytest.mark.slow
 def test_records_appended_before_sigkill_are_read_back(tmp_path):
     context = start_ranks(_all_reduce_until_killed, 2, str(tmp_path))
     try:
@@ -99,6 +101,7 @@ def _stop_rank0(tmp_path: Path, mode: str) -> int | None:
             process.join(timeout=30)
 
 
+@pytest.mark.slow
 def test_sigterm_saves_the_trace_and_still_ends_the_rank(tmp_path):
     assert _stop_rank0(tmp_path, "python") == -signal.SIGTERM  # ended by the signal, as without trainhealth
     records = read_trace([tmp_path]).records

@@ -129,7 +129,7 @@ def _hang(rank: int, world: int, port: int, out: str, absent_rank: int) -> None:
 
 # --- the tests ------------------------------------------------------------------------------
 def test_every_explicit_collective_is_recorded_with_matching_group_and_seq(tmp_path):
-    run_ranks(_every_collective, 4, str(tmp_path))
+    run_ranks(_every_collective, 4, str(tmp_path), timeout_s=120)  # no steps: one call of each
     trace = read_trace([tmp_path])
     records = trace.records
     assert sorted(records["rank"].unique()) == [0, 1, 2, 3]
@@ -165,8 +165,9 @@ def test_every_explicit_collective_is_recorded_with_matching_group_and_seq(tmp_p
     assert (records["duration"] >= 0).all() and records["host"].notna().all()
 
 
+@pytest.mark.slow
 def test_a_slow_rank_looks_short_and_its_peers_long(tmp_path):
-    run_ranks(_straggler, 4, str(tmp_path), 2, 40, 20)
+    run_ranks(_straggler, 4, str(tmp_path), 2, 40, 20, steps=60)
     records = read_trace([tmp_path]).records
     slow_steps = records[records["step"] >= 40]
     median = slow_steps.groupby("rank")["duration"].median()
@@ -186,8 +187,9 @@ def test_a_slow_rank_looks_short_and_its_peers_long(tmp_path):
     assert kept / total < 0.3  # what would leave the node: at most the peers' slow iterations
 
 
+@pytest.mark.slow
 def test_ddp_bucket_all_reduces_are_recorded(tmp_path):
-    run_ranks(_ddp_straggler, 3, str(tmp_path), 1)
+    run_ranks(_ddp_straggler, 3, str(tmp_path), 1, steps=12)
     records = read_trace([tmp_path]).records
     buckets = records[records["op"] == "all_reduce"]
     assert len(buckets) > 0 and buckets["bytes"].min() > 0

@@ -139,6 +139,7 @@ REASON = NetLab.available()
 
 
 @pytest.mark.skipif(REASON is not None, reason=f"NetLab unavailable: {REASON}")
+@pytest.mark.slow
 def test_probe_command_names_the_rate_limited_rank_in_network_namespaces(tmp_path):
     slow, port = 2, 29611
     with NetLab(WORLD, prefix="thprobe") as lab:

@@ -82,7 +82,7 @@ def _direct(rank: int, world: int, port: int, out: str) -> None:
 
 def test_fsdp2_fully_shard_collectives_are_recorded_once_each(tmp_path):
     pytest.importorskip("torch.distributed.fsdp")
-    run_ranks(_fsdp2, 2, str(tmp_path), timeout_s=60)
+    run_ranks(_fsdp2, 2, str(tmp_path), steps=STEPS)
     records = read_trace([tmp_path]).records
     collectives = records[records["op"].isin(["all_gather", "reduce_scatter"])]
     for rank in (0, 1):
@@ -100,7 +100,7 @@ def test_fsdp2_fully_shard_collectives_are_recorded_once_each(tmp_path):
 
 
 def test_torch_213_functions_and_rooted_collectives_are_recorded(tmp_path):
-    run_ranks(_direct, 2, str(tmp_path), timeout_s=60)
+    run_ranks(_direct, 2, str(tmp_path), timeout_s=120)  # no steps: one call of each function
     records = read_trace([tmp_path]).records
     for rank in (0, 1):
         ops = records[records["rank"] == rank].sort_values("seq")["op"].tolist()
