@@ -238,40 +238,20 @@ def export_section(setup: Setup) -> list[str]:
 
 
 # --- the training step ---------------------------------------------------------------------
-def _transformer(setup: Setup) -> tuple[Any, Any, Callable[[], Any], int]:
-    """A causal transformer, its fused AdamW and one step's batch: ~220M parameters on a GPU, tiny on CPU."""
+def _transformer(setup: Setup) -> tuple[Any, Any, Any, int]:
+    """A causal transformer, its fused AdamW, one step's tokens and their count: ~220M parameters on a GPU
+    (benchmarks/monitor_overhead.py's model at other sizes), tiny on CPU."""
     import torch
+    from monitor_overhead import SmallTransformer
 
     vocab, width, layers, heads, sequence, batch = (
         (512, 64, 2, 4, 64, 4) if setup.rehearse else (32768, 1024, 12, 16, 1024, 24)
     )
-
-    class Transformer(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.embed = torch.nn.Embedding(vocab, width)
-            self.blocks = torch.nn.ModuleList(
-                torch.nn.TransformerEncoderLayer(
-                    width, heads, 4 * width, dropout=0.0, batch_first=True, norm_first=True
-                )
-                for _ in range(layers)
-            )
-            self.norm = torch.nn.LayerNorm(width)
-            self.head = torch.nn.Linear(width, vocab)
-            mask = torch.nn.Transformer.generate_square_subsequent_mask(sequence)
-            self.register_buffer("mask", mask, persistent=False)
-
-        def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-            hidden = self.embed(tokens)
-            for block in self.blocks:
-                hidden = block(hidden, src_mask=self.mask, is_causal=True)
-            return self.head(self.norm(hidden))
-
     torch.manual_seed(0)
-    model = Transformer().to(setup.device)
+    model = SmallTransformer(sequence, vocab, width, layers, heads).to(setup.device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=setup.device == "cuda")
     tokens = torch.randint(0, vocab, (batch, sequence + 1), device=setup.device)
-    return model, optimizer, lambda: tokens, batch * sequence
+    return model, optimizer, tokens, batch * sequence
 
 
 def _step(setup: Setup, model: Any, optimizer: Any, tokens: Any, monitor: Any, count: int) -> None:
@@ -293,11 +273,11 @@ def _step(setup: Setup, model: Any, optimizer: Any, tokens: Any, monitor: Any, c
 def _timed_block(setup: Setup, arm: tuple, steps: int) -> list[float]:
     import torch
 
-    model, optimizer, batch, count, monitor = arm
+    model, optimizer, tokens, count, monitor = arm
     times = []
     for _ in range(steps):
         began = time.perf_counter()
-        _step(setup, model, optimizer, batch(), monitor, count)
+        _step(setup, model, optimizer, tokens, monitor, count)
         if setup.device == "cuda":
             torch.cuda.synchronize()  # the step's end, as the next step's data would wait for it
         times.append(time.perf_counter() - began)
@@ -325,14 +305,14 @@ def monitor_section(setup: Setup) -> list[str]:
     from trainhealth import Monitor
 
     blocks, per_block = (2, 3) if setup.rehearse else (10, 20)
-    model, optimizer, batch, count = _transformer(setup)
+    model, optimizer, tokens, count = _transformer(setup)
     twin = copy.deepcopy(model)
     twin_optimizer = torch.optim.AdamW(twin.parameters(), lr=1e-4, fused=setup.device == "cuda")
     parameters = sum(p.numel() for p in model.parameters())
     monitor = Monitor(
         twin, twin_optimizer, prometheus_addr="127.0.0.1", prometheus_port=0, gpu_backend=setup.backend, env={}
     )
-    base_arm, monitored = (model, optimizer, batch, count, None), (twin, twin_optimizer, batch, count, monitor)
+    base_arm, monitored = (model, optimizer, tokens, count, None), (twin, twin_optimizer, tokens, count, monitor)
     try:
         _timed_block(setup, base_arm, 3)  # warm up: allocator, kernels, the Monitor's first steps
         _timed_block(setup, monitored, 3)
@@ -372,8 +352,8 @@ def monitor_section(setup: Setup) -> list[str]:
 
 def exporter_section(setup: Setup) -> list[str]:
     blocks, per_block = (2, 3) if setup.rehearse else (6, 20)
-    model, optimizer, batch, count = _transformer(setup)
-    arm = (model, optimizer, batch, count, None)
+    model, optimizer, tokens, count = _transformer(setup)
+    arm = (model, optimizer, tokens, count, None)
     _timed_block(setup, arm, 3)
     alone, beside, again = [], [], []
     for index in range(blocks):

@@ -65,16 +65,18 @@ ARMS: dict[str, dict[str, Any] | None] = {
 
 
 class SmallTransformer(torch.nn.Module):
-    def __init__(self, sequence: int) -> None:
+    """A causal pre-norm transformer (the sizes default to this script's; benchmarks/gpu_truth.py sets its own)."""
+
+    def __init__(
+        self, sequence: int, vocab: int = VOCAB, width: int = D_MODEL, layers: int = LAYERS, heads: int = HEADS
+    ) -> None:
         super().__init__()
-        self.embed = torch.nn.Embedding(VOCAB, D_MODEL)
+        self.embed = torch.nn.Embedding(vocab, width)
         self.layers = torch.nn.ModuleList(
-            torch.nn.TransformerEncoderLayer(
-                D_MODEL, HEADS, 4 * D_MODEL, dropout=0.0, batch_first=True, norm_first=True
-            )
-            for _ in range(LAYERS)
+            torch.nn.TransformerEncoderLayer(width, heads, 4 * width, dropout=0.0, batch_first=True, norm_first=True)
+            for _ in range(layers)
         )
-        self.head = torch.nn.Linear(D_MODEL, VOCAB)
+        self.head = torch.nn.Linear(width, vocab)
         self.register_buffer("mask", torch.nn.Transformer.generate_square_subsequent_mask(sequence), persistent=False)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
