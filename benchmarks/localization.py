@@ -68,21 +68,28 @@ def _table(title: str, outcomes: list[Outcome], by: str, minimum_severity: float
     print(_percent(summarize(chosen, by)))
 
 
+def _write_trace(layout: ClusterLayout, target: int, directory: str) -> int:
+    """Simulate the latency window into ``directory``; its record count."""
+    fault = cluster_fault(layout, "gpu", target, 1.2, step=8)
+    trace = simulate(Scenario(layout, steps=20, microbatches=4, seed=7, faults=(fault,)))
+    trace.write(directory)
+    return len(trace.records)
+
+
 def _latency(repeats: int, gpus: int = 8192, compare_with: str | None = None) -> None:
     """``trainhealth localize`` end to end on one core; with ``compare_with`` (another checkout's root), each run
     alternates with the same command importing that checkout's ``src``, so both see the same machine load."""
     layout = ClusterLayout(dp=gpus // 128, pp=16, tp=8)
     target = gpus // 2 + 146  # 4242 at 8192 GPUs
-    fault = cluster_fault(layout, "gpu", target, 1.2, step=8)
     with tempfile.TemporaryDirectory() as directory:
         began = time.perf_counter()
-        trace = simulate(Scenario(layout, steps=20, microbatches=4, seed=7, faults=(fault,)))
-        trace.write(directory)
+        # simulated in a worker: a child's peak RSS (os.wait4) starts from this process's own peak, kept small
+        with Pool(1) as pool:
+            records = pool.apply(_write_trace, (layout, target, directory))
         print(
-            f"\nsimulated {layout.world} GPUs x 20 steps: {len(trace.records):,} records in "
+            f"\nsimulated {layout.world} GPUs x 20 steps: {records:,} records in "
             f"{time.perf_counter() - began:.1f} s ({os.path.getsize(Path(directory) / 'trace.parquet') / 2**20:.0f} MiB Parquet)"
         )
-        del trace
         env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
         codes = {"this checkout": env}
         if compare_with:

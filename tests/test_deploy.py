@@ -35,7 +35,13 @@ COMPOSE_SCHEMA = ROOT / "tests/fixtures/compose-spec/compose-spec.json"
 
 # Services that run on a plain `docker compose up`; the rest belong to profiles.
 DEFAULT_SERVICES = {"trainer", "prometheus", "alertmanager", "grafana"}
-PROFILES = {"gpu": {"gpu-exporter", "dcgm-exporter"}, "otel": {"otel-collector"}}
+PROFILES = {
+    "gpu": {"gpu-exporter", "dcgm-exporter"},
+    "otel": {"otel-collector"},
+    "scale": {"victoriametrics", "shard-0", "shard-1", "vmalert"},
+}
+SHARDS = (ROOT / "deploy/scale/shard-0.yml", ROOT / "deploy/scale/shard-1.yml")
+RULES = ROOT / "deploy/prometheus/trainhealth.rules.yml"
 
 
 def load(path: Path):
@@ -169,6 +175,73 @@ def test_prometheus_targets_are_compose_services(prometheus_config, services):
 # --- Alertmanager ---------------------------------------------------------------------------------
 
 
+# --- the scale profile -----------------------------------------------------------------------------
+
+
+def test_scale_shards_are_prometheus_yml_split_by_hashmod(prometheus_config, services):
+    """deploy/scale/shard-N.yml is what shard_config makes of prometheus.yml: edit one, regenerate the other."""
+    from trainhealth._internal.stack.topology import shard_config
+
+    for number, path in enumerate(SHARDS):
+        expected = shard_config(prometheus_config, number, len(SHARDS), "http://victoriametrics:8428/api/v1/write")
+        assert load(path) == expected, f"{path.name} drifted from prometheus.yml"
+        service = services[f"shard-{number}"]
+        assert "--agent" in service["command"]
+        assert resolve_in_container(service, option(service["command"], "--config.file")) == path
+        write = urllib.parse.urlsplit(expected["remote_write"][0]["url"])
+        assert write.hostname == "victoriametrics" and write.port in container_ports(services["victoriametrics"])
+
+
+def test_scale_shards_pass_promtool_in_agent_mode():
+    for path in SHARDS:
+        result = subprocess.run(
+            [require_binary("promtool"), "check", "config", "--agent", str(path)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert result.returncode == 0 and "SUCCESS" in result.stdout + result.stderr, result.stdout + result.stderr
+
+
+def test_vmalert_reads_the_deployed_rules_and_the_store(services):
+    vmalert = services["vmalert"]
+    assert resolve_in_container(vmalert, option(vmalert["command"], "-rule")) == RULES
+    for flag in ("-datasource.url", "-remoteWrite.url", "-remoteRead.url"):
+        url = urllib.parse.urlsplit(option(vmalert["command"], flag))
+        assert url.hostname == "victoriametrics" and url.port in container_ports(services["victoriametrics"]), flag
+    notifier = urllib.parse.urlsplit(option(vmalert["command"], "-notifier.url"))
+    assert notifier.hostname == "alertmanager" and notifier.port in container_ports(services["alertmanager"])
+    assert "-disableAlertgroupLabel" in vmalert["command"]  # the labels Prometheus gives the same alerts
+
+
+def test_the_deployed_rules_pass_vmalert(tmp_path):
+    """vmalert parses every rule (MetricsQL's parser) and template of the deployed rule file; a rule it refuses
+    fails here, not in a store's ruler."""
+    result = subprocess.run(
+        [require_binary("vmalert"), f"-rule={RULES}", "-dryRun", "-loggerLevel=WARN"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    broken = RULES.read_text(encoding="utf-8").replace(
+        "expr: trainhealth_gpu_up == 0", "expr: trainhealth_gpu_up ==", 1
+    )
+    assert broken != RULES.read_text(encoding="utf-8")
+    (tmp_path / "broken.yml").write_text(broken, encoding="utf-8")
+    # and it refuses what it cannot evaluate
+    refused = subprocess.run(
+        [require_binary("vmalert"), f"-rule={tmp_path / 'broken.yml'}", "-dryRun", "-loggerLevel=WARN"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert refused.returncode != 0 and "GpuLost" in refused.stdout + refused.stderr, refused.stdout + refused.stderr
+
+
 def test_compose_alertmanager_config_passes_amtool():
     result = subprocess.run(
         [require_binary("amtool"), "check-config", str(ALERTMANAGER_COMPOSE_CONFIG)],
@@ -280,6 +353,10 @@ def test_every_service_has_a_healthcheck_and_dependencies_wait_for_health(servic
         ("trainer", 9450),
         ("gpu-exporter", 9449),
         ("dcgm-exporter", 9400),
+        ("victoriametrics", 8428),
+        ("shard-0", 9090),
+        ("shard-1", 9090),
+        ("vmalert", 8880),
     ):
         assert f"127.0.0.1:{port}/" in " ".join(
             services[name]["healthcheck"]["test"]
@@ -360,12 +437,14 @@ def test_grafana_provisioning(services):
     grafana = services["grafana"]
     provisioning = resolve_in_container(grafana, "/etc/grafana/provisioning")
     assert provisioning.resolve() == (ROOT / "deploy/grafana/provisioning").resolve()
-    datasources = load(GRAFANA_DATASOURCES)["datasources"]
-    assert len(datasources) == 1
-    (datasource,) = datasources
+    datasource, store = load(GRAFANA_DATASOURCES)["datasources"]
     assert (datasource["type"], datasource["uid"], datasource["isDefault"]) == ("prometheus", "prometheus", True)
     url = urllib.parse.urlsplit(datasource["url"])
     assert url.hostname == "prometheus" and url.port in container_ports(services["prometheus"])
+    # the scale profile's store, read through its Prometheus API by the same dashboards
+    assert (store["type"], store["uid"], store.get("isDefault", False)) == ("prometheus", "victoriametrics", False)
+    url = urllib.parse.urlsplit(store["url"])
+    assert url.hostname == "victoriametrics" and url.port in container_ports(services["victoriametrics"])
 
     (provider,) = load(GRAFANA_DASHBOARD_PROVIDERS)["providers"]
     assert provider["type"] == "file"
@@ -458,7 +537,7 @@ def test_docker_compose_config(tmp_path):
     )
     assert result.returncode == 0, result.stderr
     rendered = json.loads(result.stdout)["services"]
-    assert set(rendered) == DEFAULT_SERVICES | PROFILES["gpu"] | PROFILES["otel"]
+    assert set(rendered) == DEFAULT_SERVICES.union(*PROFILES.values())
     for name, service in rendered.items():
         for port in service.get("ports", []):
             assert port.get("host_ip") == "127.0.0.1", f"{name}: {port}"

@@ -891,7 +891,7 @@ def test_a_ranks_error_text_with_markup_is_shown_as_text():
 def test_ctrl_c_while_the_ranks_start_prints_no_traceback(tmp_path):
     pytest.importorskip("torch")
     pytest.importorskip("matplotlib")
-    from tests.e2e.test_stack import _consecutive_free
+    from tests.e2e.stack_checks import consecutive_free
 
     demo = subprocess.Popen(
         [
@@ -907,7 +907,7 @@ def test_ctrl_c_while_the_ranks_start_prints_no_traceback(tmp_path):
             "--webhook-port",
             "0",
             "--port-base",
-            str(_consecutive_free(2)),
+            str(consecutive_free(2)),
             "--out",
             str(tmp_path / "d"),
         ],

@@ -117,3 +117,24 @@ def test_a_tiny_trace_is_insufficient_data_not_a_verdict(tmp_path, name):
     answer = json.loads(result.stdout)
     assert answer["verdict"] == "insufficient_data" and answer["suspects"] == []
     assert reason in answer["reasons"][0]
+
+
+def test_localize_leaves_the_columns_it_does_not_use_unread(tmp_path):
+    """A bad value in a column the localizer never reads (gpu, peer) does not stop it; trace info still names it."""
+    import pandas as pd
+
+    pd.DataFrame(
+        {
+            "rank": [0, 1, 0],
+            "step": [0, 0, 1],
+            "op": ["compute"] * 3,
+            "start": [0.0, 0.0, 0.2],
+            "duration": [0.1, 0.3, 0.1],
+            "gpu": [0, -1, 0],
+        }
+    ).to_parquet(tmp_path / "trace.parquet")
+    result = _run("localize", str(tmp_path / "trace.parquet"), "--json")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["verdict"] == "insufficient_data"
+    info = _run("trace", "info", str(tmp_path / "trace.parquet"))
+    assert info.returncode == 2 and "column 'gpu': negative value -1" in info.stderr, info.stderr

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import yaml
 
-from tests.e2e.test_stack import _binaries, _free_ports
+from tests.e2e.stack_checks import free_ports, require_binaries
 from trainhealth._internal.stack.runner import StackOptions, stack_down, stack_up, write_configs
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -38,20 +38,20 @@ def test_configs_point_at_the_chosen_ports_and_cap_for(tmp_path):
         max_for_s=7,
     )
     paths = write_configs(options)
-    prometheus = yaml.safe_load(paths["prometheus"].read_text())
+    prometheus = yaml.safe_load(paths["prometheus.yml"].read_text())
     ranks = prometheus["scrape_configs"][0]
     assert ranks["honor_labels"] and ranks["static_configs"][0]["targets"] == [
         f"127.0.0.1:{20000 + r}" for r in range(4)
     ]
     assert prometheus["alerting"]["alertmanagers"][0]["static_configs"][0]["targets"] == ["127.0.0.1:9998"]
-    rules = [r for g in yaml.safe_load(paths["rules"].read_text())["groups"] for r in g["rules"]]
+    rules = [r for g in yaml.safe_load(paths["trainhealth.rules.yml"].read_text())["groups"] for r in g["rules"]]
     assert {r.get("for", "0s") for r in rules} <= {"0s", "1m", "7s"} and any(r.get("for") == "7s" for r in rules)
-    assert "127.0.0.1:9997/alerts/page" in paths["alertmanager"].read_text()
+    assert "127.0.0.1:9997/alerts/page" in paths["alertmanager.yml"].read_text()
 
 
 def test_down_stops_what_up_started_and_nothing_else(tmp_path):
-    _binaries()
-    prometheus_port, alertmanager_port = _free_ports(2)
+    require_binaries()
+    prometheus_port, alertmanager_port = free_ports(2)
     bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
         options = StackOptions(
@@ -105,3 +105,59 @@ def test_demo_bad_input_is_one_line_and_status_2(tmp_path):
         done = _run("demo", *args, "--out", str(tmp_path / "out"))
         assert done.returncode == 2 and message in done.stderr, (args, done.stderr)
         assert "Traceback" not in done.stderr
+
+
+def test_scale_out_configs_split_the_targets_and_write_to_the_store(tmp_path):
+    options = StackOptions(
+        directory=tmp_path, store="victoriametrics", shards=3, store_port=18428, port_base=20000, analyzer_port=20010
+    )
+    paths = write_configs(options)
+    assert sorted(paths) == ["alertmanager.yml", "shard-0.yml", "shard-1.yml", "shard-2.yml", "trainhealth.rules.yml"]
+    for number in range(3):
+        shard = yaml.safe_load(paths[f"shard-{number}.yml"].read_text())
+        assert "rule_files" not in shard and "alerting" not in shard  # vmalert evaluates the rules
+        assert shard["remote_write"][0]["url"] == "http://127.0.0.1:18428/api/v1/write"
+        for job in shard["scrape_configs"]:
+            assert job["honor_labels"] is True
+            hashmod, keep = job["relabel_configs"][-2:]
+            assert (hashmod["action"], hashmod["modulus"], keep["action"], keep["regex"]) == (
+                "hashmod",
+                3,
+                "keep",
+                str(number),
+            )
+    groups = yaml.safe_load(paths["trainhealth.rules.yml"].read_text())["groups"]
+    assert {g["name"]: g.get("interval") for g in groups}["trainhealth-per-job"] == "5s"  # = the scrape interval
+
+
+def test_scale_out_command_lines(tmp_path):
+    require_binaries(StackOptions(store="victoriametrics"))
+    from trainhealth._internal.stack.topology import commands
+
+    options = StackOptions(
+        directory=tmp_path, store="victoriametrics", shards=2, prometheus_port=19090, store_port=18428, demo=False
+    )
+    started = dict(commands(options, tmp_path / "demo"))
+    assert list(started) == ["victoria-metrics", "shard-0", "shard-1", "vmalert", "alertmanager"]
+    assert "-httpListenAddr=127.0.0.1:18428" in started["victoria-metrics"]
+    for number, port in ((0, 19090), (1, 19091)):
+        shard = started[f"shard-{number}"]
+        assert shard[1] in ("--agent", "--enable-feature=agent")
+        assert f"--web.listen-address=127.0.0.1:{port}" in shard
+    vmalert = started["vmalert"]
+    for flag in ("-datasource.url", "-remoteWrite.url", "-remoteRead.url"):
+        assert f"{flag}=http://127.0.0.1:18428" in vmalert
+    assert "-notifier.url=http://127.0.0.1:9093" in vmalert and "-disableAlertgroupLabel" in vmalert
+
+
+def test_stack_up_bad_scale_out_options_are_one_line(tmp_path):
+    for args, message in (
+        (("--store", "mimir"), "argument --store: invalid choice: 'mimir'"),
+        (("--store", "victoriametrics", "--shards", "0"), "argument --shards: expected"),
+        (("--store", "victoriametrics", "--store-port", "9093"), "each needs a port of its own"),
+        (("--store", "victoriametrics", "--prometheus-port", "65535"), "above 65535"),
+    ):
+        done = _run("stack", "up", "--dir", str(tmp_path / "s"), "--no-demo", *args)
+        assert done.returncode == 2 and message in done.stderr, (args, done.stderr)
+        assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
+        assert not (tmp_path / "s").exists()

@@ -47,6 +47,16 @@ def test_round_trip(tmp_path, name):
         ), column
 
 
+def test_unread_columns_are_left_out_of_parquet(tmp_path):
+    """A caller that does not use a column (localize: gpu, peer) leaves it unread; everyone else checks it."""
+    sample().assign(gpu=pd.array([0, 0, -1, 0, 0], dtype="Int64")).to_parquet(tmp_path / "trace.parquet")
+    with pytest.raises(TraceError, match="column 'gpu': negative value -1"):
+        read_trace_file(tmp_path / "trace.parquet")
+    records = read_trace_file(tmp_path / "trace.parquet", unread=frozenset({"gpu", "peer"}))
+    assert "gpu" not in records and "peer" not in records
+    assert records["rank"].tolist() == [0, 1, 0, 1, 0] and records["microbatch"].tolist() == [1, 1, 2, 2, 3]
+
+
 def test_a_directory_with_its_topology(tmp_path):
     write_trace(sample().iloc[:2], tmp_path / "rank-0.parquet")
     write_trace(sample().iloc[2:], tmp_path / "rank-1.jsonl")

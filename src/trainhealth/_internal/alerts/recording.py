@@ -33,6 +33,20 @@ def _by_job(spec: c.MetricSpec, operation: str, extra: str = "") -> RecordingRul
     )
 
 
+_XIDS = c.GPU_XID_ERRORS.prometheus_name
+
+
+def _rise_10m(counter: str) -> str:
+    """How much ``counter`` rose in the last 10 minutes, counted exactly and alike in PromQL and MetricsQL: sample
+    against sample, or all of it for a counter born inside the 10 minutes (an XID counter appears at 1).
+
+    ``increase()`` differs between the two here: Prometheus gives 0 for a counter that appears at 1 (it has no
+    earlier sample) and extrapolates to the window's edges; VictoriaMetrics counts from 0 and does not
+    (tests/e2e/test_scale_out.py shows both). A counter reset (an exporter restart) counts 0, not negative.
+    """
+    return f"clamp_min({counter} - {counter} offset 10m, 0) or ({counter} unless {counter} offset 10m)"
+
+
 RECORDING_RULES: tuple[RecordingRule, ...] = (
     _by_job(c.TRAIN_THROUGHPUT, "sum"),
     _by_job(c.TRAIN_LOSS, "avg"),
@@ -50,8 +64,5 @@ RECORDING_RULES: tuple[RecordingRule, ...] = (
         f"job_op:{c.COMM_OP_DURATION.prometheus_name}_bucket:rate2m",
         f"sum by (job, op, le) (rate({c.COMM_OP_DURATION.prometheus_name}_bucket[2m]))",
     ),
-    RecordingRule(
-        f"job:{c.GPU_XID_ERRORS.prometheus_name}:increase10m",
-        f"sum by (job, xid) (increase({c.GPU_XID_ERRORS.prometheus_name}[10m]))",
-    ),
+    RecordingRule(f"job:{_XIDS}:increase10m", f"sum by (job, xid) ({_rise_10m(_XIDS)})"),
 )

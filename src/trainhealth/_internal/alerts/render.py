@@ -26,7 +26,7 @@ GROUPS = ("hardware", "training", "telemetry")
 
 
 def _groups(
-    runbook_base: str, max_for_s: float | None = None, grafana_url: str = GRAFANA_URL
+    runbook_base: str, max_for_s: float | None = None, grafana_url: str = GRAFANA_URL, per_job_interval: str = "30s"
 ) -> list[dict[str, object]]:
     alerting: list[dict[str, object]] = [
         {
@@ -36,7 +36,11 @@ def _groups(
         for group in GROUPS
     ]
     return alerting + [
-        {"name": "trainhealth-per-job", "interval": "30s", "rules": [rule.to_rule() for rule in RECORDING_RULES]}
+        {
+            "name": "trainhealth-per-job",
+            "interval": per_job_interval,
+            "rules": [rule.to_rule() for rule in RECORDING_RULES],
+        }
     ]
 
 
@@ -45,11 +49,15 @@ def _dump(data: object) -> str:
 
 
 def rule_file_yaml(
-    runbook_base: str = RUNBOOK_BASE, max_for_s: float | None = None, grafana_url: str = GRAFANA_URL
+    runbook_base: str = RUNBOOK_BASE,
+    max_for_s: float | None = None,
+    grafana_url: str = GRAFANA_URL,
+    per_job_interval: str = "30s",
 ) -> str:
-    """The rules as a Prometheus rule file (``rule_files:`` in prometheus.yml); ``max_for_s`` caps ``for``;
+    """The rules as a Prometheus rule file (``rule_files:`` in prometheus.yml); ``max_for_s`` caps ``for`` and
+    ``per_job_interval`` sets how often the per-job recording rules run (both for short demos);
     each rule's ``dashboard_url`` points into the Grafana at ``grafana_url``."""
-    return _HEADER + "\n" + _dump({"groups": _groups(runbook_base, max_for_s, grafana_url)})
+    return _HEADER + "\n" + _dump({"groups": _groups(runbook_base, max_for_s, grafana_url, per_job_interval)})
 
 
 def prometheus_rule_yaml(

@@ -11,6 +11,7 @@ __all__ = ["add_commands"]
 
 
 SCRAPE_INTERVAL = Bounded(int, 1, 3600, unit="seconds")
+SHARDS = Bounded(int, 1, 8, unit="shards")
 MAX_FOR = Bounded(int, 0, 86400, unit="seconds")
 DEMO_DURATION = Bounded(float, 20, 86400, unit="seconds")
 
@@ -18,12 +19,25 @@ DEMO_DURATION = Bounded(float, 20, 86400, unit="seconds")
 def _cmd_up(args: argparse.Namespace) -> int:
     from trainhealth._internal.errors import UsageError
     from trainhealth._internal.stack.runner import StackOptions, check_directory, demo_directory, stack_up
+    from trainhealth._internal.stack.topology import query_url
 
+    scale_out = args.store == "victoriametrics"
     ports = {
-        "--prometheus-port": args.prometheus_port,
+        **(
+            {
+                f"--prometheus-port {args.prometheus_port} + {n} (shard {n})": args.prometheus_port + n
+                for n in range(args.shards)
+            }
+            if scale_out
+            else {"--prometheus-port": args.prometheus_port}
+        ),
         "--alertmanager-port": args.alertmanager_port,
         "--webhook-port": args.webhook_port,
+        **({"--store-port": args.store_port, "--vmalert-port": args.vmalert_port} if scale_out else {}),
     }
+    too_high = [option for option, port in ports.items() if port > 65535]
+    if too_high:
+        raise UsageError(f"{too_high[0]}: above 65535")
     if len(set(ports.values())) < len(ports):
         raise UsageError(f"{', '.join(f'{k} {v}' for k, v in ports.items())}: each needs a port of its own")
     options = StackOptions(
@@ -36,6 +50,10 @@ def _cmd_up(args: argparse.Namespace) -> int:
         demo=not args.no_demo,
         demo_duration_s=args.demo_duration,
         demo_args=tuple(args.demo_arg or ()),
+        store=args.store,
+        shards=args.shards,
+        store_port=args.store_port,
+        vmalert_port=args.vmalert_port,
     )
     if options.demo:
         ranks = range(options.port_base, options.port_base + options.ranks)
@@ -45,14 +63,16 @@ def _cmd_up(args: argparse.Namespace) -> int:
                 f"{', '.join(clash)}: used by the demo (analyzer {options.analyzer_port}, ranks "
                 f"{ranks.start}-{ranks.stop - 1})"
             )
-    check_directory(options.directory)
+    check_directory(options.directory, options)
     demo_out = demo_directory(options.directory)
     started = stack_up(options)
     for entry in started:
         print(f"started {entry.name} (pid {entry.pid}), log {entry.log}")
+    queries = (
+        f"VictoriaMetrics {query_url(options)} (Prometheus API)" if scale_out else f"Prometheus {query_url(options)}"
+    )
     print(
-        f"Prometheus http://127.0.0.1:{options.prometheus_port}  Alertmanager "
-        f"http://127.0.0.1:{options.alertmanager_port}"
+        f"{queries}  Alertmanager http://127.0.0.1:{options.alertmanager_port}"
         + (f"  demo report {demo_out / 'report.html'} when it ends" if options.demo else "")
     )
     print(f"stop with: trainhealth stack down --dir {options.directory}")
@@ -74,9 +94,10 @@ def _cmd_down(args: argparse.Namespace) -> int:
 def add_commands(commands: argparse._SubParsersAction, parser_class: type[argparse.ArgumentParser]) -> None:
     stack = commands.add_parser(
         "stack",
-        help="run Prometheus, Alertmanager and the demo as local processes (no docker)",
-        description="up starts the prometheus and alertmanager binaries found on PATH on 127.0.0.1 with "
-        "trainhealth's configs and rules, and the demo; down stops exactly what up started.",
+        help="run Prometheus (or Prometheus shards into VictoriaMetrics), Alertmanager and the demo as local "
+        "processes (no docker)",
+        description="up starts the binaries found on PATH on 127.0.0.1 with trainhealth's configs and rules, "
+        "and the demo; down stops exactly what up started.",
     )
     actions = stack.add_subparsers(
         dest="stack_command", metavar="ACTION", required=True, parser_class=parser_class, help="start or stop the stack"
@@ -85,7 +106,29 @@ def add_commands(commands: argparse._SubParsersAction, parser_class: type[argpar
     down = actions.add_parser("down", help="stop what up started")
     for parser in (up, down):
         parser.add_argument("--dir", default=".trainhealth-stack", help="state directory (default .trainhealth-stack)")
-    up.add_argument("--prometheus-port", type=PORT, default=9090, help="Prometheus's port (default 9090)")
+    up.add_argument(
+        "--store",
+        choices=("prometheus", "victoriametrics"),
+        default="prometheus",
+        help="prometheus: one Prometheus scrapes, stores and evaluates the rules (default); victoriametrics: "
+        "--shards Prometheus agents split the targets and remote_write into VictoriaMetrics, vmalert "
+        "evaluates the rules against it (docs/scale.md)",
+    )
+    up.add_argument(
+        "--shards",
+        type=SHARDS,
+        default=2,
+        metavar="N",
+        help=f"with --store victoriametrics: scraping shards, {SHARDS.range_text} (default 2)",
+    )
+    up.add_argument(
+        "--prometheus-port",
+        type=PORT,
+        default=9090,
+        help="Prometheus's port; with --store victoriametrics the shards' ports start here (default 9090)",
+    )
+    up.add_argument("--store-port", type=PORT, default=8428, help="VictoriaMetrics's port (default 8428)")
+    up.add_argument("--vmalert-port", type=PORT, default=8880, help="vmalert's port (default 8880)")
     up.add_argument("--alertmanager-port", type=PORT, default=9093, help="Alertmanager's port (default 9093)")
     up.add_argument(
         "--webhook-port",

@@ -115,16 +115,16 @@ def gather_evidence(
         warnings.simplefilter("ignore", RuntimeWarning)  # steps no rank has records in
         step_time = np.nan_to_num(np.nanmedian(span, axis=0), nan=0.0)
     instances = _instances(records, op)
-    kinds = np.array([group_kind(name) for name in instances.group_names])
+    kinds = np.array([group_kind(name) for name in instances.group_names], dtype=object)
     member_rank = rank_code[instances.rows]
-    peer_of, peer_kind = _peer_groups(kinds[instances.group], member_rank, instances.group, n_ranks)
-    member_kind = kinds[instances.group]
+    # each (group, rank) membership once: every step and sequence number repeats them
+    membership = pd.unique(instances.group.astype(np.int64)[instances.instance] * n_ranks + member_rank)
+    group, rank = membership // n_ranks, membership % n_ranks
+    peer_of, peer_kind = _peer_groups(kinds, rank, group, n_ranks)
     # a replica: the ranks joined by the groups that are neither peer nor expert groups (those span replicas)
-    replica_of = _joined(instances.group, member_rank, ~np.isin(member_kind, (peer_kind, "ep")), n_ranks)
+    replica_of = _joined(group, rank, ~np.isin(kinds, (peer_kind, "ep"))[group], n_ranks)
     # ranks in lockstep: joined by tensor- and context-parallel groups (one layer's shards)
-    lockstep_of = _joined(
-        instances.group, member_rank, np.isin(member_kind, ("tp", "cp")) & (peer_kind != "tp"), n_ranks
-    )
+    lockstep_of = _joined(group, rank, (np.isin(kinds, ("tp", "cp")) & (peer_kind != "tp"))[group], n_ranks)
 
     last_count = np.bincount(member_rank[instances.last_row], minlength=n_ranks)
     taken = np.bincount(member_rank, minlength=n_ranks)
@@ -137,7 +137,7 @@ def gather_evidence(
         # sends are left out: a sender computes on while its send waits for the receiver
         rows = instances.rows[~op.among(("send",))[instances.rows]]
         in_collectives = covered(
-            rank_code[rows] * n_steps + step_code[rows], start[rows], duration[rows], n_ranks * n_steps
+            rank_code[rows].astype(np.int64) * n_steps + step_code[rows], start[rows], duration[rows], n_ranks * n_steps
         )
         # a step computes, then communicates: from the end of the rank's previous step to the end of this one,
         # so the compute before a step's first collective counts (the first step has no earlier end)
@@ -148,7 +148,7 @@ def gather_evidence(
         compute, compute_change, compute_seconds = _compute(
             cells // n_steps,
             cells % n_steps,
-            np.full(len(cells), "compute", dtype=object),
+            np.zeros(len(cells), dtype=np.int64),  # one operation: compute
             first.reshape(-1)[cells],
             busy[cells],
             peer_of,
@@ -160,7 +160,7 @@ def gather_evidence(
         compute, compute_change, compute_seconds = _compute(
             rank_code[chosen],
             step_code[chosen],
-            op.names(chosen),
+            op.codes[chosen],
             start[chosen],
             duration[chosen],
             peer_of,
@@ -217,26 +217,45 @@ def last_steps(evidence: Evidence, count: int) -> Evidence:
 
 
 def _small_codes(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Codes of non-negative integers (ranks, steps) in sorted order, by table lookup when their range is small."""
-    distinct = np.sort(pd.unique(values))
+    """Codes of non-negative integers (ranks, steps, codes) in sorted order of the distinct values (32-bit where
+    they fit: half the memory of millions of rows): counted and looked up in a table when their range is small,
+    else hashed."""
+    if len(values) and 0 <= values.min() and values.max() < 50_000_000:
+        distinct = np.flatnonzero(np.bincount(values))
+    else:
+        distinct = np.sort(pd.unique(values))
+    kind = _index_type(len(distinct))
     if len(distinct) and distinct[-1] < 50_000_000:
-        table = np.zeros(int(distinct[-1]) + 1, dtype=np.int64)
+        table = np.zeros(int(distinct[-1]) + 1, dtype=kind)
         table[distinct] = np.arange(len(distinct))
         return table[values], distinct
-    return np.searchsorted(distinct, values).astype(np.int64), distinct
+    return np.searchsorted(distinct, values).astype(kind), distinct
 
 
-def _codes(values: np.ndarray | pd.Series) -> tuple[np.ndarray, np.ndarray]:
-    """Integer codes of ``values`` in sorted order of the distinct values (hashing, not sorting, the rows)."""
-    codes, uniques = pd.factorize(values, sort=True)
-    return codes.astype(np.int64), np.asarray(uniques)
+def _index_type(count: int) -> type[np.signedinteger]:
+    """The integer type of indices below ``count``: 32 bits where they fit. Arithmetic that can go past
+    ``count`` (a rank's code times the steps) widens to 64 bits first."""
+    return np.int32 if count <= np.iinfo(np.int32).max else np.int64
 
 
-def _strings(column: pd.Series) -> np.ndarray:
-    """A string column as a numpy array of ``str`` (cheap for categoricals: only the categories are converted)."""
-    categorical = pd.Categorical(column)
-    names = np.append(np.asarray(categorical.categories.astype(str), dtype=object), "")  # "" for missing values
-    return names[np.where(categorical.codes >= 0, categorical.codes, len(names) - 1)]
+def _text_codes(column: pd.Series) -> tuple[np.ndarray, np.ndarray]:
+    """A text column as codes into its distinct values, as ``str`` (-1 where missing): a categorical's own
+    codes (only its categories are converted), else the values hashed once."""
+    if isinstance(column.dtype, pd.CategoricalDtype):
+        codes, names = column.cat.codes.to_numpy(), column.cat.categories
+    else:
+        codes, names = pd.factorize(column)
+    return codes, np.asarray(pd.Index(names).astype(str), dtype=object)
+
+
+def _sorted_codes(codes: np.ndarray, names: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``codes`` (non-negative) renumbered by the sorted order of the names they use, and those names: what
+    ``pd.factorize(names[codes], sort=True)`` gives, without hashing the rows."""
+    used = np.flatnonzero(np.bincount(codes, minlength=len(names)))
+    distinct, inverse = np.unique(names[used], return_inverse=True)
+    table = np.zeros(len(names), dtype=_index_type(len(names)))
+    table[used] = inverse
+    return table[codes], distinct
 
 
 def rank_hosts(records: pd.DataFrame, hosts: Mapping[int, str] | None) -> dict[int, str]:
@@ -264,7 +283,7 @@ def _spans(
     rank_code: np.ndarray, step_code: np.ndarray, start: np.ndarray, duration: np.ndarray, n_ranks: int, n_steps: int
 ) -> tuple[np.ndarray, np.ndarray]:
     """Per rank and step: when its first record starts, and how long its records span (NaN if none)."""
-    cell = rank_code * n_steps + step_code
+    cell = rank_code.astype(_index_type(n_ranks * n_steps), copy=False) * n_steps + step_code
     first = np.full(n_ranks * n_steps, np.inf)
     last = np.full(n_ranks * n_steps, -np.inf)
     np.minimum.at(first, cell, start)
@@ -278,59 +297,70 @@ def _spans(
 class _Instances:
     rows: np.ndarray  # record rows of members of multi-member instances
     instance: np.ndarray  # per member row: instance index
-    group: np.ndarray  # per member row: group code
+    group: np.ndarray  # per instance: group code
+    seq: np.ndarray  # per instance: sequence number
     group_names: np.ndarray
     size: np.ndarray  # per instance: members
-    median: np.ndarray  # per instance: median member duration
     shortest: np.ndarray  # per instance: the last arrival's duration (the transfer time)
-    last_row: np.ndarray  # per instance: index into rows of the member with the shortest duration
+    last_row: np.ndarray  # per instance: index into rows of the (first) member with the shortest duration
 
 
 def _instances(records: pd.DataFrame, op: _Ops) -> _Instances:
-    is_comm = op.among(COMMUNICATION_OPS) & records["group"].notna().to_numpy() & records["seq"].notna().to_numpy()
-    rows = np.flatnonzero(is_comm)
-    group, group_names = _codes(_strings(records["group"])[rows])
-    seq = records["seq"].to_numpy()[rows].astype(np.int64)
-    instance = pd.factorize(group * (int(seq.max()) + 1 if len(seq) else 1) + seq)[0]
-    multi = np.bincount(instance)[instance] >= 2
-    rows, group, instance = rows[multi], group[multi], instance[multi]
-    instance = pd.factorize(instance)[0]
+    """Collective instances (a group's operation with one sequence number) of two or more members. Only two
+    arrays are per member row (its record row and instance), both 32-bit where they fit."""
+    group_code, names = _text_codes(records["group"])
+    seq_column = records["seq"]
+    is_comm = op.among(COMMUNICATION_OPS) & (group_code >= 0) & seq_column.notna().to_numpy()
+    rows = np.flatnonzero(is_comm).astype(_index_type(len(records)))
+    del is_comm
+    member_group, group_names = _sorted_codes(group_code[rows], names)
+    member_seq = seq_column.array.take(rows).to_numpy(dtype=np.int64)  # none missing in these rows
+    seqs = int(member_seq.max()) + 1 if len(member_seq) else 1
+    kind = _index_type(len(group_names) * seqs)  # 32-bit keys hash over twice as fast
+    key = member_group.astype(kind) * seqs + member_seq.astype(kind, copy=False)
+    instance = pd.factorize(key)[0]
+    del key
+    counts = np.bincount(instance)
+    group = np.empty(len(counts), dtype=member_group.dtype)  # every member of an instance has its group and seq
+    group[instance] = member_group
+    seq = np.empty(len(counts), dtype=np.int64)
+    seq[instance] = member_seq
+    del member_group, member_seq
+    multi = counts >= 2
+    if not multi.all():
+        kept = multi[instance]
+        rows, instance = rows[kept], instance[kept]
+        group, seq = group[multi], seq[multi]
+        # instances are numbered in order of first appearance: renumbering the kept ones keeps that order
+        instance = (np.cumsum(multi) - 1)[instance]
+    instance = instance.astype(_index_type(len(counts)))
     size = np.bincount(instance)
-    by_instance = pd.Series(records["duration"].to_numpy(dtype=np.float64)[rows]).groupby(instance)
-    return _Instances(
-        rows,
-        instance,
-        group,
-        group_names,
-        size,
-        by_instance.median().to_numpy(),
-        by_instance.min().to_numpy(),
-        by_instance.idxmin().to_numpy(),
-    )
+    duration = records["duration"].to_numpy(dtype=np.float64)[rows]
+    shortest = np.full(len(size), np.inf)
+    np.minimum.at(shortest, instance, duration)
+    last_row = np.full(len(size), len(rows))
+    at_shortest = np.flatnonzero(duration == shortest[instance])
+    np.minimum.at(last_row, instance[at_shortest], at_shortest)
+    return _Instances(rows, instance, group, seq, group_names, size, shortest, last_row)
 
 
 class _Ops:
     """The ``op`` column as codes into its few distinct names: masks without comparing millions of strings."""
 
     def __init__(self, column: pd.Series) -> None:
-        categorical = pd.Categorical(column)
-        self._codes = categorical.codes
-        self._names = np.asarray(categorical.categories.astype(str), dtype=object)
+        self.codes, self._names = _text_codes(column)
 
     def among(self, wanted: tuple[str, ...]) -> np.ndarray:
-        return (self._codes >= 0) & np.isin(self._names, wanted)[np.maximum(self._codes, 0)]
-
-    def names(self, rows: np.ndarray | None = None) -> np.ndarray:
-        codes = self._codes if rows is None else self._codes[rows]
-        return np.where(codes >= 0, self._names[np.maximum(codes, 0)], "")
+        return np.append(np.isin(self._names, wanted), False)[self.codes]  # code -1 (missing): the appended False
 
 
 def _peer_groups(
-    member_kind: np.ndarray, member_rank: np.ndarray, member_group: np.ndarray, n_ranks: int
+    kinds: np.ndarray, member_rank: np.ndarray, member_group: np.ndarray, n_ranks: int
 ) -> tuple[np.ndarray, str]:
-    """Per rank the index of its peer group: the members of its data-parallel group (else tp, cp, any)."""
+    """Per rank the index of its peer group: the members of its data-parallel group (else tp, cp, any).
+    ``kinds``: per group code, its kind."""
     for kind in _PEER_KINDS:
-        chosen = member_kind == kind
+        chosen = (kinds == kind)[member_group]
         if not chosen.any():
             continue
         key = np.sort(pd.unique(member_group[chosen] * n_ranks + member_rank[chosen]))
@@ -355,7 +385,7 @@ def _joined(member_group: np.ndarray, member_rank: np.ndarray, chosen: np.ndarra
     label = np.arange(n_ranks)
     if len(groups) == 0:
         return label
-    group_code, _ = _codes(groups)
+    group_code, _ = _small_codes(groups)
     while True:
         lowest = np.full(group_code.max() + 1, n_ranks)
         np.minimum.at(lowest, group_code, label[members])
@@ -388,32 +418,37 @@ def _compute(
     median (a GC pause, a page fault).
     """
     op_code = pd.factorize(op)[0]
-    order = np.lexsort((start, op_code, step, rank))
-    rank, step, op_code, duration = rank[order], step[order], op_code[order], duration[order]
-    cell = (rank * n_steps + step) * (op_code.max() + 1) + op_code
+    rank = rank.astype(np.int64)
+    cell = (rank * n_steps + step) * (int(op_code.max(initial=0)) + 1) + op_code
+    order = np.lexsort((start, cell))  # by rank, step and operation, then time
+    cell, rank, step, op_code, duration = cell[order], rank[order], step[order], op_code[order], duration[order]
     boundary = np.r_[True, cell[1:] != cell[:-1]]
     position = np.arange(len(cell)) - np.maximum.accumulate(np.where(boundary, np.arange(len(cell)), 0))
     log_duration = np.log(np.maximum(duration, 1e-9))
-    frame = pd.DataFrame(
-        {"peer": peer_of[rank], "rank": rank, "step": step, "op": op_code, "k": position, "log": log_duration}
-    )
     rank_step = rank * n_steps + step
-    versus_peers = (
-        log_duration - frame.groupby(["peer", "step", "op", "k"], sort=False)["log"].transform("median").to_numpy()
-    )
-    frame["own"] = log_duration - frame.groupby(["rank", "op", "k"], sort=False)["log"].transform("median").to_numpy()
+    versus_peers = log_duration - _group_median(log_duration, peer_of[rank], step, op_code, position)
+    own = log_duration - _group_median(log_duration, rank, op_code, position)
     # the replica's shared change, for replicas of three or more ranks (a median of two would split a fault)
     large = np.bincount(replica_of)[replica_of[rank]] >= 3
-    frame["replica"] = np.where(large, replica_of[rank], -1)
-    common = frame.groupby(["replica", "step", "op", "k"], sort=False)["own"].transform("median").to_numpy()
+    common = _group_median(own, np.where(large, replica_of[rank] + 1, 0), step, op_code, position)
     if not large.all():  # ranks of small replicas: what every rank shares in the step (drift)
-        everyone = frame.groupby(["step", "op", "k"], sort=False)["own"].transform("median").to_numpy()
-        common = np.where(large, common, everyone)
-    versus_own = frame["own"].to_numpy() - common
+        common = np.where(large, common, _group_median(own, step, op_code, position))
+    versus_own = own - common
     relative = _robust_cell_mean(versus_peers, rank_step, n_ranks, n_steps)
     change = _robust_cell_mean(versus_own, rank_step, n_ranks, n_steps)
     seconds = np.bincount(rank_step, weights=duration, minlength=n_ranks * n_steps).reshape(n_ranks, n_steps)
     return relative, change, seconds
+
+
+def _group_median(values: np.ndarray, *keys: np.ndarray) -> np.ndarray:
+    """Per value, the median of the values with the same keys (non-negative integers), combined into one."""
+    key = keys[0].astype(np.int64)
+    for column in keys[1:]:
+        size = int(column.max(initial=0)) + 1
+        if int(key.max(initial=0)) >= np.iinfo(np.int64).max // size:  # the product would overflow: renumber
+            key = pd.factorize(key)[0]
+        key = key * size + column
+    return pd.Series(values).groupby(key, sort=False).transform("median").to_numpy()
 
 
 def _robust_cell_mean(values: np.ndarray, cell: np.ndarray, n_ranks: int, n_steps: int) -> np.ndarray:
@@ -447,54 +482,54 @@ def _transfers(
     """
     first = instances.last_row
     n = len(instances.size)
-    host_code = pd.factorize(rank_hosts)[0][member_rank]
     if (rank_hosts == "").all():  # hosts unknown: everything but tensor parallelism crosses hosts
-        inter = kinds[instances.group[first]] != "tp"
+        inter = kinds[instances.group] != "tp"
     else:
-        low = np.full(n, np.iinfo(np.int64).max)
-        high = np.full(n, -1)
-        np.minimum.at(low, instances.instance, host_code)
-        np.maximum.at(high, instances.instance, host_code)
+        host_code = pd.factorize(rank_hosts)[0].astype(_index_type(len(rank_hosts)))
+        low, high = _extent(instances.instance, host_code[member_rank], n)
         inter = high > low
     rows = instances.rows[first]
-    nbytes = records["bytes"].to_numpy()[rows] if "bytes" in records.columns else np.zeros(n)
-    op = op_column.names(rows)
-    member_peer = peer_of[member_rank]
-    low_peer = np.full(n, np.iinfo(np.int64).max)
-    high_peer = np.full(n, -1)
-    np.minimum.at(low_peer, instances.instance, member_peer)
-    np.maximum.at(high_peer, instances.instance, member_peer)
+    nbytes = records["bytes"].array.take(rows).to_numpy(dtype=np.float64, na_value=-1.0) if "bytes" in records else None
+    # sends and receives are one operation here: a point-to-point transfer
+    op = np.where(op_column.among(("send", "recv"))[rows], -1, op_column.codes[rows])
+    low_peer, high_peer = _extent(instances.instance, peer_of.astype(_index_type(len(peer_of)))[member_rank], n)
     # the instance's position among its group's instances in the step (the first transfer of a step differs)
-    group, step = instances.group[first], step_code[rows]
-    seq = records["seq"].to_numpy()[rows].astype(np.int64)
-    order = np.lexsort((seq, step, group))
+    group, step = instances.group, step_code[rows]
+    order = np.lexsort((instances.seq, step, group))
     boundary = np.r_[True, (group[order][1:] != group[order][:-1]) | (step[order][1:] != step[order][:-1])]
     starts = np.maximum.accumulate(np.where(boundary, np.arange(n), 0))
     position = np.empty(n, dtype=np.int64)
     position[order] = np.arange(n) - starts
-    classes = pd.DataFrame(
-        {
-            "op": np.where(np.isin(op, ("send", "recv")), "p2p", op),
-            "kind": kinds[group],
-            "bytes": pd.to_numeric(pd.Series(nbytes), errors="coerce").fillna(-1).to_numpy(),
-            "size": instances.size,
-            "inter": inter,
-            "low": low_peer,
-            "high": high_peer,
-            "position": position,
-        }
+    log_shortest = np.log(np.maximum(instances.shortest, 1e-9))
+    typical = _group_median(
+        log_shortest,
+        pd.factorize(op)[0],
+        pd.factorize(kinds)[0][group],
+        pd.factorize(nbytes)[0] if nbytes is not None else np.zeros(n, dtype=np.int64),
+        instances.size,
+        inter.astype(np.int64),
+        low_peer,
+        high_peer,
+        position,
     )
-    class_code = classes.groupby(list(classes.columns), sort=False).ngroup().to_numpy()
-    shortest = np.maximum(instances.shortest, 1e-9)
-    typical = pd.Series(np.log(shortest)).groupby(class_code).transform("median").to_numpy()
-    excess = np.log(shortest) - typical
+    excess = log_shortest - typical
     keep = np.flatnonzero(inter)
     renumber = np.full(n, -1)
     renumber[keep] = np.arange(len(keep))
     member_keep = inter[instances.instance]
     return Transfers(
         excess=excess[keep],
-        step=step_code[rows][keep],
+        step=step[keep].astype(np.int64),
         member_instance=renumber[instances.instance[member_keep]],
-        member_rank=member_rank[member_keep],
+        member_rank=member_rank[member_keep].astype(np.int64),
     )
+
+
+def _extent(index: np.ndarray, values: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per index below ``n``: the smallest and the largest of its ``values`` (integers), in arrays of the values'
+    own type: ``ufunc.at`` is many times slower when it has to convert them."""
+    low = np.full(n, np.iinfo(values.dtype).max, dtype=values.dtype)
+    high = np.full(n, -1, dtype=values.dtype)
+    np.minimum.at(low, index, values)
+    np.maximum.at(high, index, values)
+    return low, high

@@ -15,7 +15,6 @@ from dataclasses import dataclass, replace
 from itertools import pairwise
 
 import numpy as np
-import pandas as pd
 
 from trainhealth._internal.localize.candidates import (
     Candidate,
@@ -268,10 +267,20 @@ def _layers(evidence: Evidence) -> list[_Layer]:
         known = component >= 0
         instance, component = transfers.member_instance[known], component[known]
         if name != "nic":  # several members of an instance may share a host or switch: count it once
-            key = pd.unique(instance * len(labels) + component)
-            instance, component = key // len(labels), key % len(labels)
+            first = _first_occurrences(instance * len(labels) + component)
+            instance, component = instance[first], component[first]
         layers.append(_Layer(name, labels, [np.asarray(members[label]) for label in labels], instance, component))
     return layers
+
+
+def _first_occurrences(values: np.ndarray) -> np.ndarray:
+    """Per value: whether it is the first of its kind (the ones ``pd.unique`` keeps, in their order). A stable
+    sort: several times faster than hashing millions of mostly distinct values."""
+    order = np.argsort(values, kind="stable")
+    ordered = values[order]
+    first = np.empty(len(values), dtype=bool)
+    first[order] = np.r_[True, ordered[1:] != ordered[:-1]]
+    return first
 
 
 def _score_layer(

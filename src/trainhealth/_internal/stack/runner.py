@@ -1,13 +1,12 @@
-"""``trainhealth stack up`` / ``down``: Prometheus, Alertmanager and the demo as local processes, without docker.
+"""``trainhealth stack up`` / ``down``: the monitoring stack and the demo as local processes, without docker.
 
-``up`` writes the configs into a state directory (Prometheus scraping the demo's
-ranks and analyzer on 127.0.0.1, trainhealth's alert rules with ``for`` capped
-so a short demo shows them, Alertmanager routing to the demo's webhook),
-starts the binaries found on PATH bound to 127.0.0.1, then the demo, and
-records what it started in ``stack.json``: pid, command line, the process's
-start time and a token put in its environment. The state directory is new,
-empty or one an earlier ``up`` made (it holds ``.trainhealth-stack``): nothing
-else's files are overwritten.
+``up`` writes the configs of the chosen topology (:mod:`trainhealth._internal.stack.topology`: one
+Prometheus, or Prometheus shards writing into VictoriaMetrics with vmalert) into a state directory, with
+trainhealth's alert rules (``for`` capped so a short demo shows them) and Alertmanager routing to the
+demo's webhook; starts the binaries found on PATH bound to 127.0.0.1, then the demo, and records what it
+started in ``stack.json``: pid, command line, the process's start time and a token put in its
+environment. The state directory is new, empty or one an earlier ``up`` made (it holds
+``.trainhealth-stack``): nothing else's files are overwritten.
 
 ``down`` reads ``stack.json`` as input: every entry must have a pid above 1 and
 below the kernel's ``pid_max``, a start time, a command line; a bad file is
@@ -24,25 +23,27 @@ from __future__ import annotations
 import json
 import os
 import secrets
-import shutil
 import signal
 import subprocess
-import sys
 import time
 from dataclasses import asdict, dataclass
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from trainhealth._internal._files import check_output_directory, check_output_files, write_json, write_text
-from trainhealth._internal.alerts.render import rule_file_yaml
 from trainhealth._internal.errors import UsageError
+from trainhealth._internal.stack.topology import (
+    StackOptions,
+    commands,
+    config_names,
+    find_binary,
+    log_names,
+    needed_binaries,
+    write_configs,
+)
 
 __all__ = ["StackOptions", "find_binary", "stack_down", "stack_up", "write_configs"]
 
-BINARIES = {"prometheus": ("prometheus",), "alertmanager": ("alertmanager", "prometheus-alertmanager")}
 STATE = "stack.json"
 #: Written by ``up`` into a state directory it made or found empty: the directory is trainhealth's.
 MARKER = ".trainhealth-stack"
@@ -51,24 +52,6 @@ TOKEN_VARIABLE = "TRAINHEALTH_STACK_TOKEN"
 #: A state file larger than this, or with more entries, is not one ``up`` wrote.
 MAX_STATE_BYTES = 1 << 20
 MAX_ENTRIES = 16
-#: The configs ``up`` writes into the state directory.
-WRITTEN = ("prometheus.yml", "trainhealth.rules.yml", "alertmanager.yml")
-
-
-@dataclass(frozen=True)
-class StackOptions:
-    directory: Path = Path(".trainhealth-stack")
-    prometheus_port: int = 9090
-    alertmanager_port: int = 9093
-    webhook_port: int = 9096
-    ranks: int = 4
-    port_base: int = 9450
-    analyzer_port: int = 9448
-    scrape_interval_s: float = 5.0
-    max_for_s: float = 30.0
-    demo: bool = True
-    demo_duration_s: float = 600.0
-    demo_args: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -83,20 +66,7 @@ class Started:
     token: str  # put in the process's environment (TRAINHEALTH_STACK_TOKEN): proof that up started it
 
 
-def find_binary(name: str) -> str:
-    """The path of ``prometheus`` or ``alertmanager`` (Debian calls it prometheus-alertmanager)."""
-    for candidate in BINARIES[name]:
-        path = shutil.which(candidate)
-        if path:
-            return path
-    raise UsageError(
-        f"{name} not found on PATH (looked for {', '.join(BINARIES[name])}): install it "
-        f"(Debian/Ubuntu: apt-get install {BINARIES[name][-1]}; or prometheus.io/download), "
-        f"or use docker compose up"
-    )
-
-
-def check_directory(directory: Path) -> None:
+def check_directory(directory: Path, options: StackOptions | None = None) -> None:
     """Refuse a state directory that is neither new, nor empty, nor one an earlier ``up`` made."""
     check_output_directory(directory, "--dir")  # new in an existing directory, or a writable directory, not a link
     marker = directory / MARKER
@@ -106,44 +76,8 @@ def check_directory(directory: Path) -> None:
             f"--dir {directory}: holds files that trainhealth stack up did not write; give a new or "
             f"empty directory (nothing there is overwritten)"
         )
-    check_output_files(directory, (*WRITTEN, STATE, MARKER, *(f"{name}.log" for name in BINARIES), "demo.log"), "--dir")
-
-
-def _duration(seconds: float) -> str:
-    """A Prometheus duration (whole units only: ``5s``, ``1500ms``)."""
-    return f"{int(seconds)}s" if float(seconds).is_integer() else f"{round(seconds * 1000)}ms"
-
-
-def write_configs(options: StackOptions) -> dict[str, Path]:
-    """prometheus.yml, trainhealth.rules.yml and alertmanager.yml in the state directory."""
-    directory = options.directory
-    directory.mkdir(parents=True, exist_ok=True)
-    interval = _duration(options.scrape_interval_s)
-    prometheus = {
-        "global": {"scrape_interval": interval, "evaluation_interval": interval},
-        "rule_files": ["trainhealth.rules.yml"],
-        "alerting": {"alertmanagers": [{"static_configs": [{"targets": [f"127.0.0.1:{options.alertmanager_port}"]}]}]},
-        "scrape_configs": [
-            {
-                "job_name": "trainhealth-ranks",
-                "honor_labels": True,
-                "static_configs": [{"targets": [f"127.0.0.1:{options.port_base + r}" for r in range(options.ranks)]}],
-            },
-            {
-                "job_name": "trainhealth-analyzer",
-                "honor_labels": True,
-                "static_configs": [{"targets": [f"127.0.0.1:{options.analyzer_port}"]}],
-            },
-        ],
-    }
-    paths = {key: directory / name for key, name in zip(("prometheus", "rules", "alertmanager"), WRITTEN)}
-    write_text(
-        paths["prometheus"], "# Written by trainhealth stack up.\n" + yaml.safe_dump(prometheus, sort_keys=False)
-    )
-    write_text(paths["rules"], rule_file_yaml(max_for_s=options.max_for_s))
-    template = resources.files("trainhealth._internal.stack").joinpath("alertmanager.yml").read_text(encoding="utf-8")
-    write_text(paths["alertmanager"], template.replace("127.0.0.1:9096", f"127.0.0.1:{options.webhook_port}"))
-    return paths
+    options = options or StackOptions(directory=directory)
+    check_output_files(directory, (*config_names(options), STATE, MARKER, *log_names(options)), "--dir")
 
 
 def demo_directory(directory: Path) -> Path:
@@ -159,64 +93,18 @@ def demo_directory(directory: Path) -> Path:
 
 def stack_up(options: StackOptions) -> list[Started]:
     directory = options.directory
-    check_directory(directory)
+    check_directory(directory, options)
     if (directory / STATE).exists() and _alive(_load(directory)):
         raise UsageError(f"a stack from {directory} is still running: trainhealth stack down --dir {directory}")
-    prometheus, alertmanager = find_binary("prometheus"), find_binary("alertmanager")
+    for name in needed_binaries(options):
+        find_binary(name)  # every one is there before anything starts
     directory.mkdir(exist_ok=True)
     write_text(directory / MARKER, "A state directory of trainhealth stack up.\n")
-    paths = write_configs(options)
-    commands = [
-        (
-            "prometheus",
-            [
-                prometheus,
-                f"--config.file={paths['prometheus']}",
-                f"--storage.tsdb.path={directory / 'prometheus-data'}",
-                f"--web.listen-address=127.0.0.1:{options.prometheus_port}",
-            ],
-        ),
-        (
-            "alertmanager",
-            [
-                alertmanager,
-                f"--config.file={paths['alertmanager']}",
-                f"--storage.path={directory / 'alertmanager-data'}",
-                f"--web.listen-address=127.0.0.1:{options.alertmanager_port}",
-                "--cluster.listen-address=",
-            ],
-        ),
-    ]
-    if options.demo:
-        commands.append(
-            (
-                "demo",
-                [
-                    sys.executable,
-                    "-m",
-                    "trainhealth._internal.cli",
-                    "demo",
-                    "--addr",
-                    "127.0.0.1",
-                    "--duration",
-                    f"{options.demo_duration_s:g}",
-                    "--ranks",
-                    str(options.ranks),
-                    "--port-base",
-                    str(options.port_base),
-                    "--analyzer-port",
-                    str(options.analyzer_port),
-                    "--webhook-port",
-                    str(options.webhook_port),
-                    "--out",
-                    str(demo_directory(directory)),
-                    *options.demo_args,
-                ],
-            )
-        )
+    write_configs(options)
+    to_start = commands(options, demo_directory(directory))
     started: list[Started] = []
     try:
-        for name, command in commands:
+        for name, command in to_start:
             log = directory / f"{name}.log"
             token = secrets.token_hex(16)
             flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)

@@ -36,9 +36,14 @@ def detect_kind(path: Path) -> str:
 
 
 def load_any(
-    paths: Sequence[str | os.PathLike[str]], kind: str = "auto", topology: str | os.PathLike[str] | None = None
+    paths: Sequence[str | os.PathLike[str]],
+    kind: str = "auto",
+    topology: str | os.PathLike[str] | None = None,
+    categorical: bool = False,
+    unread: frozenset[str] = frozenset(),
 ) -> tuple[Trace, list[str]]:
-    """All inputs as one v1 trace, with notes for the user (skipped entries and the like)."""
+    """All inputs as one v1 trace, with notes for the user (skipped entries and the like); ``categorical``
+    and ``unread`` apply to v1 files (see :func:`.io.read_trace_file`)."""
     if kind not in INPUT_KINDS:
         raise TraceError(
             ", ".join(map(str, paths)), f"unknown input kind {kind!r}; expected one of {', '.join(INPUT_KINDS)}"
@@ -70,7 +75,7 @@ def load_any(
             imported = [import_straggler_analysis(file) for file in files]
             trace = imported[0] if len(imported) == 1 else _merge(imported)
         else:
-            trace = read_trace(files, topology)
+            trace = read_trace(files, topology, categorical, unread)
         traces.append(trace)
     return (traces[0] if len(traces) == 1 else _merge(traces)), notes
 

@@ -80,11 +80,15 @@ REQUIRED_COLUMNS = tuple(column.name for column in COLUMNS if column.required)
 _BY_NAME = {column.name: column for column in COLUMNS}
 
 
-def validate(frame: pd.DataFrame, path: str, lines: Sequence[int] | None = None) -> pd.DataFrame:
+def validate(
+    frame: pd.DataFrame, path: str, lines: Sequence[int] | None = None, categorical: bool = False
+) -> pd.DataFrame:
     """Check ``frame`` against trace format v1 and return it with canonical dtypes.
 
     ``lines`` maps row positions to line numbers of a text file, for messages.
-    Unknown extra columns are kept unchanged.
+    Unknown extra columns are kept unchanged. With ``categorical``, the text columns are pandas categoricals
+    (codes into their few distinct values) instead of one ``str`` per row: a fraction of the memory of
+    millions of rows, and what the localizer reads without hashing them again.
     """
 
     def fail(problem: str, position: int | None = None, column: str | None = None) -> TraceError:
@@ -111,7 +115,7 @@ def validate(frame: pd.DataFrame, path: str, lines: Sequence[int] | None = None)
             out[column.name] = _floats(raw, column, fail)
         else:
             text[column.name] = _strings(raw, column, fail)
-            out[column.name] = text[column.name].series
+            out[column.name] = text[column.name].series(categorical)
     op = text["op"]
     position = _first_bad(op.where(~np.isin(op.distinct, OPS)))
     if position is not None:
@@ -125,7 +129,10 @@ def validate(frame: pd.DataFrame, path: str, lines: Sequence[int] | None = None)
         if name not in out.columns:
             if communication.any():
                 raise fail(f"communication operations need '{name}'", int(np.flatnonzero(communication)[0]), name)
-            out[name] = pd.Series([None] * len(out), dtype=object if name == "group" else "Int64")
+            if name == "group":
+                out[name] = _Text(np.full(len(out), -1), np.array([], dtype=object), out.index).series(categorical)
+            else:
+                out[name] = pd.Series([None] * len(out), dtype="Int64")
             continue
         # text is None where it was missing or blank (see _strings)
         absent = text[name].missing if name == "group" else out[name].isna().to_numpy()
@@ -148,23 +155,22 @@ def _first_bad(mask: np.ndarray) -> int | None:
 def _integers(raw: pd.Series, column: Column, fail: _Fail) -> pd.Series:
     _refuse_non_numbers(raw, column, fail, "an integer")
     if pd.api.types.is_integer_dtype(raw.dtype):  # already integers (Parquet): only the checks that can fail
+        # the range is checked on the smallest and largest value; rows are looked at only to name a bad one
         missing = raw.isna().to_numpy()
-        unsigned = pd.api.types.is_unsigned_integer_dtype(raw.dtype)
-        values = raw.to_numpy(dtype=np.uint64 if unsigned else np.int64, na_value=0)
-        position = _first_bad(values < 0) if not unsigned else None
-        if position is not None:
+        present = not missing.all()
+        if present and raw.min() < 0:
+            position = _first_bad(raw.to_numpy(dtype=np.int64, na_value=0) < 0)
             raise fail(f"negative value {raw[position]}", position, column.name)
-        position = _first_bad(values > column.limit)
-        if position is not None:
+        if present and raw.max() > column.limit:
+            position = _first_bad(raw.to_numpy(dtype=np.uint64, na_value=0) > column.limit)
             raise fail(f"value {raw[position]} out of range (at most {column.limit:.0f})", position, column.name)
         if column.required:
             position = _first_bad(missing)
             if position is not None:
                 raise fail("missing value", position, column.name)
-            return raw if raw.dtype == np.int64 else pd.Series(values.astype(np.int64), index=raw.index)
-        if raw.dtype == "Int64":  # already canonical: kept, not copied
-            return raw
-        return pd.Series(pd.arrays.IntegerArray(values.astype(np.int64), missing), index=raw.index)
+            return raw if raw.dtype == np.int64 else raw.astype(np.int64)
+        # kept as it is when already canonical; int64 without nulls becomes Int64 on the same array
+        return raw if raw.dtype == "Int64" else raw.astype("Int64")
     present = _present(raw)
     numbers = _to_numbers(raw.where(present))
     position = _first_bad((present & numbers.isna()).to_numpy())
@@ -184,7 +190,7 @@ def _integers(raw: pd.Series, column: Column, fail: _Fail) -> pd.Series:
         position = _first_bad(~present.to_numpy())
         if position is not None:
             raise fail("missing value", position, column.name)
-        return pd.Series(values.astype(np.int64), index=raw.index)
+        return pd.Series(values.astype(np.int64), index=raw.index, copy=False)
     return pd.Series(pd.array(np.where(present, values, 0).astype(np.int64), dtype="Int64"), index=raw.index).where(
         present.to_numpy(), pd.NA
     )
@@ -214,10 +220,10 @@ def _floats(raw: pd.Series, column: Column, fail: _Fail) -> pd.Series:
         position = _first_bad(~np.isfinite(values))
         if position is not None:
             raise fail(f"expected a finite number, got {shown(raw[position])}", position, column.name)
-    position = _first_bad(np.abs(values) > column.limit)
-    if position is not None:
+    if len(values) and max(values.max(), -values.min()) > column.limit:  # the rows looked at only to name one
+        position = int(np.flatnonzero(np.abs(values) > column.limit)[0])
         raise fail(f"value {values[position]:g} out of range (at most {column.limit:g} seconds)", position, column.name)
-    return pd.Series(values, index=raw.index)
+    return raw if raw.dtype == np.float64 else pd.Series(values, index=raw.index, copy=False)
 
 
 def _refuse_non_numbers(raw: pd.Series, column: Column, fail: _Fail, expected: str) -> None:
@@ -270,11 +276,19 @@ def _number_or_nan(value: object) -> float:
 
 @dataclass(frozen=True)
 class _Text:
-    """A validated text column, and the codes into its few distinct values that it was made from."""
+    """A validated text column: codes into its few distinct values."""
 
-    series: pd.Series  # str, None where missing or blank
     codes: np.ndarray  # per row: index into distinct, -1 where missing or blank
     distinct: np.ndarray  # the distinct values (a categorical's unused categories too)
+    index: pd.Index
+
+    def series(self, categorical: bool) -> pd.Series:
+        """The column: a categorical, or one ``str`` per row; missing (None, NaN in a categorical) where it was
+        missing or blank."""
+        if categorical:
+            return pd.Series(pd.Categorical.from_codes(self.codes, categories=self.distinct), index=self.index)
+        values = np.append(self.distinct, np.array([None], dtype=object))[self.codes]
+        return pd.Series(values, index=self.index, dtype=object, copy=False)
 
     def where(self, chosen: np.ndarray) -> np.ndarray:
         """Per row: whether its value is one of the ``chosen`` distinct values (a mask over ``distinct``)."""
@@ -306,8 +320,7 @@ def _strings(raw: pd.Series, column: Column, fail: _Fail) -> _Text:
         position = _first_bad(codes < 0)
         if position is not None:
             raise fail("missing value", position, column.name)
-    values = np.append(distinct, np.array([None], dtype=object))[codes]
-    return _Text(pd.Series(values, index=raw.index, dtype=object), codes, distinct)
+    return _Text(codes, distinct, raw.index)
 
 
 def _factorized(raw: pd.Series) -> tuple[np.ndarray, np.ndarray]:
