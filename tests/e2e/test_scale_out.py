@@ -45,7 +45,7 @@ pytestmark = pytest.mark.slow  # the slow tier: `pytest -m slow`
 
 TRAINHEALTH = str(Path(sys.executable).parent / "trainhealth")
 RUN_S = 100.0  # the XID comes at 80% of the run: 20 s for GpuLost's `for` and vmalert's lag
-#: Seconds an alert fires (evaluations, one a second) before the two rulers must agree on it.
+#: Seconds an alert fires (evaluations, one a second) in one ruler before the other must fire it too.
 SOLID_S = 10
 
 
@@ -161,57 +161,58 @@ def test_the_scale_out_stack_alerts_and_answers_as_one_prometheus_does(tmp_path,
     try:
         scrape_recorded_dcgm(reference, stack_up(reference), dcgm.port, prometheus_port)
         started = stack_up(scale_out)
-        scale_out_started = time.time()
         scrape_recorded_dcgm(scale_out, started, dcgm.port, store_port)
         demo = next(s for s in started if s.name == "demo")
         wait_for_exit(demo.pid, timeout_s=300)
         # vmalert reads what the shards wrote a scrape or two ago: its alerts fire seconds after Prometheus's, so
-        # the two are compared once both have had time to evaluate all of theirs. An alert that fired for under
-        # SOLID_S in one of them sat on the edge of its (capped) `for` there: a few seconds' difference in when a
-        # rank's first metrics arrived decides it (the ranks answer /metrics a few seconds before their identity
-        # metrics, which TrainhealthMetricsAbsent watches). Those are shown, not compared.
+        # the two are compared once both have had time to evaluate all of theirs. An alert that fired in one ruler
+        # only, for under SOLID_S, sat on the edge of its (capped) `for`: a condition that held about as long as the
+        # `for` (a rank's target down for the seconds before its server starts; its /metrics up a few seconds
+        # before its identity metrics, which TrainhealthMetricsAbsent watches), so seconds of lag decide it. Those
+        # are shown, not compared; every other alert must fire in both.
         time.sleep(3 * SOLID_S)  # what fires as the demo ends (its targets go down) fires long enough in both
         deadline = time.time() + 120
         while True:
             in_store, in_prometheus = _firing_seconds(store_port), _firing_seconds(prometheus_port)
-            longest = {
-                k: max(in_store.get(k, 0), in_prometheus.get(k, 0)) for k in in_store.keys() | in_prometheus.keys()
+            only_prometheus, only_store = in_prometheus.keys() - in_store.keys(), in_store.keys() - in_prometheus.keys()
+            edge = {k for k in only_prometheus if in_prometheus[k] < SOLID_S} | {
+                k for k in only_store if in_store[k] < SOLID_S
             }
-            solid = {k for k, seconds in longest.items() if seconds >= SOLID_S}
-            if solid <= in_store.keys() & in_prometheus.keys() or time.time() > deadline:
+            if (only_prometheus | only_store) <= edge or time.time() > deadline:
                 break
             time.sleep(2)
         ended = time.time()
         for watch in watches:
             watch.stop()
+        both = in_store.keys() & in_prometheus.keys()
         with capsys.disabled():
-            # the reference started first and scraped the ranks before the demo existed: its startup
-            # TrainhealthTargetDown has no vmalert counterpart to compare times with
-            seen = {
-                k
-                for k in solid & vmalert.first_seen.keys() & prometheus.first_seen.keys()
-                if prometheus.first_seen[k] > scale_out_started
-            }
-            lags = sorted(vmalert.first_seen[k] - prometheus.first_seen[k] for k in seen) or [float("nan")]
+            lags = sorted(
+                vmalert.first_seen[k] - prometheus.first_seen[k]
+                for k in both & vmalert.first_seen.keys() & prometheus.first_seen.keys()
+            ) or [float("nan")]
+            # (a median: a rank's target down before its server starts fires in Prometheus, on the edge in vmalert,
+            # and both fire it again when the demo ends, minutes later)
             print(
-                f"\n{len(solid)} alerts fired for {SOLID_S} s or more; of the {len(seen)} that began while both ran, "
-                f"vmalert's fired later by {lags[len(lags) // 2]:.1f} s (median), {lags[-1]:.1f} s (most)"
+                f"\n{len(both)} alerts fired in both rulers; vmalert's were first seen firing a median of "
+                f"{lags[len(lags) // 2]:.1f} s after Prometheus's"
             )
-            for labels in sorted(longest.keys() - solid, key=sorted):
+            for labels in sorted(edge, key=sorted):
                 print(
                     f"  on the edge of its `for`: {dict(labels)['alertname']} {dict(labels).get('instance', '')}: "
                     f"{in_prometheus.get(labels, 0):.0f} s firing in Prometheus, {in_store.get(labels, 0):.0f} s in vmalert"
                 )
-        assert {dict(k)["alertname"] for k in solid} >= {
+        assert {dict(k)["alertname"] for k in both} >= {
             "GpuThermalThrottling",
             "StragglerSuspect",
             "GpuLost",
             "GpuXidCritical",
         }
-        assert solid <= in_store.keys(), solid - in_store.keys()
-        assert solid <= in_prometheus.keys(), solid - in_prometheus.keys()
+        assert only_prometheus <= edge, only_prometheus - edge
+        assert only_store <= edge, only_store - edge
         # the same annotations (values masked), rendered by each ruler from the one rule file
-        assert {k: vmalert.annotations.get(k) for k in solid} == {k: prometheus.annotations.get(k) for k in solid}
+        watched = both & vmalert.annotations.keys() & prometheus.annotations.keys()
+        assert len(watched) >= len(both) - 2, both - watched  # the watch polls each second: it sees nearly all
+        assert {k: vmalert.annotations[k] for k in watched} == {k: prometheus.annotations[k] for k in watched}
 
         lost = injections(scale_out.directory / "demo")["xid"][1]
         deadline = time.time() + 60  # Alertmanager holds a page group_wait (10 s) before it sends
@@ -250,8 +251,9 @@ def test_the_scale_out_stack_alerts_and_answers_as_one_prometheus_does(tmp_path,
                 named = [f"{n['component']} {n.get('score', 0):.3f}" for n in _named(result)[:2]]
                 print(f"  analyze reading {source}: {result['verdict']}, {named}")
         # the straggler slowed steps 30-60% of the run and recovered: over the whole run it is an event (a stretch
-        # that came and went), or a suspect while its steps still weigh in the window; both name its rank
-        assert from_store["verdict"] in ("compute", "healthy"), from_store
+        # that came and went; the verdict healthy, or imbalance when the window's steps are uneven), or a suspect
+        # while its steps still weigh in the window; each names its rank
+        assert from_store["verdict"] in ("compute", "healthy", "imbalance"), from_store
         assert _named(from_store) and _named(from_store)[0]["ranks"] == [slow["rank"]], from_store
         assert _named(from_store)[0]["component"] == _named(from_prometheus)[0]["component"]
     finally:
