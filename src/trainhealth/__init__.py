@@ -10,11 +10,14 @@ The public names are listed in docs/api.md; this module holds the Monitor and it
 """
 
 import logging as _logging
+import typing as _typing
 
 from trainhealth._internal.config import ConfigError, Settings
-from trainhealth._internal.exporters.monitor import LayerGroupStats, Monitor, StepStats
 from trainhealth._internal.identity import Identity
 from trainhealth._version import __version__
+
+if _typing.TYPE_CHECKING:
+    from trainhealth._internal.exporters.monitor import LayerGroupStats, Monitor, StepStats
 
 _logging.getLogger("trainhealth").addHandler(_logging.NullHandler())
 
@@ -27,3 +30,21 @@ __all__ = [
     "StepStats",
     "__version__",
 ]
+
+#: Imported on first use (PEP 562): the Monitor's exporters take about half a second to import, which every
+#: command line tool (``trainhealth localize`` included) would otherwise pay.
+_LAZY = frozenset({"LayerGroupStats", "Monitor", "StepStats"})
+
+
+def __getattr__(name: str) -> object:
+    if name in _LAZY:
+        from trainhealth._internal.exporters import monitor
+
+        value = getattr(monitor, name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | _LAZY)

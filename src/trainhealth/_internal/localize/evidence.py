@@ -74,6 +74,7 @@ class Transfers:
     step: np.ndarray  # per instance: index into Evidence.steps
     member_instance: np.ndarray  # per membership: the instance
     member_rank: np.ndarray  # per membership: index into Evidence.ranks
+    # (indices are 32-bit where they fit: millions of memberships)
 
 
 @dataclass(frozen=True)
@@ -101,13 +102,13 @@ def gather_evidence(
     records: pd.DataFrame, hosts: Mapping[int, str] | None = None, switches: Mapping[int, str] | None = None
 ) -> Evidence:
     """Evidence from ``records`` (trace format v1 with canonical dtypes)."""
-    rank_code, ranks = _small_codes(records["rank"].to_numpy(dtype=np.int64))
-    step_code, steps = _small_codes(records["step"].to_numpy(dtype=np.int64))
+    rank_code, ranks = _small_codes(records["rank"].to_numpy())
+    step_code, steps = _small_codes(records["step"].to_numpy())
     n_ranks, n_steps = len(ranks), len(steps)
     duration = records["duration"].to_numpy(dtype=np.float64)
     start = records["start"].to_numpy(dtype=np.float64)
     op = _Ops(records["op"])
-    host_of = rank_hosts(records, hosts)
+    host_of = rank_hosts(records, hosts, ranks)
     switch_of = {int(r): str(s) for r, s in (switches or {}).items()}
 
     first, span = _spans(rank_code, step_code, start, duration, n_ranks, n_steps)
@@ -139,6 +140,7 @@ def gather_evidence(
         in_collectives = covered(
             rank_code[rows].astype(np.int64) * n_steps + step_code[rows], start[rows], duration[rows], n_ranks * n_steps
         )
+        del rows
         # a step computes, then communicates: from the end of the rank's previous step to the end of this one,
         # so the compute before a step's first collective counts (the first step has no earlier end)
         iteration = np.full((n_ranks, n_steps), np.nan)
@@ -219,12 +221,15 @@ def last_steps(evidence: Evidence, count: int) -> Evidence:
 def _small_codes(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Codes of non-negative integers (ranks, steps, codes) in sorted order of the distinct values (32-bit where
     they fit: half the memory of millions of rows): counted and looked up in a table when their range is small,
-    else hashed."""
+    else hashed. Values that are their own codes (0, 1, 2, ... all present) are returned as they are when of
+    the codes' type: not to be changed in place."""
     if len(values) and 0 <= values.min() and values.max() < 50_000_000:
         distinct = np.flatnonzero(np.bincount(values))
     else:
         distinct = np.sort(pd.unique(values))
     kind = _index_type(len(distinct))
+    if len(distinct) and distinct[-1] == len(distinct) - 1:  # 0 to n - 1, every one present
+        return values.astype(kind, copy=False), distinct
     if len(distinct) and distinct[-1] < 50_000_000:
         table = np.zeros(int(distinct[-1]) + 1, dtype=kind)
         table[distinct] = np.arange(len(distinct))
@@ -258,10 +263,13 @@ def _sorted_codes(codes: np.ndarray, names: np.ndarray) -> tuple[np.ndarray, np.
     return table[codes], distinct
 
 
-def rank_hosts(records: pd.DataFrame, hosts: Mapping[int, str] | None) -> dict[int, str]:
-    """rank -> host: the given mapping, completed from the records' ``host`` column."""
+def rank_hosts(
+    records: pd.DataFrame, hosts: Mapping[int, str] | None, ranks: np.ndarray | None = None
+) -> dict[int, str]:
+    """rank -> host: the given mapping, completed from the records' ``host`` column. ``ranks``: the records'
+    distinct ranks, when known; the column is then read only when the mapping lacks one of them."""
     found: dict[int, str] = {int(r): str(h) for r, h in (hosts or {}).items()}
-    if "host" in records.columns:
+    if "host" in records.columns and (ranks is None or any(int(r) not in found for r in ranks.tolist())):
         pairs = records[["rank", "host"]].dropna().drop_duplicates("rank")
         for rank, host in zip(pairs["rank"].to_numpy(), pairs["host"].astype(str).to_numpy()):
             found.setdefault(int(rank), host)
@@ -417,15 +425,18 @@ def _compute(
     averaged per rank and step leaving out single operations far from the cell's
     median (a GC pause, a page fault).
     """
-    op_code = pd.factorize(op)[0]
-    rank = rank.astype(np.int64)
-    cell = (rank * n_steps + step) * (int(op_code.max(initial=0)) + 1) + op_code
-    order = np.lexsort((start, cell))  # by rank, step and operation, then time
-    cell, rank, step, op_code, duration = cell[order], rank[order], step[order], op_code[order], duration[order]
+    op_code = pd.factorize(op)[0].astype(np.int32)
+    rank_step = rank.astype(np.int64) * n_steps + step
+    cell = rank_step * (int(op_code.max(initial=0)) + 1) + op_code
+    order = _time_order(cell, rank_step, start)  # by rank, step and operation, then time
+    if order is not None:
+        cell, rank, step, op_code, duration = cell[order], rank[order], step[order], op_code[order], duration[order]
+        rank_step = rank_step[order]
+    del order, start
     boundary = np.r_[True, cell[1:] != cell[:-1]]
     position = np.arange(len(cell)) - np.maximum.accumulate(np.where(boundary, np.arange(len(cell)), 0))
+    del cell, boundary
     log_duration = np.log(np.maximum(duration, 1e-9))
-    rank_step = rank * n_steps + step
     versus_peers = log_duration - _group_median(log_duration, peer_of[rank], step, op_code, position)
     own = log_duration - _group_median(log_duration, rank, op_code, position)
     # the replica's shared change, for replicas of three or more ranks (a median of two would split a fault)
@@ -440,15 +451,60 @@ def _compute(
     return relative, change, seconds
 
 
-def _group_median(values: np.ndarray, *keys: np.ndarray) -> np.ndarray:
+def _time_order(cell: np.ndarray, rank_step: np.ndarray, start: np.ndarray) -> np.ndarray | None:
+    """The order of the rows by ``cell``, then ``start`` (ties as they come), as ``np.lexsort((start, cell))``
+    gives it; None when they are in that order already.
+
+    Traces are mostly written rank by rank and step by step in time order: then each cell's rows (a subset of
+    its rank and step's) are in time order already, and a stable sort of the cells alone gives the same
+    order several times faster.
+    """
+    if np.all(cell[1:] >= cell[:-1]) and np.all((cell[1:] != cell[:-1]) | (start[1:] >= start[:-1])):
+        return None
+    step_changes = rank_step[1:] != rank_step[:-1]
+    if np.all(rank_step[1:] >= rank_step[:-1]) and np.all(step_changes | (start[1:] >= start[:-1])):
+        return np.argsort(cell, kind="stable")
+    return np.lexsort((start, cell))
+
+
+def _group_median(values: np.ndarray, first: np.ndarray, *more: np.ndarray) -> np.ndarray:
     """Per value, the median of the values with the same keys (non-negative integers), combined into one."""
-    key = keys[0].astype(np.int64)
-    for column in keys[1:]:
-        size = int(column.max(initial=0)) + 1
-        if int(key.max(initial=0)) >= np.iinfo(np.int64).max // size:  # the product would overflow: renumber
-            key = pd.factorize(key)[0]
-        key = key * size + column
+    key = _combined(None, first)
+    for column in more:
+        key = _combined(key, column)
+    return _median_by(values, key)
+
+
+def _combined(key: np.ndarray | None, column: np.ndarray) -> np.ndarray:
+    """One number per distinct (``key``, ``column``) pair of non-negative integers (``column`` alone without a
+    key): a new array, or ``key`` changed in place. The key is renumbered first when the product would
+    overflow."""
+    if key is None:
+        return column.astype(np.int64)
+    size = int(column.max(initial=0)) + 1
+    if int(key.max(initial=0)) >= np.iinfo(np.int64).max // size:
+        key = pd.factorize(key)[0].astype(np.int64, copy=False)
+    key *= size
+    key += column
+    return key
+
+
+def _median_by(values: np.ndarray, key: np.ndarray) -> np.ndarray:
+    """Per value, the median of the values with the same ``key``."""
     return pd.Series(values).groupby(key, sort=False).transform("median").to_numpy()
+
+
+def _positions(group: np.ndarray, step: np.ndarray, seq: np.ndarray) -> np.ndarray:
+    """Per instance: its position among its group's instances in its step, by sequence number."""
+    n = len(group)
+    order = np.lexsort((seq, step, group))
+    group, step = group[order], step[order]
+    boundary = np.r_[True, (group[1:] != group[:-1]) | (step[1:] != step[:-1])]
+    del group, step
+    starts = np.maximum.accumulate(np.where(boundary, np.arange(n), 0))
+    position = np.empty(n, dtype=np.int64)
+    position[order] = np.arange(n) - starts
+    return position
 
 
 def _robust_cell_mean(values: np.ndarray, cell: np.ndarray, n_ranks: int, n_steps: int) -> np.ndarray:
@@ -489,39 +545,31 @@ def _transfers(
         low, high = _extent(instances.instance, host_code[member_rank], n)
         inter = high > low
     rows = instances.rows[first]
-    nbytes = records["bytes"].array.take(rows).to_numpy(dtype=np.float64, na_value=-1.0) if "bytes" in records else None
-    # sends and receives are one operation here: a point-to-point transfer
-    op = np.where(op_column.among(("send", "recv"))[rows], -1, op_column.codes[rows])
-    low_peer, high_peer = _extent(instances.instance, peer_of.astype(_index_type(len(peer_of)))[member_rank], n)
-    # the instance's position among its group's instances in the step (the first transfer of a step differs)
     group, step = instances.group, step_code[rows]
-    order = np.lexsort((instances.seq, step, group))
-    boundary = np.r_[True, (group[order][1:] != group[order][:-1]) | (step[order][1:] != step[order][:-1])]
-    starts = np.maximum.accumulate(np.where(boundary, np.arange(n), 0))
-    position = np.empty(n, dtype=np.int64)
-    position[order] = np.arange(n) - starts
+    # the class key, one part after another (each an array per instance, dropped once added)
+    # sends and receives are one operation here: a point-to-point transfer
+    key = _combined(None, pd.factorize(np.where(op_column.among(("send", "recv"))[rows], -1, op_column.codes[rows]))[0])
+    key = _combined(key, pd.factorize(kinds)[0][group])
+    if "bytes" in records:
+        key = _combined(key, pd.factorize(records["bytes"].array.take(rows).to_numpy(np.float64, na_value=-1.0))[0])
+    del rows
+    key = _combined(key, instances.size)
+    key = _combined(key, inter.view(np.int8))
+    for peers in _extent(instances.instance, peer_of.astype(_index_type(len(peer_of)))[member_rank], n):
+        key = _combined(key, peers)
+    key = _combined(key, _positions(group, step, instances.seq))
     log_shortest = np.log(np.maximum(instances.shortest, 1e-9))
-    typical = _group_median(
-        log_shortest,
-        pd.factorize(op)[0],
-        pd.factorize(kinds)[0][group],
-        pd.factorize(nbytes)[0] if nbytes is not None else np.zeros(n, dtype=np.int64),
-        instances.size,
-        inter.astype(np.int64),
-        low_peer,
-        high_peer,
-        position,
-    )
-    excess = log_shortest - typical
+    excess = log_shortest - _median_by(log_shortest, key)
+    del key
     keep = np.flatnonzero(inter)
-    renumber = np.full(n, -1)
+    renumber = np.full(n, -1, dtype=_index_type(n))
     renumber[keep] = np.arange(len(keep))
     member_keep = inter[instances.instance]
     return Transfers(
         excess=excess[keep],
-        step=step[keep].astype(np.int64),
+        step=step[keep],
         member_instance=renumber[instances.instance[member_keep]],
-        member_rank=member_rank[member_keep].astype(np.int64),
+        member_rank=member_rank[member_keep],
     )
 
 

@@ -44,7 +44,7 @@ class _Layer:
     labels: list[str]
     members: list[np.ndarray]  # per component: indices into Evidence.ranks
     instance: np.ndarray  # per (instance, component) pair
-    component: np.ndarray
+    cell: np.ndarray  # per pair: component x steps + the instance's step (where _score_layer adds it up)
 
 
 def path_candidates(
@@ -242,7 +242,7 @@ def _transfer_noise(excess: np.ndarray, values: np.ndarray, counts: np.ndarray, 
 def _explain(evidence: Evidence, explained: np.ndarray, ranks: tuple[int, ...]) -> None:
     """Mark the transfers any of ``ranks`` took part in as explained."""
     transfers = evidence.transfers
-    covered = np.isin(evidence.ranks[transfers.member_rank], ranks)
+    covered = np.isin(transfers.member_rank, np.flatnonzero(np.isin(evidence.ranks, ranks)))
     explained[transfers.member_instance[covered]] = True
 
 
@@ -260,17 +260,30 @@ def _layers(evidence: Evidence) -> list[_Layer]:
     layers = []
     for name, members in groupings:
         labels = sorted(members, key=lambda label: members[label][0])
-        component_of = np.full(len(ranks), -1)
-        for code, label in enumerate(labels):
-            component_of[members[label]] = code
-        component = component_of[transfers.member_rank]
-        known = component >= 0
-        instance, component = transfers.member_instance[known], component[known]
-        if name != "nic":  # several members of an instance may share a host or switch: count it once
-            first = _first_occurrences(instance * len(labels) + component)
+        if name == "nic":  # a NIC per rank, in the ranks' order: the memberships as they are
+            instance, component = transfers.member_instance, transfers.member_rank
+        else:
+            component_of = np.full(len(ranks), -1, dtype=np.int32)
+            for code, label in enumerate(labels):
+                component_of[members[label]] = code
+            component = component_of[transfers.member_rank]
+            known = component >= 0
+            instance, component = transfers.member_instance[known], component[known]
+            # several members of an instance may share a host or switch: count it once
+            first = _first_occurrences(instance.astype(np.int64) * len(labels) + component)
             instance, component = instance[first], component[first]
-        layers.append(_Layer(name, labels, [np.asarray(members[label]) for label in labels], instance, component))
+        cell = _cells(component, transfers.step[instance], len(labels), len(evidence.steps))
+        layers.append(_Layer(name, labels, [np.asarray(members[label]) for label in labels], instance, cell))
     return layers
+
+
+def _cells(component: np.ndarray, step: np.ndarray, n_components: int, n_steps: int) -> np.ndarray:
+    """Per pair, its (component, step) cell, 32-bit where they fit."""
+    kind = np.int32 if n_components * n_steps <= np.iinfo(np.int32).max else np.int64
+    cell = component.astype(kind)  # a new array: multiplied and added to in place
+    cell *= n_steps
+    cell += step
+    return cell
 
 
 def _first_occurrences(values: np.ndarray) -> np.ndarray:
@@ -294,9 +307,10 @@ def _score_layer(
     """
     transfers = evidence.transfers
     n_steps, n_components = len(evidence.steps), len(layer.labels)
-    open_pairs = ~explained[layer.instance]
-    instance, code = layer.instance[open_pairs], layer.component[open_pairs]
-    cell = code * n_steps + transfers.step[instance]
+    instance, cell = layer.instance, layer.cell
+    if explained.any():
+        open_pairs = ~explained[instance]
+        instance, cell = instance[open_pairs], cell[open_pairs]
     size = n_components * n_steps
     sums = np.bincount(cell, weights=transfers.excess[instance], minlength=size).reshape(n_components, n_steps)
     counts = np.bincount(cell, minlength=size).astype(np.float64).reshape(n_components, n_steps)

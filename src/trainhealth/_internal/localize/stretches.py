@@ -54,29 +54,53 @@ def strongest_stretch(
     weighted_sum = np.concatenate([np.zeros((rows, 1)), np.cumsum(sums * weights, axis=1)], axis=1)
     weighted_count = np.concatenate([np.zeros((rows, 1)), np.cumsum(counts * weights, axis=1)], axis=1)
     squared = np.concatenate([np.zeros((rows, 1)), np.cumsum(counts * weights**2, axis=1)], axis=1)
+    total_sum, total_count, total_squared = weighted_sum[:, -1:], weighted_count[:, -1:], squared[:, -1:]
+    length = max(1, min(min_length, n_blocks))
+    start, stop = _bounds(n_blocks, length)
     best = Stretch(
         np.zeros(rows, dtype=np.int64), np.zeros(rows, dtype=np.int64), np.zeros(rows), np.full(rows, -np.inf)
     )
-    total_sum, total_count, total_squared = weighted_sum[:, -1], weighted_count[:, -1], squared[:, -1]
-    length = max(1, min(min_length, n_blocks))
+    chunk = max(1, _CELLS // max(len(start), 1))
     with np.errstate(invalid="ignore", divide="ignore"):
-        for start in range(n_blocks):
-            for stop in range(start + length, n_blocks + 1):
-                if stop - start == n_blocks:
-                    continue
-                inside_count = weighted_count[:, stop] - weighted_count[:, start]
-                outside_count = total_count - inside_count
-                inside_sum = weighted_sum[:, stop] - weighted_sum[:, start]
-                inside_squared = squared[:, stop] - squared[:, start]
-                effect = inside_sum / inside_count - (total_sum - inside_sum) / outside_count
-                spread = sigma * np.sqrt(
-                    inside_squared / inside_count**2 + (total_squared - inside_squared) / outside_count**2
-                )
-                z = np.nan_to_num(effect / spread, nan=-np.inf)
-                better = z > best.z
-                best.start[better], best.stop[better] = start, stop
-                best.effect[better], best.z[better] = effect[better], z[better]
+        for first in range(0, rows if len(start) else 0, chunk):  # a few rows at a time: small temporaries
+            part = slice(first, first + chunk)
+            inside_count = weighted_count[part][:, stop] - weighted_count[part][:, start]
+            outside_count = total_count[part] - inside_count
+            inside_sum = weighted_sum[part][:, stop] - weighted_sum[part][:, start]
+            inside_squared = squared[part][:, stop] - squared[part][:, start]
+            effect = inside_sum / inside_count - (total_sum[part] - inside_sum) / outside_count
+            spread = sigma * np.sqrt(
+                inside_squared / inside_count**2 + (total_squared[part] - inside_squared) / outside_count**2
+            )
+            z = np.nan_to_num(effect / spread, nan=-np.inf)
+            _keep_first_best(best, part, start, stop, effect, z)
     return Stretch(edges[best.start], edges[best.stop], best.effect, np.where(np.isfinite(best.z), best.z, 0.0))
+
+
+#: stretches x rows computed at once by :func:`strongest_stretch` (a few MB per array)
+_CELLS = 1 << 18
+
+
+def _bounds(n_blocks: int, length: int) -> tuple[np.ndarray, np.ndarray]:
+    """Start and stop of every stretch of at least ``length`` blocks but the whole window, in the order a scan
+    by start, then stop, meets them."""
+    bounds = [(a, b) for a in range(n_blocks) for b in range(a + length, n_blocks + 1) if b - a != n_blocks]
+    pairs = np.array(bounds, dtype=np.int64).reshape(-1, 2)
+    return pairs[:, 0], pairs[:, 1]
+
+
+def _keep_first_best(
+    best: Stretch, part: slice, start: np.ndarray, stop: np.ndarray, effect: np.ndarray, z: np.ndarray
+) -> None:
+    """Per row of ``part``: the first stretch with the largest ``z`` (columns of ``effect`` and ``z``), where
+    it beats the row's -inf (a row without any finite z keeps none)."""
+    rows = np.arange(z.shape[0])
+    chosen = np.argmax(z, axis=1)
+    top = z[rows, chosen]
+    better = top > -np.inf
+    index = np.arange(part.start, part.start + z.shape[0])[better]
+    best.start[index], best.stop[index] = start[chosen[better]], stop[chosen[better]]
+    best.effect[index], best.z[index] = effect[rows, chosen][better], top[better]
 
 
 def strongest_robust_stretch(

@@ -158,10 +158,15 @@ def _integers(raw: pd.Series, column: Column, fail: _Fail) -> pd.Series:
         # the range is checked on the smallest and largest value; rows are looked at only to name a bad one
         missing = raw.isna().to_numpy()
         present = not missing.all()
-        if present and raw.min() < 0:
+        # numpy's reductions over the values with missing ones as 0 (neither negative nor out of range):
+        # several times faster than pandas' over nullable integers
+        values = raw.to_numpy(dtype=raw.dtype.numpy_dtype, na_value=0) if missing.any() else raw.to_numpy()
+        smallest, largest = (values.min(), values.max()) if present else (0, 0)
+        del values
+        if smallest < 0:
             position = _first_bad(raw.to_numpy(dtype=np.int64, na_value=0) < 0)
             raise fail(f"negative value {raw[position]}", position, column.name)
-        if present and raw.max() > column.limit:
+        if largest > column.limit:
             position = _first_bad(raw.to_numpy(dtype=np.uint64, na_value=0) > column.limit)
             raise fail(f"value {raw[position]} out of range (at most {column.limit:.0f})", position, column.name)
         if column.required:
