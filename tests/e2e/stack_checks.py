@@ -121,6 +121,40 @@ class RecordedExporter:
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
 
+class RulerWatch:
+    """Every second, the alerts a ruler's ``/api/v1/alerts`` shows firing (Prometheus and vmalert both serve it):
+    each one's annotations by its labels, numbers masked (the two evaluate at different instants, so the values
+    they quote differ), and when it was first seen."""
+
+    def __init__(self, port: int) -> None:
+        self.url = f"http://127.0.0.1:{port}/api/v1/alerts"
+        self.annotations: dict[frozenset, dict[str, str]] = {}
+        self.first_seen: dict[frozenset, float] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+        self._thread.start()
+
+    def _watch(self) -> None:
+        while not self._stop.wait(1.0):
+            try:
+                with urllib.request.urlopen(self.url, timeout=5) as response:
+                    alerts = json.loads(response.read())["data"]["alerts"] or []  # vmalert: null when none
+            except OSError:
+                continue  # not up yet, or already stopped
+            for alert in alerts:
+                if alert["state"] == "firing":
+                    labels = frozenset(alert["labels"].items())
+                    self.first_seen.setdefault(labels, time.time())
+                    self.annotations[labels] = {
+                        name: re.sub(r"\d+(\.\d+)?(e[-+]?\d+)?", "N", text)
+                        for name, text in alert["annotations"].items()
+                    }
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+
 def scrape_recorded_dcgm(options: StackOptions, started: Sequence[Started], port: int, query_port: int) -> None:
     """Add the recorded exporter to every scraper of the stack (its config, then SIGHUP: Prometheus reloads; a
     shard keeps it only if it hashes there) and wait until ``query_port`` answers for it."""

@@ -7,80 +7,33 @@ time with the same rules, as the reference: every alert it fires must fire throu
 and annotations (values masked: the two evaluate at different instants), the recording rules' results must be
 written back into the store, every dashboard query must return data from the store, GpuLost must page through
 Alertmanager, and ``trainhealth analyze`` must name the same straggler reading from the store as from
-Prometheus.
+Prometheus. The demo and both stacks are the package's ``faulty_demo`` (conftest.py), shared with test_stack.
 """
 
 from __future__ import annotations
 
 import json
-import re
 import subprocess
 import sys
-import threading
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 
 from tests.e2e.stack_checks import (
-    DCGM_SAMPLE,
-    Receiver,
-    RecordedExporter,
     assert_every_panel_has_data,
     assert_metrics_present,
-    consecutive_free,
-    free_ports,
     injections,
     query,
-    require_binaries,
-    scrape_recorded_dcgm,
-    wait_for_exit,
 )
 from trainhealth._internal import catalog as c
 from trainhealth._internal.alerts.recording import RECORDING_RULES
-from trainhealth._internal.stack.runner import StackOptions, stack_down, stack_up
 
 pytestmark = pytest.mark.slow  # the slow tier: `pytest -m slow`
 
 TRAINHEALTH = str(Path(sys.executable).parent / "trainhealth")
-RUN_S = 100.0  # the XID comes at 80% of the run: 20 s for GpuLost's `for` and vmalert's lag
 #: Seconds an alert fires (evaluations, one a second) in one ruler before the other must fire it too.
 SOLID_S = 10
-
-
-class RulerWatch:
-    """Every second, the alerts a ruler's ``/api/v1/alerts`` shows firing (Prometheus and vmalert both serve it):
-    each one's annotations by its labels, numbers masked (the two evaluate at different instants, so the values
-    they quote differ), and when it was first seen."""
-
-    def __init__(self, port: int) -> None:
-        self.url = f"http://127.0.0.1:{port}/api/v1/alerts"
-        self.annotations: dict[frozenset, dict[str, str]] = {}
-        self.first_seen: dict[frozenset, float] = {}
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._watch, daemon=True)
-        self._thread.start()
-
-    def _watch(self) -> None:
-        while not self._stop.wait(1.0):
-            try:
-                with urllib.request.urlopen(self.url, timeout=5) as response:
-                    alerts = json.loads(response.read())["data"]["alerts"] or []  # vmalert: null when none
-            except OSError:
-                continue  # not up yet, or already stopped
-            for alert in alerts:
-                if alert["state"] == "firing":
-                    labels = frozenset(alert["labels"].items())
-                    self.first_seen.setdefault(labels, time.time())
-                    self.annotations[labels] = {
-                        name: re.sub(r"\d+(\.\d+)?(e[-+]?\d+)?", "N", text)
-                        for name, text in alert["annotations"].items()
-                    }
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=10)
 
 
 def _firing_seconds(port: int) -> dict[frozenset, float]:
@@ -126,138 +79,100 @@ def _analyze(port: int, window_s: float) -> dict:
     return json.loads(done.stdout)
 
 
-def test_the_scale_out_stack_alerts_and_answers_as_one_prometheus_does(tmp_path, capsys):
-    scale_out = StackOptions(store="victoriametrics")
-    require_binaries(scale_out)
-    receiver, reference_receiver = Receiver(), Receiver()
-    base = consecutive_free(6)  # the demo's 4 ranks, then the 2 shards
-    store_port, vmalert_port, alertmanager_port, analyzer_port, prometheus_port, reference_alertmanager = free_ports(6)
-    common = dict(ranks=4, port_base=base, analyzer_port=analyzer_port, scrape_interval_s=1.0, max_for_s=5.0)
-    reference = StackOptions(
-        directory=tmp_path / "reference",
-        prometheus_port=prometheus_port,
-        alertmanager_port=reference_alertmanager,
-        webhook_port=reference_receiver.port,
-        demo=False,
-        **common,
-    )
-    scale_out = StackOptions(
-        directory=tmp_path / "scale-out",
-        store="victoriametrics",
-        shards=2,
-        prometheus_port=base + 4,
-        store_port=store_port,
-        vmalert_port=vmalert_port,
-        alertmanager_port=alertmanager_port,
-        webhook_port=receiver.port,
-        demo_duration_s=RUN_S,
-        demo_args=("--webhook-port", "0"),
-        **common,
-    )
-    began = time.time()
-    dcgm = RecordedExporter(DCGM_SAMPLE.read_bytes())
-    prometheus, vmalert = RulerWatch(prometheus_port), RulerWatch(vmalert_port)
-    watches = (prometheus, vmalert)
-    try:
-        scrape_recorded_dcgm(reference, stack_up(reference), dcgm.port, prometheus_port)
-        started = stack_up(scale_out)
-        scrape_recorded_dcgm(scale_out, started, dcgm.port, store_port)
-        demo = next(s for s in started if s.name == "demo")
-        wait_for_exit(demo.pid, timeout_s=300)
-        # vmalert reads what the shards wrote a scrape or two ago: its alerts fire seconds after Prometheus's, so
-        # the two are compared once both have had time to evaluate all of theirs. An alert that fired in one ruler
-        # only, for under SOLID_S, sat on the edge of its (capped) `for`: a condition that held about as long as the
-        # `for` (a rank's target down for the seconds before its server starts; its /metrics up a few seconds
-        # before its identity metrics, which TrainhealthMetricsAbsent watches), so seconds of lag decide it. Those
-        # are shown, not compared; every other alert must fire in both.
-        time.sleep(3 * SOLID_S)  # what fires as the demo ends (its targets go down) fires long enough in both
-        deadline = time.time() + 120
-        while True:
-            in_store, in_prometheus = _firing_seconds(store_port), _firing_seconds(prometheus_port)
-            only_prometheus, only_store = in_prometheus.keys() - in_store.keys(), in_store.keys() - in_prometheus.keys()
-            edge = {k for k in only_prometheus if in_prometheus[k] < SOLID_S} | {
-                k for k in only_store if in_store[k] < SOLID_S
-            }
-            if (only_prometheus | only_store) <= edge or time.time() > deadline:
-                break
-            time.sleep(2)
-        ended = time.time()
-        for watch in watches:
-            watch.stop()
-        both = in_store.keys() & in_prometheus.keys()
-        with capsys.disabled():
-            lags = sorted(
-                vmalert.first_seen[k] - prometheus.first_seen[k]
-                for k in both & vmalert.first_seen.keys() & prometheus.first_seen.keys()
-            ) or [float("nan")]
-            # (a median: a rank's target down before its server starts fires in Prometheus, on the edge in vmalert,
-            # and both fire it again when the demo ends, minutes later)
-            print(
-                f"\n{len(both)} alerts fired in both rulers; vmalert's were first seen firing a median of "
-                f"{lags[len(lags) // 2]:.1f} s after Prometheus's"
-            )
-            for labels in sorted(edge, key=sorted):
-                print(
-                    f"  on the edge of its `for`: {dict(labels)['alertname']} {dict(labels).get('instance', '')}: "
-                    f"{in_prometheus.get(labels, 0):.0f} s firing in Prometheus, {in_store.get(labels, 0):.0f} s in vmalert"
-                )
-        assert {dict(k)["alertname"] for k in both} >= {
-            "GpuThermalThrottling",
-            "StragglerSuspect",
-            "GpuLost",
-            "GpuXidCritical",
+def test_the_scale_out_stack_alerts_and_answers_as_one_prometheus_does(faulty_demo, capsys):
+    reference, scale_out, receiver = faulty_demo.reference, faulty_demo.scale_out, faulty_demo.receiver
+    prometheus_port, store_port = reference.prometheus_port, scale_out.store_port
+    prometheus, vmalert = faulty_demo.prometheus_watch, faulty_demo.vmalert_watch
+    began = faulty_demo.began
+    # vmalert reads what the shards wrote a scrape or two ago: its alerts fire seconds after Prometheus's, so
+    # the two are compared once both have had time to evaluate all of theirs. An alert that fired in one ruler
+    # only, for under SOLID_S, sat on the edge of its (capped) `for`: a condition that held about as long as the
+    # `for` (a rank's target down for the seconds before its server starts; its /metrics up a few seconds
+    # before its identity metrics, which TrainhealthMetricsAbsent watches), so seconds of lag decide it. Those
+    # are shown, not compared; every other alert must fire in both.
+    time.sleep(3 * SOLID_S)  # what fires as the demo ends (its targets go down) fires long enough in both
+    deadline = time.time() + 120
+    while True:
+        in_store, in_prometheus = _firing_seconds(store_port), _firing_seconds(prometheus_port)
+        only_prometheus, only_store = in_prometheus.keys() - in_store.keys(), in_store.keys() - in_prometheus.keys()
+        edge = {k for k in only_prometheus if in_prometheus[k] < SOLID_S} | {
+            k for k in only_store if in_store[k] < SOLID_S
         }
-        assert only_prometheus <= edge, only_prometheus - edge
-        assert only_store <= edge, only_store - edge
-        # the same annotations (values masked), rendered by each ruler from the one rule file
-        watched = both & vmalert.annotations.keys() & prometheus.annotations.keys()
-        assert len(watched) >= len(both) - 2, both - watched  # the watch polls each second: it sees nearly all
-        assert {k: vmalert.annotations[k] for k in watched} == {k: prometheus.annotations[k] for k in watched}
-
-        lost = injections(scale_out.directory / "demo")["xid"][1]
-        deadline = time.time() + 60  # Alertmanager holds a page group_wait (10 s) before it sends
-        while not receiver.firing("GpuLost") and time.time() < deadline:
-            time.sleep(1)
-        pages = receiver.firing("GpuLost")
-        assert pages, "GpuLost never reached Alertmanager through vmalert"
-        (_, page), *_ = pages
-        assert page["receiver"] == "page" and page["labels"]["gpu"] == str(lost["gpu"])
-
-        # vmalert wrote the per-job aggregates back into the store, the same ones Prometheus recorded
-        recorded = {rule.record: _recorded(prometheus_port, rule.record) for rule in RECORDING_RULES}
-        assert sum(map(bool, recorded.values())) >= len(RECORDING_RULES) // 2, recorded
-        for name, series in recorded.items():
-            assert bool(_recorded(store_port, name, wait_s=60 if series else 0)) == bool(series), name
-        # XIDs counted alike: 1 per XID the demo injected, in both (increase() would give 0 in Prometheus, 1 here)
-        xids = f"job:{c.GPU_XID_ERRORS.prometheus_name}:increase10m"
-        assert _recorded(prometheus_port, xids) == _recorded(store_port, xids, wait_s=60) == {"79": 1.0}
-        with capsys.disabled():
-            raw = f"sum by (xid) (max_over_time(increase({c.GPU_XID_ERRORS.prometheus_name}[10m])[15m:1s]))"
+        if (only_prometheus | only_store) <= edge or time.time() > deadline:
+            break
+        time.sleep(2)
+    ended = time.time()
+    for watch in (prometheus, vmalert):
+        watch.stop()
+    both = in_store.keys() & in_prometheus.keys()
+    with capsys.disabled():
+        lags = sorted(
+            vmalert.first_seen[k] - prometheus.first_seen[k]
+            for k in both & vmalert.first_seen.keys() & prometheus.first_seen.keys()
+        ) or [float("nan")]
+        # (a median: a rank's target down before its server starts fires in Prometheus, on the edge in vmalert,
+        # and both fire it again when the demo ends, minutes later)
+        print(
+            f"\n{len(both)} alerts fired in both rulers; vmalert's were first seen firing a median of "
+            f"{lags[len(lags) // 2]:.1f} s after Prometheus's"
+        )
+        for labels in sorted(edge, key=sorted):
             print(
-                f"  increase() of the XID counter: {query(prometheus_port, raw)[0]['value'][1]} in Prometheus, "
-                f"{query(store_port, raw)[0]['value'][1]} in VictoriaMetrics"
+                f"  on the edge of its `for`: {dict(labels)['alertname']} {dict(labels).get('instance', '')}: "
+                f"{in_prometheus.get(labels, 0):.0f} s firing in Prometheus, {in_store.get(labels, 0):.0f} s in vmalert"
             )
-        assert_metrics_present(store_port)
-        assert_every_panel_has_data(store_port, began, ended)
+    assert {dict(k)["alertname"] for k in both} >= {
+        "GpuThermalThrottling",
+        "StragglerSuspect",
+        "GpuLost",
+        "GpuXidCritical",
+    }
+    assert only_prometheus <= edge, only_prometheus - edge
+    assert only_store <= edge, only_store - edge
+    # the same annotations (values masked), rendered by each ruler from the one rule file
+    watched = both & vmalert.annotations.keys() & prometheus.annotations.keys()
+    assert len(watched) >= len(both) - 2, both - watched  # the watch polls each second: it sees nearly all
+    assert {k: vmalert.annotations[k] for k in watched} == {k: prometheus.annotations[k] for k in watched}
 
-        # every analyzer query is a ratio of two rate()s over one interval; MetricsQL's rate starts from the last
-        # sample before the interval and does not extrapolate, PromQL's extrapolates to its edges: the scores
-        # differ a little (shown), the suspect must not
-        window = time.time() - began
-        from_store, from_prometheus = _analyze(store_port, window), _analyze(prometheus_port, window)
-        slow = injections(scale_out.directory / "demo")["delay"][1]
-        with capsys.disabled():
-            for source, result in (("Prometheus", from_prometheus), ("the store", from_store)):
-                named = [f"{n['component']} {n.get('score', 0):.3f}" for n in _named(result)[:2]]
-                print(f"  analyze reading {source}: {result['verdict']}, {named}")
-        # the straggler slowed steps 30-60% of the run and recovered: over the whole run it is an event (a stretch
-        # that came and went; the verdict healthy, or imbalance when the window's steps are uneven), or a suspect
-        # while its steps still weigh in the window; each names its rank
-        assert from_store["verdict"] in ("compute", "healthy", "imbalance"), from_store
-        assert _named(from_store) and _named(from_store)[0]["ranks"] == [slow["rank"]], from_store
-        assert _named(from_store)[0]["component"] == _named(from_prometheus)[0]["component"]
-    finally:
-        for watch in watches:
-            watch.stop()
-        stack_down(scale_out.directory)
-        stack_down(reference.directory)
+    lost = injections(faulty_demo.out)["xid"][1]
+    deadline = time.time() + 60  # Alertmanager holds a page group_wait (10 s) before it sends
+    while not receiver.firing("GpuLost") and time.time() < deadline:
+        time.sleep(1)
+    pages = receiver.firing("GpuLost")
+    assert pages, "GpuLost never reached Alertmanager through vmalert"
+    (_, page), *_ = pages
+    assert page["receiver"] == "page" and page["labels"]["gpu"] == str(lost["gpu"])
+
+    # vmalert wrote the per-job aggregates back into the store, the same ones Prometheus recorded
+    recorded = {rule.record: _recorded(prometheus_port, rule.record) for rule in RECORDING_RULES}
+    assert sum(map(bool, recorded.values())) >= len(RECORDING_RULES) // 2, recorded
+    for name, series in recorded.items():
+        assert bool(_recorded(store_port, name, wait_s=60 if series else 0)) == bool(series), name
+    # XIDs counted alike: 1 per XID the demo injected, in both (increase() would give 0 in Prometheus, 1 here)
+    xids = f"job:{c.GPU_XID_ERRORS.prometheus_name}:increase10m"
+    assert _recorded(prometheus_port, xids) == _recorded(store_port, xids, wait_s=60) == {"79": 1.0}
+    with capsys.disabled():
+        raw = f"sum by (xid) (max_over_time(increase({c.GPU_XID_ERRORS.prometheus_name}[10m])[15m:1s]))"
+        print(
+            f"  increase() of the XID counter: {query(prometheus_port, raw)[0]['value'][1]} in Prometheus, "
+            f"{query(store_port, raw)[0]['value'][1]} in VictoriaMetrics"
+        )
+    assert_metrics_present(store_port)
+    assert_every_panel_has_data(store_port, began, ended)
+
+    # every analyzer query is a ratio of two rate()s over one interval; MetricsQL's rate starts from the last
+    # sample before the interval and does not extrapolate, PromQL's extrapolates to its edges: the scores
+    # differ a little (shown), the suspect must not
+    window = time.time() - began
+    from_store, from_prometheus = _analyze(store_port, window), _analyze(prometheus_port, window)
+    slow = injections(faulty_demo.out)["delay"][1]
+    with capsys.disabled():
+        for source, result in (("Prometheus", from_prometheus), ("the store", from_store)):
+            named = [f"{n['component']} {n.get('score', 0):.3f}" for n in _named(result)[:2]]
+            print(f"  analyze reading {source}: {result['verdict']}, {named}")
+    # the straggler slowed steps 30-60% of the run and recovered: over the whole run it is an event (a stretch
+    # that came and went; the verdict healthy, or imbalance when the window's steps are uneven), or a suspect
+    # while its steps still weigh in the window; each names its rank
+    assert from_store["verdict"] in ("compute", "healthy", "imbalance"), from_store
+    assert _named(from_store) and _named(from_store)[0]["ranks"] == [slow["rank"]], from_store
+    assert _named(from_store)[0]["component"] == _named(from_prometheus)[0]["component"]

@@ -5,7 +5,8 @@ With the demo's faults, each fault must page or ticket with the right rank / hos
 within a bounded delay (printed); the demo's metrics must be in Prometheus and every dashboard panel must
 return data. The same Prometheus also scrapes a 127.0.0.1 server that serves a recorded dcgm-exporter page
 (tests/fixtures/dcgm-exporter), so the dashboards' dcgm-exporter queries are run against real labels too.
-A fault-free run must page nobody.
+The faulty demo is the package's ``faulty_demo`` (conftest.py): the scale-out stack of test_scale_out scrapes
+the same demo at the same time. A fault-free run must page nobody.
 """
 
 from __future__ import annotations
@@ -67,64 +68,58 @@ def _run_stack(tmp_path: Path, duration: float, demo_args: tuple[str, ...] = ())
     return receiver, options, demo, began
 
 
-def test_every_injected_fault_alerts_with_its_labels_and_mitigation(tmp_path, capsys):
-    receiver, options, demo, began = _run_stack(tmp_path, duration=80)
-    try:
-        wait_for_exit(demo.pid, timeout_s=300)
-        injected = injections(options.directory / "demo")
-        deadline = time.time() + 45  # alerts that fired near the end still travel through Alertmanager
-        expected = ("GpuThermalThrottling", "StragglerSuspect", "GpuLost")
-        while time.time() < deadline and not all(receiver.firing(name) for name in expected):
-            time.sleep(1)
-        ended = time.time()
+def test_every_injected_fault_alerts_with_its_labels_and_mitigation(faulty_demo, capsys):
+    options, receiver, began = faulty_demo.reference, faulty_demo.reference_receiver, faulty_demo.began
+    injected = injections(faulty_demo.out)
+    deadline = time.time() + 45  # alerts that fired near the end still travel through Alertmanager
+    expected = ("GpuThermalThrottling", "StragglerSuspect", "GpuLost")
+    while time.time() < deadline and not all(receiver.firing(name) for name in expected):
+        time.sleep(1)
+    ended = time.time()
 
-        # the faults, as the ground truth recorded them
-        assert set(injected) >= {"thermal_throttle", "delay", "lr_scale", "xid"}
-        hot, slow, lost = injected["thermal_throttle"][1], injected["delay"][1], injected["xid"][1]
+    # the faults, as the ground truth recorded them
+    assert set(injected) >= {"thermal_throttle", "delay", "lr_scale", "xid"}
+    hot, slow, lost = injected["thermal_throttle"][1], injected["delay"][1], injected["xid"][1]
 
-        delays = {}
-        (t, alert), *_ = receiver.firing("GpuThermalThrottling")
-        assert alert["labels"]["gpu"] == str(hot["gpu"]) and alert["labels"]["severity"] == "ticket"
-        assert "cooling" in alert["annotations"]["mitigation"]
-        delays["thermal throttling -> GpuThermalThrottling"] = t - injected["thermal_throttle"][0]
+    delays = {}
+    (t, alert), *_ = receiver.firing("GpuThermalThrottling")
+    assert alert["labels"]["gpu"] == str(hot["gpu"]) and alert["labels"]["severity"] == "ticket"
+    assert "cooling" in alert["annotations"]["mitigation"]
+    delays["thermal throttling -> GpuThermalThrottling"] = t - injected["thermal_throttle"][0]
 
-        stragglers = receiver.firing("StragglerSuspect")
-        assert stragglers, "the analyzer's suspect never reached Alertmanager"
-        t, alert = stragglers[0]
-        assert alert["labels"]["rank"] == str(slow["rank"]) and alert["labels"]["kind"] == "gpu"
-        assert alert["annotations"]["mitigation"].startswith("Cordon the node of the suspect GPU")
-        assert alert["annotations"]["runbook_url"].endswith("docs/runbooks/StragglerSuspect.md")
-        delays["straggler -> StragglerSuspect"] = t - injected["delay"][0]
+    stragglers = receiver.firing("StragglerSuspect")
+    assert stragglers, "the analyzer's suspect never reached Alertmanager"
+    t, alert = stragglers[0]
+    assert alert["labels"]["rank"] == str(slow["rank"]) and alert["labels"]["kind"] == "gpu"
+    assert alert["annotations"]["mitigation"].startswith("Cordon the node of the suspect GPU")
+    assert alert["annotations"]["runbook_url"].endswith("docs/runbooks/StragglerSuspect.md")
+    delays["straggler -> StragglerSuspect"] = t - injected["delay"][0]
 
-        (t, alert), *_ = receiver.firing("GpuLost")
-        assert alert["receiver"] == "page" and alert["labels"]["gpu"] == str(lost["gpu"])
-        assert alert["labels"]["rank"] == str(lost["rank"]) and "RMA" in alert["annotations"]["mitigation"]
-        delays["XID 79 -> GpuLost (page)"] = t - injected["xid"][0]
-        # the XID alert fired in Prometheus; Alertmanager let GpuLost silence it (inhibition) or sent it first
-        xids = query(
-            options.prometheus_port, 'max_over_time(ALERTS{alertname="GpuXidCritical",alertstate="firing"}[10m])'
-        )
-        assert {(r["metric"]["xid"], r["metric"]["gpu"]) for r in xids} == {("79", str(lost["gpu"]))}
-        spikes = query(options.prometheus_port, 'max_over_time(ALERTS{alertname="LossSpike",alertstate="firing"}[10m])')
-        assert [r["metric"]["severity"] for r in spikes] == ["info"]  # context: routed to nobody
+    (t, alert), *_ = receiver.firing("GpuLost")
+    assert alert["receiver"] == "page" and alert["labels"]["gpu"] == str(lost["gpu"])
+    assert alert["labels"]["rank"] == str(lost["rank"]) and "RMA" in alert["annotations"]["mitigation"]
+    delays["XID 79 -> GpuLost (page)"] = t - injected["xid"][0]
+    # the XID alert fired in Prometheus; Alertmanager let GpuLost silence it (inhibition) or sent it first
+    xids = query(options.prometheus_port, 'max_over_time(ALERTS{alertname="GpuXidCritical",alertstate="firing"}[10m])')
+    assert {(r["metric"]["xid"], r["metric"]["gpu"]) for r in xids} == {("79", str(lost["gpu"]))}
+    spikes = query(options.prometheus_port, 'max_over_time(ALERTS{alertname="LossSpike",alertstate="firing"}[10m])')
+    assert [r["metric"]["severity"] for r in spikes] == ["info"]  # context: routed to nobody
 
-        with capsys.disabled():
-            print("\nalert delays (injection -> Alertmanager webhook):")
-            for what, seconds in delays.items():
-                print(f"  {what}: {seconds:.1f} s")
-        assert all(0 < seconds <= MAX_DELAY_S for seconds in delays.values()), delays
+    with capsys.disabled():
+        print("\nalert delays (injection -> Alertmanager webhook):")
+        for what, seconds in delays.items():
+            print(f"  {what}: {seconds:.1f} s")
+    assert all(0 < seconds <= MAX_DELAY_S for seconds in delays.values()), delays
 
-        assert_metrics_present(options.prometheus_port)
-        assert_every_panel_has_data(options.prometheus_port, began, ended)
-        report = json.loads((options.directory / "demo" / "report.json").read_text())
-        localization = report["localization"]
-        # the straggler slows steps 30-60% of the run and recovers: judged over the whole run it is an event that
-        # names its rank (a stretch that came and went pages nobody), or a suspect if still ongoing
-        named = localization["suspects"] if localization["verdict"] == "compute" else localization["events"]
-        assert localization["verdict"] in ("compute", "healthy"), localization
-        assert named[0]["ranks"] == [slow["rank"]], localization
-    finally:
-        stack_down(options.directory)
+    assert_metrics_present(options.prometheus_port)
+    assert_every_panel_has_data(options.prometheus_port, began, ended)
+    report = json.loads((faulty_demo.out / "report.json").read_text())
+    localization = report["localization"]
+    # the straggler slows steps 30-60% of the run and recovers: judged over the whole run it is an event that
+    # names its rank (a stretch that came and went pages nobody), or a suspect if still ongoing
+    named = localization["suspects"] if localization["verdict"] == "compute" else localization["events"]
+    assert localization["verdict"] in ("compute", "healthy"), localization
+    assert named[0]["ranks"] == [slow["rank"]], localization
 
 
 def test_a_fault_free_run_pages_nobody(tmp_path):

@@ -1,0 +1,664 @@
+"""The scale-out stack under load: 1,024 to 8,192 GPUs' real series through sharded Prometheus agents into
+VictoriaMetrics, the rules in vmalert, every dashboard query against the store.
+
+    python benchmarks/scale_out_load.py                          # 1024 2048 4096 8192 GPUs, about 30 minutes
+    python benchmarks/scale_out_load.py --gpus 1024 --measure-s 60
+
+The pages served are the exporters' own /metrics text, captured at the start of the run:
+
+- a training rank: a 4-rank gloo world split 2 x 2 into tensor- and data-parallel groups, each rank a
+  32-block TinyGPT (Llama-7B's depth) under the Monitor with the collective logger, DDP's bucket
+  all-reduces over its data-parallel group, an all_reduce and all_gather over its tensor-parallel group
+  and a broadcast over the world every step; rank 1's page after 40 steps;
+- a node exporter with 8 simulated GPUs (``trainhealth export --backend simulated``).
+
+One target per rank and one per node of 8 GPUs, each on its own port of 127.0.0.1, served from
+``--server-processes`` asyncio processes. Each scrape renders the page afresh: the host, rank and GPU
+UUID labels are the target's own, counters grow by the amount they grew per step in the capture and
+gauges move by up to 3 %, so the store sees values that change as a job's do.
+
+The stack is ``trainhealth stack up --store victoriametrics --no-demo`` (``--shards`` Prometheus agents
+with hashmod relabelling, VictoriaMetrics, vmalert with the project's rule file, Alertmanager), with the
+shards' scrape jobs pointed at the synthetic targets (the configs rewritten by ``shard_config`` and
+reloaded with SIGHUP). For each size, on a fresh store: wait until every target is up in the store, let
+it run ``--warm-s``, then over ``--measure-s`` read
+
+- samples/s ingested (VictoriaMetrics's ``vm_rows_inserted_total``), active series (its
+  ``storage/hour_metric_ids`` cache: series with a sample in the last hour) and the agents' own count;
+- resident memory of the store, each shard and vmalert (``/proc``, now and peak);
+- scrape duration (the ``scrape_duration_seconds`` series in the store: mean and maximum);
+- rule evaluation: vmalert's iteration duration per group (mean over the window, and the largest);
+- then every dashboard query of ``trainhealth dashboards`` as Grafana sends it (``query_range`` over the
+  last 10 minutes, one point per scrape interval), once with every variable at All and once with one
+  host selected: p50, p99 and the slowest.
+
+Finally a least-squares line through the measured sizes extrapolates series, samples/s and memory to
+10,000 GPUs (printed as extrapolated).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import multiprocessing
+import os
+import re
+import shutil
+import signal
+import socket
+import statistics
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+GPUS_PER_NODE = 8
+JOB = "llm-pretrain"
+COUNTER_SUFFIXES = ("_total", "_count", "_sum", "_bucket")
+CAPTURE_STEPS = 40
+
+
+# --- the pages ------------------------------------------------------------------------------------------
+
+
+def _rank_main(rank: int, world: int, master_port: int, out: str) -> None:
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(master_port),
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        WORLD_SIZE=str(world),
+    )
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    from trainhealth._internal.demo.tiny_gpt import TinyGPT, synthetic_batch
+    from trainhealth._internal.exporters.collectives import install as comm
+    from trainhealth._internal.exporters.monitor import Monitor
+
+    tensor_parallel = [dist.new_group([0, 1]), dist.new_group([2, 3])][rank // 2]
+    data_parallel = [dist.new_group([0, 2]), dist.new_group([1, 3])][rank % 2]
+    torch.manual_seed(0)
+    model = TinyGPT(vocab=64, width=16, layers=32, heads=2, context=16)
+    ddp = torch.nn.parallel.DistributedDataParallel(model, process_group=data_parallel)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    with Monitor(
+        ddp,
+        optimizer,
+        job=JOB,
+        comm=True,
+        gpu_backend="off",
+        prometheus_addr="127.0.0.1",
+        prometheus_port=0,
+        stats_every=1,
+        otel=False,
+        comm_flush_interval=0.5,
+    ) as monitor:
+        comm.instrument_ddp(ddp)
+        activations = torch.ones(64)
+        for step in range(CAPTURE_STEPS):
+            tokens = synthetic_batch(64, 16, 4, seed=step)
+            logits = ddp(tokens[:, :-1])
+            loss = torch.nn.functional.cross_entropy(logits.reshape(-1, 64), tokens[:, 1:].reshape(-1))
+            loss.backward()
+            dist.all_reduce(activations, group=tensor_parallel)
+            dist.all_gather([torch.empty(64) for _ in range(2)], activations, group=tensor_parallel)
+            dist.broadcast(activations, src=0)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            monitor.step(loss=loss, tokens=tokens.numel(), step=step)
+        time.sleep(1.5)  # the collective logger's flush thread writes its last records into the store
+        monitor.flush()
+        if rank == 1:
+            page = urllib.request.urlopen(monitor.metrics_url, timeout=30).read().decode()
+            Path(out, "rank.txt").write_text(page)
+        dist.barrier()
+    dist.destroy_process_group()
+
+
+def capture_rank_page(directory: Path) -> str:
+    context = multiprocessing.get_context("spawn")
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        master_port = probe.getsockname()[1]
+    ranks = [context.Process(target=_rank_main, args=(r, 4, master_port, str(directory))) for r in range(4)]
+    for process in ranks:
+        process.start()
+    for process in ranks:
+        process.join(timeout=600)
+    if any(process.exitcode != 0 for process in ranks):
+        sys.exit(f"scale_out_load: capturing a rank's page failed (exit codes {[p.exitcode for p in ranks]})")
+    return (directory / "rank.txt").read_text()
+
+
+def capture_node_page() -> str:
+    from trainhealth._internal.config import Settings
+    from trainhealth._internal.events import EventLog
+    from trainhealth._internal.exporters.gpu.telemetry import GpuTelemetry
+    from trainhealth._internal.identity import Identity
+    from trainhealth._internal.sinks.service import Sinks
+    from trainhealth._internal.store import MetricStore
+
+    settings = Settings.resolve(
+        env={},
+        gpu_backend="simulated",
+        simulated_gpus=GPUS_PER_NODE,
+        gpus="all",
+        otel=False,
+        prometheus_addr="127.0.0.1",
+        prometheus_port=0,
+        gpu_sample_interval=0.5,
+        job=JOB,
+    )
+    identity = Identity.node(settings=settings)
+    store = MetricStore()
+    sinks = Sinks.start(store, identity, settings)
+    telemetry = GpuTelemetry.start(store, EventLog(logger=None), settings, identity, role="node")
+    try:
+        time.sleep(2.0)  # a few samples of every GPU
+        return urllib.request.urlopen(sinks.metrics_url, timeout=30).read().decode()
+    finally:
+        if telemetry is not None:
+            telemetry.close()
+        sinks.close()
+
+
+_SAMPLE = re.compile(r"^(?P<series>(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{.*\})?) (?P<value>\S+)$")
+
+
+@dataclass(frozen=True)
+class PageTemplate:
+    """A captured /metrics page, ready to render for any target: the identity labels are placeholders,
+    the values are computed per scrape.
+
+    >>> page = 'x_total{host="vm",rank="1"} 40.0\\nx{host="vm",rank="1"} 2.0\\n'
+    >>> template = PageTemplate.from_page(page, host="vm", rank="1")
+    >>> print(template.render(scrape=3, host="node-7", rank="9").decode(), end="")
+    x_total{host="node-7",rank="9"} 43
+    x{host="node-7",rank="9"} 1.95459
+    """
+
+    text: str  # the page with %-placeholders for values, \x01H/\x01R/\x01U for host, rank and UUID prefix
+    base: np.ndarray
+    per_scrape: np.ndarray  # what a counter grows by per scrape; 0 for gauges
+    gauge: np.ndarray  # True where the value is a gauge
+
+    @classmethod
+    def from_page(cls, page: str, host: str, rank: str, uuid_prefix: str | None = None) -> PageTemplate:
+        lines, base, per_scrape, gauge = [], [], [], []
+        for line in page.splitlines():
+            line = line.replace("%", "%%")
+            found = _SAMPLE.match(line)
+            if line.startswith("#") or found is None:
+                lines.append(line)
+                continue
+            series = found["series"].replace(f'host="{host}"', 'host="\x01H"')
+            series = re.sub(rf'(\b(?:local_)?rank)="{re.escape(rank)}"', lambda m: f'{m[1]}="\x01R"', series)
+            if uuid_prefix:
+                series = series.replace(uuid_prefix, "\x01U")
+            value = float(found["value"])
+            counter = found["name"].endswith(COUNTER_SUFFIXES)
+            lines.append(f"{series} %.6g")
+            base.append(value if math.isfinite(value) else 0.0)
+            per_scrape.append(value / CAPTURE_STEPS if counter else 0.0)
+            gauge.append(not counter)
+        return cls("\n".join(lines) + "\n", np.array(base), np.array(per_scrape), np.array(gauge))
+
+    @property
+    def samples(self) -> int:
+        return len(self.base)
+
+    def render(self, scrape: int, host: str, rank: str, uuid: str = "GPU-x") -> bytes:
+        """The page of the target (host, rank, uuid prefix) at its ``scrape``-th scrape."""
+        wobble = 1.0 + 0.03 * np.sin(scrape + np.arange(self.samples))
+        values = np.where(self.gauge, self.base * wobble, self.base + scrape * self.per_scrape)
+        text = self.text % tuple(values.tolist())
+        return text.replace("\x01H", host).replace("\x01R", rank).replace("\x01U", uuid).encode()
+
+
+@dataclass(frozen=True)
+class Target:
+    port: int
+    kind: str  # "rank" or "node"
+    host: str
+    rank: str
+    uuid: str
+
+
+def targets(gpus: int, first_port: int) -> list[Target]:
+    """One target per rank (a GPU each) and one per node of 8 GPUs, on consecutive ports."""
+    found = [Target(first_port + r, "rank", f"node-{r // GPUS_PER_NODE:05d}", str(r), "") for r in range(gpus)]
+    for node in range(gpus // GPUS_PER_NODE):
+        found.append(Target(first_port + gpus + node, "node", f"node-{node:05d}", "", f"GPU-{node:08x}"))
+    return found
+
+
+# --- serving -------------------------------------------------------------------------------------------
+
+
+class _Page(asyncio.Protocol):
+    """HTTP/1.1 GET with keep-alive: each request gets the target's page at its next scrape."""
+
+    def __init__(self, target: Target, template: PageTemplate, scrapes: dict[int, int]) -> None:
+        self.target, self.template, self.scrapes = target, template, scrapes
+        self.buffer = b""
+
+    def connection_made(self, transport) -> None:  # type: ignore[override]
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        self.buffer += data
+        while b"\r\n\r\n" in self.buffer:
+            _, self.buffer = self.buffer.split(b"\r\n\r\n", 1)
+            target = self.target
+            scrape = self.scrapes[target.port] = self.scrapes.get(target.port, 0) + 1
+            body = self.template.render(scrape, target.host, target.rank, target.uuid)
+            head = (
+                b"HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\n"
+                b"Content-Length: %d\r\n\r\n" % len(body)
+            )
+            self.transport.write(head + body)
+
+
+def _serve(serving: list[Target], templates: dict[str, PageTemplate], ready, stop) -> None:
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        scrapes: dict[int, int] = {}
+        servers = [
+            await loop.create_server(
+                lambda t=target: _Page(t, templates[t.kind], scrapes), "127.0.0.1", target.port, backlog=64
+            )
+            for target in serving
+        ]
+        ready.put(len(servers))
+        await loop.run_in_executor(None, stop.wait)
+        for server in servers:
+            server.close()
+
+    asyncio.run(main())
+
+
+# --- the stack -----------------------------------------------------------------------------------------
+
+
+def _get(url: str, timeout: float = 60) -> bytes:
+    with urllib.request.urlopen(url, timeout=timeout) as response:
+        return response.read()
+
+
+def _metrics(url: str) -> dict[str, float]:
+    """A /metrics page as {series: value} (summed over duplicate series names without labels kept)."""
+    values: dict[str, float] = {}
+    for line in _get(url).decode().splitlines():
+        found = _SAMPLE.match(line)
+        if found and not line.startswith("#"):
+            values[found["series"]] = float(found["value"])
+    return values
+
+
+def _sum(metrics: dict[str, float], name: str, **labels: str) -> float:
+    wanted = [f'{key}="{value}"' for key, value in labels.items()]
+    return sum(
+        value
+        for series, value in metrics.items()
+        if series.split("{")[0] == name and all(label in series for label in wanted)
+    )
+
+
+def _query(store: str, promql: str) -> list[dict]:
+    url = f"{store}/api/v1/query?{urllib.parse.urlencode({'query': promql})}"
+    return json.loads(_get(url))["data"]["result"]
+
+
+def _scalar(store: str, promql: str) -> float:
+    result = _query(store, promql)
+    return float(result[0]["value"][1]) if result else float("nan")
+
+
+def _rss_mib(pid: int) -> tuple[float, float]:
+    """(resident now, peak) of a process, MiB."""
+    fields = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines())
+    return int(fields["VmRSS"].split()[0]) / 1024, int(fields["VmHWM"].split()[0]) / 1024
+
+
+class OutOfMemory(Exception):
+    """The machine ran low on memory: the size does not fit here."""
+
+
+def _sleep_watching_memory(seconds: float, processes: dict[str, int], floor_mib: float = 1024) -> None:
+    """Sleep, checking each second that the machine keeps ``floor_mib`` available (else OutOfMemory, naming
+    what each process held), so a size too big for the machine is reported, not left to the OOM killer."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
+        meminfo = dict(line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines())
+        available = int(meminfo["MemAvailable"].split()[0]) / 1024
+        if available < floor_mib:
+            held = ", ".join(
+                f"{name} {_rss_mib(pid)[0]:,.0f}" for name, pid in processes.items() if Path(f"/proc/{pid}").exists()
+            )
+            raise OutOfMemory(f"{available:,.0f} MiB left on the machine; resident MiB: {held}")
+
+
+def _scrape_config(serving: list[Target], interval_s: float) -> dict[str, object]:
+    interval = f"{interval_s:g}s"
+    jobs = []
+    for kind, name in (("rank", "trainhealth-ranks"), ("node", "trainhealth-nodes")):
+        addresses = [f"127.0.0.1:{t.port}" for t in serving if t.kind == kind]
+        jobs.append({"job_name": name, "honor_labels": True, "static_configs": [{"targets": addresses}]})
+    return {"global": {"scrape_interval": interval, "scrape_timeout": interval}, "scrape_configs": jobs}
+
+
+@dataclass
+class Measured:
+    gpus: int
+    targets: int
+    up: float
+    samples_per_scrape: float
+    samples_per_s: float
+    active_series: float
+    agent_series: float
+    store_mib: tuple[float, float]
+    shards_mib: tuple[float, float]  # all shards together: now, peaks summed
+    vmalert_mib: tuple[float, float]
+    scrape_mean_ms: float
+    scrape_max_ms: float
+    rules_mean_ms: float
+    rules_max_ms: float
+    rules_slowest_group: str
+    queries: dict[str, tuple[float, float, float, int, list[str]]]  # mode: p50, p99, max (ms), answered, failed
+    slowest_rules: list[tuple[float, str]]
+
+
+def _dashboard_queries() -> list[tuple[str, str]]:
+    from trainhealth._internal.alerts.rules import ALERTS
+    from trainhealth._internal.dashboards.render import build_dashboards, queries
+
+    return [
+        (f"{uid}: {title}", expr) for uid, board in build_dashboards(ALERTS).items() for title, expr in queries(board)
+    ]
+
+
+def _with_variables(expr: str, host: str) -> str:
+    """The query as Grafana sends it: every variable at All (``.*``), or one host and its GPUs, ranks at All."""
+    for variable in ("job", "host", "rank", "gpu"):
+        value = host if variable == "host" else ".*"
+        expr = expr.replace(f"${{{variable}}}", value).replace(f"${variable}", value)
+    return expr
+
+
+def _time_queries(store: str, interval_s: float, host: str) -> tuple[float, float, float, int, list[str]]:
+    """p50, p99 and the slowest (ms) of the dashboard queries that answered; how many did; the others, why."""
+    end = time.time()
+    timings, failed = [], []
+    for title, expr in _dashboard_queries():
+        params = {"query": _with_variables(expr, host), "start": end - 600, "end": end, "step": f"{interval_s:g}"}
+        began = time.perf_counter()
+        try:
+            _get(f"{store}/api/v1/query_range?{urllib.parse.urlencode(params)}", timeout=120)
+        except OSError as exc:
+            failed.append(f"{title}: {_reason(exc)}")
+            continue
+        timings.append(1000 * (time.perf_counter() - began))
+    timings.sort()
+    p99 = timings[min(len(timings) - 1, math.ceil(0.99 * len(timings)) - 1)]
+    return statistics.median(timings), p99, timings[-1], len(timings), failed
+
+
+def _reason(exc: OSError) -> str:
+    if isinstance(exc, urllib.error.HTTPError):
+        text = exc.read().decode(errors="replace").strip()
+        return f"HTTP {exc.code} ...{text[-200:]}"  # the cause is at the end of VictoriaMetrics's message
+    return f"{type(exc).__name__}: {exc}"
+
+
+def _slowest_rules(store: str, rule_file: Path, count: int = 3) -> list[tuple[float, str]]:
+    """The rules that take longest to evaluate once against the store now: (seconds, name)."""
+    timed = []
+    for group in yaml.safe_load(rule_file.read_text())["groups"]:
+        for rule in group["rules"]:
+            began = time.perf_counter()
+            try:
+                _get(f"{store}/api/v1/query?{urllib.parse.urlencode({'query': rule['expr']})}", timeout=300)
+            except OSError:
+                pass  # timed all the same: the ruler waits as long
+            timed.append((time.perf_counter() - began, rule.get("record") or rule["alert"]))
+    return sorted(timed, reverse=True)[:count]
+
+
+def measure(gpus: int, templates: dict[str, PageTemplate], args: argparse.Namespace) -> Measured:
+    from trainhealth._internal.stack.runner import stack_down, stack_up
+    from trainhealth._internal.stack.topology import StackOptions, shard_config
+
+    serving = targets(gpus, args.first_port)
+    context = multiprocessing.get_context("spawn")
+    ready, stop = context.Queue(), context.Event()
+    servers = [
+        context.Process(target=_serve, args=(serving[n :: args.server_processes], templates, ready, stop))
+        for n in range(args.server_processes)
+    ]
+    for server in servers:
+        server.start()
+    listening = sum(ready.get(timeout=600) for _ in servers)
+    assert listening == len(serving), (listening, len(serving))
+    directory = Path(tempfile.mkdtemp(prefix=f"scale-out-{gpus}-"))
+    options = StackOptions(
+        directory=directory,
+        store="victoriametrics",
+        shards=args.shards,
+        demo=False,
+        scrape_interval_s=args.interval_s,
+        prometheus_port=args.stack_port,
+        store_port=args.stack_port + 10,
+        vmalert_port=args.stack_port + 11,
+        alertmanager_port=args.stack_port + 12,
+        webhook_port=args.stack_port + 13,
+    )
+    store = f"http://127.0.0.1:{options.store_port}"
+    started = {entry.name: entry for entry in stack_up(options)}
+    try:
+        config = _scrape_config(serving, args.interval_s)
+        for shard in range(args.shards):
+            agent = shard_config(config, shard, args.shards, f"{store}/api/v1/write")
+            (directory / f"shard-{shard}.yml").write_text(yaml.safe_dump(agent, sort_keys=False))
+            os.kill(started[f"shard-{shard}"].pid, signal.SIGHUP)  # Prometheus reloads its config
+        processes = {name: entry.pid for name, entry in started.items()}
+        deadline = time.monotonic() + 600
+        up = 0.0
+        while up < len(serving) and time.monotonic() < deadline:
+            _sleep_watching_memory(args.interval_s, processes)
+            try:
+                up = _scalar(store, 'count(up{job=~"trainhealth-(ranks|nodes)"} == 1)')
+            except OSError:
+                continue
+        print(
+            f"  {gpus} GPUs: {up:,.0f} of {len(serving):,} targets up in the store; {args.warm_s:g} s more", flush=True
+        )
+        _sleep_watching_memory(args.warm_s, processes)
+
+        def snapshot() -> tuple[float, dict[str, float], dict[str, float]]:
+            return (
+                time.monotonic(),
+                _metrics(f"{store}/metrics"),
+                _metrics(f"http://127.0.0.1:{options.vmalert_port}/metrics"),
+            )
+
+        first = snapshot()
+        _sleep_watching_memory(args.measure_s, processes)
+        last = snapshot()
+        seconds = last[0] - first[0]
+        inserted = _sum(last[1], "vm_rows_inserted_total") - _sum(first[1], "vm_rows_inserted_total")
+        groups = sorted(
+            {
+                re.search(r'group="([^"]*)"', s)[1]
+                for s in last[2]
+                if s.startswith("vmalert_iteration_duration_seconds_count")
+            }
+        )
+        per_group = {}
+        for group in groups:
+            runs = _sum(last[2], "vmalert_iteration_duration_seconds_count", group=group) - _sum(
+                first[2], "vmalert_iteration_duration_seconds_count", group=group
+            )
+            spent = _sum(last[2], "vmalert_iteration_duration_seconds_sum", group=group) - _sum(
+                first[2], "vmalert_iteration_duration_seconds_sum", group=group
+            )
+            per_group[group] = (1000 * spent / runs if runs else float("nan"), runs)
+        slowest = max(per_group, key=lambda g: per_group[g][0])
+        agents = [_metrics(f"http://127.0.0.1:{options.prometheus_port + n}/metrics") for n in range(args.shards)]
+        shards = [_rss_mib(started[f"shard-{n}"].pid) for n in range(args.shards)]
+        window = f"{args.measure_s:g}s"
+        measured = Measured(
+            gpus=gpus,
+            targets=len(serving),
+            up=_scalar(store, 'count(up{job=~"trainhealth-(ranks|nodes)"} == 1)'),
+            samples_per_scrape=_scalar(store, 'sum(scrape_samples_scraped{job=~"trainhealth-(ranks|nodes)"})'),
+            samples_per_s=inserted / seconds,
+            active_series=_sum(last[1], "vm_cache_entries", type="storage/hour_metric_ids"),
+            agent_series=sum(_sum(a, "prometheus_agent_active_series") for a in agents),
+            store_mib=_rss_mib(started["victoria-metrics"].pid),
+            shards_mib=(sum(s[0] for s in shards), sum(s[1] for s in shards)),
+            vmalert_mib=_rss_mib(started["vmalert"].pid),
+            scrape_mean_ms=1000
+            * _scalar(store, f'avg(avg_over_time(scrape_duration_seconds{{job=~"trainhealth-.*"}}[{window}]))'),
+            scrape_max_ms=1000
+            * _scalar(store, f'max(max_over_time(scrape_duration_seconds{{job=~"trainhealth-.*"}}[{window}]))'),
+            rules_mean_ms=per_group[slowest][0],
+            rules_max_ms=1000
+            * max(
+                (
+                    v
+                    for s, v in last[2].items()
+                    if s.startswith("vmalert_iteration_duration_seconds{")
+                    and 'quantile="0.99"' in s
+                    and math.isfinite(v)
+                ),
+                default=float("nan"),
+            ),
+            rules_slowest_group=slowest,
+            queries={},
+            slowest_rules=_slowest_rules(store, directory / "trainhealth.rules.yml"),
+        )
+        for mode, host in (("all", ".*"), ("one host", "node-00003")):
+            measured.queries[mode] = _time_queries(store, args.interval_s, host)
+        return measured
+    finally:
+        stack_down(directory)
+        shutil.rmtree(directory, ignore_errors=True)
+        stop.set()
+        for server in servers:
+            server.join(timeout=60)
+
+
+# --- reporting -----------------------------------------------------------------------------------------
+
+
+def _line(m: Measured) -> str:
+    q_all, q_host = m.queries["all"], m.queries["one host"]
+    return (
+        f"| {m.gpus:,} | {m.targets:,} ({m.up:,.0f} up) | {m.active_series / 1e6:.2f} M | {m.samples_per_s:,.0f} "
+        f"| {m.store_mib[0]:,.0f} ({m.store_mib[1]:,.0f}) | {m.shards_mib[0]:,.0f} ({m.shards_mib[1]:,.0f}) "
+        f"| {m.vmalert_mib[0]:,.0f} | {m.scrape_mean_ms:.0f} / {m.scrape_max_ms:.0f} "
+        f"| {m.rules_mean_ms:.0f} / {m.rules_max_ms:.0f} | {q_all[0]:.0f} / {q_all[1]:.0f} / {q_all[2]:.0f} "
+        f"| {q_host[0]:.0f} / {q_host[1]:.0f} / {q_host[2]:.0f} |"
+    )
+
+
+HEADER = (
+    "| GPUs | targets | active series | samples/s | store MiB (peak) | shards MiB (peak) | vmalert MiB "
+    "| scrape ms mean / max | rules ms mean / p99 | queries, All: p50 / p99 / max ms | one host: p50 / p99 / max ms |\n"
+    "|---|---|---|---|---|---|---|---|---|---|---|"
+)
+
+
+def _fit(xs: list[float], ys: list[float], at: float) -> tuple[float, float]:
+    """(slope, value at ``at``) of the least-squares line through the points."""
+    slope, intercept = np.polyfit(xs, ys, 1)
+    return float(slope), float(slope * at + intercept)
+
+
+def extrapolate(runs: list[Measured], gpus: float = 10_000) -> list[str]:
+    xs = [m.gpus for m in runs]
+    lines = []
+    for label, ys, unit in (
+        ("active series", [m.active_series for m in runs], "series"),
+        ("samples/s", [m.samples_per_s for m in runs], "samples/s"),
+        ("store memory", [m.store_mib[1] for m in runs], "MiB"),
+        ("shards' memory", [m.shards_mib[1] for m in runs], "MiB"),
+    ):
+        slope, value = _fit(xs, ys, gpus)
+        lines.append(f"  {label}: {slope:,.1f} {unit} per GPU; at {gpus:,.0f} GPUs {value:,.0f} {unit} (extrapolated)")
+    return lines
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--gpus", type=int, nargs="+", default=[1024, 2048, 4096, 8192])
+    parser.add_argument("--shards", type=int, default=2)
+    parser.add_argument("--interval-s", type=float, default=15.0, help="scrape and rule interval (default 15)")
+    parser.add_argument("--warm-s", type=float, default=60.0, help="after every target is up (default 60)")
+    parser.add_argument("--measure-s", type=float, default=120.0, help="the measured window (default 120)")
+    parser.add_argument("--server-processes", type=int, default=2)
+    parser.add_argument("--first-port", type=int, default=20000, help="targets on this port and the next ones")
+    parser.add_argument("--stack-port", type=int, default=19900, help="the stack on this port and the next 13")
+    args = parser.parse_args()
+    if any(g % GPUS_PER_NODE or g <= 0 for g in args.gpus):
+        parser.error(f"--gpus: whole nodes of {GPUS_PER_NODE} GPUs")
+
+    with tempfile.TemporaryDirectory() as scratch:
+        rank_page = capture_rank_page(Path(scratch))
+    node_page = capture_node_page()
+    host = re.search(r'host="([^"]*)"', node_page)[1]
+    uuid = re.search(r'uuid="(GPU-[0-9a-f]+)-', node_page)[1]
+    templates = {
+        "rank": PageTemplate.from_page(rank_page, host=host, rank="1"),
+        "node": PageTemplate.from_page(node_page, host=host, rank="", uuid_prefix=uuid),
+    }
+    rank, node = templates["rank"].samples, templates["node"].samples
+    print(
+        f"pages: a training rank {rank} series, a node of {GPUS_PER_NODE} GPUs {node} series "
+        f"= {rank + node / GPUS_PER_NODE:.0f} series per GPU; scrape every {args.interval_s:g} s, {args.shards} shards",
+        flush=True,
+    )
+    runs = []
+    for gpus in args.gpus:
+        try:
+            runs.append(measure(gpus, templates, args))
+        except OutOfMemory as exc:
+            print(f"| {gpus:,} | did not fit in this machine's memory: {exc} |", flush=True)
+            break
+        print(_line(runs[-1]), flush=True)
+    print(HEADER)
+    for m in runs:
+        print(_line(m))
+    for m in runs:
+        print(
+            f"  {m.gpus:,} GPUs: slowest rule group {m.rules_slowest_group}; agents' active series {m.agent_series:,.0f}; "
+            f"samples per scrape round {m.samples_per_scrape:,.0f}"
+        )
+        print(
+            "    slowest rules, evaluated once: "
+            + ", ".join(f"{name} {seconds:.1f} s" for seconds, name in m.slowest_rules)
+        )
+        for mode, (*_, answered, failed) in m.queries.items():
+            print(
+                f"    dashboard queries ({mode}): {answered} answered" + "".join(f"; failed: {why}" for why in failed)
+            )
+    if len(runs) >= 2:
+        print("extrapolated from the measured sizes:")
+        print("\n".join(extrapolate(runs)))
+
+
+if __name__ == "__main__":
+    main()
