@@ -9,6 +9,8 @@ import sys
 from pathlib import Path
 
 import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from trainhealth.traces import Topology, TraceError, read_trace, read_trace_file, write_trace
@@ -55,6 +57,50 @@ def test_unread_columns_are_left_out_of_parquet(tmp_path):
     records = read_trace_file(tmp_path / "trace.parquet", unread=frozenset({"gpu", "peer"}))
     assert "gpu" not in records and "peer" not in records
     assert records["rank"].tolist() == [0, 1, 0, 1, 0] and records["microbatch"].tolist() == [1, 1, 2, 2, 3]
+
+
+INTEGERS = ("rank", "step", "seq", "bytes", "gpu", "peer")
+
+
+@pytest.mark.parametrize("name", FORMATS)
+def test_a_compact_read_keeps_integers_in_32_bits_where_they_fit(tmp_path, name):
+    """localize's read (``categorical``): an integer column whose values all fit 32 bits is kept in them, with
+    the same values; one with a larger value, and every column of a plain read, is 64-bit."""
+    records = sample().assign(bytes=pd.array([4096, 2**40, 64, 64, None], dtype="Int64"))
+    write_trace(records, tmp_path / name)
+    compact = read_trace_file(tmp_path / name, categorical=True)
+    plain = read_trace_file(tmp_path / name)
+    assert {c: str(compact[c].dtype) for c in INTEGERS} == {
+        "rank": "int32",
+        "step": "int32",
+        "seq": "Int32",
+        "bytes": "Int64",
+        "gpu": "Int32",
+        "peer": "Int32",
+    }
+    assert {c: str(plain[c].dtype) for c in INTEGERS} == {
+        "rank": "int64",
+        "step": "int64",
+        "seq": "Int64",
+        "bytes": "Int64",
+        "gpu": "Int64",
+        "peer": "Int64",
+    }
+    for column in INTEGERS:
+        assert compact[column].astype(object).where(compact[column].notna(), None).tolist() == (
+            plain[column].astype(object).where(plain[column].notna(), None).tolist()
+        ), column
+
+
+def test_a_compact_parquet_read_widens_a_column_whose_later_row_group_does_not_fit(tmp_path):
+    """The Parquet reader starts a column in 32 bits and widens it at the first row group that needs 64."""
+    records = pd.concat([sample()] * 3, ignore_index=True)
+    records["step"] = [3] * 10 + [2**40] * 5
+    table = pa.Table.from_pandas(records, preserve_index=False)
+    pq.write_table(table, tmp_path / "trace.parquet", row_group_size=5)
+    compact = read_trace_file(tmp_path / "trace.parquet", categorical=True)
+    assert str(compact["step"].dtype) == "int64" and compact["step"].tolist() == records["step"].tolist()
+    assert str(compact["rank"].dtype) == "int32" and compact["rank"].tolist() == records["rank"].tolist()
 
 
 def test_a_directory_with_its_topology(tmp_path):

@@ -129,6 +129,7 @@ def gather_evidence(
 
     last_count = np.bincount(member_rank[instances.last_row], minlength=n_ranks)
     taken = np.bincount(member_rank, minlength=n_ranks)
+    del member_rank  # one per membership row: gathered again for the transfers, not held through the compute
 
     chosen = op.among(_PASSES)
     if not chosen.any():
@@ -159,20 +160,23 @@ def gather_evidence(
             n_steps,
         )
     else:
+        operations = np.flatnonzero(chosen).astype(_index_type(len(chosen)))
+        del chosen
         compute, compute_change, compute_seconds = _compute(
-            rank_code[chosen],
-            step_code[chosen],
-            op.codes[chosen],
-            start[chosen],
-            duration[chosen],
+            rank_code,
+            step_code,
+            op.codes,
+            start,
+            duration,
             peer_of,
             replica_of,
             n_ranks,
             n_steps,
+            rows=operations,
         )
 
     host_names = np.array([host_of.get(int(r), "") for r in ranks])
-    transfers = _transfers(records, op, instances, kinds, member_rank, host_names, step_code, peer_of)
+    transfers = _transfers(records, op, instances, kinds, rank_code[instances.rows], host_names, step_code, peer_of)
     return Evidence(
         ranks=ranks.astype(np.int64),
         steps=steps.astype(np.int64),
@@ -415,8 +419,12 @@ def _compute(
     replica_of: np.ndarray,
     n_ranks: int,
     n_steps: int,
+    rows: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per rank and step: log compute time relative to peers, relative to the rank's own usual, and seconds.
+
+    ``rows``: the rows of the five arrays that are operations (None: all of them), gathered here already in
+    time order, so that no unordered copy of them is held.
 
     The k-th forward of a rank in a step is compared with the k-th forward of its
     peers in the same step, and with its own k-th forward in the other steps (the
@@ -425,29 +433,42 @@ def _compute(
     averaged per rank and step leaving out single operations far from the cell's
     median (a GC pause, a page fault).
     """
-    op_code = pd.factorize(op)[0].astype(np.int32)
-    rank_step = rank.astype(np.int64) * n_steps + step
-    cell = rank_step * (int(op_code.max(initial=0)) + 1) + op_code
-    order = _time_order(cell, rank_step, start)  # by rank, step and operation, then time
+    if rows is None:
+        rows = np.arange(len(rank), dtype=_index_type(len(rank)))
+    op_code = pd.factorize(op[rows])[0].astype(np.int32)
+    rank_step = rank[rows].astype(_index_type(n_ranks * n_steps), copy=False) * n_steps + step[rows]
+    cell = rank_step.astype(np.int64) * (int(op_code.max(initial=0)) + 1) + op_code
+    order = _time_order(cell, rank_step, start[rows])  # by rank, step and operation, then time
     if order is not None:
-        cell, rank, step, op_code, duration = cell[order], rank[order], step[order], op_code[order], duration[order]
-        rank_step = rank_step[order]
+        rows, cell, op_code, rank_step = rows[order], cell[order], op_code[order], rank_step[order]
     del order, start
+    rank, step, duration = rank[rows], step[rows], duration[rows]
+    del rows
     boundary = np.r_[True, cell[1:] != cell[:-1]]
-    position = np.arange(len(cell)) - np.maximum.accumulate(np.where(boundary, np.arange(len(cell)), 0))
-    del cell, boundary
+    index = np.arange(len(cell), dtype=_index_type(len(cell)))
+    position = index - np.maximum.accumulate(np.where(boundary, index, 0))
+    del cell, boundary, index
+    # each array per operation is dropped once the last step that reads it is done: millions of operations
+    seconds = np.bincount(rank_step, weights=duration, minlength=n_ranks * n_steps).reshape(n_ranks, n_steps)
     log_duration = np.log(np.maximum(duration, 1e-9))
-    versus_peers = log_duration - _group_median(log_duration, peer_of[rank], step, op_code, position)
+    del duration
+    peers = peer_of.astype(_index_type(len(peer_of)))[rank]
+    versus_peers = log_duration - _group_median(log_duration, peers, step, op_code, position)
+    del peers
     own = log_duration - _group_median(log_duration, rank, op_code, position)
+    del log_duration
     # the replica's shared change, for replicas of three or more ranks (a median of two would split a fault)
     large = np.bincount(replica_of)[replica_of[rank]] >= 3
     common = _group_median(own, np.where(large, replica_of[rank] + 1, 0), step, op_code, position)
     if not large.all():  # ranks of small replicas: what every rank shares in the step (drift)
         common = np.where(large, common, _group_median(own, step, op_code, position))
-    versus_own = own - common
+    del rank, large, step, op_code, position
+    versus_own = own
+    versus_own -= common
+    del own, common
     relative = _robust_cell_mean(versus_peers, rank_step, n_ranks, n_steps)
+    del versus_peers
     change = _robust_cell_mean(versus_own, rank_step, n_ranks, n_steps)
-    seconds = np.bincount(rank_step, weights=duration, minlength=n_ranks * n_steps).reshape(n_ranks, n_steps)
     return relative, change, seconds
 
 

@@ -231,12 +231,16 @@ def _transfer_noise(excess: np.ndarray, values: np.ndarray, counts: np.ndarray, 
     """One transfer's standard deviation, times the overdispersion of the per-step means (at least 1)."""
     if not len(excess):
         return floor
-    single = max(1.4826 * float(np.median(np.abs(excess - np.median(excess)))), floor)
+    deviation = excess - np.median(excess)
+    np.abs(deviation, out=deviation)
+    # medians of arrays made here are taken in place (partitioned, not copied first)
+    single = max(1.4826 * float(np.median(deviation, overwrite_input=True)), floor)
+    del deviation
     with np.errstate(all="ignore"):
         # step-to-step changes: a fault that starts in the window moves one of them, not all
         standardized = np.diff(values, axis=1) / (single * np.sqrt(1 / counts[:, 1:] + 1 / counts[:, :-1]))
     finite = np.abs(standardized[np.isfinite(standardized)])
-    return single * max(1.0, 1.4826 * float(np.median(finite)) if len(finite) else 1.0)
+    return single * max(1.0, 1.4826 * float(np.median(finite, overwrite_input=True)) if len(finite) else 1.0)
 
 
 def _explain(evidence: Evidence, explained: np.ndarray, ranks: tuple[int, ...]) -> None:

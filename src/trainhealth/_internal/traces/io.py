@@ -67,15 +67,16 @@ def is_trace_file(path: Path) -> bool:
 
 #: the format's text columns: few distinct values (op, group, host names) in millions of rows
 _TEXT_COLUMNS = frozenset(column.name for column in COLUMNS if column.kind == "str")
+_INTEGER_COLUMNS = frozenset(column.name for column in COLUMNS if column.kind == "int")
 
 
 def read_trace_file(
     path: str | os.PathLike[str], categorical: bool = False, unread: frozenset[str] = frozenset()
 ) -> pd.DataFrame:
-    """One trace file, validated; with ``categorical``, its text columns are categoricals (see
-    :func:`~trainhealth._internal.traces.format.validate`). The optional columns named in ``unread`` are
-    left unread in Parquet files, for callers that do not use them (their values go unchecked); other
-    formats are read whole."""
+    """One trace file, validated; with ``categorical``, its text columns are categoricals and its integers
+    32-bit where they fit (see :func:`~trainhealth._internal.traces.format.validate`). The optional columns
+    named in ``unread`` are left unread in Parquet files, for callers that do not use them (their values go
+    unchecked); other formats are read whole."""
     path = Path(path)
     suffix = _suffix(path)
     if suffix is None:
@@ -86,7 +87,7 @@ def read_trace_file(
     try:
         if suffix == ".parquet":
             with open(path, "rb") as handle:  # opened once: a trace replaced meanwhile is read whole, old or new
-                frame = read_parquet(handle, _TEXT_COLUMNS, unread)
+                frame = read_parquet(handle, _TEXT_COLUMNS, unread, _INTEGER_COLUMNS if categorical else frozenset())
         else:
             text = _read_text(path, suffix.endswith(".gz"))
             if suffix.startswith(".jsonl"):

@@ -7,8 +7,10 @@ dropped, so the reader holds one row group beside the frame. Integer and float
 columns become numpy arrays (integers with nulls: pandas' nullable integers),
 text columns categoricals over the values of every row group's dictionary; any
 other column (booleans, timestamps, whatever a file holds) is left to Arrow's
-own conversion. Files the frame could not be built from this way (repeated
-column names, an index stored as a column) are read whole, as Arrow converts them.
+own conversion. The 64-bit integer columns named in ``narrow`` are kept in 32 bits
+as long as every value fits (half the memory; widened when a row group's do not).
+Files the frame could not be built from this way (repeated column names, an index
+stored as a column) are read whole, as Arrow converts them.
 
 >>> import io, pyarrow as pa, pyarrow.parquet as pq
 >>> buffer = io.BytesIO()
@@ -26,15 +28,22 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 __all__ = ["read_parquet"]
 
 
-def read_parquet(handle: Any, text_columns: frozenset[str], unread: frozenset[str] = frozenset()) -> pd.DataFrame:
+def read_parquet(
+    handle: Any,
+    text_columns: frozenset[str],
+    unread: frozenset[str] = frozenset(),
+    narrow: frozenset[str] = frozenset(),
+) -> pd.DataFrame:
     """The Parquet file open in ``handle`` as a frame; its string columns named in ``text_columns`` as
-    categoricals; the columns named in ``unread`` are not read. One thread: Arrow's reader threads can abort
-    the interpreter at exit (apache/arrow#34314)."""
+    categoricals; the columns named in ``unread`` are not read; the 64-bit integer columns named in
+    ``narrow`` in 32 bits where every value fits. One thread: Arrow's reader threads can abort the
+    interpreter at exit (apache/arrow#34314)."""
     schema = pq.read_schema(handle)
     handle.seek(0)
     text = [field.name for field in schema if field.name in text_columns and _is_string(field.type)]
@@ -42,7 +51,9 @@ def read_parquet(handle: Any, text_columns: frozenset[str], unread: frozenset[st
     rows = file.metadata.num_rows
     if len(set(schema.names)) < len(schema.names) or _stored_index(schema):
         return file.read(use_threads=False).to_pandas(split_blocks=True, self_destruct=True)
-    columns = [_column(field, rows, field.name in text) for field in schema if field.name not in unread]
+    columns = [
+        _column(field, rows, field.name in text, field.name in narrow) for field in schema if field.name not in unread
+    ]
     offset = 0
     for index in range(file.num_row_groups):
         offset += _add_row_group(file, index, columns, offset)
@@ -71,9 +82,10 @@ def _stored_index(schema: pa.Schema) -> bool:
 class _Numbers:
     """An integer or float column: one numpy array; integers with nulls also a mask (floats: NaN)."""
 
-    def __init__(self, name: str, kind: pa.DataType, rows: int) -> None:
+    def __init__(self, name: str, kind: pa.DataType, rows: int, narrow: bool = False) -> None:
         self.name = name
-        self.values = np.empty(rows, dtype=kind.to_pandas_dtype())
+        self.narrowed = narrow and kind == pa.int64()  # 32 bits while every value fits (see add)
+        self.values = np.empty(rows, dtype=np.int32 if self.narrowed else kind.to_pandas_dtype())
         self.integer = pa.types.is_integer(kind)
         self.mask: np.ndarray | None = None
 
@@ -81,6 +93,8 @@ class _Numbers:
         for chunk in column.chunks:
             rows = slice(offset, offset + len(chunk))
             offset += len(chunk)
+            if self.narrowed and not _fits_int32(chunk):
+                self.values, self.narrowed = self.values.astype(np.int64), False
             if self.integer and chunk.null_count:
                 if self.mask is None:
                     self.mask = np.zeros(len(self.values), dtype=bool)
@@ -131,9 +145,17 @@ class _Other:
         return pa.chunked_array(self.chunks, type=self.kind).to_pandas()
 
 
-def _column(field: pa.Field, rows: int, text: bool) -> _Numbers | _Text | _Other:
+def _fits_int32(chunk: pa.Array) -> bool:
+    """Whether every value of the integer ``chunk`` fits 32 bits (nulls aside)."""
+    extent = pc.min_max(chunk)
+    low, high = extent["min"].as_py(), extent["max"].as_py()
+    limits = np.iinfo(np.int32)
+    return low is None or (limits.min <= low and high <= limits.max)
+
+
+def _column(field: pa.Field, rows: int, text: bool, narrow: bool = False) -> _Numbers | _Text | _Other:
     if text:
         return _Text(field.name, rows)
     if pa.types.is_integer(field.type) or (pa.types.is_floating(field.type) and field.type != pa.float16()):
-        return _Numbers(field.name, field.type, rows)
+        return _Numbers(field.name, field.type, rows, narrow)
     return _Other(field.name, field.type)
