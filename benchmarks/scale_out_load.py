@@ -332,12 +332,18 @@ def _rss_mib(pid: int) -> tuple[float, float]:
     return int(fields["VmRSS"].split()[0]) / 1024, int(fields["VmHWM"].split()[0]) / 1024
 
 
-class OutOfMemory(Exception):
-    """The machine ran low on memory: the size does not fit here."""
+class DoesNotFit(Exception):
+    """The size is too big for this machine: it ran low on memory, or the targets were not all up in time."""
+
+
+def _held(processes: dict[str, int]) -> str:
+    return ", ".join(
+        f"{name} {_rss_mib(pid)[0]:,.0f}" for name, pid in processes.items() if Path(f"/proc/{pid}").exists()
+    )
 
 
 def _sleep_watching_memory(seconds: float, processes: dict[str, int], floor_mib: float = 1024) -> None:
-    """Sleep, checking each second that the machine keeps ``floor_mib`` available (else OutOfMemory, naming
+    """Sleep, checking each second that the machine keeps ``floor_mib`` available (else DoesNotFit, naming
     what each process held), so a size too big for the machine is reported, not left to the OOM killer."""
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
@@ -345,10 +351,7 @@ def _sleep_watching_memory(seconds: float, processes: dict[str, int], floor_mib:
         meminfo = dict(line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines())
         available = int(meminfo["MemAvailable"].split()[0]) / 1024
         if available < floor_mib:
-            held = ", ".join(
-                f"{name} {_rss_mib(pid)[0]:,.0f}" for name, pid in processes.items() if Path(f"/proc/{pid}").exists()
-            )
-            raise OutOfMemory(f"{available:,.0f} MiB left on the machine; resident MiB: {held}")
+            raise DoesNotFit(f"{available:,.0f} MiB left on the machine; resident MiB: {_held(processes)}")
 
 
 def _scrape_config(serving: list[Target], interval_s: float) -> dict[str, object]:
@@ -474,14 +477,19 @@ def measure(gpus: int, templates: dict[str, PageTemplate], args: argparse.Namesp
             (directory / f"shard-{shard}.yml").write_text(yaml.safe_dump(agent, sort_keys=False))
             os.kill(started[f"shard-{shard}"].pid, signal.SIGHUP)  # Prometheus reloads its config
         processes = {name: entry.pid for name, entry in started.items()}
-        deadline = time.monotonic() + 600
-        up = 0.0
-        while up < len(serving) and time.monotonic() < deadline:
+        deadline = time.monotonic() + args.up_timeout_s
+        up = float("nan")  # before the first scrape lands, and while the store does not answer
+        while not up >= len(serving):
+            if time.monotonic() > deadline:
+                raise DoesNotFit(
+                    f"{up:,.0f} of {len(serving):,} targets up in the store after {args.up_timeout_s:g} s (nan: it "
+                    f"did not answer the count within 60 s); resident MiB: {_held(processes)}"
+                )
             _sleep_watching_memory(args.interval_s, processes)
             try:
                 up = _scalar(store, 'count(up{job=~"trainhealth-(ranks|nodes)"} == 1)')
             except OSError:
-                continue
+                up = float("nan")
         print(
             f"  {gpus} GPUs: {up:,.0f} of {len(serving):,} targets up in the store; {args.warm_s:g} s more", flush=True
         )
@@ -602,6 +610,38 @@ def extrapolate(runs: list[Measured], gpus: float = 10_000) -> list[str]:
     return lines
 
 
+def _rows(output: str) -> list[Measured]:
+    """The measured sizes of a saved output's table (the columns the extrapolation uses)."""
+    runs = []
+    for line in output.splitlines():
+        cells = [cell.strip() for cell in line.strip("| ").split("|")]
+        if len(cells) != 11 or not cells[0].replace(",", "").isdigit():
+            continue
+        peak = [float(re.search(r"\(([\d,]+)\)", cells[i])[1].replace(",", "")) for i in (4, 5)]
+        run = Measured(
+            int(cells[0].replace(",", "")),
+            0,
+            0,
+            0,
+            float(cells[3].replace(",", "")),
+            0,
+            0,
+            (0, peak[0]),
+            (0, peak[1]),
+            (0, 0),
+            0,
+            0,
+            0,
+            0,
+            "",
+            {},
+            [],
+        )
+        run.active_series = float(cells[2].split()[0]) * 1e6
+        runs.append(run)
+    return sorted({run.gpus: run for run in runs}.values(), key=lambda run: run.gpus)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--gpus", type=int, nargs="+", default=[1024, 2048, 4096, 8192])
@@ -612,7 +652,14 @@ def main() -> None:
     parser.add_argument("--server-processes", type=int, default=2)
     parser.add_argument("--first-port", type=int, default=20000, help="targets on this port and the next ones")
     parser.add_argument("--stack-port", type=int, default=19900, help="the stack on this port and the next 13")
+    parser.add_argument("--up-timeout-s", type=float, default=600.0, help="for every target to be up (default 600)")
+    parser.add_argument(
+        "--refit", type=Path, metavar="OUTPUT", help="print the extrapolation from the table rows of a saved output"
+    )
     args = parser.parse_args()
+    if args.refit:
+        print("\n".join(extrapolate(_rows(args.refit.read_text()))))
+        return
     if any(g % GPUS_PER_NODE or g <= 0 for g in args.gpus):
         parser.error(f"--gpus: whole nodes of {GPUS_PER_NODE} GPUs")
 
@@ -635,8 +682,8 @@ def main() -> None:
     for gpus in args.gpus:
         try:
             runs.append(measure(gpus, templates, args))
-        except OutOfMemory as exc:
-            print(f"| {gpus:,} | did not fit in this machine's memory: {exc} |", flush=True)
+        except DoesNotFit as exc:
+            print(f"| {gpus:,} | does not fit this machine: {exc} |", flush=True)
             break
         print(_line(runs[-1]), flush=True)
     print(HEADER)

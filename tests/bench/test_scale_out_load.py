@@ -59,3 +59,37 @@ def test_served_pages_carry_each_targets_identity_and_counters_only_grow(tmp_pat
     counters = [key for key in first if key[0].endswith(("_total", "_count", "_sum", "_bucket"))]
     assert counters and all(again[key] >= first[key] for key in counters)
     assert any(again[key] > first[key] for key in counters)
+
+
+def test_a_saved_outputs_table_refits_to_the_same_line():
+    runs = [
+        load.Measured(
+            gpus,
+            gpus,
+            gpus,
+            0,
+            40.0 * gpus,
+            570.0 * gpus,
+            0,
+            (0, 0.7 * gpus),
+            (0, 2.2 * gpus),
+            (0, 0),
+            0,
+            0,
+            0,
+            0,
+            "",
+            {"all": (1, 2, 3, 4, []), "one host": (1, 2, 3, 4, [])},
+            [],
+        )
+        for gpus in (1024, 2048, 4096)
+    ]
+    output = "\n".join([load.HEADER, *map(load._line, runs), "| 8,192 | does not fit this machine: ... |"])
+    parsed = load._rows(output)
+    assert [run.gpus for run in parsed] == [1024, 2048, 4096]
+    for got, wanted in zip(parsed, runs):  # as the table prints them: series in millions to 2 places, the rest whole
+        assert abs(got.active_series - wanted.active_series) <= 5_000
+        assert abs(got.samples_per_s - wanted.samples_per_s) <= 0.5
+        assert (
+            abs(got.store_mib[1] - wanted.store_mib[1]) <= 0.5 and abs(got.shards_mib[1] - wanted.shards_mib[1]) <= 0.5
+        )
