@@ -414,6 +414,8 @@ def _time_queries(store: str, interval_s: float, host: str) -> tuple[float, floa
             failed.append(f"{title}: {_reason(exc)}")
             continue
         timings.append(1000 * (time.perf_counter() - began))
+    if not timings:  # every query failed: the reasons say why
+        return math.nan, math.nan, math.nan, 0, failed
     timings.sort()
     p99 = timings[min(len(timings) - 1, math.ceil(0.99 * len(timings)) - 1)]
     return statistics.median(timings), p99, timings[-1], len(timings), failed
