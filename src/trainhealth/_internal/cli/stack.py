@@ -148,8 +148,9 @@ def add_commands(commands: argparse._SubParsersAction, parser_class: type[argpar
         type=MAX_FOR,
         default=30,
         metavar="SECONDS",
-        help=f"cap every alert's 'for' so a short demo shows them, whole seconds {MAX_FOR.range_text} "
-        "(default 30; production rules: deploy/prometheus/trainhealth.rules.yml)",
+        help=f"cap every alert's 'for', and Alertmanager's group_wait and group_interval, so a short demo "
+        f"shows them, whole seconds {MAX_FOR.range_text} (default 30; production rules: "
+        "deploy/prometheus/trainhealth.rules.yml, deploy/alertmanager/alertmanager.yml)",
     )
     up.add_argument("--no-demo", action="store_true", help="only Prometheus and Alertmanager")
     up.add_argument(

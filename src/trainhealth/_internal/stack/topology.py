@@ -201,8 +201,33 @@ def write_configs(options: StackOptions) -> dict[str, Path]:
     rules = rule_file_yaml(max_for_s=options.max_for_s, per_job_interval=_duration(options.scrape_interval_s))
     write_text(paths[RULES], rules)
     template = resources.files("trainhealth._internal.stack").joinpath(ALERTMANAGER).read_text(encoding="utf-8")
-    write_text(paths[ALERTMANAGER], template.replace("127.0.0.1:9096", f"127.0.0.1:{options.webhook_port}"))
+    alertmanager = _cap_grouping(template, options.max_for_s)
+    write_text(paths[ALERTMANAGER], alertmanager.replace("127.0.0.1:9096", f"127.0.0.1:{options.webhook_port}"))
     return paths
+
+
+_GROUP_TIMING = re.compile(r"^(?P<key>\s*group_(?:wait|interval): )(?P<value>\S+)$", re.MULTILINE)
+_DURATION_PART = re.compile(r"(\d+)(ms|s|m|h|d|w)")
+_UNIT_S = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def _cap_grouping(config: str, cap_s: float) -> str:
+    """Alertmanager's config with every ``group_wait`` and ``group_interval`` capped at ``cap_s``, as the rules'
+    ``for``: a short demo sees each alert sent, even one that joins a group already notified (it would wait
+    the group's ``group_interval``, 5 minutes, behind the first). The comments stay.
+
+    >>> print(_cap_grouping("route:\\n  group_wait: 30s\\n  group_interval: 5m\\n    group_wait: 0s", 10))
+    route:
+      group_wait: 10s
+      group_interval: 10s
+        group_wait: 0s
+    """
+
+    def capped(match: re.Match[str]) -> str:
+        seconds = sum(int(n) * _UNIT_S[unit] for n, unit in _DURATION_PART.findall(match["value"]))
+        return match["key"] + (_duration(cap_s) if seconds > cap_s else match["value"])
+
+    return _GROUP_TIMING.sub(capped, config)
 
 
 def commands(options: StackOptions, demo_out: Path) -> list[tuple[str, list[str]]]:
