@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from urllib.parse import urlparse
 
 from trainhealth._internal._files import check_output_directory
+from trainhealth._internal._memory import release_freed_memory
 from trainhealth._internal.cli.numbers import PORT_OR_ZERO, Bounded
 from trainhealth._internal.errors import UsageError
 
@@ -74,6 +75,7 @@ def _cmd_localize(args: argparse.Namespace) -> int:
 
     thresholds = _thresholds(args)
     trace, notes = load_any(args.traces, args.input_format, args.topology, categorical=True, unread=_UNUSED)
+    release_freed_memory()  # what decoding the trace freed
     records = trace.records
     if args.last is not None:
         steps = sorted(records["step"].unique())[-max(args.last, args.history or 0) :]

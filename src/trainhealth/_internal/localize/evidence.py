@@ -34,6 +34,8 @@ from dataclasses import dataclass, replace
 import numpy as np
 import pandas as pd
 
+from trainhealth._internal._memory import release_freed_memory
+from trainhealth._internal.localize.compute_grid import grid_slots, median_along, versus_peers_and_own
 from trainhealth._internal.traces.format import COMMUNICATION_OPS
 
 __all__ = [
@@ -116,6 +118,7 @@ def gather_evidence(
         warnings.simplefilter("ignore", RuntimeWarning)  # steps no rank has records in
         step_time = np.nan_to_num(np.nanmedian(span, axis=0), nan=0.0)
     instances = _instances(records, op)
+    release_freed_memory()  # each stage's temporaries: tens of millions of rows' worth
     kinds = np.array([group_kind(name) for name in instances.group_names], dtype=object)
     member_rank = rank_code[instances.rows]
     # each (group, rank) membership once: every step and sequence number repeats them
@@ -175,8 +178,10 @@ def gather_evidence(
             rows=operations,
         )
 
+    release_freed_memory()
     host_names = np.array([host_of.get(int(r), "") for r in ranks])
     transfers = _transfers(records, op, instances, kinds, rank_code[instances.rows], host_names, step_code, peer_of)
+    release_freed_memory()
     return Evidence(
         ranks=ranks.astype(np.int64),
         steps=steps.astype(np.int64),
@@ -298,8 +303,15 @@ def _spans(
     cell = rank_code.astype(_index_type(n_ranks * n_steps), copy=False) * n_steps + step_code
     first = np.full(n_ranks * n_steps, np.inf)
     last = np.full(n_ranks * n_steps, -np.inf)
-    np.minimum.at(first, cell, start)
-    np.maximum.at(last, cell, start + duration)
+    end = start + duration
+    if len(cell) and np.all(cell[1:] >= cell[:-1]):  # written rank by rank and step by step: runs of a cell
+        begins = np.flatnonzero(np.r_[True, cell[1:] != cell[:-1]])
+        first[cell[begins]] = np.minimum.reduceat(start, begins)
+        last[cell[begins]] = np.maximum.reduceat(end, begins)
+    else:
+        np.minimum.at(first, cell, start)
+        np.maximum.at(last, cell, end)
+    del cell, end
     span = (last - first).reshape(n_ranks, n_steps)
     span[~np.isfinite(span)] = np.nan
     return first.reshape(n_ranks, n_steps), span
@@ -328,14 +340,16 @@ def _instances(records: pd.DataFrame, op: _Ops) -> _Instances:
     member_group, group_names = _sorted_codes(group_code[rows], names)
     member_seq = seq_column.array.take(rows).to_numpy(dtype=np.int64)  # none missing in these rows
     seqs = int(member_seq.max()) + 1 if len(member_seq) else 1
+    if seqs <= np.iinfo(np.int32).max:
+        member_seq = member_seq.astype(np.int32)
     kind = _index_type(len(group_names) * seqs)  # 32-bit keys hash over twice as fast
     key = member_group.astype(kind) * seqs + member_seq.astype(kind, copy=False)
-    instance = pd.factorize(key)[0]
+    instance = _key_codes(key, len(group_names) * seqs).astype(_index_type(len(key)), copy=False)
     del key
     counts = np.bincount(instance)
     group = np.empty(len(counts), dtype=member_group.dtype)  # every member of an instance has its group and seq
     group[instance] = member_group
-    seq = np.empty(len(counts), dtype=np.int64)
+    seq = np.empty(len(counts), dtype=member_seq.dtype)
     seq[instance] = member_seq
     del member_group, member_seq
     multi = counts >= 2
@@ -343,17 +357,34 @@ def _instances(records: pd.DataFrame, op: _Ops) -> _Instances:
         kept = multi[instance]
         rows, instance = rows[kept], instance[kept]
         group, seq = group[multi], seq[multi]
-        # instances are numbered in order of first appearance: renumbering the kept ones keeps that order
-        instance = (np.cumsum(multi) - 1)[instance]
-    instance = instance.astype(_index_type(len(counts)))
-    size = np.bincount(instance)
+        # renumbering the kept instances keeps their order
+        instance = (np.cumsum(multi, dtype=instance.dtype) - 1)[instance]
+    del counts, multi
+    size = np.bincount(instance).astype(_index_type(len(rows)))
     duration = records["duration"].to_numpy(dtype=np.float64)[rows]
     shortest = np.full(len(size), np.inf)
     np.minimum.at(shortest, instance, duration)
-    last_row = np.full(len(size), len(rows))
-    at_shortest = np.flatnonzero(duration == shortest[instance])
+    last_row = np.full(len(size), len(rows), dtype=_index_type(len(rows) + 1))
+    at_shortest = np.flatnonzero(duration == shortest[instance]).astype(last_row.dtype)  # ufunc.at converts slowly
     np.minimum.at(last_row, instance[at_shortest], at_shortest)
     return _Instances(rows, instance, group, seq, group_names, size, shortest, last_row)
+
+
+def _key_codes(key: np.ndarray, limit: int) -> np.ndarray:
+    """Per key (non-negative, below ``limit``): its number among the distinct keys in sorted order. Keys that
+    fill much of their range (a group's sequence numbers one after another) are looked up in a table of the
+    range, several times faster than hashing them; sparse ones are hashed and sorted.
+
+    >>> _key_codes(np.array([40, 7, 40, 12]), 50)
+    array([2, 0, 2, 1])
+    """
+    if limit <= 4 * len(key):
+        present = np.zeros(limit, dtype=bool)
+        present[key] = True
+        number = np.cumsum(present, dtype=_index_type(limit))
+        number -= 1
+        return number[key]
+    return pd.factorize(key, sort=True)[0]
 
 
 class _Ops:
@@ -452,6 +483,16 @@ def _compute(
     seconds = np.bincount(rank_step, weights=duration, minlength=n_ranks * n_steps).reshape(n_ranks, n_steps)
     log_duration = np.log(np.maximum(duration, 1e-9))
     del duration
+    slots = grid_slots(rank_step, op_code, position, n_ranks * n_steps)
+    if slots is not None and not np.isnan(log_duration).any():  # every rank ran the same operations each step
+        del rank, step, op_code, position
+        grid = log_duration.reshape(n_ranks, n_steps, slots)
+        del log_duration
+        versus_peers, versus_own = (v.reshape(-1) for v in versus_peers_and_own(grid, peer_of, replica_of))
+        del grid
+        relative = _robust_cell_mean(versus_peers, rank_step, n_ranks, n_steps, slots)
+        del versus_peers
+        return relative, _robust_cell_mean(versus_own, rank_step, n_ranks, n_steps, slots), seconds
     peers = peer_of.astype(_index_type(len(peer_of)))[rank]
     versus_peers = log_duration - _group_median(log_duration, peers, step, op_code, position)
     del peers
@@ -511,13 +552,51 @@ def _combined(key: np.ndarray | None, column: np.ndarray) -> np.ndarray:
 
 
 def _median_by(values: np.ndarray, key: np.ndarray) -> np.ndarray:
-    """Per value, the median of the values with the same ``key``."""
-    return pd.Series(values).groupby(key, sort=False).transform("median").to_numpy()
+    """Per value, the median of the values with the same ``key``.
+
+    Few keys (the transfer classes: a thousand over millions of instances) are sorted by and each group's
+    median taken from its slice, holding a third of what grouping by the keys holds; many keys, or values
+    with NaN (the median skips them), are grouped.
+
+    >>> _median_by(np.array([1.0, 5.0, 2.0, 4.0, 9.0]), np.array([7, 3, 7, 3, 7]))
+    array([2. , 4.5, 2. , 4.5, 2. ])
+    """
+    codes, uniques = pd.factorize(key)
+    if len(uniques) > len(values) // 64 or np.isnan(values).any():
+        return pd.Series(values).groupby(codes, sort=False).transform("median").to_numpy()
+    # 16-bit codes where they fit: numpy sorts them by radix, several times faster
+    codes = codes.astype(np.int16 if len(uniques) <= np.iinfo(np.int16).max else _index_type(len(uniques)))
+    order = np.argsort(codes, kind="stable")
+    ordered = values[order]
+    del order
+    ends = np.cumsum(np.bincount(codes, minlength=len(uniques)))
+    medians = np.array([np.median(part, overwrite_input=True) for part in np.split(ordered, ends[:-1])])
+    return medians[codes]
 
 
 def _positions(group: np.ndarray, step: np.ndarray, seq: np.ndarray) -> np.ndarray:
-    """Per instance: its position among its group's instances in its step, by sequence number."""
+    """Per instance: its position among its group's instances in its step, by sequence number.
+
+    A group numbers its collectives one after another, so a step's instances of a group mostly have consecutive
+    sequence numbers: then the position is the sequence number less the step's first, without sorting.
+
+    >>> _positions(np.array([0, 0, 1, 0, 1]), np.array([0, 0, 0, 1, 0]), np.array([5, 4, 9, 6, 7]))
+    array([1, 0, 1, 0, 0])
+    """
     n = len(group)
+    cell = _combined(_combined(None, group), step)
+    cells = int(cell.max(initial=0)) + 1
+    if cells <= 4 * n:  # a table per cell, no larger than the instances' own arrays
+        cell = cell.astype(_index_type(cells))
+        lowest = np.full(cells, np.iinfo(seq.dtype).max, dtype=seq.dtype)
+        highest = np.full(cells, np.iinfo(seq.dtype).min, dtype=seq.dtype)
+        np.minimum.at(lowest, cell, seq)
+        np.maximum.at(highest, cell, seq)
+        counts = np.bincount(cell, minlength=cells)
+        used = counts > 0
+        if np.array_equal(highest[used].astype(np.int64) - lowest[used] + 1, counts[used]):  # no gaps
+            return (seq - lowest[cell]).astype(np.int64)
+    del cell
     order = np.lexsort((seq, step, group))
     group, step = group[order], step[order]
     boundary = np.r_[True, (group[1:] != group[:-1]) | (step[1:] != step[:-1])]
@@ -528,9 +607,15 @@ def _positions(group: np.ndarray, step: np.ndarray, seq: np.ndarray) -> np.ndarr
     return position
 
 
-def _robust_cell_mean(values: np.ndarray, cell: np.ndarray, n_ranks: int, n_steps: int) -> np.ndarray:
-    """Mean of ``values`` per (rank, step) cell without the values > 4 robust sigmas from the cell median."""
-    median = pd.Series(values).groupby(cell).transform("median").to_numpy()
+def _robust_cell_mean(
+    values: np.ndarray, cell: np.ndarray, n_ranks: int, n_steps: int, slots: int | None = None
+) -> np.ndarray:
+    """Mean of ``values`` per (rank, step) cell without the values > 4 robust sigmas from the cell median.
+    ``slots``: each cell's count when the values are cell after cell, as many in each (:func:`.grid_slots`)."""
+    if slots is None:
+        median = pd.Series(values).groupby(cell).transform("median").to_numpy()
+    else:
+        median = np.repeat(median_along(values.reshape(-1, slots), axis=1), slots)
     spread = 1.4826 * float(np.median(np.abs(values - median))) or 1e-6
     kept = np.abs(values - median) <= 4.0 * spread
     total = np.bincount(cell[kept], weights=values[kept], minlength=n_ranks * n_steps)
@@ -557,7 +642,6 @@ def _transfers(
     3 of every replica and step. Instances of one class do the same work on
     different hardware, so a slow path stands out against them.
     """
-    first = instances.last_row
     n = len(instances.size)
     if (rank_hosts == "").all():  # hosts unknown: everything but tensor parallelism crosses hosts
         inter = kinds[instances.group] != "tp"
@@ -565,33 +649,41 @@ def _transfers(
         host_code = pd.factorize(rank_hosts)[0].astype(_index_type(len(rank_hosts)))
         low, high = _extent(instances.instance, host_code[member_rank], n)
         inter = high > low
-    rows = instances.rows[first]
-    group, step = instances.group, step_code[rows]
-    # the class key, one part after another (each an array per instance, dropped once added)
-    # sends and receives are one operation here: a point-to-point transfer
-    key = _combined(None, pd.factorize(np.where(op_column.among(("send", "recv"))[rows], -1, op_column.codes[rows]))[0])
-    key = _combined(key, pd.factorize(kinds)[0][group])
-    if "bytes" in records:
-        key = _combined(key, pd.factorize(records["bytes"].array.take(rows).to_numpy(np.float64, na_value=-1.0))[0])
-    del rows
-    key = _combined(key, instances.size)
-    key = _combined(key, inter.view(np.int8))
-    for peers in _extent(instances.instance, peer_of.astype(_index_type(len(peer_of)))[member_rank], n):
-        key = _combined(key, peers)
-    key = _combined(key, _positions(group, step, instances.seq))
-    log_shortest = np.log(np.maximum(instances.shortest, 1e-9))
-    excess = log_shortest - _median_by(log_shortest, key)
-    del key
-    keep = np.flatnonzero(inter)
-    renumber = np.full(n, -1, dtype=_index_type(n))
-    renumber[keep] = np.arange(len(keep))
-    member_keep = inter[instances.instance]
-    return Transfers(
-        excess=excess[keep],
-        step=step[keep],
-        member_instance=renumber[instances.instance[member_keep]],
-        member_rank=member_rank[member_keep],
+    # only inter-host instances are kept: their classes are keyed and their medians taken, the others dropped
+    kept = np.flatnonzero(inter).astype(_index_type(n))
+    rows = instances.rows[instances.last_row[kept]]
+    # the class key, one part after another (each an array per kept instance, dropped once added; the largest
+    # temporaries first, while the fewest parts are held)
+    key = (
+        _combined(None, pd.factorize(records["bytes"].array.take(rows), use_na_sentinel=False)[0])
+        if "bytes" in records
+        else None
     )
+    # sends and receives are one operation here: a point-to-point transfer
+    key = _combined(key, pd.factorize(np.where(op_column.among(("send", "recv"))[rows], -1, op_column.codes[rows]))[0])
+    step = step_code[rows]
+    del rows
+    key = _combined(key, pd.factorize(kinds)[0][instances.group[kept]])
+    key = _combined(key, instances.size[kept])
+    for extent in _extent(instances.instance, peer_of.astype(_index_type(len(peer_of)))[member_rank], n):
+        key = _combined(key, extent[kept])
+    del extent
+    key = _combined(
+        key, _positions(instances.group, step_code[instances.rows[instances.last_row]], instances.seq)[kept]
+    )
+    excess = np.log(np.maximum(instances.shortest[kept], 1e-9))
+    del kept
+    median = _median_by(excess, key)
+    del key
+    excess -= median
+    del median
+    renumber = np.cumsum(inter, dtype=_index_type(n))  # the kept instances' new numbers, from 1
+    renumber -= 1
+    member_keep = inter[instances.instance]
+    member_rank = member_rank[member_keep]
+    member_instance = instances.instance[member_keep]
+    del member_keep
+    return Transfers(excess, step, renumber[member_instance], member_rank)
 
 
 def _extent(index: np.ndarray, values: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:

@@ -45,6 +45,8 @@ class _Layer:
     members: list[np.ndarray]  # per component: indices into Evidence.ranks
     instance: np.ndarray  # per (instance, component) pair
     cell: np.ndarray  # per pair: component x steps + the instance's step (where _score_layer adds it up)
+    counts: np.ndarray  # per cell: its pairs, none explained
+    sums: np.ndarray  # per cell: its pairs' excess, none explained
 
 
 def path_candidates(
@@ -228,12 +230,12 @@ def _judged(
 
 
 def _transfer_noise(excess: np.ndarray, values: np.ndarray, counts: np.ndarray, floor: float) -> float:
-    """One transfer's standard deviation, times the overdispersion of the per-step means (at least 1)."""
+    """One transfer's standard deviation, times the overdispersion of the per-step means (at least 1).
+    ``excess`` is overwritten: its medians are taken in place (partitioned, not copied first)."""
     if not len(excess):
         return floor
-    deviation = excess - np.median(excess)
-    np.abs(deviation, out=deviation)
-    # medians of arrays made here are taken in place (partitioned, not copied first)
+    excess -= np.median(excess, overwrite_input=True)
+    deviation = np.abs(excess, out=excess)
     single = max(1.4826 * float(np.median(deviation, overwrite_input=True)), floor)
     del deviation
     with np.errstate(all="ignore"):
@@ -272,12 +274,22 @@ def _layers(evidence: Evidence) -> list[_Layer]:
                 component_of[members[label]] = code
             component = component_of[transfers.member_rank]
             known = component >= 0
-            instance, component = transfers.member_instance[known], component[known]
+            instance = transfers.member_instance
+            if not known.all():
+                instance, component = instance[known], component[known]
+            del known
             # several members of an instance may share a host or switch: count it once
-            first = _first_occurrences(instance.astype(np.int64) * len(labels) + component)
-            instance, component = instance[first], component[first]
+            first = _first_memberships(instance, component, len(labels))
+            if not first.all():
+                instance, component = instance[first], component[first]
+            del first
         cell = _cells(component, transfers.step[instance], len(labels), len(evidence.steps))
-        layers.append(_Layer(name, labels, [np.asarray(members[label]) for label in labels], instance, cell))
+        size = len(labels) * len(evidence.steps)
+        counts = np.bincount(cell, minlength=size)
+        sums = np.bincount(cell, weights=transfers.excess[instance], minlength=size)
+        layers.append(
+            _Layer(name, labels, [np.asarray(members[label]) for label in labels], instance, cell, counts, sums)
+        )
     return layers
 
 
@@ -290,13 +302,31 @@ def _cells(component: np.ndarray, step: np.ndarray, n_components: int, n_steps: 
     return cell
 
 
-def _first_occurrences(values: np.ndarray) -> np.ndarray:
-    """Per value: whether it is the first of its kind (the ones ``pd.unique`` keeps, in their order). A stable
-    sort: several times faster than hashing millions of mostly distinct values."""
-    order = np.argsort(values, kind="stable")
-    ordered = values[order]
-    first = np.empty(len(values), dtype=bool)
-    first[order] = np.r_[True, ordered[1:] != ordered[:-1]]
+#: memberships sorted at a time: a few million pairs sorted in parts hold a fraction of their size
+_CHUNK = 1 << 20
+
+
+def _first_memberships(
+    instance: np.ndarray, component: np.ndarray, n_components: int, part: int = _CHUNK
+) -> np.ndarray:
+    """Per (instance, component) pair: whether it is the first of its kind (the ones ``pd.unique`` keeps). A
+    stable sort, several times faster than hashing millions of mostly distinct pairs, over a range of instances
+    at a time (a pair's instance decides its part).
+
+    >>> _first_memberships(np.array([0, 1, 0, 1, 0]), np.array([3, 3, 3, 2, 1]), 4)
+    array([ True,  True, False,  True,  True])
+    """
+    first = np.empty(len(instance), dtype=bool)
+    n_instances = int(instance.max(initial=-1)) + 1
+    per_part = max(1, n_instances * part // max(len(instance), 1))  # instances to about ``part`` pairs
+    for low in range(0, n_instances, per_part):
+        rows = np.flatnonzero((instance >= low) & (instance < low + per_part))
+        values = instance[rows].astype(np.int64)
+        values *= n_components
+        values += component[rows]
+        order = np.argsort(values, kind="stable")
+        ordered = values[order]
+        first[rows[order]] = np.r_[True, ordered[1:] != ordered[:-1]]
     return first
 
 
@@ -311,19 +341,25 @@ def _score_layer(
     """
     transfers = evidence.transfers
     n_steps, n_components = len(evidence.steps), len(layer.labels)
-    instance, cell = layer.instance, layer.cell
-    if explained.any():
-        open_pairs = ~explained[instance]
-        instance, cell = instance[open_pairs], cell[open_pairs]
     size = n_components * n_steps
-    sums = np.bincount(cell, weights=transfers.excess[instance], minlength=size).reshape(n_components, n_steps)
-    counts = np.bincount(cell, minlength=size).astype(np.float64).reshape(n_components, n_steps)
+    sums, counts = layer.sums, layer.counts
+    closed_pairs = explained[layer.instance] if explained.any() else None
+    if closed_pairs is not None:
+        closed = np.flatnonzero(closed_pairs)
+        touched = np.zeros(size, dtype=bool)
+        touched[layer.cell[closed]] = True
+        # a touched cell's excess is added up again over its open pairs in their order: the very sum it would
+        # have had without the explained ones (the others' sums stand)
+        again = np.flatnonzero(touched[layer.cell] & ~closed_pairs)
+        sums = np.where(touched, np.bincount(layer.cell[again], transfers.excess[layer.instance[again]], size), sums)
+        counts = counts - np.bincount(layer.cell[closed], minlength=size)
+    sums = sums.reshape(n_components, n_steps)
+    counts = counts.astype(np.float64).reshape(n_components, n_steps)
     with np.errstate(invalid="ignore", divide="ignore"):
         values = np.where(counts > 0, sums / counts, np.nan)
-    if layer.name not in noise:
-        noise[layer.name] = _transfer_noise(
-            transfers.excess[instance], values, counts, thresholds.min_transfer_effect / 4
-        )
+    if layer.name not in noise:  # the open pairs' excess (overwritten there)
+        opened = transfers.excess[layer.instance if closed_pairs is None else layer.instance[~closed_pairs]]
+        noise[layer.name] = _transfer_noise(opened, values, counts, thresholds.min_transfer_effect / 4)
     sigma = noise[layer.name]
     stretch = strongest_stretch(sums, counts, sigma, thresholds.min_length, thresholds.decay)
     whole = level(sums, counts, sigma, thresholds.transfer_allowance, thresholds.min_length)
