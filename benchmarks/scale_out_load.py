@@ -18,7 +18,8 @@ UUID labels are the target's own, counters grow by the amount they grew per step
 gauges move by up to 3 %, so the store sees values that change as a job's do.
 
 The stack is ``trainhealth stack up --store victoriametrics --no-demo`` (``--shards`` Prometheus agents
-with hashmod relabelling, VictoriaMetrics, vmalert with the project's rule file, Alertmanager), with the
+with hashmod relabelling, or vmagents with ``--agent vmagent``; VictoriaMetrics, vmalert with the project's
+rule file, Alertmanager), with the
 shards' scrape jobs pointed at the synthetic targets (the configs rewritten by ``shard_config`` and
 reloaded with SIGHUP). For each size, on a fresh store: wait until every target is up in the store, let
 it run ``--warm-s``, then over ``--measure-s`` read
@@ -30,7 +31,8 @@ it run ``--warm-s``, then over ``--measure-s`` read
 - rule evaluation: vmalert's iteration duration per group (mean over the window, and the largest);
 - then every dashboard query of ``trainhealth dashboards`` as Grafana sends it (``query_range`` over the
   last 10 minutes, one point per scrape interval), once with every variable at All and once with one
-  host selected: p50, p99 and the slowest.
+  host selected: p50, p99 and the slowest (at most ``--query-budget-s`` per mode: the rest are reported as
+  not run).
 
 Finally a least-squares line through the measured sizes extrapolates series, samples/s and memory to
 10,000 GPUs (printed as extrapolated).
@@ -401,11 +403,18 @@ def _with_variables(expr: str, host: str) -> str:
     return expr
 
 
-def _time_queries(store: str, interval_s: float, host: str) -> tuple[float, float, float, int, list[str]]:
-    """p50, p99 and the slowest (ms) of the dashboard queries that answered; how many did; the others, why."""
+def _time_queries(
+    store: str, interval_s: float, host: str, budget_s: float = math.inf
+) -> tuple[float, float, float, int, list[str]]:
+    """p50, p99 and the slowest (ms) of the dashboard queries that answered; how many did; the others, why.
+    Queries not started within ``budget_s`` are not run (counted among the failed)."""
     end = time.time()
     timings, failed = [], []
-    for title, expr in _dashboard_queries():
+    queries = _dashboard_queries()
+    for number, (title, expr) in enumerate(queries):
+        if time.time() - end > budget_s:
+            failed.append(f"{len(queries) - number} queries not run: the {budget_s:g} s budget was spent")
+            break
         params = {"query": _with_variables(expr, host), "start": end - 600, "end": end, "step": f"{interval_s:g}"}
         began = time.perf_counter()
         try:
@@ -428,11 +437,15 @@ def _reason(exc: OSError) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
-def _slowest_rules(store: str, rule_file: Path, count: int = 3) -> list[tuple[float, str]]:
-    """The rules that take longest to evaluate once against the store now: (seconds, name)."""
+def _slowest_rules(store: str, rule_file: Path, count: int = 3, budget_s: float = math.inf) -> list[tuple[float, str]]:
+    """The rules that take longest to evaluate once against the store now: (seconds, name); the rules not
+    started within ``budget_s`` are not timed."""
     timed = []
+    began_all = time.monotonic()
     for group in yaml.safe_load(rule_file.read_text())["groups"]:
         for rule in group["rules"]:
+            if time.monotonic() - began_all > budget_s:
+                break
             began = time.perf_counter()
             try:
                 _get(f"{store}/api/v1/query?{urllib.parse.urlencode({'query': rule['expr']})}", timeout=300)
@@ -462,6 +475,7 @@ def measure(gpus: int, templates: dict[str, PageTemplate], args: argparse.Namesp
         directory=directory,
         store="victoriametrics",
         shards=args.shards,
+        agent=args.agent,
         demo=False,
         scrape_interval_s=args.interval_s,
         prometheus_port=args.stack_port,
@@ -475,9 +489,10 @@ def measure(gpus: int, templates: dict[str, PageTemplate], args: argparse.Namesp
     try:
         config = _scrape_config(serving, args.interval_s)
         for shard in range(args.shards):
-            agent = shard_config(config, shard, args.shards, f"{store}/api/v1/write")
+            sends_to = f"{store}/api/v1/write" if args.agent == "prometheus" else None  # vmagent: a flag
+            agent = shard_config(config, shard, args.shards, sends_to)
             (directory / f"shard-{shard}.yml").write_text(yaml.safe_dump(agent, sort_keys=False))
-            os.kill(started[f"shard-{shard}"].pid, signal.SIGHUP)  # Prometheus reloads its config
+            os.kill(started[f"shard-{shard}"].pid, signal.SIGHUP)  # Prometheus and vmagent reload their config
         processes = {name: entry.pid for name, entry in started.items()}
         deadline = time.monotonic() + args.up_timeout_s
         up = float("nan")  # before the first scrape lands, and while the store does not answer
@@ -536,7 +551,10 @@ def measure(gpus: int, templates: dict[str, PageTemplate], args: argparse.Namesp
             samples_per_scrape=_scalar(store, 'sum(scrape_samples_scraped{job=~"trainhealth-(ranks|nodes)"})'),
             samples_per_s=inserted / seconds,
             active_series=_sum(last[1], "vm_cache_entries", type="storage/hour_metric_ids"),
-            agent_series=sum(_sum(a, "prometheus_agent_active_series") for a in agents),
+            # (vmagent keeps no series: it forwards what it scrapes)
+            agent_series=sum(_sum(a, "prometheus_agent_active_series") for a in agents)
+            if args.agent == "prometheus"
+            else math.nan,
             store_mib=_rss_mib(started["victoria-metrics"].pid),
             shards_mib=(sum(s[0] for s in shards), sum(s[1] for s in shards)),
             vmalert_mib=_rss_mib(started["vmalert"].pid),
@@ -558,10 +576,10 @@ def measure(gpus: int, templates: dict[str, PageTemplate], args: argparse.Namesp
             ),
             rules_slowest_group=slowest,
             queries={},
-            slowest_rules=_slowest_rules(store, directory / "trainhealth.rules.yml"),
+            slowest_rules=_slowest_rules(store, directory / "trainhealth.rules.yml", budget_s=args.query_budget_s),
         )
         for mode, host in (("all", ".*"), ("one host", "node-00003")):
-            measured.queries[mode] = _time_queries(store, args.interval_s, host)
+            measured.queries[mode] = _time_queries(store, args.interval_s, host, args.query_budget_s)
         return measured
     finally:
         stack_down(directory)
@@ -598,56 +616,65 @@ def _fit(xs: list[float], ys: list[float], at: float) -> tuple[float, float]:
     return float(slope), float(slope * at + intercept)
 
 
-def extrapolate(runs: list[Measured], gpus: float = 10_000) -> list[str]:
-    xs = [m.gpus for m in runs]
+@dataclass(frozen=True)
+class FitPoint:
+    """What the extrapolation reads of a measured size."""
+
+    gpus: int
+    active_series: float
+    samples_per_s: float
+    store_peak_mib: float
+    shards_peak_mib: float
+
+    @classmethod
+    def of(cls, m: Measured) -> FitPoint:
+        return cls(m.gpus, m.active_series, m.samples_per_s, m.store_mib[1], m.shards_mib[1])
+
+
+def extrapolate(points: list[FitPoint], gpus: float = 10_000) -> list[str]:
+    xs = [p.gpus for p in points]
     lines = []
     for label, ys, unit in (
-        ("active series", [m.active_series for m in runs], "series"),
-        ("samples/s", [m.samples_per_s for m in runs], "samples/s"),
-        ("store memory", [m.store_mib[1] for m in runs], "MiB"),
-        ("shards' memory", [m.shards_mib[1] for m in runs], "MiB"),
+        ("active series", [p.active_series for p in points], "series"),
+        ("samples/s", [p.samples_per_s for p in points], "samples/s"),
+        ("store memory", [p.store_peak_mib for p in points], "MiB"),
+        ("shards' memory", [p.shards_peak_mib for p in points], "MiB"),
     ):
         slope, value = _fit(xs, ys, gpus)
         lines.append(f"  {label}: {slope:,.1f} {unit} per GPU; at {gpus:,.0f} GPUs {value:,.0f} {unit} (extrapolated)")
     return lines
 
 
-def _rows(output: str) -> list[Measured]:
+def _rows(output: str) -> list[FitPoint]:
     """The measured sizes of a saved output's table (the columns the extrapolation uses)."""
-    runs = []
+    points = {}
     for line in output.splitlines():
         cells = [cell.strip() for cell in line.strip("| ").split("|")]
         if len(cells) != 11 or not cells[0].replace(",", "").isdigit():
             continue
-        peak = [float(re.search(r"\(([\d,]+)\)", cells[i])[1].replace(",", "")) for i in (4, 5)]
-        run = Measured(
-            int(cells[0].replace(",", "")),
-            0,
-            0,
-            0,
-            float(cells[3].replace(",", "")),
-            0,
-            0,
-            (0, peak[0]),
-            (0, peak[1]),
-            (0, 0),
-            0,
-            0,
-            0,
-            0,
-            "",
-            {},
-            [],
-        )
-        run.active_series = float(cells[2].split()[0]) * 1e6
-        runs.append(run)
-    return sorted({run.gpus: run for run in runs}.values(), key=lambda run: run.gpus)
+        store, shards = (float(re.search(r"\(([\d,]+)\)", cells[i])[1].replace(",", "")) for i in (4, 5))
+        gpus = int(cells[0].replace(",", ""))
+        active, samples = float(cells[2].split()[0]) * 1e6, float(cells[3].replace(",", ""))
+        points[gpus] = FitPoint(gpus, active, samples, store, shards)
+    return sorted(points.values(), key=lambda p: p.gpus)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--gpus", type=int, nargs="+", default=[1024, 2048, 4096, 8192])
     parser.add_argument("--shards", type=int, default=2)
+    parser.add_argument(
+        "--agent",
+        choices=("prometheus", "vmagent"),
+        default="prometheus",
+        help="what the shards are (default prometheus)",
+    )
+    parser.add_argument(
+        "--query-budget-s",
+        type=float,
+        default=math.inf,
+        help="time the dashboard queries (per mode) and the rules for this long at most; the rest are not run",
+    )
     parser.add_argument("--interval-s", type=float, default=15.0, help="scrape and rule interval (default 15)")
     parser.add_argument("--warm-s", type=float, default=60.0, help="after every target is up (default 60)")
     parser.add_argument("--measure-s", type=float, default=120.0, help="the measured window (default 120)")
@@ -677,7 +704,8 @@ def main() -> None:
     rank, node = templates["rank"].samples, templates["node"].samples
     print(
         f"pages: a training rank {rank} series, a node of {GPUS_PER_NODE} GPUs {node} series "
-        f"= {rank + node / GPUS_PER_NODE:.0f} series per GPU; scrape every {args.interval_s:g} s, {args.shards} shards",
+        f"= {rank + node / GPUS_PER_NODE:.0f} series per GPU; scrape every {args.interval_s:g} s, {args.shards} shards "
+        f"({args.agent})",
         flush=True,
     )
     runs = []
@@ -706,7 +734,7 @@ def main() -> None:
             )
     if len(runs) >= 2:
         print("extrapolated from the measured sizes:")
-        print("\n".join(extrapolate(runs)))
+        print("\n".join(extrapolate([FitPoint.of(m) for m in runs])))
 
 
 if __name__ == "__main__":

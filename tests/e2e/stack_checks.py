@@ -120,6 +120,10 @@ class RecordedExporter:
         self.port = self.server.server_address[1]
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
 
 class RulerWatch:
     """Every second, the alerts a ruler's ``/api/v1/alerts`` shows firing (Prometheus and vmalert both serve it):

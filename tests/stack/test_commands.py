@@ -4,14 +4,24 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
+import urllib.request
+from dataclasses import replace
 from pathlib import Path
 
 import yaml
 
-from tests.e2e.stack_checks import free_ports, require_binaries
+from tests.e2e.stack_checks import (
+    DCGM_SAMPLE,
+    RecordedExporter,
+    consecutive_free,
+    free_ports,
+    query,
+    require_binaries,
+)
 from tests.prometheus_server import require_binary
 from trainhealth._internal.stack.runner import StackOptions, stack_down, stack_up, write_configs
 
@@ -170,8 +180,77 @@ def test_scale_out_command_lines(tmp_path):
     assert "-notifier.url=http://127.0.0.1:9093" in vmalert and "-disableAlertgroupLabel" in vmalert
 
 
+def test_vmagent_shards_command_lines_and_configs(tmp_path):
+    require_binaries(StackOptions(store="victoriametrics", agent="vmagent"))
+    from trainhealth._internal.stack.topology import commands
+
+    options = StackOptions(
+        directory=tmp_path, store="victoriametrics", agent="vmagent", prometheus_port=19090, store_port=18428
+    )
+    paths = write_configs(options)
+    started = dict(commands(replace(options, demo=False), tmp_path / "demo"))
+    assert list(started) == ["victoria-metrics", "shard-0", "shard-1", "vmalert", "alertmanager"]
+    for number, port in ((0, 19090), (1, 19091)):
+        shard = started[f"shard-{number}"]
+        assert Path(shard[0]).name.startswith("vmagent") and f"-httpListenAddr=127.0.0.1:{port}" in shard
+        assert "-remoteWrite.url=http://127.0.0.1:18428/api/v1/write" in shard
+        assert f"-promscrape.config={paths[f'shard-{number}.yml']}" in shard
+        config = yaml.safe_load(paths[f"shard-{number}.yml"].read_text())
+        assert sorted(config) == ["global", "scrape_configs"]  # vmagent refuses a remote_write section
+
+
+def test_vmagent_shards_split_real_targets_between_them_into_the_store(tmp_path):
+    options = StackOptions(
+        directory=tmp_path / "stack", store="victoriametrics", agent="vmagent", demo=False, scrape_interval_s=1.0
+    )
+    require_binaries(options)
+    ports = free_ports(5)
+    options = replace(
+        options,
+        prometheus_port=consecutive_free(2),
+        store_port=ports[0],
+        vmalert_port=ports[1],
+        alertmanager_port=ports[2],
+        webhook_port=ports[3],
+        analyzer_port=ports[4],
+    )
+    exporters = [RecordedExporter(DCGM_SAMPLE.read_bytes()) for _ in range(6)]
+    addresses = [f"127.0.0.1:{e.port}" for e in exporters]
+    started = stack_up(options)
+    try:
+        for number in range(options.shards):  # the recorded exporters as one more job of every shard
+            path = options.directory / f"shard-{number}.yml"
+            config = yaml.safe_load(path.read_text())
+            relabel = config["scrape_configs"][0]["relabel_configs"]
+            job = {"job_name": "recorded", "static_configs": [{"targets": addresses}], "relabel_configs": relabel}
+            config["scrape_configs"].append(job)
+            path.write_text(yaml.safe_dump(config, sort_keys=False))
+            os.kill(next(s.pid for s in started if s.name == f"shard-{number}"), signal.SIGHUP)
+        deadline = time.monotonic() + 90
+        per_target: list[dict] = []
+        while time.monotonic() < deadline and len(per_target) < len(addresses):
+            time.sleep(1)
+            per_target = query(options.store_port, 'count by (instance) (DCGM_FI_DEV_GPU_TEMP{job="recorded"})')
+        # every target reached the store once (one series each: no shard wrote it twice)
+        assert sorted((r["metric"]["instance"], r["value"][1]) for r in per_target) == sorted(
+            (a, "1") for a in addresses
+        )
+        scraped = []  # by each shard (vmagent hashes with xxhash where Prometheus uses MD5: another split)
+        for number in range(options.shards):
+            url = f"http://127.0.0.1:{options.prometheus_port + number}/api/v1/targets"
+            with urllib.request.urlopen(url, timeout=10) as response:
+                active = json.loads(response.read())["data"]["activeTargets"]
+            scraped += [t["labels"]["instance"] for t in active if t["labels"]["job"] == "recorded"]
+        assert sorted(scraped) == sorted(addresses)  # each target by exactly one shard
+    finally:
+        stack_down(options.directory)
+        for exporter in exporters:
+            exporter.close()
+
+
 def test_stack_up_bad_scale_out_options_are_one_line(tmp_path):
     for args, message in (
+        (("--agent", "vmagent"), "--agent vmagent: only with --store victoriametrics"),
         (("--store", "mimir"), "argument --store: invalid choice: 'mimir'"),
         (("--store", "victoriametrics", "--shards", "0"), "argument --shards: expected"),
         (("--store", "victoriametrics", "--store-port", "9093"), "each needs a port of its own"),

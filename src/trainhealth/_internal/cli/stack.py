@@ -22,6 +22,8 @@ def _cmd_up(args: argparse.Namespace) -> int:
     from trainhealth._internal.stack.topology import query_url
 
     scale_out = args.store == "victoriametrics"
+    if args.agent != "prometheus" and not scale_out:
+        raise UsageError(f"--agent {args.agent}: only with --store victoriametrics (one Prometheus scrapes alone)")
     ports = {
         **(
             {
@@ -52,6 +54,7 @@ def _cmd_up(args: argparse.Namespace) -> int:
         demo_args=tuple(args.demo_arg or ()),
         store=args.store,
         shards=args.shards,
+        agent=args.agent,
         store_port=args.store_port,
         vmalert_port=args.vmalert_port,
     )
@@ -113,6 +116,13 @@ def add_commands(commands: argparse._SubParsersAction, parser_class: type[argpar
         help="prometheus: one Prometheus scrapes, stores and evaluates the rules (default); victoriametrics: "
         "--shards Prometheus agents split the targets and remote_write into VictoriaMetrics, vmalert "
         "evaluates the rules against it (docs/scale.md)",
+    )
+    up.add_argument(
+        "--agent",
+        choices=("prometheus", "vmagent"),
+        default="prometheus",
+        help="with --store victoriametrics: what the shards are, Prometheus agents (default) or vmagents "
+        "(a fraction of the memory per series)",
     )
     up.add_argument(
         "--shards",

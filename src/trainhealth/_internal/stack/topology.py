@@ -4,8 +4,9 @@ Two topologies, chosen with ``--store``:
 
 - ``prometheus``: one Prometheus scrapes every target, evaluates the rules and sends alerts to Alertmanager.
 - ``victoriametrics``: the scale-out recipe of docs/scale.md on one machine. ``shards`` Prometheus servers in
-  agent mode split the targets between them (``hashmod`` relabelling on the target's address: each target
-  is scraped by exactly one shard) and ``remote_write`` everything into a VictoriaMetrics store; ``vmalert``
+  agent mode (or ``vmagent``s, ``agent="vmagent"``: a fraction of their memory per series) split the targets
+  between them (``hashmod`` relabelling on the target's address: each target is scraped by exactly one
+  shard) and ``remote_write`` everything into a VictoriaMetrics store; ``vmalert``
   evaluates the same rule file against the store, writes the recording rules' results and the ``ALERTS``
   series back into it and sends alerts to Alertmanager. Every query (dashboards, ``trainhealth analyze
   --prometheus``) goes to the store's Prometheus API.
@@ -34,6 +35,7 @@ from trainhealth._internal.alerts.render import rule_file_yaml
 from trainhealth._internal.errors import UsageError
 
 __all__ = [
+    "AGENTS",
     "STORES",
     "StackOptions",
     "commands",
@@ -46,12 +48,14 @@ __all__ = [
 ]
 
 STORES = ("prometheus", "victoriametrics")
+AGENTS = ("prometheus", "vmagent")  # what scrapes, with the store
 #: Each binary and the names distributions give it (Debian: prometheus-alertmanager); the package to install.
 BINARIES = {
     "prometheus": (("prometheus",), "prometheus"),
     "alertmanager": (("alertmanager", "prometheus-alertmanager"), "prometheus-alertmanager"),
     "victoria-metrics": (("victoria-metrics", "victoria-metrics-prod"), "victoria-metrics"),
     "vmalert": (("vmalert", "vmalert-prod"), "victoria-metrics"),
+    "vmagent": (("vmagent", "vmagent-prod"), "victoria-metrics"),
 }
 RULES = "trainhealth.rules.yml"
 ALERTMANAGER = "alertmanager.yml"
@@ -74,6 +78,7 @@ class StackOptions:
     demo_args: tuple[str, ...] = ()
     store: str = "prometheus"
     shards: int = 2
+    agent: str = "prometheus"  # with the store: the shards are Prometheus agents or vmagents
     store_port: int = 8428
     vmalert_port: int = 8880
 
@@ -93,7 +98,7 @@ def find_binary(name: str) -> str:
 
 def needed_binaries(options: StackOptions) -> tuple[str, ...]:
     if options.store == "victoriametrics":
-        return ("prometheus", "victoria-metrics", "vmalert", "alertmanager")
+        return (options.agent, "victoria-metrics", "vmalert", "alertmanager")
     return ("prometheus", "alertmanager")
 
 
@@ -151,11 +156,11 @@ def _prometheus_config(options: StackOptions) -> dict[str, object]:
     }
 
 
-def shard_config(prometheus: dict, shard: int, shards: int, write_url: str) -> dict[str, object]:
+def shard_config(prometheus: dict, shard: int, shards: int, write_url: str | None) -> dict[str, object]:
     """Prometheus config ``prometheus`` as shard ``shard`` of ``shards``: an agent that scrapes only the targets
     whose address hashes to it (every target goes to exactly one shard, so no series is written twice and no
-    shard label is needed) and sends every sample to ``write_url``; the rules and alerting are left to the
-    store's ruler.
+    shard label is needed) and sends every sample to ``write_url`` (None: no ``remote_write`` section, for
+    vmagent, which takes the URL as a flag); the rules and alerting are left to the store's ruler.
 
     >>> config = {"global": {"scrape_interval": "5s"}, "rule_files": ["r.yml"],
     ...           "scrape_configs": [{"job_name": "a", "static_configs": [{"targets": ["h:1"]}]}]}
@@ -168,12 +173,10 @@ def shard_config(prometheus: dict, shard: int, shards: int, write_url: str) -> d
         {**job, "relabel_configs": [*job.get("relabel_configs", []), *_hashmod_keep(shard, shards)]}
         for job in prometheus["scrape_configs"]
     ]
-    return {
-        "global": {"scrape_interval": interval},
-        "scrape_configs": jobs,
-        # samples reach the store within one scrape interval
-        "remote_write": [{"url": write_url, "queue_config": {"batch_send_deadline": interval}}],
-    }
+    config: dict[str, object] = {"global": {"scrape_interval": interval}, "scrape_configs": jobs}
+    if write_url is not None:  # samples reach the store within one scrape interval
+        config["remote_write"] = [{"url": write_url, "queue_config": {"batch_send_deadline": interval}}]
+    return config
 
 
 def _hashmod_keep(shard: int, shards: int) -> list[dict[str, object]]:
@@ -193,7 +196,9 @@ def write_configs(options: StackOptions) -> dict[str, Path]:
     if options.store == "victoriametrics":
         for shard in range(options.shards):
             write_url = f"http://127.0.0.1:{options.store_port}/api/v1/write"
-            config = shard_config(_prometheus_config(options), shard, options.shards, write_url)
+            # vmagent's scrape config has no remote_write section: the store's URL is a flag
+            sends_to = write_url if options.agent == "prometheus" else None
+            config = shard_config(_prometheus_config(options), shard, options.shards, sends_to)
             write_text(paths[f"shard-{shard}.yml"], header + yaml.safe_dump(config, sort_keys=False))
     else:
         write_text(paths["prometheus.yml"], header + yaml.safe_dump(_prometheus_config(options), sort_keys=False))
@@ -243,7 +248,7 @@ def commands(options: StackOptions, demo_out: Path) -> list[tuple[str, list[str]
     ]
     started: list[tuple[str, list[str]]]
     if options.store == "victoriametrics":
-        store, prometheus = query_url(options), find_binary("prometheus")
+        store = query_url(options)
         # queries see samples this many seconds old at most (VictoriaMetrics's default, 30 s, suits a
         # remote_write delay of minutes; the shards here send within one scrape interval)
         latency = _duration(2 * options.scrape_interval_s)
@@ -257,19 +262,7 @@ def commands(options: StackOptions, demo_out: Path) -> list[tuple[str, list[str]
                     f"-search.latencyOffset={latency}",
                 ],
             ),
-            *(
-                (
-                    f"shard-{shard}",
-                    [
-                        prometheus,
-                        _agent_flag(prometheus),
-                        f"--config.file={directory / f'shard-{shard}.yml'}",
-                        f"--storage.agent.path={directory / f'shard-{shard}-data'}",
-                        f"--web.listen-address={listen}:{options.prometheus_port + shard}",
-                    ],
-                )
-                for shard in range(options.shards)
-            ),
+            *((f"shard-{shard}", _shard_command(options, shard)) for shard in range(options.shards)),
             (
                 "vmalert",
                 [
@@ -302,6 +295,29 @@ def commands(options: StackOptions, demo_out: Path) -> list[tuple[str, list[str]
     if options.demo:
         started.append(("demo", _demo_command(options, demo_out)))
     return started
+
+
+def _shard_command(options: StackOptions, shard: int) -> list[str]:
+    """Scraping shard ``shard``: a Prometheus agent, or a vmagent, reading ``shard-N.yml`` (both reload it on
+    SIGHUP) and sending to the store; its port is the shards' first plus ``shard``."""
+    directory, listen = options.directory, f"127.0.0.1:{options.prometheus_port + shard}"
+    config, data = directory / f"shard-{shard}.yml", directory / f"shard-{shard}-data"
+    if options.agent == "vmagent":
+        return [
+            find_binary("vmagent"),
+            f"-promscrape.config={config}",
+            f"-remoteWrite.url={query_url(options)}/api/v1/write",
+            f"-remoteWrite.tmpDataPath={data}",  # samples the store has not taken yet, on disk
+            f"-httpListenAddr={listen}",
+        ]
+    prometheus = find_binary("prometheus")
+    return [
+        prometheus,
+        _agent_flag(prometheus),
+        f"--config.file={config}",
+        f"--storage.agent.path={data}",
+        f"--web.listen-address={listen}",
+    ]
 
 
 def _demo_command(options: StackOptions, out: Path) -> list[str]:
