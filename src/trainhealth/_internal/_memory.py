@@ -3,9 +3,8 @@
 glibc's malloc keeps freed heap memory mapped for reuse, and numpy's many
 medium-sized temporaries leave it in holes that the next stage's arrays do not
 fit: the process's resident size then grows with each stage of an analysis as
-if nothing had been freed. ``malloc_trim`` hands the free pages back. Between
-the stages of a large analysis it costs milliseconds; elsewhere (another C
-library, another system) it does nothing.
+if nothing had been freed. ``malloc_trim`` hands the free pages back; on
+another C library or system it does nothing.
 
 >>> release_freed_memory() in (True, False)
 True

@@ -35,7 +35,6 @@ from trainhealth._internal.alerts.render import rule_file_yaml
 from trainhealth._internal.errors import UsageError
 
 __all__ = [
-    "AGENTS",
     "STORES",
     "StackOptions",
     "commands",
@@ -48,7 +47,6 @@ __all__ = [
 ]
 
 STORES = ("prometheus", "victoriametrics")
-AGENTS = ("prometheus", "vmagent")  # what scrapes, with the store
 #: Each binary and the names distributions give it (Debian: prometheus-alertmanager); the package to install.
 BINARIES = {
     "prometheus": (("prometheus",), "prometheus"),
