@@ -22,6 +22,11 @@ a section failed.
   against without, in alternating blocks; the baseline's own block-to-block spread for scale.
 * ``nccl``: a world-size-1 NCCL group with the collective logger: durations from the completion
   hook's CUDA events against the profiler's device times, async operations, host cost per call.
+* ``nccl_hang``: a collective stuck on the device: a ~8 s CUDA sleep kernel queued before an
+  NCCL all-reduce on the same stream. The call returns at enqueue; the rank must still count it in
+  flight (``trainhealth_comm_inflight_duration_seconds`` grows, the watcher says ``in_collective``)
+  until the device ran it. With two or more GPUs, also two ranks where rank 1 skips an all-reduce:
+  rank 0's in-flight time must grow past its hang threshold.
 * ``sdc``: a bit-30 flip into a block's output and into a gradient under the Monitor on CUDA,
   and a clean run; the cross-replica fingerprint of three copies of a model on the device, one
   flipped.
@@ -45,7 +50,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-SECTIONS = ("nvml", "export", "monitor", "exporter", "nccl", "sdc")
+SECTIONS = ("nvml", "export", "monitor", "exporter", "nccl", "nccl_hang", "sdc")
 
 
 @dataclass(frozen=True)
@@ -450,6 +455,114 @@ def nccl_section(setup: Setup) -> list[str]:
     return lines
 
 
+# --- nccl_hang --------------------------------------------------------------------------------
+def _inflight(monitor: Any) -> tuple[float, tuple | None]:
+    """The longest in-flight time the Monitor exports now, and its stuck labels (None when not stuck)."""
+    from trainhealth._internal import catalog
+
+    waits = [float(value) for _, value in monitor.store.series(catalog.COMM_INFLIGHT_DURATION)]
+    stuck = monitor.store.series(catalog.COMM_STUCK_DURATION)
+    return max(waits, default=0.0), stuck[0][0] if stuck else None
+
+
+def _hang_monitor(setup: Setup) -> Any:
+    from trainhealth import Monitor
+
+    return Monitor(
+        comm=True, gpu_backend="off", prometheus=False, otel=False, comm_flush_interval=0.2, comm_hang_floor=2.0
+    )
+
+
+def _skipping_rank(rank: int, world: int, port: int, results: Any) -> None:
+    """Two NCCL ranks; rank 1 skips the sixth all-reduce (waits 12 s): rank 0's call returns, its work does not."""
+    import torch
+    import torch.distributed as dist
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
+    torch.cuda.set_device(rank)
+    dist.init_process_group("nccl", rank=rank, world_size=world, device_id=torch.device("cuda", rank))
+    monitor = _hang_monitor(Setup("cuda", False))
+    x = torch.ones(1 << 20, device="cuda")
+    for step in range(5):
+        dist.all_reduce(x)
+        torch.cuda.synchronize()
+        monitor.step(loss=1.0, step=step)
+    if rank == 1:
+        time.sleep(12.0)
+        dist.all_reduce(x)
+        torch.cuda.synchronize()
+    else:
+        began = time.perf_counter()
+        dist.all_reduce(x)
+        returned = time.perf_counter() - began
+        seen, stuck = 0.0, None
+        deadline = time.monotonic() + 10.0
+        while time.monotonic() < deadline:  # the host is free: the collective waits on the device
+            time.sleep(0.2)
+            wait, labels = _inflight(monitor)
+            seen, stuck = max(seen, wait), stuck or labels
+        torch.cuda.synchronize()
+        results.put((returned, seen, stuck))
+    monitor.close()
+    dist.destroy_process_group()
+
+
+def nccl_hang_section(setup: Setup) -> list[str]:
+    import torch
+    import torch.distributed as dist
+
+    if setup.rehearse:
+        return [
+            "CPU rehearsal: no device to hold a collective; the NCCL-semantics CPU backend covers this path "
+            "(tests/exporters/collectives/test_logger.py, the hang lab)"
+        ]
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), RANK="0", WORLD_SIZE="1")
+    dist.init_process_group("nccl", rank=0, world_size=1)
+    lines = []
+    try:
+        monitor = _hang_monitor(setup)
+        x = torch.ones(1 << 20, device="cuda")
+        for step in range(5):
+            dist.all_reduce(x)
+            torch.cuda.synchronize()
+            monitor.step(loss=1.0, step=step)
+        rate_khz = getattr(torch.cuda.get_device_properties(0), "clock_rate", 0) or 1_500_000
+        torch.cuda._sleep(int(8.0 * rate_khz * 1e3))  # about 8 s of device time before the collective
+        began = time.perf_counter()
+        dist.all_reduce(x)
+        returned = time.perf_counter() - began
+        seen, stuck = 0.0, None
+        deadline = time.monotonic() + 6.0
+        while time.monotonic() < deadline:
+            time.sleep(0.2)
+            wait, labels = _inflight(monitor)
+            seen, stuck = max(seen, wait), stuck or labels
+        torch.cuda.synchronize()
+        time.sleep(0.6)
+        after, _ = _inflight(monitor)
+        lines.append(
+            f"one GPU, a collective queued behind an 8 s kernel: the call returned in {1e3 * returned:.2f} ms; "
+            f"in flight seen up to {seen:.1f} s while the host was free (watcher: "
+            f"{stuck[0] if stuck else 'not stuck'}); after the device ran it: {after:.1f} s"
+        )
+        monitor.close()
+    finally:
+        dist.destroy_process_group()
+    if torch.cuda.device_count() >= 2:
+        import torch.multiprocessing as mp
+
+        results = mp.get_context("spawn").SimpleQueue()
+        mp.start_processes(_skipping_rank, args=(2, _free_port(), results), nprocs=2, join=True, start_method="spawn")
+        returned, seen, stuck = results.get()
+        lines.append(
+            f"two GPUs, rank 1 12 s late for an all-reduce: rank 0's call returned in {1e3 * returned:.2f} ms; "
+            f"its in-flight time reached {seen:.1f} s (watcher: {stuck[0] if stuck else 'not stuck'})"
+        )
+    else:
+        lines.append("one GPU only: the two-rank case (rank 1 skips an all-reduce) needs two")
+    return lines
+
+
 # --- sdc ------------------------------------------------------------------------------------
 def _provenance_run(setup: Setup, fault: dict | None) -> tuple[list[dict], list[str]]:
     """The origins NaN provenance named and the anomalies raised over six steps of TinyGPT with ``fault``."""
@@ -536,6 +649,7 @@ RUNNERS: dict[str, Callable[[Setup], list[str]]] = {
     "monitor": monitor_section,
     "exporter": exporter_section,
     "nccl": nccl_section,
+    "nccl_hang": nccl_hang_section,
     "sdc": sdc_section,
 }
 

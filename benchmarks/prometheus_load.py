@@ -48,7 +48,7 @@ def _serve(first_port: int, count: int, ready: multiprocessing.Queue, stop: mult
             otel=False,
             prometheus_addr="127.0.0.1",
             prometheus_port=port,
-            job="load-test",
+            run_id="load-test",  # the job label: one run
             host=f"node-{port}",
             gpu_sample_interval=5.0,
         )

@@ -98,7 +98,7 @@ def _rank_main(rank: int, world: int, master_port: int, out: str) -> None:
     with Monitor(
         ddp,
         optimizer,
-        job=JOB,
+        run_id=JOB,  # the job label (TRAINHEALTH_RUN_ID): one run
         comm=True,
         gpu_backend="off",
         prometheus_addr="127.0.0.1",
@@ -161,7 +161,7 @@ def capture_node_page() -> str:
         prometheus_addr="127.0.0.1",
         prometheus_port=0,
         gpu_sample_interval=0.5,
-        job=JOB,
+        run_id=JOB,  # the job label (TRAINHEALTH_RUN_ID): one run
     )
     identity = Identity.node(settings=settings)
     store = MetricStore()

@@ -48,11 +48,12 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def init_rank(rank: int, world: int, port: int, timeout_s: float = 60.0) -> None:
+def init_rank(rank: int, world: int, port: int, timeout_s: float = 60.0, backend: str = "gloo") -> None:
+    """Initialise the default group of ``rank``; a ``backend`` other than gloo must be registered in this process."""
     os.environ.update(
         MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank)
     )
-    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=timeout_s))
+    dist.init_process_group(backend, rank=rank, world_size=world, timeout=timedelta(seconds=timeout_s))
 
 
 def _where(frame: Any) -> dict[str, Any]:

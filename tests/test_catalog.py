@@ -55,7 +55,7 @@ def test_prometheus_naming_rules(spec: MetricSpec):
     assert spec.all_labels[: len(spec.identity)] == spec.identity
     # the suspects' rank and host name the suspect, the analyzer's per-rank figures the rank analysed; a self-test
     # belongs to a host, not a rank
-    assert spec.identity == IDENTITY_LABELS or spec in (
+    assert spec.identity in (IDENTITY_LABELS, ()) or spec in (
         SUSPECT_SCORE,
         SUSPECT_SLOWDOWN,
         SUSPECT_SINCE_STEP,
@@ -65,6 +65,10 @@ def test_prometheus_naming_rules(spec: MetricSpec):
         SELFTEST_ERROR,
         SELFTEST_TIMESTAMP,
     )
+    # the analyzer's verdicts about a job carry that job's label, not the analyzer's own: job is their first label
+    assert "job" in spec.identity or spec.labels[:1] == ("job",)
+    if not spec.identity:
+        assert spec.prometheus_name.startswith(("trainhealth_suspect_", "trainhealth_analysis_"))
 
 
 @pytest.mark.parametrize("spec", [s for s in CATALOG if s.semconv is None], ids=lambda spec: spec.prometheus_name)

@@ -158,5 +158,6 @@ def test_config_text_groups_settings_with_value_and_source():
     assert shown == reported["detectors"]
 
     identity = dict(line.split(maxsplit=1) for line in sections["Resolved identity"])
-    assert identity["job"] == "llm-7b" and identity["rank"] == "1" and identity["world_size"] == "2"
+    assert identity["job_name"] == "llm-7b" and identity["rank"] == "1" and identity["world_size"] == "2"
+    assert identity["job"] == "(agreed by the ranks at start)"  # TRAINHEALTH_JOB is the logical name, not the label
     assert identity["pod"] == "unset"

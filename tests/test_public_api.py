@@ -37,6 +37,7 @@ SURFACE = {
     "trainhealth.localize": [
         "VERDICTS",
         "Analyzer",
+        "JobResults",
         "LocalizationResult",
         "PrometheusSource",
         "Suspect",

@@ -32,12 +32,13 @@ if _TYPE_CHECKING:
     from trainhealth._internal.localize.analyzer import Analyzer
     from trainhealth._internal.localize.candidates import Thresholds
     from trainhealth._internal.localize.localizer import localize
-    from trainhealth._internal.localize.result import VERDICTS, LocalizationResult, Suspect
+    from trainhealth._internal.localize.result import VERDICTS, JobResults, LocalizationResult, Suspect
     from trainhealth._internal.localize.sources import PrometheusSource, TraceDirectory
 
 __all__ = [
     "VERDICTS",
     "Analyzer",
+    "JobResults",
     "LocalizationResult",
     "PrometheusSource",
     "Suspect",
@@ -52,6 +53,7 @@ _HOME = {
     "Thresholds": "localize.candidates",
     "localize": "localize.localizer",
     "VERDICTS": "localize.result",
+    "JobResults": "localize.result",
     "LocalizationResult": "localize.result",
     "Suspect": "localize.result",
     "PrometheusSource": "localize.sources",

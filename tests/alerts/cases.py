@@ -428,6 +428,48 @@ CASES: dict[str, Case] = {
             {**_positions(20, 19, inflight="0x10", lagging="19 19 19 stale"), **_thresholds("12x10")},
         ),
     ),
+    "PauseOverrun": Case(
+        [
+            Firing(
+                {
+                    f'trainhealth_comm_stuck_duration_seconds{{{L},state="in_pause",op="checkpoint",'
+                    f'where="train.py:save:88"}}': "1900+60x10"
+                },
+                "5m",
+                {**RANK, "state": "in_pause", "op": "checkpoint", "where": "train.py:save:88"},
+                "Rank 3 of train is stuck in a pause (checkpoint)",
+                "Rank 3 on node-1 has been in its announced pause (checkpoint) for 36m 40s, past the pause's bound; "
+                "its peers wait for it. Where: train.py:save:88; the stacks/ file beside its trace says since when.",
+            )
+        ],
+        # stuck, but in a collective: HungCollective's case, not a pause
+        {
+            f'trainhealth_comm_stuck_duration_seconds{{{L},state="in_collective",op="all_reduce",'
+            f'group="default_pg:0",seq="41",where="train.py:step:12"}}': "30+60x10"
+        },
+        "5m",
+    ),
+    "HangWatcherStopped": Case(
+        [
+            Firing(
+                {f"trainhealth_comm_watch_timestamp_seconds{{{L}}}": "0+60x3 180x10"},
+                "10m",
+                RANK,
+                "Hang detection is blind on rank 3 of train",
+                "The hang watcher of rank 3 on node-1 last looked 7m 0s ago while the rank still answers scrapes: "
+                "trainhealth's own thread stopped, so HungCollective and RankMissing cannot fire for this rank. This "
+                "is trainhealth's failure, not the job's: see trainhealth_exporter_errors_total{source=~\"comm_.*\"} "
+                "and the rank's log.",
+            )
+        ],
+        # a watcher that looks every minute (the series is as fresh as the scrapes)
+        {f"trainhealth_comm_watch_timestamp_seconds{{{L}}}": "0+60x20"},
+        "10m",
+        also_quiet=(
+            # a rank gone: its series went stale, RankMissing's case
+            {f"trainhealth_comm_watch_timestamp_seconds{{{L}}}": "0+60x3 stale"},
+        ),
+    ),
     "StragglerSuspect": Case(
         [
             Firing(

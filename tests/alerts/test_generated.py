@@ -83,7 +83,7 @@ def test_dashboards_are_deterministic_with_stable_ids():
         assert len(build_dashboards(ALERTS)) == len(DASHBOARDS)
         assert ids == list(range(1, len(ids) + 1))
         names = [v["name"] for v in data["templating"]["list"]]
-        assert names[:4] == ["datasource", "job", "host", "rank"]
+        assert names[:5] == ["datasource", "job_name", "job", "host", "rank"]
 
 
 def _generated(tmp_path: Path) -> dict[Path, str]:

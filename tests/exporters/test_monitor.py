@@ -116,6 +116,7 @@ def test_identity_labels_and_rank_info():
         "gpu_uuid": "",
         "pod": "",
         "namespace": "",
+        "job_name": "",  # the logical name (TRAINHEALTH_JOB): none given here
     }
     (build,) = got.labels_of("trainhealth_build_info")
     assert build["version"] and build["torch_version"] == torch.__version__

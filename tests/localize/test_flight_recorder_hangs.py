@@ -36,9 +36,10 @@ def _hang_with_flight_recorder(rank: int, world: int, port: int, out: str) -> No
         comm_hang_floor=1.0,
     )
     t = torch.ones(16)
-    for _ in range(5):
+    for step in range(5):
         dist.all_reduce(t)
         time.sleep(0.02)
+        monitor.step(loss=1.0, step=step)  # past start-up: the watcher's threshold is the 1 s floor from here
     if rank == ABSENT:  # stays away from the sixth all-reduce until the test has read the dumps
         deadline = time.monotonic() + 90
         while not Path(out, "release").exists() and time.monotonic() < deadline:

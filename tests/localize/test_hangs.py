@@ -3,7 +3,9 @@ mismatches. (The real-job versions: tests/lab/test_hanglab.py and tests/exporter
 
 from __future__ import annotations
 
-from trainhealth._internal.localize.hangs import hang_result, judge_hangs, positions_from_samples
+import pytest
+
+from trainhealth._internal.localize.hangs import hang_result, judge_hangs, positions_by_job, positions_from_samples
 
 WORLD = "default_pg:0"
 
@@ -167,3 +169,37 @@ def test_a_monitoring_group_waiting_behind_the_hang_is_not_its_root():
     report = judge_hangs(positions_from_samples(samples, gone))
     assert report.hangs[0].group == WORLD and report.culprits[0] == 1
     assert report.hangs[1].group == sdc and report.hangs[1].lagging_ranks == (0, 1)
+
+
+def test_a_long_collective_every_member_entered_is_slow_not_a_hang():
+    # a 25 s all-gather at start-up: both ranks entered #1, the job's threshold is the 10 s floor
+    samples = [s for r in range(4) for s in _rank(r, 1, 0, 25.0, op="all_gather", threshold=10.0)]
+    report = judge_hangs(positions_from_samples([*samples, *_members()]))
+    assert report.hangs == () and [(h.group, h.op, h.seq) for h in report.slow] == [(WORLD, "all_gather", 1)]
+    assert report.slow[0].waiting_ranks == (0, 1, 2, 3) and not report.slow[0].is_hang
+    assert "a slow collective, not a hang" in report.slow[0].verdict
+    # the same wait with one member behind is a hang naming it
+    behind = [*_rank(0, 1, 0, 25.0, "all_gather", threshold=10.0), *_rank(1, 1, 0, 25.0, "all_gather", threshold=10.0)]
+    behind += [*_rank(2, 0, 0, threshold=10.0), *_rank(3, 1, 0, 25.0, "all_gather", threshold=10.0), *_members()]
+    report = judge_hangs(positions_from_samples(behind))
+    assert report.slow == () and report.culprits == (2,)
+    result = hang_result(report)
+    assert result.verdict == "hang" and [s.component for s in result.suspects] == ["rank:2"]
+    assert all(s.kind == "rank" for s in result.suspects)  # never a link
+
+
+def test_two_jobs_sharing_ranks_and_groups_are_judged_apart():
+    """Ranks 0-1 of group default_pg:0 in two jobs: a hung one (rank 1 behind) and a healthy one, whose rank 1 is
+    at the group's number. Read together they would hide or invent a hang; per job, only the hung one is named."""
+
+    def job(name: str, seq1: int, inflight: float) -> list:
+        return [
+            (metric, {**labels, "job": name}, value)
+            for metric, labels, value in [*_rank(0, 41, 40, inflight), *_rank(1, seq1, seq1 - (seq1 == 41))]
+        ]
+
+    hung, healthy = job("run-a", 40, 30.0), job("run-b", 41, 0.0)
+    with pytest.raises(ValueError, match="positions_by_job"):
+        positions_from_samples(hung + healthy)
+    reports = {name: judge_hangs(p) for name, p in positions_by_job(healthy + hung).items()}
+    assert reports["run-a"].culprits == (1,) and reports["run-b"].hangs == ()

@@ -13,15 +13,31 @@ import torch.distributed as dist
 import trainhealth.comm
 from tests.distributed import free_port, init_rank, join, run_ranks, start_ranks
 from tests.helpers import scrape
+from tests.tiers import sweep
 from trainhealth import Monitor
 from trainhealth._internal.localize.hangs import find_hangs, states_from_samples
 from trainhealth._internal.traces.ops import COMMUNICATION_OPS
 from trainhealth.traces import read_trace
+from trainhealth_lab import nccl_semantics
 
 
 # --- work done in each rank (module level: spawned processes import it) ---------------------
-def _every_collective(rank: int, world: int, port: int, out: str) -> None:
-    init_rank(rank, world, port)
+def _init(rank: int, world: int, port: int, backend: str, timeout_s: float = 60.0) -> None:
+    """``backend``: gloo, or the lab's CPU backend with NCCL's semantics (calls return at once, complete later)."""
+    if backend == nccl_semantics.BACKEND:
+        nccl_semantics.register()
+    init_rank(rank, world, port, timeout_s=timeout_s, backend=backend)
+
+
+def _device_sync(backend: str) -> None:
+    """Where a GPU job waits for the device (``loss.item()``): on the NCCL-semantics backend, the host blocks until
+    its collectives ran."""
+    if backend == nccl_semantics.BACKEND:
+        nccl_semantics.synchronize()
+
+
+def _every_collective(rank: int, world: int, port: int, out: str, backend: str) -> None:
+    _init(rank, world, port, backend)
     trainhealth.comm.install(trace_dir=out)
     t = torch.ones(1000)
     dist.all_reduce(t)
@@ -54,6 +70,7 @@ def _every_collective(rank: int, world: int, port: int, out: str) -> None:
     if rank in (0, 1):
         dist.all_reduce(torch.ones(4), group=pairs)
     dist.barrier()
+    _device_sync(backend)
     trainhealth.comm.uninstall()
     dist.destroy_process_group()
 
@@ -103,8 +120,8 @@ def _ddp_straggler(rank: int, world: int, port: int, out: str, slow_rank: int) -
     dist.destroy_process_group()
 
 
-def _hang(rank: int, world: int, port: int, out: str, absent_rank: int) -> None:
-    init_rank(rank, world, port, timeout_s=60)
+def _hang(rank: int, world: int, port: int, out: str, absent_rank: int, backend: str) -> None:
+    _init(rank, world, port, backend)
     monitor = Monitor(
         comm=True,
         gpu_backend="off",
@@ -122,14 +139,19 @@ def _hang(rank: int, world: int, port: int, out: str, absent_rank: int) -> None:
         deadline = time.monotonic() + 60
         while not release.exists() and time.monotonic() < deadline:
             time.sleep(0.05)
-    dist.all_reduce(t)  # the others wait here for the absent rank
+    dist.all_reduce(t)  # the others wait here for the absent rank (on NCCL: the call returns, the work does not)
+    _device_sync(backend)  # on NCCL the host blocks here, outside any collective, while the all-reduce is in flight
     monitor.close()
     dist.destroy_process_group()
 
 
 # --- the tests ------------------------------------------------------------------------------
-def test_every_explicit_collective_is_recorded_with_matching_group_and_seq(tmp_path):
-    run_ranks(_every_collective, 4, str(tmp_path), timeout_s=120)  # no steps: one call of each
+BACKENDS = sweep("backend", ["gloo", nccl_semantics.BACKEND])
+
+
+@BACKENDS
+def test_every_explicit_collective_is_recorded_with_matching_group_and_seq(tmp_path, backend):
+    run_ranks(_every_collective, 4, str(tmp_path), backend, timeout_s=120)  # no steps: one call of each
     trace = read_trace([tmp_path])
     records = trace.records
     assert sorted(records["rank"].unique()) == [0, 1, 2, 3]
@@ -200,8 +222,9 @@ def test_ddp_bucket_all_reduces_are_recorded(tmp_path):
     assert median[1] < median[0] / 2 and median[1] < median[2] / 2
 
 
-def test_a_hang_names_the_rank_that_never_arrived(tmp_path):
-    context = start_ranks(_hang, 3, str(tmp_path), 2)
+@sweep("backend", [nccl_semantics.BACKEND, "gloo"])
+def test_a_hang_names_the_rank_that_never_arrived(tmp_path, backend):
+    context = start_ranks(_hang, 3, str(tmp_path), 2, backend)
     try:
         deadline = time.monotonic() + 60
         hangs = []

@@ -53,6 +53,7 @@ def test_a_rank_stuck_in_host_code_writes_its_stacks_naming_the_function(one_ran
             seen = monitor.store.series(catalog.COMM_STUCK_DURATION)
         stuck_labels = seen[0][0] if seen else None
         _slow_host_code(0.3)
+        monitor.comm.writer.drain(10.0)  # the stacks are written off the flush thread
         dumps = list(monitor.comm.watch.dumps)
         got = scrape(monitor.metrics_url)
         assert got.value("trainhealth_comm_hang_threshold_seconds") == 1.0  # the floor: steps took ~10 ms
@@ -127,6 +128,7 @@ def test_a_collective_that_raises_reaches_the_caller_and_is_counted_and_written_
         assert monitor.comm._current is None  # no longer in flight
         got = scrape(monitor.metrics_url)
         assert got.value("trainhealth_comm_failures_total", op="broadcast", group="default_pg:0") == 2
+        assert monitor.comm.writer.drain(10.0)  # the stacks are written off the flush thread
         written = list((tmp_path / "stacks").glob("*.failed.txt"))
         assert len(written) == 1  # the first failure; the second is its consequence
         first = written[0].read_text().splitlines()[0]
@@ -137,3 +139,121 @@ def test_a_collective_that_raises_reaches_the_caller_and_is_counted_and_written_
             scrape(monitor.metrics_url).value("trainhealth_comm_failures_total", op="broadcast", group="default_pg:0")
             == 2
         )
+
+
+def _stuck_labels(monitor: Monitor, seconds: float) -> tuple | None:
+    """The first stuck series the watcher exports within ``seconds`` while the caller stays in host code."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        seen = monitor.store.series(catalog.COMM_STUCK_DURATION)
+        if seen:
+            return seen[0][0]
+        _slow_host_code(0.1)
+    return None
+
+
+def test_start_up_holds_through_set_up_barriers_until_the_first_step(one_rank, tmp_path):
+    with _monitor(tmp_path) as monitor:
+        for _ in range(3):  # main_process_first, data preparation: barriers before any step
+            dist.barrier()
+            time.sleep(0.05)
+        dist.all_reduce(torch.ones(4))
+        monitor.comm.flush()
+        before_first_step = monitor.store.value(catalog.COMM_HANG_THRESHOLD)
+        stuck_before = _stuck_labels(monitor, 1.5)  # a slow first step: 1.5 s over the 1 s floor, no step yet
+        _steps(monitor, 3)
+        monitor.comm.flush()
+        after_first_step = monitor.store.value(catalog.COMM_HANG_THRESHOLD)
+    assert before_first_step == 60.0 and stuck_before is None
+    assert after_first_step == 1.0  # the slow first step set no norm: the floor, steps took ~10 ms
+
+
+def test_a_pause_past_its_bound_is_stuck_in_the_pause_and_stops_holding_the_rules(one_rank, tmp_path):
+    with _monitor(tmp_path, comm_pause_limit=1.0) as monitor:
+        _steps(monitor, 20)
+        with monitor.pause("checkpoint"):
+            stuck = _stuck_labels(monitor, 3.0)
+            paused_past_bound = monitor.store.value(catalog.COMM_PAUSED, ("checkpoint",))
+        _steps(monitor, 3)
+        monitor.comm.flush()
+        cleared = monitor.store.series(catalog.COMM_STUCK_DURATION)
+        with monitor.pause("checkpoint"):  # the second pause's bound: 3x the first one (about 1 s)
+            learnt = monitor.comm.watch.pause_bound("checkpoint")
+            paused_within_bound = monitor.store.value(catalog.COMM_PAUSED, ("checkpoint",))
+        monitor.comm.writer.drain(5.0)
+        dumps = list(monitor.comm.watch.dumps)
+    assert stuck is not None and stuck[:2] == ("in_pause", "checkpoint")
+    assert paused_past_bound == 0.0 and paused_within_bound == 1.0
+    assert cleared == ()
+    assert 3.0 <= learnt < 6.0
+    assert len(dumps) == 1 and dumps[0].read_text().startswith("rank 0: in a pause (checkpoint) since ")
+
+
+def test_time_outside_collectives_counts_from_the_end_of_a_pause(one_rank, tmp_path):
+    with _monitor(tmp_path) as monitor:
+        _steps(monitor, 20)
+        with monitor.pause("evaluation"):
+            _slow_host_code(1.5)  # longer than the 1 s floor
+        stuck_at_once = _stuck_labels(monitor, 0.5)  # host code right after the pause: 0.5 s, under the floor
+    assert stuck_at_once is None
+
+
+def test_a_stalled_disk_delays_the_stacks_never_the_stuck_series(one_rank, tmp_path, monkeypatch):
+    import os
+
+    real_fsync = os.fsync
+    stalled = []
+
+    def stalling_fsync(fd):  # a shared filesystem that hangs for 4 s on every sync
+        stalled.append(fd)
+        time.sleep(4.0)
+        real_fsync(fd)
+
+    with _monitor(tmp_path) as monitor:
+        _steps(monitor, 20)
+        monkeypatch.setattr(os, "fsync", stalling_fsync)
+        seconds = []
+        deadline = time.monotonic() + 4.0
+        while time.monotonic() < deadline:
+            _slow_host_code(0.3)
+            value = monitor.store.series(catalog.COMM_STUCK_DURATION)
+            if value:
+                seconds.append(value[0][1])
+        monkeypatch.setattr(os, "fsync", real_fsync)
+        _steps(monitor, 2)
+        monitor.comm.writer.drain(15.0)
+        dumps = list(monitor.comm.watch.dumps)
+    assert stalled, "nothing synced to disk: the stall was never exercised"
+    assert len(seconds) >= 5 and seconds[-1] - seconds[0] >= 1.5  # the exported time kept growing
+    assert len(dumps) == 1  # and the evidence arrived once the disk did
+
+
+def test_an_error_in_the_flush_thread_is_counted_and_the_watcher_goes_on(one_rank, tmp_path):
+    with _monitor(tmp_path) as monitor:
+        _steps(monitor, 5)
+        monitor.comm.add_marker("step", 5, "not a time", None)  # a record the flush cannot take in
+        time.sleep(0.5)
+        first = monitor.store.value(catalog.COMM_WATCH_TIMESTAMP)
+        time.sleep(0.5)
+        later = monitor.store.value(catalog.COMM_WATCH_TIMESTAMP)
+        errors = monitor.store.value(catalog.EXPORTER_ERRORS, ("comm_flush",))
+    assert errors is not None and errors >= 1
+    assert later > first  # the watcher still looks
+
+
+def test_groups_made_and_destroyed_every_step_get_their_own_names_and_numbers(one_rank, tmp_path):
+    with _monitor(tmp_path) as monitor:
+        names = []
+        for _ in range(50):
+            group = dist.new_group([0])
+            dist.all_reduce(torch.ones(4), group=group)
+            names.append(monitor.comm.group_id(group))
+            dist.destroy_process_group(group)
+            del group
+            monitor.comm.flush()
+        records = monitor.comm.records()
+        published = monitor.store.series(catalog.COMM_GROUP)
+    side = records[records["group"].isin(names)]
+    assert len(set(names)) == 50  # never a dead group's name
+    assert (side["seq"] == 0).all() and len(side) == 50  # each starts its own numbering
+    assert len(published) <= 2  # destroyed groups leave the exported series

@@ -104,15 +104,15 @@ class LiveWatcher:
 def _poll(analyzer: Any, plan: Truth, wall_s: float, step: int) -> LivePoll:
     began = time.perf_counter()
     try:
-        result = analyzer.run_once()
+        run = analyzer.run_once()
     except Exception as exc:  # the localizer is judged here, not trusted: an exception is a recorded answer
         return LivePoll(
             wall_s, step, None, None, False, f"{type(exc).__name__}: {exc}", round(time.perf_counter() - began, 4)
         )
     took = round(time.perf_counter() - began, 4)
-    if result is None:
+    if run is None:
         return LivePoll(wall_s, step, None, None, False, "no readable traces yet", took)
-    score = score_result(plan.expected(), result)
+    score = score_result(plan.expected(), run.first)  # trace files: one job
     if plan.target is None:
         right = score.verdict_right and not score.false_blame
     else:  # the right verdict and top suspect, once the fault is on (a blame before the onset is false)

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from trainhealth._internal import catalog as c
 from trainhealth._internal.events import Severity
 from trainhealth._internal.knowledge.advice import ADVICE
-from trainhealth._internal.knowledge.limits import GRAFANA_URL, PAUSE_HOLD_S, Limit, PanelRef
+from trainhealth._internal.knowledge.limits import GRAFANA_URL, PAUSE_HOLD_S, WATCHER_STALE_S, Limit, PanelRef
 from trainhealth._internal.knowledge.promql import counted
 from trainhealth._internal.knowledge.xid import known_xids
 
@@ -478,6 +478,23 @@ ALERTS: tuple[AlertRule, ...] = (
         panel=PanelRef(_COMMUNICATION, 4, "Time inside the current collective"),
     ),
     AlertRule(
+        "PauseOverrun",
+        "training",
+        f'{c.COMM_STUCK_DURATION.prometheus_name}{{state="in_pause"}}',
+        "0m",
+        PAGE,
+        "Rank {{ $labels.rank }} of {{ $labels.job }} is stuck in a pause ({{ $labels.op }})",
+        "Rank {{ $labels.rank }} on {{ $labels.host }} has been in its announced pause ({{ $labels.op }}) for "
+        "{{ $value | humanizeDuration }}, past the pause's bound; its peers wait for it. Where: {{ $labels.where }}; "
+        "the stacks/ file beside its trace says since when.",
+        "pause_overrun",
+        "A rank has stayed in a pause it announced (Monitor.pause: a checkpoint save, an evaluation) longer than 3x "
+        "the longest earlier pause of the same reason (comm_pause_limit, 30 minutes by default, before any ended): a "
+        "save hung on a shared filesystem, an evaluation that never returns. The pause no longer holds the hang "
+        "rules once past its bound.",
+        panel=PanelRef(_COMMUNICATION, 4, "Time inside the current collective"),
+    ),
+    AlertRule(
         "StragglerSuspect",
         "training",
         f"{c.SUSPECT_SCORE.prometheus_name} >= {STRAGGLER_SCORE:g}",
@@ -560,6 +577,23 @@ ALERTS: tuple[AlertRule, ...] = (
         "trainhealth analyze is stuck or has no input (Prometheus unreachable, no trace files).",
         panel=PanelRef(_INCIDENTS, 6, "Time since the analyzer's last localization"),
         limit=Limit(ANALYZER_STALE_S, "above"),
+    ),
+    AlertRule(
+        "HangWatcherStopped",
+        "telemetry",
+        f"time() - {c.COMM_WATCH_TIMESTAMP.prometheus_name} > {WATCHER_STALE_S}",
+        "1m",
+        PAGE,
+        "Hang detection is blind on rank {{ $labels.rank }} of {{ $labels.job }}",
+        "The hang watcher of rank {{ $labels.rank }} on {{ $labels.host }} last looked "
+        "{{ $value | humanizeDuration }} ago while the rank still answers scrapes: trainhealth's own thread "
+        "stopped, so HungCollective and RankMissing cannot fire for this rank. This is trainhealth's failure, not "
+        "the job's: see trainhealth_exporter_errors_total{source=~\"comm_.*\"} and the rank's log.",
+        "telemetry",
+        "A rank's /metrics still answers (its series are fresh) but its hang watcher, which looks once a second, "
+        f"has not looked for {WATCHER_STALE_S} s: the state of its collectives is unknown until it is restarted.",
+        panel=PanelRef(_COMMUNICATION, 4, "Time inside the current collective"),
+        limit=Limit(WATCHER_STALE_S, "above"),
     ),
 )
 

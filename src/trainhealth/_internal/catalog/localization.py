@@ -1,4 +1,8 @@
-"""Localization metrics, from ``trainhealth analyze``: suspects, per-rank compute and wait, verdicts."""
+"""Localization metrics, from ``trainhealth analyze``: suspects, per-rank compute and wait, verdicts.
+
+What the analyzer says about a job carries that job's own label (``job`` is the metric's first label: one
+analyzer judges every job of its Prometheus, each on its own); what it says about itself (when it last ran, how
+long it took, whether it is stale) carries its own identity."""
 
 from __future__ import annotations
 
@@ -10,8 +14,8 @@ SUSPECT_SCORE = MetricSpec(
     Unit.DIMENSIONLESS,
     "Localization score of a suspect component, 0 to 1 (0.5 and more blames it); rank, host and gpu name "
     "the suspect (empty for a switch), kind is gpu, nic, host or switch",
-    labels=("rank", "host", "gpu", "kind", "component"),
-    identity=("job",),
+    labels=("job", "rank", "host", "gpu", "kind", "component"),
+    identity=(),
     availability="From trainhealth analyze, while it names suspects.",
 )
 SUSPECT_SLOWDOWN = MetricSpec(
@@ -20,8 +24,8 @@ SUSPECT_SLOWDOWN = MetricSpec(
     Unit.DIMENSIONLESS,
     "How many times as long the suspect computes as its peers (a GPU), or its transfers take as usual (a link), "
     "where the localizer measured it; labels as trainhealth_suspect_score",
-    labels=("rank", "host", "gpu", "kind", "component"),
-    identity=("job",),
+    labels=("job", "rank", "host", "gpu", "kind", "component"),
+    identity=(),
     availability="From trainhealth analyze, while it names suspects measured from step markers and arrivals.",
 )
 SUSPECT_SINCE_STEP = MetricSpec(
@@ -30,8 +34,8 @@ SUSPECT_SINCE_STEP = MetricSpec(
     Unit.STEPS,
     "The training step at which the suspect's slowness began (the change point); absent when it was slow "
     "throughout the window",
-    labels=("rank", "host", "gpu", "kind", "component"),
-    identity=("job",),
+    labels=("job", "rank", "host", "gpu", "kind", "component"),
+    identity=(),
     availability="From trainhealth analyze, while it names suspects with an onset.",
 )
 ANALYSIS_RANK_COMPUTE = MetricSpec(
@@ -40,8 +44,8 @@ ANALYSIS_RANK_COMPUTE = MetricSpec(
     Unit.SECONDS,
     "Median seconds per step each rank of the analysed window spent computing (step time less the time blocked "
     "in collectives); the straggler computes longest",
-    labels=("rank",),
-    identity=("job",),
+    labels=("job", "rank"),
+    identity=(),
     availability="From trainhealth analyze over trace files with step markers or inferred iterations.",
 )
 ANALYSIS_RANK_WAIT = MetricSpec(
@@ -50,17 +54,18 @@ ANALYSIS_RANK_WAIT = MetricSpec(
     Unit.SECONDS,
     "Median seconds per step each rank of the analysed window waited in collectives for later arrivals; the "
     "straggler waits least",
-    labels=("rank",),
-    identity=("job",),
+    labels=("job", "rank"),
+    identity=(),
     availability="From trainhealth analyze over trace files with step markers or inferred iterations.",
 )
 ANALYSIS_VERDICT = MetricSpec(
     "analysis.verdict",
     _G,
     Unit.DIMENSIONLESS,
-    "1 for the verdict of the last localization (healthy, compute, communication, imbalance, insufficient_data), "
-    "0 for the others",
-    labels=("verdict",),
+    "1 for the verdict of the last localization of each job (healthy, compute, communication, imbalance, "
+    "insufficient_data, hang), 0 for the others; job is the job judged",
+    labels=("job", "verdict"),
+    identity=(),
     availability="From trainhealth analyze.",
 )
 ANALYSIS_IRREGULAR_STEPS = MetricSpec(
@@ -68,6 +73,8 @@ ANALYSIS_IRREGULAR_STEPS = MetricSpec(
     _G,
     Unit.STEPS,
     "Steps of the analysed window that took delta times the window's median step time",
+    labels=("job",),
+    identity=(),
     availability="From trainhealth analyze.",
 )
 ANALYSIS_DETECTABLE_SLOWDOWN = MetricSpec(
@@ -76,6 +83,8 @@ ANALYSIS_DETECTABLE_SLOWDOWN = MetricSpec(
     Unit.DIMENSIONLESS,
     "The detection power of the last localization: the smallest slowdown of one rank over its last 10 steps "
     "it would have blamed, from the window's own noise; a healthy verdict needs it at most 1.5",
+    labels=("job",),
+    identity=(),
     availability="From trainhealth analyze, when the window was long enough to measure its noise.",
 )
 ANALYSIS_UNCOVERED_RANKS = MetricSpec(
@@ -84,6 +93,8 @@ ANALYSIS_UNCOVERED_RANKS = MetricSpec(
     Unit.DIMENSIONLESS,
     "Ranks the last localization could not measure in most of its window (no records, or no step markers "
     "where other ranks have them); while above 0 the verdict is never healthy",
+    labels=("job",),
+    identity=(),
     availability="From trainhealth analyze.",
 )
 ANALYSIS_EVENTS = MetricSpec(
@@ -92,6 +103,8 @@ ANALYSIS_EVENTS = MetricSpec(
     Unit.DIMENSIONLESS,
     "Slow stretches in the last localization's window that blame no device: they came and went, or healthy "
     "members of the run show the same",
+    labels=("job",),
+    identity=(),
     availability="From trainhealth analyze.",
 )
 ANALYSIS_RANKS = MetricSpec(
@@ -99,6 +112,8 @@ ANALYSIS_RANKS = MetricSpec(
     _G,
     Unit.DIMENSIONLESS,
     "Ranks seen in the analysed window",
+    labels=("job",),
+    identity=(),
     availability="From trainhealth analyze.",
 )
 ANALYSIS_DURATION = MetricSpec(

@@ -8,8 +8,9 @@ RANK_INFO = MetricSpec(
     "rank",
     _I,
     Unit.DIMENSIONLESS,
-    "Identity of a training process; gpu_uuid joins with dcgm-exporter's UUID label",
-    labels=("local_rank", "world_size", "gpu_uuid", "pod", "namespace"),
+    "Identity of a training process; job is the run's own id, job_name the job's logical name (the same for "
+    "every run of it); gpu_uuid joins with dcgm-exporter's UUID label",
+    labels=("local_rank", "world_size", "gpu_uuid", "pod", "namespace", "job_name"),
 )
 BUILD_INFO = MetricSpec(
     "build",

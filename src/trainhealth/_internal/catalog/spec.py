@@ -108,7 +108,8 @@ class MetricSpec:
     #: When the metric may be missing from an endpoint, and why.
     availability: str = ""
     #: The identity labels of the exporting process it carries: all of them, except for metrics whose
-    #: own ``rank`` and ``host`` labels name someone else (the analyzer's suspects).
+    #: own ``rank`` and ``host`` labels name someone else (the analyzer's suspects), and none for metrics whose
+    #: own ``job`` label names the job they judge (the analyzer's verdicts, one per job it reads).
     identity: tuple[str, ...] = IDENTITY_LABELS
     #: The OpenTelemetry semantic convention it is exported as over OTLP, where one covers it.
     semconv: Semconv | None = None
@@ -123,8 +124,11 @@ class MetricSpec:
             raise ValueError(f"metric {self.name!r}: info metrics have no unit")
         if not self.help or not (self.help[0].isupper() or self.help[0].isdigit()) or self.help.endswith("."):
             raise ValueError(f"metric {self.name!r}: help is a capitalised phrase without a final period")
-        if not set(self.identity) <= set(IDENTITY_LABELS) or "job" not in self.identity:
-            raise ValueError(f"metric {self.name!r}: identity labels must include job and come from {IDENTITY_LABELS}")
+        if not set(self.identity) <= set(IDENTITY_LABELS) or "job" not in self.identity + self.labels[:1]:
+            raise ValueError(
+                f"metric {self.name!r}: identity labels must come from {IDENTITY_LABELS} and include job, "
+                "unless job is the metric's own first label"
+            )
         for label in self.labels:
             if not _LABEL_RE.match(label) or label in _FORBIDDEN_LABELS or label in self.identity:
                 raise ValueError(f"metric {self.name!r}: label {label!r} is not allowed")

@@ -210,12 +210,45 @@ def render_configuration_markdown(infos: Sequence[SettingInfo] | None = None) ->
         ]
     lines += [
         "",
+        "## The job label and the job name",
+        "",
+        "One Prometheus holds many jobs, and every rule, panel and analyzer comparison is made within one job, "
+        "so the `job` label of every series is the run's own id: the same on every rank of one run, different "
+        "for every other run, even of the same job. It is the first of:",
+        "",
+        "1. `run_id` (`TRAINHEALTH_RUN_ID`), for a launcher trainhealth does not know;",
+        "2. `TORCHELASTIC_RUN_ID` (torchrun's `--rdzv-id`), unless it is torchrun's default `none`;",
+        "3. Kubernetes: `<POD_NAMESPACE>/<JOBSET_NAME>/<JOBSET_RESTART_ATTEMPT>` for a JobSet (and a Kubeflow "
+        "TrainJob, which runs as one), `<POD_NAMESPACE>/<PYTORCHJOB_NAME>` for a Kubeflow PyTorchJob. Neither "
+        "operator sets these variables: map them from the pod's labels and annotations with the downward API "
+        "(`metadata.labels['jobset.sigs.k8s.io/jobset-name']`, "
+        "`metadata.annotations['jobset.sigs.k8s.io/restart-attempt']`, "
+        "`metadata.labels['training.kubeflow.org/job-name']`; deploy/k8s/training-pod-example.yaml). A job "
+        "deleted and created again under the same name reuses its label: set `run_id` there;",
+        "4. `SLURM_JOB_ID`, with `/<SLURM_RESTART_COUNT>` once the job was requeued;",
+        "5. otherwise an id of 12 hex digits the ranks agree on through torch.distributed's rendezvous store "
+        "(an atomic compare-and-set under the key `trainhealth/run_id`; no collective), logged once by rank 0. "
+        "A Monitor created before `init_process_group` exports nothing until the process group exists and the "
+        "label is agreed (at the first scrape or step after it); a process that is not one of several ranks, or "
+        "whose loop steps without torch.distributed, takes an id of its own.",
+        "",
+        "`job` (`TRAINHEALTH_JOB`) is the job's logical name, which every run of it shares: it is the "
+        "`job_name` label of `trainhealth_rank_info` (and the `trainhealth.job_name` resource attribute over "
+        "OTLP), never the `job` label. Join it in PromQL (`... * on (job) group_left (job_name) "
+        "trainhealth_rank_info`), pick it in the dashboards' *Job name* variable, or select its runs with "
+        "`trainhealth analyze --job-name NAME`; `trainhealth analyze --job ID` selects one run by its label. "
+        "Per-node exporters and the analyzer are services, not runs: outside a run (no run id in their "
+        'environment) their own series carry `job="trainhealth"`, and the analyzer\'s verdicts and suspects carry '
+        "the label of the job they judge.",
+        "",
         "## Read from the environment, not set by trainhealth",
         "",
         "- Identity: `RANK`, `LOCAL_RANK`, `WORLD_SIZE`, `TORCHELASTIC_RUN_ID` (torchrun); "
-        "`SLURM_PROCID`, `SLURM_LOCALID`, `SLURM_NTASKS`, `SLURM_JOB_ID`, `SLURMD_NODENAME` (Slurm); "
-        "`NODE_NAME`, `POD_NAME`, `POD_NAMESPACE`, `HOSTNAME` with `KUBERNETES_SERVICE_HOST` (Kubernetes, "
-        "set `NODE_NAME` from `spec.nodeName` with the downward API so `host` matches dcgm-exporter's `Hostname`).",
+        "`SLURM_PROCID`, `SLURM_LOCALID`, `SLURM_NTASKS`, `SLURM_JOB_ID`, `SLURM_JOB_NAME`, "
+        "`SLURM_RESTART_COUNT`, `SLURMD_NODENAME` (Slurm); "
+        "`NODE_NAME`, `POD_NAME`, `POD_NAMESPACE`, `HOSTNAME` with `KUBERNETES_SERVICE_HOST`, `JOBSET_NAME`, "
+        "`JOBSET_RESTART_ATTEMPT`, `PYTORCHJOB_NAME` (Kubernetes, through the downward API; "
+        "set `NODE_NAME` from `spec.nodeName` so `host` matches dcgm-exporter's `Hostname`).",
         "- OpenTelemetry: `OTEL_EXPORTER_OTLP_ENDPOINT` / `OTEL_EXPORTER_OTLP_METRICS_ENDPOINT`, "
         "`OTEL_EXPORTER_OTLP_HEADERS`, `OTEL_EXPORTER_OTLP_CERTIFICATE`, `OTEL_METRIC_EXPORT_INTERVAL`, "
         "`OTEL_RESOURCE_ATTRIBUTES`, `OTEL_SERVICE_NAME` (default service name `trainhealth`), read by the "

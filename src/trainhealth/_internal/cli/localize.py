@@ -295,8 +295,10 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
             basic_auth_username=args.prometheus_basic_auth_username,
             basic_auth_password_file=args.prometheus_basic_auth_password_file,
         )
-        source = PrometheusSource(client, job=args.job, window=args.window, step=args.step)
+        source = PrometheusSource(client, job=args.job, window=args.window, step=args.step, job_name=args.job_name)
     else:
+        if args.job_name is not None:
+            raise UsageError("--job-name selects jobs in Prometheus: trace files name none (use --prometheus)")
         source = TraceDirectory(Path(args.traces), args.last, args.history)
     analyzer_settings = {
         "addr": "prometheus_addr",
@@ -306,25 +308,27 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
         "tls_client_cafile": "tls_client_cafile",
         "basic_auth_username": "basic_auth_username",
         "basic_auth_password_file": "basic_auth_password_file",
-        "job": "job",
+        "job": "run_id",  # the analyzer's own series (when it ran, whether stale) carry the job it reads
     }
     settings = Settings.resolve(**{setting: getattr(args, dest) for dest, setting in analyzer_settings.items()})
     if settings.prometheus.port is None:
         settings = settings.replace(prometheus_port=ANALYZER_PORT)
     store = MetricStore(settings.store.max_series_per_metric)
-    analyzer = Analyzer(source, store, _thresholds(args))
+    identity = Identity.node(settings=settings)
+    analyzer = Analyzer(source, store, _thresholds(args), job=identity.job)
     if args.once:
         try:
-            result = analyzer.run_once(strict=True)
+            run = analyzer.run_once(strict=True)
         except SourceError as exc:
             raise UsageError(str(exc)) from None
-        assert result is not None
-        print(json.dumps(result.to_dict(), indent=2, sort_keys=True) if args.json else result.render())
+        if run is None:  # strict: a failed run raises
+            raise UsageError(f"{source.describe()}: no result")
+        print(json.dumps(run.to_dict(), indent=2, sort_keys=True) if args.json else run.render())
         return 0
     stop = threading.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: stop.set())
-    sinks = Sinks.start(store, Identity.node(settings=settings), settings)
+    sinks = Sinks.start(store, identity, settings)
     # a daemon timer, cancelled on the way out: a signal before --duration ends the process now, not then
     deadline = threading.Timer(args.duration if args.duration is not None else 0.0, stop.set)
     deadline.daemon = True
@@ -464,15 +468,24 @@ def add_commands(commands: argparse._SubParsersAction, parser_class: type[argpar
         help="localize periodically from Prometheus or trace files and serve the suspects as metrics",
         description="Every --interval seconds read a window (per-rank collective and step metrics from "
         "Prometheus's HTTP API, or the trace files ranks write into a directory), localize it and "
-        "serve trainhealth_suspect_score and trainhealth_analysis_verdict. A failed run (a bad answer, no "
-        "input yet) is logged in one line and counted; the last verdict stays served, marked "
+        "serve trainhealth_suspect_score and trainhealth_analysis_verdict. Every job Prometheus holds is judged on "
+        "its own (the job label, each run's own id), and every verdict and suspect names its job. A failed run "
+        "(a bad answer, no input yet) is logged in one line and counted; the last verdict stays served, marked "
         "trainhealth_analysis_stale. Stateless: restart it any time.",
     )
     source = analyze.add_mutually_exclusive_group(required=True)
     source.add_argument("--prometheus", metavar="URL", help="Prometheus base URL, e.g. http://127.0.0.1:9090")
     source.add_argument("--traces", metavar="DIR", help="directory the ranks write trace files into")
     analyze.add_argument(
-        "--job", help="only this job (the job label, matched exactly; default: every job Prometheus has)"
+        "--job",
+        help="only this job: its job label, the run's own id, matched exactly (default: every job Prometheus "
+        "has, each judged on its own)",
+    )
+    analyze.add_argument(
+        "--job-name",
+        metavar="NAME",
+        help="Prometheus: only the runs of this logical name (the job_name label of trainhealth_rank_info, "
+        "TRAINHEALTH_JOB), each judged on its own",
     )
     analyze.add_argument(
         "--window",
@@ -511,8 +524,14 @@ def add_commands(commands: argparse._SubParsersAction, parser_class: type[argpar
         metavar="SECONDS",
         help=f"seconds between runs, {_INTERVAL.range_text}; after a failed run twice as long (default 30)",
     )
-    analyze.add_argument("--once", action="store_true", help="run once, print the result and exit (serves nothing)")
-    analyze.add_argument("--json", action="store_true", help="with --once: print the result as JSON")
+    analyze.add_argument(
+        "--once", action="store_true", help="run once, print each job's result and exit (serves nothing)"
+    )
+    analyze.add_argument(
+        "--json",
+        action="store_true",
+        help='with --once: print {"jobs": [...]}, a localization result per job, the most urgent first',
+    )
     analyze.add_argument(
         "--duration",
         type=_DURATION,

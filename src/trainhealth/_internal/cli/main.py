@@ -68,6 +68,8 @@ def _cmd_config(args: argparse.Namespace) -> int:
 
     parse_setting(settings.detectors.spec)
     identity = Identity.from_env(settings=settings)
+    if identity.pending:  # no run id in the environment: the ranks agree on one at start
+        identity = dataclasses.replace(identity, job="(agreed by the ranks at start)")
     rows = []
     for info in setting_infos():
         value = settings.value(info.name)

@@ -78,7 +78,20 @@ class IdentitySettings(SettingGroup):
     TITLE = "Identity"
 
     job: str | None = setting(
-        "job", None, parse_str, "Training job name; default TORCHELASTIC_RUN_ID, SLURM_JOB_ID or 'trainhealth'."
+        "job",
+        None,
+        parse_str,
+        "The job's logical name, the same for every run of it (the job_name label of trainhealth_rank_info, "
+        "never the job label); default the JobSet, PyTorchJob or Slurm job name.",
+    )
+    run_id: str | None = setting(
+        "run_id",
+        None,
+        parse_str,
+        "This run's own id, the job label of every series: the same on every rank of the run, different for "
+        "every other run; default TORCHELASTIC_RUN_ID (unless 'none'), the JobSet or PyTorchJob and its "
+        "restart, SLURM_JOB_ID and SLURM_RESTART_COUNT, else an id the ranks agree on through "
+        "torch.distributed's store.",
     )
     host: str | None = setting(
         "host", None, parse_str, "Host label; default NODE_NAME (Kubernetes downward API) or the host name."
@@ -114,6 +127,10 @@ class IdentitySettings(SettingGroup):
     def validate(self) -> None:
         if self.rank is not None and self.world_size is not None and self.rank >= self.world_size:
             raise self.error("rank", f"{self.rank} is not below world_size {self.world_size}")
+        for name in ("job", "run_id"):
+            value = getattr(self, name)
+            if value is not None and not value.strip():
+                raise self.error(name, f"must not be blank, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -310,6 +327,13 @@ class CommSettings(SettingGroup):
         10.0,
         parse_float,
         "The shortest wait in a collective (or stop outside them) that makes a rank stuck; its hang threshold is 3x its longest recent step, collective or checkpoint save, never under this (trainhealth_comm_hang_threshold_seconds, HungCollective, trainhealth analyze).",
+        bounds=Range(MIN_INTERVAL, MAX_INTERVAL, unit="seconds"),
+    )
+    pause_limit: float = setting(
+        "comm_pause_limit",
+        1800.0,
+        parse_float,
+        "How long an announced pause (Monitor.pause: a checkpoint save, an evaluation) may last before any pause of its reason ended; later, 3x the longest earlier pause of that reason. Past its bound the rank is stuck in the pause (PauseOverrun) and the pause no longer holds the hang rules.",
         bounds=Range(MIN_INTERVAL, MAX_INTERVAL, unit="seconds"),
     )
 

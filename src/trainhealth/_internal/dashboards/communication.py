@@ -20,9 +20,9 @@ UID = "trainhealth-communication"
 def communication_dashboard(alerts: Iterable[AlertLike]) -> Dashboard:
     duration = c.COMM_OP_DURATION.prometheus_name
     started = c.COMM_STARTED_SEQ.prometheus_name
-    steps = f"sum by (rank) (rate({c.TRAIN_STEPS.prometheus_name}{{{F}}}[2m]))"
+    steps = f"sum by (job, rank) (rate({c.TRAIN_STEPS.prometheus_name}{{{F}}}[2m]))"
     per_step = {
-        part: f"sum by (rank) (rate({spec.prometheus_name}{{{F}}}[2m])) / {steps}"
+        part: f"sum by (job, rank) (rate({spec.prometheus_name}{{{F}}}[2m])) / {steps}"
         for part, spec in (("compute", c.TRAIN_STEP_COMPUTE), ("wait", c.TRAIN_STEP_WAIT))
     }
     panels = [
@@ -35,8 +35,8 @@ def communication_dashboard(alerts: Iterable[AlertLike]) -> Dashboard:
             "the collective logger). Ranks wait for the slowest one: the straggler is the rank that "
             "waits least and computes most; a slow link raises every member's wait instead.",
             targets=[
-                target(per_step["compute"], "rank {{rank}} compute"),
-                target(per_step["wait"], "rank {{rank}} wait", ref="B"),
+                target(per_step["compute"], "{{job}} rank {{rank}} compute"),
+                target(per_step["wait"], "{{job}} rank {{rank}} wait", ref="B"),
             ],
         ),
         Heatmap(
@@ -45,7 +45,10 @@ def communication_dashboard(alerts: Iterable[AlertLike]) -> Dashboard:
             description="One row per rank: a slow GPU's peers wait for it (long), the straggler itself is short; "
             "a slow link makes every member of its group long.",
             targets=[
-                target(f"histogram_quantile(0.5, sum by (rank, le) (rate({duration}_bucket{{{F}}}[2m])))", "{{rank}}")
+                target(
+                    f"histogram_quantile(0.5, sum by (job, rank, le) (rate({duration}_bucket{{{F}}}[2m])))",
+                    "{{job}} {{rank}}",
+                )
             ],
         ),
         TimeSeries(
@@ -54,7 +57,10 @@ def communication_dashboard(alerts: Iterable[AlertLike]) -> Dashboard:
             tooltipMode="multi",
             tooltipSort="desc",
             targets=[
-                target(f"histogram_quantile(0.99, sum by (op, le) (rate({duration}_bucket{{{F}}}[5m])))", "{{op}}")
+                target(
+                    f"histogram_quantile(0.99, sum by (job, op, le) (rate({duration}_bucket{{{F}}}[5m])))",
+                    "{{job}} {{op}}",
+                )
             ],
         ),
         TimeSeries(
@@ -64,7 +70,7 @@ def communication_dashboard(alerts: Iterable[AlertLike]) -> Dashboard:
             tooltipSort="desc",
             description="How long each rank has been waiting in its collective; everyone high but one rank: that "
             "rank never arrived.",
-            targets=[target(f"{c.COMM_INFLIGHT_DURATION.prometheus_name}{{{F}}} > 0", "rank {{rank}} {{op}}")],
+            targets=[target(f"{c.COMM_INFLIGHT_DURATION.prometheus_name}{{{F}}} > 0", "{{job}} rank {{rank}} {{op}}")],
         ),
         Table(
             title="Lagging ranks (collectives behind their group)",
@@ -88,7 +94,10 @@ def communication_dashboard(alerts: Iterable[AlertLike]) -> Dashboard:
             tooltipMode="multi",
             tooltipSort="desc",
             targets=[
-                target(f"sum by (rank) (rate({c.COMM_ABNORMAL_OPS.prometheus_name}{{{F}}}[5m])) * 60", "rank {{rank}}")
+                target(
+                    f"sum by (job, rank) (rate({c.COMM_ABNORMAL_OPS.prometheus_name}{{{F}}}[5m])) * 60",
+                    "{{job}} rank {{rank}}",
+                )
             ],
         ),
         TimeSeries(
@@ -96,7 +105,7 @@ def communication_dashboard(alerts: Iterable[AlertLike]) -> Dashboard:
             unit="Bps",
             tooltipMode="multi",
             tooltipSort="desc",
-            targets=[target(f"sum by (op) (rate({c.COMM_BYTES.prometheus_name}{{{F}}}[5m]))", "{{op}}")],
+            targets=[target(f"sum by (job, op) (rate({c.COMM_BYTES.prometheus_name}{{{F}}}[5m]))", "{{job}} {{op}}")],
         ),
         Table(
             title="Suspects (trainhealth analyze)",

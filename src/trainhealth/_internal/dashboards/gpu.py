@@ -85,7 +85,7 @@ def _xid_table() -> Table:
         description="Count per GPU and XID; the panel beside it gives each XID's meaning and action.",
         targets=[
             target(
-                f"sum by (host, gpu, xid) {counted(f'{c.GPU_XID_ERRORS.prometheus_name}{{{F}}}', '24h')}",
+                f"sum by (job, host, gpu, xid) {counted(f'{c.GPU_XID_ERRORS.prometheus_name}{{{F}}}', '24h')}",
                 instant=True,
                 table=True,
             )
@@ -180,7 +180,7 @@ def gpu_dashboard(alerts: Iterable[AlertLike]) -> Dashboard:
         ),
         _panel(
             "NVLink errors per minute",
-            f"sum by (host, gpu, link) (rate({c.GPU_NVLINK_ERRORS.prometheus_name}{{{F}}}[5m])) * 60",
+            f"sum by (job, host, gpu, link) (rate({c.GPU_NVLINK_ERRORS.prometheus_name}{{{F}}}[5m])) * 60",
             unit="cpm",
             legend="{{host}} GPU {{gpu}} link {{link}}",
         ),
@@ -259,8 +259,8 @@ def gpu_dashboard(alerts: Iterable[AlertLike]) -> Dashboard:
                 ),
             ),
             target(
-                f"sum by (host, rank) (rate({c.COMM_BYTES.prometheus_name}{{{RANK_FILTER}}}[5m]))",
-                "{{host}} rank {{rank}} collective bytes",
+                f"sum by (job, host, rank) (rate({c.COMM_BYTES.prometheus_name}{{{RANK_FILTER}}}[5m]))",
+                "{{job}} {{host}} rank {{rank}} collective bytes",
                 ref="D",
             ),
         ),

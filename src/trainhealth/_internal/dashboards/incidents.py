@@ -80,8 +80,8 @@ def incidents_dashboard(alerts: Iterable[AlertLike]) -> Dashboard:
                     f'sum by (job) ({c.SDC_SUSPECT.prometheus_name}{{job=~"$job"}})', "{{job}} suspects", instant=True
                 ),
                 target(
-                    f'count by (host) ({c.SELFTEST_PASSED.prometheus_name}{{job=~"$job"}} == 0)',
-                    "{{host}} failed self-tests",
+                    f'count by (job, host) ({c.SELFTEST_PASSED.prometheus_name}{{job=~"$job"}} == 0)',
+                    "{{job}} {{host}} failed self-tests",
                     ref="B",
                     instant=True,
                 ),
@@ -100,10 +100,11 @@ def incidents_dashboard(alerts: Iterable[AlertLike]) -> Dashboard:
             unit="s",
             tooltipMode="multi",
             tooltipSort="desc",
-            description="Suspects and the verdict are as old as this.",
+            description="Suspects and the verdict are as old as this. One analyzer judges every job, so this is "
+            "the analyzer's own age, whichever job is selected (its job label is its own).",
             targets=[
                 target(
-                    f'time() - max by (job) ({c.ANALYSIS_LAST_RUN_TIMESTAMP.prometheus_name}{{job=~"$job"}})', "{{job}}"
+                    f"time() - max by (job, instance) ({c.ANALYSIS_LAST_RUN_TIMESTAMP.prometheus_name})", "{{instance}}"
                 )
             ],
         ),

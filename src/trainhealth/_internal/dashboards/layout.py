@@ -74,11 +74,16 @@ def _variable(name: str, query: str, label: str) -> Variable:
 
 
 def templating(gpu: bool = False) -> g.Templating:
-    """datasource, job, host, rank (and gpu): every panel query filters on them."""
+    """datasource, job name, job, host, rank (and gpu): every panel query filters on job, host, rank (gpu).
+
+    ``job`` is the job label, each run's own id; ``job_name`` (the runs' logical name, a label of
+    ``trainhealth_rank_info`` only) narrows the runs ``job`` offers. Panels that compare ranks keep ``job`` in
+    their ``by``, so ranks of two jobs selected together are never merged."""
     info = c.RANK_INFO.prometheus_name
     variables = [
         Variable(name="datasource", label="Data source", query="prometheus", type="datasource"),
-        _variable("job", f"label_values({info}, job)", "Job"),
+        _variable("job_name", f"label_values({info}, job_name)", "Job name"),
+        _variable("job", f'label_values({info}{{job_name=~"$job_name"}}, job)', "Job (run)"),
         _variable("host", f'label_values({info}{{job=~"$job"}}, host)', "Host"),
         _variable("rank", f'label_values({info}{{job=~"$job",host=~"$host"}}, rank)', "Rank"),
     ]

@@ -111,14 +111,14 @@ def training_dashboard(alerts: Iterable[AlertLike]) -> Dashboard:
         ),
         _series(
             "Attention max logit",
-            f"max by (layer) ({c.MODEL_ATTENTION_MAX_LOGIT.prometheus_name}{{{F}}})",
-            "{{layer}}",
+            f"max by (job, layer) ({c.MODEL_ATTENTION_MAX_LOGIT.prometheus_name}{{{F}}})",
+            "{{job}} {{layer}}",
             description="Growth comes before attention-logit blow-ups: QK-norm or QK-clip.",
         ),
         _series(
             "Attention entropy",
-            f"min by (layer) ({c.MODEL_ATTENTION_ENTROPY.prometheus_name}{{{F}}})",
-            "{{layer}}",
+            f"min by (job, layer) ({c.MODEL_ATTENTION_ENTROPY.prometheus_name}{{{F}}})",
+            "{{job}} {{layer}}",
             description="Entropy collapsing towards 0 precedes instability.",
         ),
         _series(
@@ -128,8 +128,8 @@ def training_dashboard(alerts: Iterable[AlertLike]) -> Dashboard:
         ),
         _series(
             "Activation RMS by block",
-            f"max by (block) ({c.MODEL_ACTIVATION_RMS.prometheus_name}{{{F}}})",
-            "{{block}}",
+            f"max by (job, block) ({c.MODEL_ACTIVATION_RMS.prometheus_name}{{{F}}})",
+            "{{job}} {{block}}",
             log=True,
         ),
         _series(

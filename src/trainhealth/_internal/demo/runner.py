@@ -24,6 +24,7 @@ from trainhealth._internal._files import output_directory
 from trainhealth._internal._ports import free_port
 from trainhealth._internal.demo.report import Incident, write_report
 from trainhealth._internal.demo.worker import DemoConfig, rank_main
+from trainhealth._internal.identity import new_run_id
 
 if TYPE_CHECKING:
     from trainhealth._internal.faults import Fault
@@ -98,10 +99,11 @@ def run_demo(options: DemoOptions) -> int:
         port_base=options.port_base,
         faults=options.faults,
         master_port=options.master_port or free_port(),
+        run_id=f"demo-{new_run_id()}",
         seed=options.seed,
     )
     verdicts: list[dict[str, Any]] = []
-    analyzer, analyzer_stop, sinks = _start_analyzer(options, verdicts)
+    analyzer, analyzer_stop, sinks = _start_analyzer(options, verdicts, config.run_id)
     pages = _Pages()
     webhook = pages.serve(options.addr, options.webhook_port) if options.webhook_port else None
     interrupted = threading.Event()
@@ -163,8 +165,11 @@ def run_demo(options: DemoOptions) -> int:
 
 
 # --- pieces -----------------------------------------------------------------------------
-def _start_analyzer(options: DemoOptions, verdicts: list[dict[str, Any]]) -> tuple[Any, threading.Event | None, Any]:
-    """The analyzer over the ranks' traces every 10 s; each change of its verdict is appended to ``verdicts``."""
+def _start_analyzer(
+    options: DemoOptions, verdicts: list[dict[str, Any]], run_id: str | None
+) -> tuple[Any, threading.Event | None, Any]:
+    """The analyzer over the ranks' traces every 10 s; each change of its verdict is appended to ``verdicts``.
+    Its verdicts carry the job label of the run (``run_id``), as the ranks' series do."""
     if options.analyzer_port is None:
         return None, None, None
     from trainhealth._internal.config import Settings
@@ -177,10 +182,13 @@ def _start_analyzer(options: DemoOptions, verdicts: list[dict[str, Any]]) -> tup
     logging.getLogger("trainhealth._internal.localize").setLevel(
         logging.ERROR
     )  # "no trace files yet" is expected early on
-    settings = Settings.resolve(env={}, job="demo", prometheus_addr=options.addr, prometheus_port=options.analyzer_port)
+    settings = Settings.resolve(
+        env={}, job="demo", run_id=run_id, prometheus_addr=options.addr, prometheus_port=options.analyzer_port
+    )
     store = MetricStore()
-    analyzer = Analyzer(TraceDirectory(options.out / "traces", 40), store)
-    sinks = Sinks.start(store, Identity.node(settings=settings), settings)
+    identity = Identity.node(settings=settings)
+    analyzer = Analyzer(TraceDirectory(options.out / "traces", 40), store, job=identity.job)
+    sinks = Sinks.start(store, identity, settings)
     stop = threading.Event()
     threading.Thread(
         target=_analyze, args=(analyzer, stop, verdicts), name="trainhealth-demo-analyzer", daemon=True
@@ -192,8 +200,9 @@ def _analyze(analyzer: Any, stop: threading.Event, verdicts: list[dict[str, Any]
     """Run the analyzer every ``interval_s`` until ``stop``, keeping each verdict that differs from the one before."""
     while not stop.is_set():
         began = time.monotonic()
-        result = analyzer.run_once()
-        if result is not None:
+        run = analyzer.run_once()
+        if run is not None:
+            result = run.first  # trace files: the demo's one job
             entry = {
                 "time": time.time(),
                 "verdict": result.verdict,

@@ -59,7 +59,8 @@ class DemoConfig:
     faults: list[Fault] | None  # None: the built-in schedule
     master_port: int
     pace_s: float = 0.1  # host work per step on top of the tiny model, so steps look like a real job's
-    job: str = "demo"
+    job: str = "demo"  # the logical name (job_name)
+    run_id: str | None = None  # the job label: this demo run's own id, shared with the demo's analyzer
     seed: int = 0
 
 
@@ -123,6 +124,7 @@ def _train(rank: int, config: DemoConfig, progress: Any, stop: Any, torch: Any, 
         ddp,
         optimizer,
         job=config.job,
+        run_id=config.run_id,
         comm=True,
         trace_dir=str(out / "traces"),
         gpu_backend="simulated",

@@ -9,6 +9,7 @@ them the logger exports how long each step computed and how long it waited in co
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any
 
@@ -37,6 +38,7 @@ class StepMarkers:
             previous = self._created if self._first_step_began is None else self._first_step_began
         self._comm.add_marker("step", step, previous, now - previous)
         self._comm.step = step + 1
+        self._comm.training_thread = threading.get_ident()  # the loop's thread: whose stack says where a hang is
 
     # --- hooks: forward (pre and post) on the model, step (pre and post) on the optimizer ---
     def forward_begins(self, module: Any, args: Any) -> None:

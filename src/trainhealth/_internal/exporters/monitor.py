@@ -57,7 +57,7 @@ from trainhealth._internal.exporters.wiring import (
     hookable_optimizer,
     parameter_stats,
 )
-from trainhealth._internal.identity import Identity
+from trainhealth._internal.identity import Identity, RunIdentity
 from trainhealth._internal.sinks.service import Sinks
 from trainhealth._internal.store import MetricStore
 
@@ -122,9 +122,11 @@ class Monitor:
         identity = Identity.from_env(env, settings)
         if not identity.gpu_uuid:
             identity = identity.with_gpu_uuid(cuda_uuid(torch, model))
-        self.identity = identity
         self.store = MetricStore(settings.store.max_series_per_metric)
+        # the job label: the launcher's run id, else agreed through torch.distributed's store once it is up
+        self._run = RunIdentity(identity, self._identity_fixed, lambda exc: self.store.record_error("identity", exc))
         self.store.set_info(catalog.RANK_INFO, tuple(identity.info_labels.values()))
+        identity = self._run.current() or identity
 
         lr_source = base_optimizer(optimizer)
         optimizer = hookable_optimizer(lr_source, self.store)  # None for one the Monitor cannot hook
@@ -139,7 +141,9 @@ class Monitor:
         )
         for signal in ("loss", "grad_norm"):  # from 0, so the first non-finite step is an increase
             self.store.inc(catalog.TRAIN_NONFINITE_STEPS, 0.0, (signal,))
-        self._sinks = Sinks.start(self.store, identity, settings, env, events=self.events)
+        self._sinks = Sinks.start(self.store, identity, settings, env, events=self.events, current=self._run.current)
+        if not self._run.identity.pending:
+            self._sinks.identity_fixed(self._run.identity)  # fixed while the sinks started
         self.health: ModelHealth | None = None
         if model is not None:
             self.health = ModelHealth.build(
@@ -151,7 +155,7 @@ class Monitor:
             self._sinks.close()
             raise
         if self.gpu is not None and not identity.gpu_uuid and len(self.gpu.gpu_uuids) == 1:
-            self.identity = identity = identity.with_gpu_uuid(self.gpu.gpu_uuids[0])
+            identity = self._run.replace(gpu_uuid=self.gpu.gpu_uuids[0])
             self.store.set_info(catalog.RANK_INFO, tuple(identity.info_labels.values()))
         self.comm = None
         self._owns_comm = False
@@ -191,7 +195,19 @@ class Monitor:
                 model.register_forward_hook(markers.forward_ends),
             ]
 
+    def _identity_fixed(self, identity: Identity) -> None:
+        """The job label was fixed (see :class:`RunIdentity`): the info metric and the OTLP push follow it."""
+        self.store.set_info(catalog.RANK_INFO, tuple(identity.info_labels.values()))
+        sinks: Sinks | None = getattr(self, "_sinks", None)  # None: fixed before they started, and they know
+        if sinks is not None:
+            sinks.identity_fixed(identity)
+
     # --- public ---------------------------------------------------------------------
+    @property
+    def identity(self) -> Identity:
+        """Who this process is; its job label is empty until fixed (torch.distributed not initialised yet)."""
+        return self._run.identity
+
     @property
     def metrics_url(self) -> str | None:
         """Where /metrics is served, or ``None`` when the Prometheus endpoint is off."""
@@ -218,6 +234,8 @@ class Monitor:
         """
         if self._closed:
             return
+        if self._run.identity.pending:  # the loop steps: torch.distributed is up by now, or this run goes without
+            self._run.current(final=True)
         self._recorder.record(loss, tokens, grad_norm, step)
 
     def gradients_ready(self) -> None:

@@ -23,21 +23,34 @@ When ``accelerator.prepare`` wraps the model in DistributedDataParallel, the tra
 collective logger's communication hook on the wrapper at the model's first forward pass (with the logger
 on: ``comm=True`` or ``TRAINHEALTH_COMM=1``), so DDP's bucket all-reduces are in the trace.
 Keyword arguments are Monitor settings.
+
+Checkpoint saves are announced as pauses (``Monitor.pause("checkpoint")``) on the main process: the
+Accelerator hands itself to its trackers only there, calling ``start()`` from ``init_trackers``, and
+has no hook after a save (``register_save_state_pre_hook`` runs midway, after FSDP and DeepSpeed have
+written the model), so ``start()`` wraps that Accelerator's ``save_state`` and ``save_model`` on the
+instance: each call passes through unchanged, inside the pause, and a ``save_state`` is reported as a
+checkpoint of the last optimizer step, numbered like the recorded steps. ``finish()`` puts them back.
+Accelerate has no evaluation signal (the loop evaluates as it likes): wrap an evaluation, and a save on
+the other ranks, in ``tracker.monitor.pause("evaluation")`` / ``pause("checkpoint")``.
 """
 
 from __future__ import annotations
 
+import sys
+from types import FrameType
 from typing import Any
 
 from trainhealth._internal.integrations._versions import require
 
 require("accelerate")
 
+from accelerate import Accelerator
 from accelerate.tracking import GeneralTracker
 
 from trainhealth._internal.exporters.monitor import Monitor
 from trainhealth._internal.exporters.wiring import base_optimizer
 from trainhealth._internal.integrations._ddp import ddp_running, instrument
+from trainhealth._internal.integrations._pauses import CHECKPOINT, Pauses
 
 __all__ = ["TrainhealthTracker"]
 
@@ -64,6 +77,8 @@ class TrainhealthTracker(GeneralTracker):
         self._logged_early = False  # log() recorded a step before this step's optimizer step ended
         self._ddp_searches = _DDP_SEARCH_FORWARDS if self.monitor.comm is not None else 0
         self._handles: list[Any] = []
+        self._pauses = Pauses(self.monitor)
+        self._accelerator: Any = None  # the Accelerator whose saves are announced (main process)
         hooked = base_optimizer(optimizer)
         if hooked is not None and hasattr(hooked, "register_step_post_hook"):
             self._handles.append(hooked.register_step_post_hook(self._optimizer_stepped))
@@ -75,6 +90,16 @@ class TrainhealthTracker(GeneralTracker):
     @property
     def tracker(self) -> Monitor:
         return self.monitor
+
+    def start(self) -> None:
+        """Called by ``Accelerator.init_trackers`` (main process): announce that Accelerator's saves as pauses."""
+        accelerator = _calling_accelerator()
+        if accelerator is None or accelerator is self._accelerator:
+            return
+        self._pauses.end()  # a tracker started again by another Accelerator
+        self._accelerator = accelerator
+        self._pauses.around(accelerator, "save_state", CHECKPOINT, after=self._state_saved)
+        self._pauses.around(accelerator, "save_model", CHECKPOINT)
 
     def store_init_configuration(self, values: dict[str, Any]) -> None:
         return  # hyperparameters are not metrics
@@ -97,6 +122,8 @@ class TrainhealthTracker(GeneralTracker):
         )
 
     def finish(self) -> None:
+        self._pauses.end()
+        self._accelerator = None
         self._record_pending()
         for handle in self._handles:
             handle.remove()
@@ -113,6 +140,10 @@ class TrainhealthTracker(GeneralTracker):
             self._optimizer_steps += 1
         except Exception as exc:  # noqa: BLE001
             self.monitor.store.record_error("monitor", exc)
+
+    def _state_saved(self) -> None:
+        """After ``save_state``: a checkpoint of the last optimizer step, numbered as :meth:`log` numbers it."""
+        self.monitor.checkpoint_saved(max(self._optimizer_steps - 1, 0) + self._offset)
 
     def _optimizer_steps_next(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         self._record_pending()
@@ -135,3 +166,16 @@ class TrainhealthTracker(GeneralTracker):
         pending, self._pending = self._pending, None
         if pending is not None:
             self.monitor.step(step=pending + self._offset)
+
+
+def _calling_accelerator() -> Any:
+    """The ``accelerate.Accelerator`` among the callers (the one whose ``init_trackers`` runs), else ``None``."""
+    frame: FrameType | None = sys._getframe(1)
+    for _ in range(8):
+        if frame is None:
+            return None
+        candidate = frame.f_locals.get("self")
+        if isinstance(candidate, Accelerator):
+            return candidate
+        frame = frame.f_back
+    return None

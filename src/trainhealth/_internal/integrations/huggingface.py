@@ -15,6 +15,16 @@ The values are taken where the Trainer computes them, so they equal what it logs
   (``trainhealth_checkpoint_last_step``). With the collective logger on (``comm=True``), the
   collective, ``forward`` and ``optimizer`` rows of an optimizer step carry the step number of
   its ``step`` marker, from the first step on;
+* **pauses**: the Trainer's checkpoint saves and evaluations are announced as pauses
+  (``Monitor.pause("checkpoint")``, ``Monitor.pause("evaluation")``), so neither this rank nor its peers
+  waiting for it count as hung meanwhile. ``DefaultFlowCallback`` (the Trainer's first callback) sets
+  ``control.should_evaluate`` / ``should_save`` in ``on_step_end`` and ``on_epoch_end``, and the Trainer
+  evaluates, then saves, right after those events (``_maybe_log_save_evaluate``): this callback opens the
+  evaluation's pause there (the save's when there is no evaluation), closes it at ``on_evaluate`` and
+  opens the save's, which ``on_save`` closes. With ``save_strategy="best"`` the Trainer decides to save
+  only after ``on_evaluate``: the save's pause opens there anyway and, when no save follows, closes at the
+  next ``on_step_begin``. ``eval_on_start``'s evaluation is paused from ``on_train_begin``. Whatever is
+  still open closes at the next ``on_step_begin``, ``on_epoch_end`` or ``on_train_end``;
 * **DDP's bucket all-reduces**: the Trainer wraps the model in DistributedDataParallel after
   ``on_train_begin``; at the first ``on_step_begin`` the callback registers the collective logger's
   communication hook on the Trainer's ``model_wrapped`` (with the logger on), so a straggler's
@@ -44,10 +54,12 @@ from trainhealth._internal.integrations._versions import require
 require("transformers")
 
 from transformers import Trainer, TrainerCallback
+from transformers.trainer_utils import SaveStrategy
 
 from trainhealth._internal.exporters.monitor import Monitor
 from trainhealth._internal.integrations._capture import ForwardCapture
 from trainhealth._internal.integrations._ddp import instrument
+from trainhealth._internal.integrations._pauses import CHECKPOINT, EVALUATION, Pauses
 
 __all__ = ["TrainhealthCallback"]
 
@@ -70,6 +82,8 @@ class TrainhealthCallback(TrainerCallback):
         self._deferred: tuple[Any, int | None, int] | None = None
         self._running: Any = None  # the Trainer of the current train()
         self._ddp_pending = False  # whether the first on_step_begin is still to look for the DDP wrapper
+        self._pauses: Pauses | None = None  # the checkpoint saves and evaluations announced (Monitor.pause)
+        self._save_may_follow = False  # the open evaluation is the training loop's: a "best" save may follow
 
     @classmethod
     def attach(cls, trainer: Any, **monitor_settings: Any) -> TrainhealthCallback:
@@ -93,8 +107,13 @@ class TrainhealthCallback(TrainerCallback):
             self._taps = _TrainerTaps(trainer, self.monitor)
         else:
             self._capture = ForwardCapture(model)
+        self._pauses = Pauses(self.monitor)
+        if getattr(args, "eval_on_start", False):  # the Trainer evaluates right after this event
+            self._pauses.open(EVALUATION)
 
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self._pauses is not None:  # a save that never reported, a "best" save that did not happen
+            self._pauses.close()
         if self._ddp_pending and self.monitor is not None:  # the Trainer has wrapped the model by now
             self._ddp_pending = False
             instrument(self.monitor, getattr(self._running, "model_wrapped", None))
@@ -114,16 +133,46 @@ class TrainhealthCallback(TrainerCallback):
                 self._deferred = (loss, tokens, state.global_step)
             else:
                 monitor.step(loss=loss, tokens=tokens, step=state.global_step)
+        self._announce(control)
+
+    def on_epoch_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._announce(control)
+
+    def on_evaluate(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        """The evaluation ended; the save the Trainer makes next (if any) begins."""
+        pauses = self._pauses
+        if pauses is None or self.monitor is None:
+            return
+        pauses.close(EVALUATION)
+        # the handler cleared should_evaluate, not should_save; "best" decides after this event
+        if control.should_save or (self._save_may_follow and args.save_strategy == SaveStrategy.BEST):
+            pauses.open(CHECKPOINT)
+        self._save_may_follow = False
 
     def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any) -> None:
         self._step_deferred((logs or {}).get("grad_norm"))
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self._pauses is not None:
+            self._pauses.close()
         if self.monitor is not None:
             self.monitor.checkpoint_saved(state.global_step)
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._finish()
+
+    def _announce(self, control: Any) -> None:
+        """After ``DefaultFlowCallback`` set the flags (``on_step_end``, ``on_epoch_end``): the pause of what the
+        Trainer does next, the evaluation (the save follows it, from ``on_evaluate``), else the save."""
+        pauses = self._pauses
+        if pauses is None or self.monitor is None:
+            return
+        pauses.close()
+        self._save_may_follow = bool(control.should_evaluate)
+        if control.should_evaluate:
+            pauses.open(EVALUATION)
+        elif control.should_save:
+            pauses.open(CHECKPOINT)
 
     def _step_deferred(self, grad_norm: Any) -> None:
         deferred, self._deferred = self._deferred, None
@@ -132,7 +181,11 @@ class TrainhealthCallback(TrainerCallback):
             self.monitor.step(loss=loss, tokens=tokens, grad_norm=grad_norm, step=step)
 
     def _finish(self) -> None:
-        """Export a step still waiting for its logs, unwrap the Trainer, close the Monitor."""
+        """Close the pauses, export a step still waiting for its logs, unwrap the Trainer, close the Monitor."""
+        if self._pauses is not None:
+            self._pauses.end()
+            self._pauses = None
+        self._save_may_follow = False
         self._step_deferred(None)
         if self._taps is not None:
             self._taps.close()

@@ -24,7 +24,20 @@ An optimizer step is detected by ``trainer.global_step`` changing, so the step L
 takes on an epoch's last batch when the batch count is not a multiple of
 ``accumulate_grad_batches`` is recorded too, with that step's own micro-batches. Under
 DDP every rank records its own values under its own rank label. Checkpoints are
-reported. Other keyword arguments are Monitor settings.
+reported (``on_save_checkpoint``). Other keyword arguments are Monitor settings.
+
+Checkpoint saves and validation are announced as pauses (``Monitor.pause("checkpoint")``,
+``Monitor.pause("evaluation")``), on every rank (each runs both), so that neither a rank nor its
+peers waiting for it count as hung meanwhile:
+
+* a save is ``Trainer.save_checkpoint`` (what ``ModelCheckpoint`` and the other checkpoint callbacks
+  call, on every rank: it builds the checkpoint, has the strategy write it, then waits in a barrier).
+  Lightning calls no callback hook when it ends, and ``on_save_checkpoint`` not at all for a
+  weights-only save, so from ``on_train_start`` to the end of training the callback wraps that method
+  of the running Trainer instance: each call passes through unchanged, inside the pause;
+* an evaluation runs from ``on_validation_start`` to ``on_validation_end`` (sanity checking comes
+  before ``on_train_start`` and is not announced). A validation that never reaches its end closes
+  at the next ``on_train_batch_start``, at ``on_train_end`` or at ``on_exception``.
 """
 
 from __future__ import annotations
@@ -39,6 +52,7 @@ require("lightning")
 from lightning.pytorch.callbacks import Callback
 
 from trainhealth._internal.exporters.monitor import Monitor
+from trainhealth._internal.integrations._pauses import CHECKPOINT, EVALUATION, Pauses
 
 __all__ = ["TrainhealthCallback"]
 
@@ -53,6 +67,7 @@ class TrainhealthCallback(Callback):
         self._tokens = 0
         self._grad_norms: dict[int, Any] = {}  # by optimizer: the pre-clip norms of this step
         self._last_global_step: int | None = None
+        self._pauses: Pauses | None = None  # the saves and validations announced (Monitor.pause)
 
     # --- lifecycle ------------------------------------------------------------------
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
@@ -62,6 +77,10 @@ class TrainhealthCallback(Callback):
             self._monitor_closed = False
         self._last_global_step = trainer.global_step
         self._start_window()
+        if self._pauses is not None:
+            self._pauses.end()
+        self._pauses = Pauses(self.monitor)
+        self._pauses.around(trainer, "save_checkpoint", CHECKPOINT)
 
     def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
         # Lightning zeroes the gradients on an epoch's first batch: micro-batches of an unfinished
@@ -77,6 +96,18 @@ class TrainhealthCallback(Callback):
     def on_save_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: dict[str, Any]) -> None:
         if self.monitor is not None and not self._monitor_closed:
             self.monitor.checkpoint_saved(trainer.global_step)
+
+    def on_validation_start(self, trainer: Any, pl_module: Any) -> None:
+        if self._pauses is not None:
+            self._pauses.open(EVALUATION)
+
+    def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
+        if self._pauses is not None:
+            self._pauses.close(EVALUATION)
+
+    def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
+        if self._pauses is not None:  # a validation that never reached on_validation_end
+            self._pauses.close()
 
     # --- the step -------------------------------------------------------------------
     def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
@@ -135,6 +166,9 @@ class TrainhealthCallback(Callback):
         self._losses, self._tokens, self._grad_norms = [], 0, {}
 
     def _close(self) -> None:
+        if self._pauses is not None:
+            self._pauses.end()
+            self._pauses = None
         if self.monitor is not None and not self._monitor_closed:
             self._monitor_closed = True
             self.monitor.close()

@@ -75,6 +75,19 @@ ADVICE: dict[str, Advice] = {
         ),
         ("REFERENCE.md, hung collectives; PyTorch Flight Recorder",),
     ),
+    "pause_overrun": Advice(
+        "A pause that does not end",
+        (
+            "Read the rank's stacks file (stacks/ beside its trace, headed 'in a pause (<reason>) since ...') or "
+            "take py-spy dump of the rank: a save blocked on storage (check the filesystem's health, quota and free "
+            "space) or an evaluation loop that never returns.",
+            "If the pause cannot finish, restart from the last complete checkpoint; raise comm_pause_limit only when "
+            "pauses this long are expected.",
+        ),
+        (
+            "py-spy, github.com/benfred/py-spy; PyTorch distributed checkpoint docs, pytorch.org/docs/stable/distributed.checkpoint.html",
+        ),
+    ),
     "healthy": Advice("Healthy", (), ()),
     "insufficient_data": Advice(
         "Not enough evidence for a verdict",

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["GRAFANA_URL", "PAUSE_HOLD_S", "Limit", "PanelRef"]
+__all__ = ["GRAFANA_URL", "PAUSE_HOLD_S", "WATCHER_STALE_S", "Limit", "PanelRef"]
 
 #: The Grafana that dashboard_url points into; ``trainhealth alerts --grafana-url`` changes it.
 GRAFANA_URL = "http://127.0.0.1:3000"
@@ -21,6 +21,9 @@ GRAFANA_URL = "http://127.0.0.1:3000"
 #: Prometheus is as old as their last scrape when the pausing rank's end of pause is already scraped. Used by
 #: the hang rules and by ``trainhealth analyze``.
 PAUSE_HOLD_S = 30
+#: Seconds a rank's hang watcher may go without looking (it looks about once a second) while the rank's
+#: /metrics still answers, before HangWatcherStopped pages: the hang rules are blind for that rank.
+WATCHER_STALE_S = 60
 
 
 @dataclass(frozen=True)

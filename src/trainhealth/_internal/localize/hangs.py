@@ -9,13 +9,17 @@ announced a pause, and where its training thread is when it is stuck
 (:mod:`trainhealth._internal.exporters.collectives.watch`). In a hang, the group's ranks
 sit in collective S while a lagging rank has not entered it: its started
 sequence number is below S, or it reports nothing at all (gone: its last
-numbers are what Prometheus last scraped). When every member has entered S, the
-ranks wait on each other inside it and the communication path is the suspect;
-members at S inside different collectives are a mismatch.
+numbers are what Prometheus last scraped); members at S inside different
+collectives are a mismatch. A collective that every member has entered (none
+behind, none missing, none elsewhere) and that is still running is a **slow
+collective**, not a hang (a large all-gather at start-up, a slow link): it is
+reported (:attr:`HangReport.slow`), never a ``hang`` verdict, and names no suspect.
 
 A group hangs when a member has waited longer than the job's hang threshold (the
 largest its ranks export: a few times their own step, at least 10 s); never
-while a rank is in an announced pause.
+while a rank is in an announced pause. Positions are judged per job: one
+Prometheus holds many jobs, and ranks of two jobs share ranks and group names
+(:func:`positions_by_job`).
 
 >>> states = [RankCommState(0, "dp", 7, 6, "all_reduce", 42.0), RankCommState(1, "dp", 7, 6, "all_reduce", 41.5),
 ...           RankCommState(2, "dp", 6, 6, "", 0.0)]
@@ -25,6 +29,9 @@ while a rank is in an announced pause.
 ...                                gone={2: GoneRank(2, 1_700_000_000.0, {"dp": 6})}))
 >>> print(report.hangs[0].verdict)
 rank 2 missing since 22:13:20 UTC (last at #6 of dp); ranks 0, 1 waiting 42 s in all_reduce #7
+>>> entered = judge_hangs(Positions(tuple(states[:2]), members={"dp": (0, 1)}, watch={0: RankWatch(15.0)}))
+>>> entered.hangs, [h.verdict for h in entered.slow]
+((), ['every member entered all_reduce #7 and it is still running: a slow collective, not a hang; ranks 0, 1 waiting 42 s in all_reduce #7'])
 """
 
 from __future__ import annotations
@@ -51,6 +58,7 @@ __all__ = [
     "find_hangs",
     "hang_result",
     "judge_hangs",
+    "positions_by_job",
     "positions_from_records",
     "positions_from_samples",
     "states_from_samples",
@@ -149,8 +157,14 @@ class HangSuspect:
                 "mismatch: " + ", ".join(f"rank {r} is in {op} #{self.seq}" for r, op in self.mismatch.items())
             )
         if not parts:
-            return f"every member entered {self.op} #{self.seq}: the communication path is stuck; {waiting}"
+            return f"every member entered {self.op} #{self.seq} and it is still running: a slow collective, not a hang; {waiting}"
         return "; ".join(parts + [waiting])
+
+    @property
+    def is_hang(self) -> bool:
+        """Whether a member holds the others: behind, missing or inside another collective. A collective every
+        member entered is slow, not hung."""
+        return bool(self.lagging_ranks or self.mismatch)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -171,11 +185,13 @@ class HangSuspect:
 
 @dataclass(frozen=True)
 class HangReport:
-    """The hangs of a job, the threshold that judged them, and the announced pauses that held a verdict back."""
+    """The hangs of a job, the threshold that judged them, the announced pauses that held a verdict back, and
+    the slow collectives: waits past the threshold in a collective every member entered, which are no hang."""
 
     hangs: tuple[HangSuspect, ...]
     threshold_s: float
     paused: tuple[str, ...] = ()  # "rank 0: checkpoint"
+    slow: tuple[HangSuspect, ...] = ()
 
     @property
     def culprits(self) -> tuple[int, ...]:
@@ -198,7 +214,7 @@ def find_hangs(
     watch: Mapping[int, RankWatch] | None = None,
 ) -> list[HangSuspect]:
     """Groups in which some rank has waited at least ``min_wait_s`` in a collective, and who is behind,
-    largest group first.
+    largest group first; those no member holds (:attr:`HangSuspect.is_hang` false) are slow collectives.
 
     ``members`` (from the ranks' ``trainhealth_comm_group_info``, or a topology) lets ranks that report
     nothing count as lagging; ``gone`` says when they were last seen; ``watch`` where the live ones are.
@@ -275,9 +291,11 @@ def judge_hangs(positions: Positions, min_wait_s: float | None = None) -> HangRe
     paused = tuple(f"rank {rank}: {', '.join(w.paused)}" for rank, w in sorted(positions.watch.items()) if w.paused)
     if paused:
         return HangReport((), threshold, paused)
-    hangs = find_hangs(
+    waits = find_hangs(
         positions.states, min_wait_s=threshold, members=positions.members, gone=positions.gone, watch=positions.watch
     )
+    hangs = [h for h in waits if h.is_hang]
+    slow = tuple(h for h in waits if not h.is_hang)
     # a lagging rank inside another group's collective makes that group part of the hang, however long its
     # members have waited yet (two groups waiting on each other): the largest group's view comes first
     hung = {h.group for h in hangs}
@@ -295,12 +313,13 @@ def judge_hangs(positions: Positions, min_wait_s: float | None = None) -> HangRe
             gone=positions.gone,
             watch=positions.watch,
         )
-    return HangReport(tuple(_root_first(hangs, positions.states, positions.members)), threshold)
+    hangs = [h for h in hangs if h.is_hang]
+    return HangReport(tuple(_root_first(hangs, positions.states, positions.members)), threshold, slow=slow)
 
 
 def hang_result(report: HangReport) -> LocalizationResult:
     """The ``hang`` verdict: the ranks the largest hung group waits for as suspects (kind ``rank``), every hung
-    group in ``details["hangs"]``.
+    group in ``details["hangs"]``. Only for a report with hangs (a slow collective is none).
 
     >>> states = (RankCommState(0, "dp", 7, 6, "all_reduce", 42.0), RankCommState(1, "dp", 6, 6, "", 0.0))
     >>> result = hang_result(judge_hangs(Positions(states, watch={1: RankWatch(12.0, (), "outside collectives "
@@ -322,8 +341,6 @@ def hang_result(report: HangReport) -> LocalizationResult:
             doing = main.doing.get(rank) or f"last entered #{main.lagging_at.get(rank, -1)}"
             evidence = f"rank {rank} never entered it ({doing}); {main.waiting}"
         suspects.append(Suspect("rank", (rank,), None, main.group, 1.0, evidence, f"rank:{rank}"))
-    if not suspects:  # every member entered: the communication path between them
-        suspects.append(Suspect("link", main.waiting_ranks, None, main.group, 1.0, main.verdict, f"group:{main.group}"))
     details = {
         "hangs": [h.to_dict() for h in report.hangs],
         "hang_threshold_s": round(report.threshold_s, 1),
@@ -373,15 +390,36 @@ def states_from_samples(samples: Iterable[tuple[str, Mapping[str, str], float]])
     ]
 
 
+def positions_by_job(
+    samples: Iterable[tuple[str, Mapping[str, str], float]],
+    gone_samples: Iterable[tuple[str, Mapping[str, str], float]] = (),
+) -> dict[str, Positions]:
+    """Every job's positions (:func:`positions_from_samples`), keyed by the samples' ``job`` label: the states
+    of one job are keyed by (rank, group), and no rank, group or threshold of one job is read into another's."""
+    live: dict[str, list[tuple[str, Mapping[str, str], float]]] = {}
+    gone: dict[str, list[tuple[str, Mapping[str, str], float]]] = {}
+    for sample in samples:
+        live.setdefault(sample[1].get("job", ""), []).append(sample)
+    for sample in gone_samples:
+        gone.setdefault(sample[1].get("job", ""), []).append(sample)
+    return {
+        job: positions_from_samples(live.get(job, ()), gone.get(job, ())) for job in sorted(live.keys() | gone.keys())
+    }
+
+
 def positions_from_samples(
     samples: Iterable[tuple[str, Mapping[str, str], float]],
     gone_samples: Iterable[tuple[str, Mapping[str, str], float]] = (),
 ) -> Positions:
-    """Every rank's position from scraped samples of the live ranks, and from the last samples of ranks that
-    stopped reporting (``gone_samples``: ``trainhealth_comm_started_seq``, ``..._watch_timestamp_seconds``
-    and ``..._group_info`` as Prometheus last saw them)."""
+    """Every rank's position from scraped samples of the live ranks of one job, and from the last samples of
+    ranks that stopped reporting (``gone_samples``: ``trainhealth_comm_started_seq``, ``..._watch_timestamp_seconds``
+    and ``..._group_info`` as Prometheus last saw them). Samples of several jobs are a mistake (``ValueError``):
+    split them with :func:`positions_by_job`."""
     samples = [(name, labels, value) for name, labels, value in samples if _plausible(value)]
     gone_samples = [(name, labels, value) for name, labels, value in gone_samples if _plausible(value)]
+    jobs = {labels.get("job", "") for _, labels, _ in samples + gone_samples}
+    if len(jobs) > 1:
+        raise ValueError(f"samples of {len(jobs)} jobs: judge each on its own (positions_by_job)")
     members: dict[str, tuple[int, ...]] = {}
     watch: dict[int, dict[str, Any]] = {}
     for name, labels, value in samples:

@@ -4,20 +4,29 @@ Beside the fixed fields, ``details`` may carry ``events`` (slow stretches that b
 no device: they came and went, or healthy members of the run show the same),
 ``near_misses``, ``power`` (what the window could have seen: the slowdown of one
 rank over its last steps that would have been blamed) and ``uncovered_ranks``.
+A result of ``trainhealth analyze`` names the job it judges (``job``, the job label, and
+``job_name``, its logical name, where known); one run of the analyzer gives a
+:class:`JobResults`, a result per job.
 
 >>> result = LocalizationResult("compute", (Suspect("gpu", (5,), "node-b", None, 0.93, "last to arrive"),), (12,), ["..."])
 >>> sorted(result.to_dict())
 ['advice', 'irregular_steps', 'suspects', 'verdict']
+>>> run = JobResults.of([LocalizationResult("healthy", (), (), [], job="a"), LocalizationResult("hang", (), (), [], job="b")])
+>>> [(r.job, r.verdict) for r in run.results], run.to_dict()["jobs"][0]["job"]
+([('b', 'hang'), ('a', 'healthy')], 'b')
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["VERDICTS", "LocalizationResult", "Suspect"]
+__all__ = ["VERDICTS", "JobResults", "LocalizationResult", "Suspect"]
 
 VERDICTS = ("healthy", "compute", "communication", "imbalance", "insufficient_data", "hang")
+#: The order jobs are listed in: a hang first, then a blamed device or link, then the rest.
+_URGENCY = {"hang": 0, "compute": 1, "communication": 1, "imbalance": 2, "insufficient_data": 3, "healthy": 4}
 
 
 @dataclass(frozen=True)
@@ -59,13 +68,17 @@ class LocalizationResult:
     irregular_steps: tuple[int, ...]
     advice: list[str]
     details: dict[str, Any] = field(default_factory=dict)  # extra, optional fields of the JSON
+    job: str | None = None  # the job label of the job judged (trainhealth analyze), which the suspects belong to
+    job_name: str | None = None  # that job's logical name, where its ranks export one
 
     def __post_init__(self) -> None:
         if self.verdict not in VERDICTS:
             raise ValueError(f"verdict must be one of {VERDICTS}")
 
     def to_dict(self) -> dict[str, Any]:
+        named = {key: value for key, value in (("job", self.job), ("job_name", self.job_name)) if value is not None}
         return {
+            **named,
             "verdict": self.verdict,
             "suspects": [s.to_dict() for s in self.suspects],
             "irregular_steps": list(self.irregular_steps),
@@ -77,6 +90,8 @@ class LocalizationResult:
         lines = [f"verdict: {self.verdict}"]
         if self.details.get("simulated"):
             lines[0] += "  (input is SIMULATED)"
+        if self.job is not None:
+            lines.insert(0, f"job: {self.job}" + (f" ({self.job_name})" if self.job_name else ""))
         steps = self.irregular_steps
         lines.append(
             f"irregular steps: {len(steps)}"
@@ -100,3 +115,30 @@ class LocalizationResult:
             lines.append("advice:")
             lines += [f"  - {line}" for line in self.advice]
         return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class JobResults:
+    """One run of the analyzer: a result per job it read, each judged on its own, the most urgent first (a
+    hang, then a blamed GPU or link, then imbalance, insufficient data, healthy; jobs alike by label)."""
+
+    results: tuple[LocalizationResult, ...]
+
+    @classmethod
+    def of(cls, results: Iterable[LocalizationResult]) -> JobResults:
+        return cls(tuple(sorted(results, key=lambda r: (_URGENCY[r.verdict], r.job or ""))))
+
+    @property
+    def first(self) -> LocalizationResult:
+        """The most urgent job's result (the only one where the source held one job)."""
+        return self.results[0]
+
+    def result(self, job: str | None) -> LocalizationResult | None:
+        """The result of the job labelled ``job``, or None when the run judged no such job."""
+        return next((r for r in self.results if r.job == job), None)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"jobs": [r.to_dict() for r in self.results]}
+
+    def render(self) -> str:
+        return "\n\n".join(r.render() for r in self.results)

@@ -14,7 +14,10 @@ Both return trace format v1 records, so one localizer serves both.
   the compute the rank measures itself (step time less the time it was blocked
   in collectives, ``trainhealth_train_step_compute_seconds_total``), or, from
   ranks of older versions, the mean step time less the collective time per step.
-  In this mode a trace "step" is one query interval.
+  In this mode a trace "step" is one query interval. One Prometheus holds many jobs:
+  it returns a window per job (the ``job`` label, the run's own id), each judged on
+  its own, hangs included; ``job`` selects one, ``job_name`` the runs of one logical
+  name (``trainhealth_rank_info``'s ``job_name``).
 
 Neither raises anything but :class:`SourceError` (one line) for input it cannot use:
 the analyzer counts that, keeps serving its last verdict and tries again.
@@ -35,7 +38,7 @@ import pandas as pd
 from trainhealth._internal import catalog
 from trainhealth._internal.knowledge.limits import PAUSE_HOLD_S
 from trainhealth._internal.knowledge.promql import string_literal
-from trainhealth._internal.localize.hangs import HangReport, judge_hangs, positions_from_samples
+from trainhealth._internal.localize.hangs import HangReport, judge_hangs, positions_by_job
 from trainhealth._internal.localize.prometheus_api import PrometheusClient, Series, SourceError, one_line
 from trainhealth._internal.traces.format import TraceError, validate
 from trainhealth._internal.traces.io import is_trace_file, read_trace_file
@@ -73,6 +76,8 @@ class Window:
     probe: Any = None  # a ProbeResult found beside the traces (probe.json), naming a slow link
     judge_last: int | None = None  # judge only the last steps; those before are the run's history
     hangs: HangReport | None = None  # the ranks' positions judged for hangs (Prometheus: every rank's live state)
+    job: str | None = None  # the job label of the job the window holds (Prometheus); None: the source names none
+    job_name: str | None = None  # that job's logical name, where its ranks export one
 
 
 @dataclass(frozen=True)
@@ -135,33 +140,73 @@ def load_probe(path: Path) -> tuple[Any, str | None]:
 
 @dataclass(frozen=True)
 class PrometheusSource:
-    """Per-rank collective and step aggregates over the last ``window`` seconds, in ``step``-second intervals.
+    """Per-rank collective and step aggregates over the last ``window`` seconds, in ``step``-second intervals,
+    a window per job.
 
-    ``job`` is matched as a PromQL string literal (:func:`~trainhealth._internal.knowledge.promql.string_literal`), so any
-    job name selects exactly that job. Samples that cannot be timings of this window (an infinite or implausibly
-    long duration, a time outside the window, a rank label that is not a rank) are left out and noted.
+    ``job`` (the job label, the run's own id) is matched as a PromQL string literal
+    (:func:`~trainhealth._internal.knowledge.promql.string_literal`), so any job label selects exactly that job;
+    ``job_name`` keeps the jobs whose ranks export that logical name (``trainhealth_rank_info{job_name}``).
+    Without either, every job Prometheus has is read, each judged on its own. Samples that cannot be timings
+    of this window (an infinite or implausibly long duration, a time outside the window, a rank label that is
+    not a rank) are left out and noted.
     """
 
     client: PrometheusClient
     job: str | None = None
     window: float = 600.0
     step: float = 30.0
+    job_name: str | None = None
 
     def describe(self) -> str:
-        return f"Prometheus at {self.client.url}" + (f" (job {one_line(repr(self.job))})" if self.job else "")
+        chosen = [f"job {one_line(repr(self.job))}"] if self.job else []
+        chosen += [f"job_name {one_line(repr(self.job_name))}"] if self.job_name else []
+        return f"Prometheus at {self.client.url}" + (f" ({', '.join(chosen)})" if chosen else "")
 
-    def read(self) -> Window:
-        hangs = self.hangs()
-        if hangs.hangs:  # the collectives stopped completing: the window before the hang is beside the point
-            return Window(pd.DataFrame(), None, hangs=hangs)
-        window = self._window()
-        return Window(window.records, window.topology, window.notes, hangs=hangs)
+    def read(self) -> tuple[Window, ...]:
+        """A window per job, hung jobs first (their window is their positions: the collectives stopped
+        completing, so the time before the hang is beside the point); a job whose ranks report positions but
+        completed no collective in the window (a long first collective) gets an empty window with them."""
+        reports = self.hangs()  # first: the positions are the freshest news (and a run's first query)
+        info = self.client.query(self._select(catalog.RANK_INFO.prometheus_name))
+        names = {s.labels.get("job", ""): s.labels.get("job_name") or None for s in info}
+        gpus = {(s.labels.get("job"), s.labels.get("rank")): s.labels.get("local_rank") for s in info}
+        wanted = None
+        if self.job_name is not None:
+            wanted = {job for job, name in names.items() if name == self.job_name}
+            if not wanted:
+                raise SourceError(
+                    f"no job named {one_line(repr(self.job_name))} in {self.describe()}: no "
+                    f"{catalog.RANK_INFO.prometheus_name} series with that job_name"
+                )
+            reports = {job: report for job, report in reports.items() if job in wanted}
+        hung = sorted(job for job, report in reports.items() if report.hangs)
+        windows = [Window(pd.DataFrame(), None, hangs=reports[job], job=job, job_name=names.get(job)) for job in hung]
+        try:
+            judged, notes = self._windows(gpus, skip=set(hung), wanted=wanted)
+        except SourceError:
+            if not windows and not reports:
+                raise
+            judged, notes = {}, ()
+        for job in sorted(judged.keys() | (reports.keys() - set(hung))):
+            found = judged.get(job)
+            if found is None:  # positions but no completed collective in the window
+                found = Window(pd.DataFrame(), None, (f"job {job}: no collectives completed in the window",))
+            windows.append(
+                Window(found.records, None, found.notes, hangs=reports.get(job), job=job, job_name=names.get(job))
+            )
+        if notes and windows:
+            first = windows[0]
+            windows[0] = Window(
+                first.records, None, first.notes + notes, hangs=first.hangs, job=first.job, job_name=first.job_name
+            )
+        return tuple(windows)
 
     #: the ranks' live positions; the last ones of a rank gone (its series stale) within this many seconds
     GONE_WITHIN_S = 600
 
-    def hangs(self) -> HangReport:
-        """Every rank's position now (and the last one of ranks that stopped reporting), judged for hangs."""
+    def hangs(self) -> dict[str, HangReport]:
+        """Every running job's rank positions now (and the last ones of its ranks that stopped reporting), each
+        job judged for hangs on its own, by job label."""
         names = (
             catalog.COMM_STARTED_SEQ,
             catalog.COMM_COMPLETED_SEQ,
@@ -189,9 +234,13 @@ class PrometheusSource:
                 for series in self.client.query(f"last_over_time({selector}[{self.GONE_WITHIN_S}s]) unless {selector}")
                 for _, value in series.samples[-1:]
             ]
-        return judge_hangs(positions_from_samples(samples, gone))
+        # a job none of whose ranks reports any more (it ended) has no position to judge
+        return {job: judge_hangs(p) for job, p in positions_by_job(samples, gone).items() if p.states}
 
-    def _window(self) -> Window:
+    def _windows(
+        self, gpus: dict[tuple[Any, Any], Any], skip: set[str], wanted: set[str] | None
+    ) -> tuple[dict[str, Window], tuple[str, ...]]:
+        """The records of every job (but those in ``skip``, and only those ``wanted``), and notes."""
         end = time.time()
         start = end - self.window
         comm_sum = catalog.COMM_OP_DURATION.prometheus_name + "_sum"
@@ -228,10 +277,6 @@ class PrometheusSource:
                 end,
                 self.step,
             )
-        gpus = {
-            (series.labels.get("job"), series.labels.get("rank")): series.labels.get("local_rank")
-            for series in self.client.query(self._select(catalog.RANK_INFO.prometheus_name))
-        }
         rows = [
             self._row(series.labels, t, value, start, end, gpus)
             for series in collectives
@@ -254,7 +299,10 @@ class PrometheusSource:
                     f"over {MAX_SECONDS:g} s, a time outside it or a rank label that is not a rank"
                 ),
             )
-        frame = pd.DataFrame([row for row in rows if isinstance(row, dict)])
+        kept = [row for row in rows if isinstance(row, dict) and row["job"] not in skip]
+        if wanted is not None:
+            kept = [row for row in kept if row["job"] in wanted]
+        frame = pd.DataFrame(kept)
         if frame.empty:
             raise SourceError(
                 f"no collectives completed in {self.describe()} over the last {self.window:g}s"
@@ -262,10 +310,17 @@ class PrometheusSource:
             )
         frame["seq"] = frame["step"].where(frame["op"] != "compute")
         frame.loc[frame["op"] == "compute", "group"] = None
-        try:
-            return Window(validate(frame, self.describe()), None, notes)
-        except TraceError as exc:
-            raise SourceError(str(exc)) from None
+        windows = {}
+        for job, part in frame.groupby("job", sort=True):
+            try:
+                records = validate(part.drop(columns="job").reset_index(drop=True), f"{self.describe()} job {job}")
+            except TraceError as exc:
+                notes += (f"job {job}: {one_line(str(exc))}",)
+                continue
+            windows[str(job)] = Window(records, None, job=str(job))
+        if not windows:
+            raise SourceError(f"no usable window in {self.describe()}: " + "; ".join(notes))
+        return windows, notes
 
     def _measured_compute(self, interval: str, start: float, end: float, by_rank: str) -> list[Series]:
         """Per rank, seconds per step computing (step time less the time blocked in collectives), as the
@@ -298,6 +353,7 @@ class PrometheusSource:
         ):
             return _IMPLAUSIBLE
         row = {
+            "job": labels.get("job", ""),
             "rank": int(rank),
             "step": round((t - start) / self.step),
             "op": labels.get("op", ""),

@@ -58,19 +58,27 @@ WSGIApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
 
 
 class StoreCollector(Collector):
-    """Exports every series of a store, with the identity labels prepended."""
+    """Exports every series of a store, with the identity labels prepended.
 
-    def __init__(self, store: MetricStore, identity: Identity) -> None:
+    ``identity`` may be a callable that returns the identity at scrape time, or ``None`` while its job label
+    waits for torch.distributed (:class:`~trainhealth._internal.identity.RunIdentity`): nothing is exported
+    until then, so no series ever carries a provisional job label.
+    """
+
+    def __init__(self, store: MetricStore, identity: Identity | Callable[[], Identity | None]) -> None:
         self._store = store
         self._identity = identity
 
     def collect(self) -> Iterator[Metric]:
         try:
+            identity = self._identity() if callable(self._identity) else self._identity
+            if identity is None:
+                return
             families = self._store.snapshot()
         except Exception as exc:
             self._store.record_error("prometheus", exc)
             return
-        identity_labels = self._identity.labels
+        identity_labels = identity.labels
         for family in families:
             try:
                 metric = _to_metric(family, [identity_labels[name] for name in family.spec.identity])

@@ -34,12 +34,16 @@ from trainhealth._internal.config import Settings
 from trainhealth._internal.detectors.runner import SignalDetectors
 from trainhealth._internal.exporters.collectives.logger import COMMUNICATION_FUNCTIONS, CollectiveLogger
 from trainhealth._internal.exporters.collectives.shutdown import restore_signals, save_on_signals
+from trainhealth._internal.exporters.collectives.works import capture_works, release_works
 from trainhealth._internal.exporters.collectives.wrappers import DEPRECATED_ALIASES, runs
 from trainhealth._internal.store import MetricStore
 
 __all__ = ["CollectiveLogger", "install", "installed", "instrument_ddp", "uninstall"]
 
 log = logging.getLogger(__name__)
+
+#: seconds the exit waits for stacks and dumps still queued for the disk
+EVIDENCE_AT_EXIT_S = 5.0
 
 _lock = threading.Lock()
 _installed: CollectiveLogger | None = None
@@ -98,7 +102,9 @@ def install(
             detectors=detectors,
             trace_write_interval_s=settings.comm.trace_write_interval,
             hang_floor_s=settings.comm.hang_floor,
+            pause_limit_s=settings.comm.pause_limit,
         )
+        capture_works()  # a synchronous call is in flight until its Work completes, not until it returns
         for name in COMMUNICATION_FUNCTIONS:
             original = getattr(c10d, name, None)
             if original is None:  # a function this torch does not have (all_gather_single before 2.13)
@@ -135,6 +141,7 @@ def uninstall() -> Path | None:
                 setattr(dist, name, original)
             setattr(c10d, name, original)
         _originals.clear()
+        release_works()
     atexit.unregister(_write_at_exit)
     restore_signals()
     if logger is None:
@@ -160,6 +167,7 @@ def _write_at_exit() -> None:
     logger = _installed
     if logger is not None:
         logger.flush()
+        logger.writer.drain(EVIDENCE_AT_EXIT_S)  # stacks and dumps of a failure the last flush found
         _write(logger)
 
 
@@ -169,3 +177,4 @@ def _write_on_signal() -> None:
     logger = _installed
     if logger is not None and logger.trace_dir is not None:
         logger.write_trace(timeout_s=2.0)
+        logger.writer.drain(2.0)

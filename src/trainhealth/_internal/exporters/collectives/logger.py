@@ -4,7 +4,9 @@ The wrappers (:mod:`~trainhealth._internal.exporters.collectives.wrappers`) reco
 the ring and queue of :class:`~trainhealth._internal.exporters.collectives.recorder.CollectiveRecorder`;
 a flush thread, once a second, turns new records into metrics, the in-flight
 view and the abnormal filter's picks, and every ``trace_write_interval_s``
-appends them to the rank's trace: ``<trace_dir>/rank-<rank>.<n>.jsonl.gz``
+has the evidence writer thread (:mod:`~trainhealth._internal.exporters.collectives.writer`,
+so a stalled disk never holds up the in-flight view) append them to the rank's trace:
+``<trace_dir>/rank-<rank>.<n>.jsonl.gz``
 (trace format v1 as JSON lines, gzip members in segments,
 :class:`~trainhealth._internal.traces.segments.SegmentWriter`), so a crash loses at most
 the records since the last append, and no pyarrow is needed in the pod.
@@ -33,8 +35,9 @@ from trainhealth._internal import catalog
 from trainhealth._internal.exporters.collectives.abnormal import AbnormalFilter
 from trainhealth._internal.exporters.collectives.columns import RecordColumns
 from trainhealth._internal.exporters.collectives.recorder import RECORD_FIELDS, CollectiveRecorder
-from trainhealth._internal.exporters.collectives.watch import FLOOR_S, HangWatch
+from trainhealth._internal.exporters.collectives.watch import FLOOR_S, PAUSE_LIMIT_S, HangWatch
 from trainhealth._internal.exporters.collectives.wrappers import COMMUNICATION_FUNCTIONS, instrument_ddp, wrap
+from trainhealth._internal.exporters.collectives.writer import EvidenceWriter
 from trainhealth._internal.store import MetricStore
 from trainhealth._internal.traces.ops import COMMUNICATION_OPS
 from trainhealth._internal.traces.segments import SegmentWriter
@@ -55,7 +58,8 @@ class CollectiveLogger(CollectiveRecorder):
     ``store`` receives the metrics (none when ``None``); ``trace_dir`` receives the
     trace, appended every ``trace_write_interval_s`` (0: only when :meth:`write_trace`
     runs, at uninstall and exit) and whenever half of ``ring_size`` records wait to be written.
-    ``hang_floor_s`` is the shortest hang threshold (:mod:`~trainhealth._internal.exporters.collectives.watch`).
+    ``hang_floor_s`` is the shortest hang threshold and ``pause_limit_s`` the bound of an announced pause before
+    any of its kind ended (:mod:`~trainhealth._internal.exporters.collectives.watch`).
     """
 
     def __init__(
@@ -73,6 +77,7 @@ class CollectiveLogger(CollectiveRecorder):
         detectors: Any = None,
         trace_write_interval_s: float = 0.0,
         hang_floor_s: float = FLOOR_S,
+        pause_limit_s: float = PAUSE_LIMIT_S,
     ) -> None:
         super().__init__(rank=rank, host=host, gpu=gpu, ring_size=ring_size)
         if not trace_write_interval_s >= 0:
@@ -101,7 +106,10 @@ class CollectiveLogger(CollectiveRecorder):
         # (start, end, is_async) of collectives the flush thread has not yet given to a step marker
         self._intervals = _Intervals(ring_size)
         self._marked = False  # whether a step marker has arrived: without any, keep one flush of intervals
-        self.watch = HangWatch(self, hang_floor_s)  # is this rank stuck, and where (judged on the flush thread)
+        self.writer = EvidenceWriter(lambda: self.store)  # trace appends, stacks and dumps: off the flush thread
+        self._append_queued = threading.Event()  # a trace append waits in the writer's queue
+        # is this rank stuck, and where (judged on the flush thread)
+        self.watch = HangWatch(self, hang_floor_s, pause_limit_s=pause_limit_s, writer=self.writer)
 
     # --- lifecycle ------------------------------------------------------------------
     def start(self) -> None:
@@ -111,36 +119,50 @@ class CollectiveLogger(CollectiveRecorder):
             self._thread.start()
 
     def stop(self) -> None:
-        """Stop the flush thread (after the recorder's own), then flush what is left."""
+        """Stop the flush thread (after the recorder's own), flush what is left and let the writer finish."""
         super().stop()
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=10)
             self._thread = None
         self.flush()
+        self.writer.stop(timeout_s=10.0)
 
     def _run(self) -> None:
         while not self._stop.wait(self._flush_interval):
-            self.flush()
-            self._write_if_due()
+            try:
+                self.flush()
+                self._write_if_due()
+            except Exception as exc:  # our own failure: counted, and the thread goes on (it is the hang watcher)
+                self._count("comm_flush", exc)
+
+    def _count(self, source: str, exc: BaseException) -> None:
+        if self.store is not None:
+            self.store.record_error(source, exc)
+        else:
+            log.warning("trainhealth: %s failed", source, exc_info=exc)
 
     def _write_if_due(self) -> None:
-        """Append to the trace when ``trace_write_interval_s`` has passed since the last append, or when
-        half the ring waits to be written (flush thread)."""
-        if self.trace_dir is None:
+        """Have the writer thread append to the trace when ``trace_write_interval_s`` has passed since the last
+        append, or when half the ring waits to be written (flush thread; one append waits at a time)."""
+        if self.trace_dir is None or self._append_queued.is_set():
             return
         crowded = len(self._unwritten) * 2 >= cast(int, self._unwritten.maxlen)
         if not crowded and (
             not self._trace_write_interval or time.monotonic() - self._last_trace_write < self._trace_write_interval
         ):
             return
+        self._append_queued.set()
+        if not self.writer.submit(self._append):
+            self._append_queued.clear()
+
+    def _append(self) -> None:
+        """A trace append on the writer thread."""
+        self._append_queued.clear()
         try:
             self.write_trace()
         except Exception as exc:
-            if self.store is not None:
-                self.store.record_error("comm_trace", exc)
-            else:
-                log.warning("trainhealth: writing the collective trace failed", exc_info=True)
+            self._count("comm_trace", exc)
 
     # --- what the loop tells ------------------------------------------------------------
     def pause(self, reason: str = "pause") -> AbstractContextManager[None]:
@@ -290,6 +312,9 @@ class CollectiveLogger(CollectiveRecorder):
                 self.store.record_error("comm_watch", exc)
         if self.store is not None:
             self._export_inflight(self.store)
+            gone = self.forget_destroyed_groups()
+            if gone:
+                self._forget_series(self.store, gone)
             dropped = self.records_dropped
             if dropped:
                 previous = cast(float, self.store.value(catalog.COMM_RECORDS_DROPPED) or 0.0)  # a counter
@@ -315,6 +340,7 @@ class CollectiveLogger(CollectiveRecorder):
             self._intervals.hold(columns.starts, columns.ends, columns.is_async)
         if markers:
             self._marked = True
+            self.watch.stepped()
             self._account_steps(markers)
 
     def _aggregate(self, batch: list[tuple], columns: RecordColumns) -> None:
@@ -389,6 +415,26 @@ class CollectiveLogger(CollectiveRecorder):
         writes += [(catalog.COMM_STARTED_SEQ, (group,), float(seq)) for group, seq in list(self._seq.items())]
         writes += [(catalog.COMM_COMPLETED_SEQ, (group,), float(seq)) for group, seq in list(self._completed.items())]
         store.write(writes)
+
+    def _forget_series(self, store: MetricStore, groups: list[str]) -> None:
+        """The series of groups torch destroyed: gone, so groups made and destroyed every step stay bounded."""
+        dead = set(groups)
+
+        def of_dead(group: str | None) -> bool:
+            return group is not None and (group in dead or group.rsplit(":", 1)[0] in dead)
+
+        for key in [key for key in self._known_inflight if of_dead(key[1])]:
+            self._known_inflight.discard(key)
+            store.remove(catalog.COMM_INFLIGHT_DURATION, key)
+        for spec in (catalog.COMM_STARTED_SEQ, catalog.COMM_COMPLETED_SEQ):
+            for labels, _ in store.series(spec):
+                if of_dead(labels[0]):
+                    store.remove(spec, labels)
+        for spec in (catalog.COMM_OP_DURATION, catalog.COMM_OPS, catalog.COMM_BYTES, catalog.COMM_ABNORMAL_OPS):
+            for labels, _ in store.series(spec):
+                if of_dead(labels[1]):
+                    store.remove(spec, labels)
+        self.watch.forget(store, groups)
 
     @property
     def abnormal_fraction(self) -> float:

@@ -1,4 +1,12 @@
-"""Completion of works that have no future (gloo's isend / irecv), noticed by polling."""
+"""Completion of works the host does not wait for, noticed by polling ``Work.is_completed()``.
+
+Two kinds of work end here. gloo's isend / irecv have no future: they complete when their
+owner waits on them. And on NCCL every call returns once its kernel is enqueued: a
+synchronous ``all_reduce`` too, and its future is marked complete at enqueue (CUDA-event
+semantics), so only ``is_completed()`` (the device's end event) says when the collective
+ended on the device. A collective is in flight from its launch until then; a collective
+stuck on the device stays in flight while the host runs ahead.
+"""
 
 from __future__ import annotations
 
@@ -12,30 +20,40 @@ __all__ = ["CompletionPoller"]
 
 
 class CompletionPoller:
-    """Notices the completion of works that have no future (gloo's isend / irecv) by polling.
+    """Calls ``on_done`` once a watched work completes (or its ``is_completed`` raises: it failed).
 
-    Such a work completes when its owner waits on it, so the time recorded is
-    when that wait returned, within ``interval_s``. The thread runs only while
-    works are pending; at most ``max_pending`` are watched (the oldest give way).
+    The time seen is within ``interval_s`` of the completion. The thread runs only while
+    works are pending, and drops the reference to each work as soon as it saw it complete
+    (a work holds its tensors). At most ``max_pending`` are watched: the oldest give way,
+    and their ``on_drop`` runs (so whoever holds them in flight lets them go) and is counted.
     """
 
     def __init__(self, interval_s: float = 0.0005, max_pending: int = 10_000) -> None:
         self._interval = interval_s
         self._max_pending = max_pending
-        self._pending: deque[tuple[Any, Callable[[], None]]] = deque()
+        self._pending: deque[tuple[Any, Callable[[], None], Callable[[], None] | None]] = deque()
         self._wake = threading.Condition()
         self._thread: threading.Thread | None = None
         self._stopping = False
+        self.dropped = 0
 
-    def watch(self, work: Any, on_done: Callable[[], None]) -> None:
+    def watch(self, work: Any, on_done: Callable[[], None], on_drop: Callable[[], None] | None = None) -> None:
+        dropped = None
         with self._wake:
             if len(self._pending) >= self._max_pending:
-                self._pending.popleft()
-            self._pending.append((work, on_done))
+                dropped = self._pending.popleft()[2]
+                self.dropped += 1
+            self._pending.append((work, on_done, on_drop))
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="trainhealth-comm-poller", daemon=True)
                 self._thread.start()
             self._wake.notify()
+        if dropped is not None:
+            dropped()
+
+    @property
+    def pending(self) -> int:
+        return len(self._pending)
 
     def stop(self) -> None:
         """Stop polling; works already completed but not yet seen (a busy machine) are recorded now."""
@@ -46,18 +64,19 @@ class CompletionPoller:
             self._thread.join(timeout=5)
         with self._wake:
             remaining, self._pending = list(self._pending), deque()
-        for _, on_done in self._completed(remaining):
+        for _, on_done, _ in self._completed(remaining):
             on_done()
 
     @staticmethod
-    def _completed(entries: list[tuple[Any, Callable[[], None]]]) -> list[tuple[Any, Callable[[], None]]]:
+    def _completed(entries: list) -> list:
         finished = []
         for entry in entries:
             try:
-                if entry[0].is_completed():
-                    finished.append(entry)
-            except Exception:
-                finished.append((None, lambda: None))
+                done = entry[0].is_completed()
+            except Exception:  # an aborted or failed work: it is no longer in flight
+                done = True
+            if done:
+                finished.append(entry)
         return finished
 
     def _run(self) -> None:
@@ -69,11 +88,11 @@ class CompletionPoller:
                     return
                 watched = list(self._pending)
             finished = self._completed(watched)
-            for _, on_done in finished:
-                on_done()
             if finished:
                 with self._wake:
-                    for entry in finished:
-                        if entry in self._pending:
-                            self._pending.remove(entry)
+                    gone = {id(entry) for entry in finished}
+                    self._pending = deque(entry for entry in self._pending if id(entry) not in gone)
+                for _, on_done, _ in finished:
+                    on_done()
+            del watched, finished  # the works' last references here: their tensors may be freed
             time.sleep(self._interval)

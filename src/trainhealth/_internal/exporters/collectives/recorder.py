@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from trainhealth._internal.exporters.collectives.poller import CompletionPoller
+from trainhealth._internal.exporters.collectives.works import capture_works, capturing
 
 if TYPE_CHECKING:
     from trainhealth._internal.store import MetricStore
@@ -64,7 +65,8 @@ class CollectiveRecorder:
         self._completed: dict[str, int] = {}
         self._current: tuple[str, str, int, float] | None = None  # the synchronous collective in progress
         self._async: dict[tuple[str, int], tuple[str, float]] = {}  # async collectives not yet complete
-        self._group_ids: dict[int, str] = {}
+        self._group_ids: dict[int, str] = {}  # id() of a live group object -> its id (the object is held below)
+        self._group_objects: dict[int, Any] = {}  # held while cached, so no new group can take a cached id()
         self._members: dict[str, tuple[int, ...]] = {}  # group id -> its global ranks (who should be there)
         self.training_thread: int | None = None  # the thread that last entered a collective
         self.failure: CollectiveFailure | None = None  # the first collective that raised
@@ -72,6 +74,9 @@ class CollectiveRecorder:
         self.failures = 0  # collectives that raised
         self._p2p_ids: dict[tuple[str, int, int], str] = {}
         self._device_timed: set[str] = set()  # groups recorded by the NCCL completion hook
+        # groups on a backend whose wait blocks the host until the collective is done (gloo, MPI): there a call that
+        # returned is complete (some of gloo's works never report is_completed, e.g. reduce_scatter's)
+        self._host_synchronous: set[str] = set()
         self._clock_offset = time.time() - time.perf_counter()
         self._poller = CompletionPoller()
         self._inside = threading.local()  # set while a wrapped call runs, so nested ones pass through
@@ -89,11 +94,19 @@ class CollectiveRecorder:
 
     # --- group ids --------------------------------------------------------------------
     def group_id(self, group: Any) -> str:
-        """The id of a process group (``None`` = the default group): ``<desc>:<name>``, equal on every member."""
+        """The id of a process group (``None`` = the default group): ``<desc>:<name>``, equal on every member.
+
+        torch names groups in creation order (``new_group`` counts them), the same on every
+        member, so a group created after another one was destroyed gets a name, and sequence
+        numbers, of its own. The object is held while its id is cached, so Python cannot give
+        a new group a cached object's ``id()``; :meth:`forget_destroyed_groups` lets go of
+        destroyed ones.
+        """
         key = id(group)
         found = self._group_ids.get(key)
         if found is not None:
             return found
+        held = group
         if group is None:
             import torch.distributed as dist
 
@@ -101,13 +114,51 @@ class CollectiveRecorder:
         name = str(getattr(group, "group_name", "") or "")
         desc = str(getattr(group, "group_desc", "") or "")
         found = f"{desc}:{name}" if desc and desc != "undefined" and desc != name else (name or "default")
+        self._group_objects[key] = held
         self._group_ids[key] = found
         self._members[found] = _members(group)
+        if _backend_name(group) in HOST_SYNCHRONOUS_BACKENDS:
+            self._host_synchronous.add(found)
+        if capturing():  # a process group written in Python overrides the ProcessGroup methods wrapped
+            capture_works(type(group))
         from trainhealth._internal.exporters.collectives.nccl import time_on_device
 
         if time_on_device(self, group, found):
             self._device_timed.add(found)
         return found
+
+    def forget_destroyed_groups(self) -> list[str]:
+        """Let go of the groups torch has destroyed since the last call (flush thread); their ids. A group is
+        forgotten only when nothing of it is in flight."""
+        try:
+            import torch.distributed as dist
+
+            if not dist.is_initialized():
+                return []
+            live = dist.distributed_c10d._world.pg_map
+        except Exception:  # torch without the map, or the default group being torn down: keep everything
+            return []
+        in_flight = {group for group, _ in list(self._async)}
+        current = self._current
+        if current is not None:
+            in_flight.add(current[1])
+        gone = []
+        for key, held in list(self._group_objects.items()):
+            if held is None or held in live:
+                continue
+            name = self._group_ids.get(key)
+            if name is None or name in in_flight:
+                continue
+            del self._group_ids[key], self._group_objects[key]
+            gone.append(name)
+        for name in gone:
+            self._members.pop(name, None)
+            for table in (self._seq, self._completed):
+                for group in [g for g in table if g == name or g.startswith(name + ":")]:
+                    del table[group]
+            for p2p in [k for k, v in self._p2p_ids.items() if k[0] == name]:
+                del self._p2p_ids[p2p]
+        return gone
 
     @property
     def members(self) -> dict[str, tuple[int, ...]]:
@@ -120,6 +171,8 @@ class CollectiveRecorder:
         found = self._p2p_ids.get(key)
         if found is None:
             found = self._p2p_ids[key] = f"{base}:{source}->{target}"
+            if base in self._host_synchronous:
+                self._host_synchronous.add(found)
         return found
 
     # --- the training path ----------------------------------------------------------
@@ -136,10 +189,10 @@ class CollectiveRecorder:
 
     def mark(self, op: str, group: str, seq: int, t0: float, is_async: bool) -> None:
         """Mark collective ``seq`` of ``group`` in flight since ``t0``."""
-        self.training_thread = threading.get_ident()
-        if is_async:
+        if is_async:  # possibly on another thread (DDP's hook runs on autograd's device thread)
             self._async[(group, seq)] = (op, t0)
         else:
+            self.training_thread = threading.get_ident()
             self._current = (op, group, seq, t0)
 
     def end(
@@ -150,7 +203,8 @@ class CollectiveRecorder:
             self._async.pop((group, seq), None)
         else:
             self._current = None
-        self._completed[group] = seq
+        if seq > self._completed.get(group, -1):  # works polled to completion may be seen out of order
+            self._completed[group] = seq
         if group not in self._device_timed:
             record = (self.step, op, group, seq, t0, duration, nbytes, peer, is_async)
             self._pending.append(record)
@@ -200,6 +254,18 @@ class CollectiveRecorder:
         record = (step, op, None, None, t0, duration, None, None, False)
         self._pending.append(record)
         self._recorded += 1
+
+
+#: backends whose ``Work.wait()`` blocks the host until the collective completed
+HOST_SYNCHRONOUS_BACKENDS = frozenset({"gloo", "mpi"})
+
+
+def _backend_name(group: Any) -> str:
+    """The name of a process group's backend ("gloo", "nccl", a registered one), or "" when torch cannot say."""
+    try:
+        return str(group._get_backend_name()).lower()
+    except Exception:  # a test double, an older torch
+        return ""
 
 
 def _members(group: Any) -> tuple[int, ...]:

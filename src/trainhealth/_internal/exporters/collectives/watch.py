@@ -1,18 +1,30 @@
 """The hang watcher: is this rank stuck, and where? Judged on the logger's flush thread, once a second.
 
-A rank is stuck when it has waited inside one collective, or stayed outside every
-collective without finishing a step, for longer than its **hang threshold**: three
+A rank is stuck when a collective it launched has not completed, or it stayed outside
+every collective without finishing a step, for longer than its **hang threshold**: three
 times the longest step, collective or gap between them it took in the last ten
 minutes (1.5 times its longest reported checkpoint save, if longer), and at least
-the floor (``comm_hang_floor``, :data:`FLOOR_S` by default); before its first collective completes, :data:`STARTUP_S` (start-up
-barriers, the first compilation). A pause the loop announces (:meth:`HangWatch.pause`,
-``Monitor.pause``) is never stuck and stays out of the history.
+the floor (``comm_hang_floor``, :data:`FLOOR_S` by default). Until the job's first step
+(a Monitor's step marker; without markers, until collectives have completed for
+:data:`STEADY_S`) it is at least :data:`STARTUP_S`: set-up barriers, a slow first step,
+the first compilation; what start-up took sets no norm for the steps after it. A collective is in flight from its launch until its Work completes,
+not until the call returned: on NCCL the call returns at enqueue and the host runs ahead
+(:mod:`~trainhealth._internal.exporters.collectives.works`).
 
-When a rank is stuck, the watcher writes the Python stacks of all its threads and its
-last records to ``<trace_dir>/stacks/rank-<rank>.<time>.txt`` (once per episode) and
-exports ``trainhealth_comm_stuck_duration_seconds`` with the top frames of the training
-thread (``where``); with Flight Recorder on, torch's dump too (``flight-recorder/rank_<rank>``,
-with the groups' members filled in where torch left them out).
+A pause the loop announces (:meth:`HangWatch.pause`, ``Monitor.pause``) is never stuck
+and stays out of the history, up to its **bound**: three times the longest earlier pause
+of the same reason, or ``comm_pause_limit`` (:data:`PAUSE_LIMIT_S`) before any ended. Past
+it the rank is stuck ``in_pause`` (a save hung on a shared filesystem), and the pause no
+longer holds the hang rules. When a pause ends, the time outside collectives counts from
+its end.
+
+When a rank is stuck, the watcher first exports ``trainhealth_comm_stuck_duration_seconds``
+with the top frames of the training thread (``where``), then hands the Python stacks of
+all its threads and its last records (``<trace_dir>/stacks/rank-<rank>.<time>.txt``, once per
+episode) and, with Flight Recorder on, torch's dump (``flight-recorder/rank_<rank>``, with
+the groups' members filled in where torch left them out) to the evidence writer thread
+(:mod:`~trainhealth._internal.exporters.collectives.writer`): a stalled disk delays the
+evidence, never the page. Stack files are bounded in count (:data:`MAX_STACK_FILES`) and size.
 It issues no collective and needs nothing from the blocked thread: ``sys._current_frames``
 reads any thread's stack.
 
@@ -52,6 +64,7 @@ from trainhealth._internal import catalog
 if TYPE_CHECKING:
     from trainhealth._internal.exporters.collectives.columns import RecordColumns
     from trainhealth._internal.exporters.collectives.recorder import CollectiveFailure
+    from trainhealth._internal.exporters.collectives.writer import EvidenceWriter
     from trainhealth._internal.store import MetricStore
 
 
@@ -61,6 +74,7 @@ class _Watched(Protocol):
     store: MetricStore | None
     training_thread: int | None
     _current: tuple[str, str, int, float] | None
+    _async: dict[tuple[str, int], tuple[str, float]]
     _ring: deque[tuple]
     failure: CollectiveFailure | None
     failures: int
@@ -77,6 +91,7 @@ class _Watched(Protocol):
 __all__ = [
     "FACTOR",
     "FLOOR_S",
+    "PAUSE_LIMIT_S",
     "STARTUP_S",
     "HangWatch",
     "Stuck",
@@ -89,14 +104,24 @@ __all__ = [
 FLOOR_S = 10.0
 #: the hang threshold over the longest step, collective or gap of the recent history
 FACTOR = 3.0
-#: the hang threshold before the rank's first collective completed
+#: the hang threshold until the job's first step (set-up barriers, a slow first step, the first compilation)
 STARTUP_S = 60.0
+#: without step markers, start-up ends after this many seconds of completed collectives
+STEADY_S = 120.0
 #: the hang threshold over the longest checkpoint save reported (Monitor.checkpoint_saved)
 SAVE_FACTOR = 1.5
+#: an announced pause's bound before any pause of its reason ended (``comm_pause_limit``)
+PAUSE_LIMIT_S = 1800.0
+#: an announced pause's bound over the longest earlier pause of the same reason
+PAUSE_FACTOR = 3.0
 #: how many flushes (about seconds) of history the threshold remembers
 HISTORY_FLUSHES = 600
 #: records written beside the stacks
 RECORDS_KEPT = 50
+#: stack files one process writes at most (episodes after that are exported, not written)
+MAX_STACK_FILES = 32
+#: threads and frames per thread a stack file holds at most
+MAX_THREADS, MAX_FRAMES = 256, 64
 
 _OWN = str(Path(__file__).resolve().parents[1])  # trainhealth._internal.exporters: the monitoring, never "where"
 _SKIPPED = ("torch/distributed/", "torch/_", "contextlib.py")
@@ -104,7 +129,8 @@ _SKIPPED = ("torch/distributed/", "torch/_", "contextlib.py")
 
 @dataclass(frozen=True)
 class Stuck:
-    """A stuck episode: ``state`` in_collective (``op`` in ``group`` at ``seq``) or outside_collectives."""
+    """A stuck episode: ``state`` in_collective (``op`` in ``group`` at ``seq``), outside_collectives, or
+    in_pause (``op`` the pause's reason, past its bound)."""
 
     state: str
     seconds: float
@@ -118,18 +144,37 @@ class Stuck:
 
 
 class HangWatch:
-    """Judges one rank's collective logger for hangs; :meth:`check` runs on its flush thread."""
+    """Judges one rank's collective logger for hangs; :meth:`check` runs on its flush thread.
 
-    def __init__(self, logger: _Watched, floor_s: float = FLOOR_S) -> None:
+    ``writer`` runs the disk writes (stacks, Flight Recorder dumps) off that thread; without
+    one they are written in place.
+    """
+
+    def __init__(
+        self,
+        logger: _Watched,
+        floor_s: float = FLOOR_S,
+        *,
+        pause_limit_s: float = PAUSE_LIMIT_S,
+        writer: EvidenceWriter | None = None,
+    ) -> None:
         if not floor_s > 0:
             raise ValueError("the hang floor must be positive")
+        if not pause_limit_s > 0:
+            raise ValueError("the pause limit must be positive")
         self._logger = logger
         self.floor_s = float(floor_s)
+        self.pause_limit_s = float(pause_limit_s)
+        self._writer = writer
         self._longest: deque[float] = deque(maxlen=HISTORY_FLUSHES)  # per flush: its longest step/collective/gap
         self._last_end: float | None = None  # perf_counter end of the last record seen (a collective or a step)
+        self._first_end: float | None = None  # perf_counter end of the first collective seen
+        self._stepped = False  # a step marker arrived: start-up is over
         self._saves = 0.0
         self._lock = threading.Lock()
         self._paused: dict[str, int] = {}
+        self._pause_began: dict[str, tuple[float, float]] = {}  # reason -> (perf_counter, unix time) it began
+        self._pause_longest: dict[str, float] = {}  # reason -> its longest pause that ended
         self._paused_since_check = False
         self._known_reasons: set[str] = set()
         self._groups_published: dict[str, tuple[str, ...]] = {}
@@ -137,14 +182,18 @@ class HangWatch:
         self._episode: tuple | None = None
         self._failure_seen: CollectiveFailure | None = None
         self._failures_published = 0
+        self._stack_files = 0
         self.dumps: list[Path] = []
 
     # --- what the loop tells ------------------------------------------------------------
     @contextmanager
     def pause(self, reason: str = "pause") -> Iterator[None]:
-        """A pause the loop announces (a checkpoint save, an evaluation): never stuck, not in the history."""
+        """A pause the loop announces (a checkpoint save, an evaluation): never stuck up to its bound, not in the
+        history; the time outside collectives counts from its end."""
         with self._lock:
             self._paused[reason] = self._paused.get(reason, 0) + 1
+            if reason not in self._pause_began:
+                self._pause_began[reason] = (time.perf_counter(), time.time())
             self._paused_since_check = True
             self._known_reasons.add(reason)
         self._publish_paused()
@@ -155,6 +204,11 @@ class HangWatch:
                 self._paused[reason] -= 1
                 if not self._paused[reason]:
                     del self._paused[reason]
+                    now = time.perf_counter()
+                    began = self._pause_began.pop(reason, (now, 0.0))[0]
+                    self._pause_longest[reason] = max(self._pause_longest.get(reason, 0.0), now - began)
+                    if self._last_end is not None:
+                        self._last_end = max(self._last_end, now)  # away from collectives since the pause ended
                 self._paused_since_check = True
             self._publish_paused()
 
@@ -163,9 +217,30 @@ class HangWatch:
         if duration_s > 0:
             self._saves = max(self._saves, float(duration_s))
 
+    def stepped(self) -> None:
+        """A step marker arrived (flush thread): the job is past its start-up."""
+        self._stepped = True
+
     @property
     def paused(self) -> bool:
         return bool(self._paused)
+
+    def pause_bound(self, reason: str) -> float:
+        """Seconds a pause of ``reason`` may last before the rank is stuck in it."""
+        longest = self._pause_longest.get(reason)
+        if longest is None:
+            return self.pause_limit_s
+        return max(PAUSE_FACTOR * longest, self.threshold())
+
+    def _overrun(self, now: float) -> tuple[str, float, float] | None:
+        """The open pause past its bound, longest first: (reason, seconds in it, unix time it began)."""
+        with self._lock:
+            began = dict(self._pause_began)
+        over = [(now - at, reason, unix) for reason, (at, unix) in began.items() if now - at > self.pause_bound(reason)]
+        if not over:
+            return None
+        seconds, reason, unix = max(over)
+        return reason, seconds, unix
 
     # --- the flush thread ---------------------------------------------------------------
     def observe(self, columns: RecordColumns) -> None:
@@ -175,42 +250,72 @@ class HangWatch:
         # a group's first collective (start-up barrier, rendezvous) sets no norm, but what it covers counts
         judged = columns.seqs[order] != 0
         reach = np.maximum.accumulate(starts + durations)
-        if self._last_end is not None:
-            reach = np.maximum(reach, self._last_end)
-        before = np.concatenate(([-np.inf if self._last_end is None else self._last_end], reach[:-1]))
+        with self._lock:
+            last_end = self._last_end
+        if last_end is not None:
+            reach = np.maximum(reach, last_end)
+        before = np.concatenate(([-np.inf if last_end is None else last_end], reach[:-1]))
         gaps = np.where(np.isfinite(before), starts - before, 0.0)
         longest = float(np.max(np.maximum(durations, gaps)[judged], initial=0.0))
-        self._last_end = float(reach[-1])
         with self._lock:
+            self._last_end = max(float(reach[-1]), self._last_end or -np.inf)
+            if self._first_end is None:
+                self._first_end = float(reach[0])
             skip = self._paused_since_check or bool(self._paused)
             self._paused_since_check = False
-        if not skip and longest > 0:
+        # start-up (barriers, a slow first step, compilation) has its own threshold and sets no norm for what follows
+        if not skip and longest > 0 and not self._starting(time.perf_counter()):
             self._longest.append(longest)
 
-    def threshold(self) -> float:
+    def threshold(self, now: float | None = None) -> float:
         """Seconds of waiting (or of absence from collectives) that make this rank stuck."""
-        if not self._longest:
-            return max(STARTUP_S, self.floor_s, SAVE_FACTOR * self._saves)
-        return max(self.floor_s, FACTOR * max(self._longest), SAVE_FACTOR * self._saves)
+        learnt = max(self.floor_s, SAVE_FACTOR * self._saves, FACTOR * max(self._longest, default=0.0))
+        if self._starting(time.perf_counter() if now is None else now):
+            return max(STARTUP_S, learnt)
+        return learnt
+
+    def _starting(self, now: float) -> bool:
+        if self._stepped:
+            return False
+        return self._first_end is None or now - self._first_end < STEADY_S
 
     def check(self, store: MetricStore | None, trace_dir: Path | None) -> Stuck | None:
-        """Is the rank stuck now? Publishes the watcher's series and writes the stacks of a new episode."""
+        """Is the rank stuck now? Publishes the watcher's series, then has the stacks of a new episode written."""
         now = time.perf_counter()
-        threshold = self.threshold()
-        stuck = None if self.paused else self._stuck_now(now, threshold)
+        threshold = self.threshold(now)
+        overrun = self._overrun(now)
+        if overrun is not None:
+            reason, seconds, _ = overrun
+            stuck: Stuck | None = Stuck("in_pause", seconds, reason, "", None, _where(self._logger.training_thread))
+        else:
+            stuck = None if self.paused else self._stuck_now(now, threshold)
         if store is not None:
             self._publish(store, threshold, stuck)
+            if self._known_reasons:
+                self._publish_paused(None if overrun is None else overrun[0])
         if stuck is not None and trace_dir is not None:
-            episode = (stuck.state, stuck.group, stuck.seq, self._last_end)
+            episode = (stuck.state, stuck.op if stuck.state == "in_pause" else stuck.group, stuck.seq, self._last_end)
             if episode != self._episode:
                 self._episode = episode
-                path = self._dump(trace_dir, stuck, threshold)
-                if path is not None:
-                    self.dumps.append(path)
-                self._dump_flight_recorder(trace_dir)
+                headline = self._headline(stuck, threshold, overrun)
+                self._evidence(trace_dir, headline, "")
         self._stuck = stuck
         self._failed(store, trace_dir)
         return stuck
+
+    def _headline(self, stuck: Stuck, threshold: float, overrun: tuple[str, float, float] | None) -> list[str]:
+        rank = self._logger.rank
+        if overrun is not None:
+            reason, seconds, unix = overrun
+            first = (
+                f"rank {rank}: in a pause ({reason}) since {time.strftime('%H:%M:%S', time.gmtime(unix))} UTC, "
+                f"{seconds:.1f} s (its bound {self.pause_bound(reason):.1f} s)"
+            )
+        else:
+            first = f"rank {rank}: {stuck.state} for {stuck.seconds:.1f} s (hang threshold {threshold:.1f} s)" + (
+                f" in {stuck.op} #{stuck.seq} of {stuck.group}" if stuck.state == "in_collective" else ""
+            )
+        return [first, f"where: {stuck.where}", ""]
 
     def _failed(self, store: MetricStore | None, trace_dir: Path | None) -> None:
         """A collective that raised (a peer gone, a timeout): counted, and its error, the stacks and the Flight
@@ -228,22 +333,45 @@ class HangWatch:
             f"rank {logger.rank}: {failure.op} #{failure.seq} of {failure.group} failed at "
             f"{time.strftime('%H:%M:%S', time.gmtime(failure.time))} UTC: {failure.error}"
         )
-        path = self._write_stacks(trace_dir, [headline, ""], ".failed")
-        if path is not None:
-            self.dumps.append(path)
-        self._dump_flight_recorder(trace_dir)
+        self._evidence(trace_dir, [headline, ""], ".failed")
+
+    def _evidence(self, trace_dir: Path, headline: list[str], kind: str) -> None:
+        """The stacks as they are now, and the Flight Recorder dump, written by the writer thread (in place without
+        one); at most :data:`MAX_STACK_FILES` stack files."""
+        if self._stack_files >= MAX_STACK_FILES:
+            return
+        self._stack_files += 1
+        lines = headline + self._stack_lines()
+
+        def write() -> None:
+            path = self._write_stacks(trace_dir, lines, kind)
+            if path is not None:
+                self.dumps.append(path)
+            self._dump_flight_recorder(trace_dir)
+
+        if self._writer is None or not self._writer.submit(write):
+            if self._writer is None:
+                write()
 
     def _stuck_now(self, now: float, threshold: float) -> Stuck | None:
-        current = self._logger._current
-        thread = self._logger.training_thread
+        logger = self._logger
+        thread = logger.training_thread
+        launched = [(t0, op, group, seq) for (group, seq), (op, t0) in list(logger._async.items())]
+        current = logger._current
         if current is not None:
             op, group, seq, t0 = current
+            launched.append((t0, op, group, seq))
+        if launched:  # the oldest collective launched and not completed
+            t0, op, group, seq = min(launched)
             if now - t0 > threshold:
                 return Stuck("in_collective", now - t0, op, group, seq, _where(thread))
+        if current is not None:
             return None
-        if self._last_end is None or not self._longest:
+        with self._lock:
+            last_end = self._last_end
+        if last_end is None:
             return None  # no collective completed yet: nothing to be absent from
-        away = now - self._last_end
+        away = now - last_end
         if away > threshold:
             return Stuck("outside_collectives", away, "", "", None, _where(thread))
         return None
@@ -266,13 +394,21 @@ class HangWatch:
                 store.set(catalog.COMM_GROUP, 1.0, labels)  # one series per group
                 self._groups_published[group] = labels
 
-    def _publish_paused(self) -> None:
+    def forget(self, store: MetricStore | None, groups: Iterable[str]) -> None:
+        """Groups torch destroyed: their membership series go."""
+        for group in groups:
+            labels = self._groups_published.pop(group, None)
+            if labels is not None and store is not None:
+                store.remove(catalog.COMM_GROUP, labels)
+
+    def _publish_paused(self, overrun: str | None = None) -> None:
+        """1 per reason while a pause of it is open and within its bound (``overrun``: the one past it)."""
         store = self._logger.store
         if store is None:
             return
         with self._lock:
             values = [
-                (catalog.COMM_PAUSED, (reason,), 1.0 if reason in self._paused else 0.0)
+                (catalog.COMM_PAUSED, (reason,), 1.0 if reason in self._paused and reason != overrun else 0.0)
                 for reason in sorted(self._known_reasons)
             ]
         store.write(values)
@@ -295,30 +431,24 @@ class HangWatch:
             if logger.store is not None:
                 logger.store.record_error("comm_stacks", exc)
 
-    def _dump(self, trace_dir: Path, stuck: Stuck, threshold: float) -> Path | None:
-        """Write every thread's stack and the last records; the file, or None when it could not be written."""
-        return self._write_stacks(
-            trace_dir,
-            [
-                f"rank {self._logger.rank}: {stuck.state} for {stuck.seconds:.1f} s (hang threshold {threshold:.1f} s)"
-                + (f" in {stuck.op} #{stuck.seq} of {stuck.group}" if stuck.state == "in_collective" else ""),
-                f"where: {stuck.where}",
-                "",
-            ],
-        )
-
-    def _write_stacks(self, trace_dir: Path, lines: list[str], kind: str = "") -> Path | None:
-        """``lines``, then every thread's stack and the last records, to a new file under ``stacks/``; the file,
-        or None when it could not be written."""
+    def _stack_lines(self) -> list[str]:
+        """Every thread's stack (at most :data:`MAX_THREADS`, their innermost :data:`MAX_FRAMES` frames) and the
+        last records."""
         logger = self._logger
+        lines: list[str] = []
         names = {thread.ident: thread.name for thread in threading.enumerate()}
-        for ident, frame in sys._current_frames().items():
+        for ident, frame in list(sys._current_frames().items())[:MAX_THREADS]:
             marker = "  <- training thread" if ident == logger.training_thread else ""
             lines.append(f"Thread {names.get(ident, '?')} ({ident}){marker}:")
-            lines += [line.rstrip("\n") for line in traceback.format_stack(frame)]
+            lines += [line.rstrip("\n") for line in traceback.format_stack(frame, limit=MAX_FRAMES)]
             lines.append("")
         lines.append(f"last {RECORDS_KEPT} records:")
         lines += [json.dumps(row) for row in logger.trace_rows(list(logger._ring)[-RECORDS_KEPT:])]
+        return lines
+
+    def _write_stacks(self, trace_dir: Path, lines: list[str], kind: str = "") -> Path | None:
+        """``lines`` to a new file under ``stacks/``; the file, or None when it could not be written."""
+        logger = self._logger
         directory = trace_dir / "stacks"
         path = directory / f"rank-{logger.rank}.{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}{kind}.txt"
         try:

@@ -3,8 +3,12 @@
 Three capture paths, because none alone sees everything:
 
 * wrappers around the explicit ``torch.distributed`` collectives (and ``isend`` /
-  ``irecv``, through which ``batch_isend_irecv`` runs), timed to completion —
-  async work handles through their future. torch 2.13's deprecated ``all_gather_into_tensor``
+  ``irecv``, through which ``batch_isend_irecv`` runs), timed to completion: a call is in
+  flight from its launch until its Work completes. A synchronous call whose Work is not
+  complete when it returns (NCCL returns at enqueue) stays in flight, held by the completion
+  poller (:mod:`~trainhealth._internal.exporters.collectives.works`,
+  :mod:`~trainhealth._internal.exporters.collectives.poller`), as do async works whose
+  future completed before the work did (NCCL's futures complete at enqueue). torch 2.13's deprecated ``all_gather_into_tensor``
   and ``reduce_scatter_tensor`` run ``all_gather_single`` and ``reduce_scatter_single``: there
   only the latter are wrapped (:data:`DEPRECATED_ALIASES`), so each call is one record;
 * a DDP communication hook (:func:`instrument_ddp`), because DDP's bucket
@@ -26,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from trainhealth._internal.exporters.collectives.recorder import CollectiveRecorder
+from trainhealth._internal.exporters.collectives.works import _slot
 
 __all__ = ["COMMUNICATION_FUNCTIONS", "DEPRECATED_ALIASES", "instrument_ddp", "runs", "wrap"]
 
@@ -113,9 +118,10 @@ def _wrap_collective(
     input_is_list = call.inputs_are_list
     group_index = position["group"]
     async_index = position.get("async_op", 1 << 30)
-    clock, thread_id = time.perf_counter, threading.get_ident
+    clock, thread_id, slot = time.perf_counter, threading.get_ident, _slot
     group_ids, seqs, completed, pending_async = logger._group_ids, logger._seq, logger._completed, logger._async
     device_timed, pending_append = logger._device_timed, logger._pending.append
+    host_synchronous = logger._host_synchronous
 
     # The default group's id, once a synchronous call on it was recorded and it is timed on the host: then
     # ``f(tensor)`` alone (the commonest call) takes the short path below, the same records with fewer steps.
@@ -133,13 +139,18 @@ def _wrap_collective(
             logger._current = (op, group, seq, t0)
         except Exception as error:  # never let bookkeeping break a collective
             return _unrecorded(logger, error, original, args, kwargs, group, seq, False)
+        slot.work = None
         try:
             work = original(*args)
         except BaseException as error:
             logger.abandon(group, seq, False, error)
             raise
         end = clock()
+        launched, slot.work = slot.work, None
         try:
+            if launched is not None and group not in host_synchronous and not launched.is_completed():
+                _still_in_flight(logger, launched, op, group, seq, t0, args[0].nbytes, None)  # returned at enqueue
+                return work
             logger._current = None
             completed[group] = seq
             pending_append((logger.step, op, group, seq, t0, end - t0, args[0].nbytes, None, False))
@@ -164,12 +175,14 @@ def _wrap_collective(
                 logger.training_thread = thread_id()  # whose stack the hang watcher reads
         except Exception as error:  # never let bookkeeping break a collective
             return _unrecorded(logger, error, original, args, kwargs, group, seq, bool(is_async))
+        slot.work = None
         try:
             work = original(*args, **kwargs)
         except BaseException as error:
             logger.abandon(group, seq, bool(is_async), error)
             raise
         end = clock()
+        launched, slot.work = slot.work, None
         try:
             value = args[input_index] if count > input_index else kwargs.get(inputs) if inputs else None
             nbytes = 0 if value is None else sum(t.nbytes for t in value) if input_is_list else value.nbytes
@@ -178,6 +191,9 @@ def _wrap_collective(
                     _end_when_done(logger, work, op, group, seq, t0, nbytes, None)
                 else:  # inside an NCCL coalescing block: the completion hook records it
                     pending_async.pop((group, seq), None)
+                return work
+            if launched is not None and group not in host_synchronous and not launched.is_completed():
+                _still_in_flight(logger, launched, op, group, seq, t0, nbytes, None)  # returned at enqueue
                 return work
             logger._current = None
             completed[group] = seq
@@ -232,6 +248,7 @@ def _wrap_p2p(
             return _recv_from_any(logger, original, group_object, args, kwargs, tensor_index)
         if not always_async:
             inside.active = True
+        _slot.work = None
         try:
             work = original(*args, **kwargs)
         except BaseException as error:
@@ -240,12 +257,15 @@ def _wrap_p2p(
         finally:
             if not always_async:
                 inside.active = False
+        launched, _slot.work = _slot.work, None
         try:
             nbytes = _nbytes(argument(args, kwargs, tensor_index, "tensor"))
             if always_async and work is not None:
                 _end_when_done(logger, work, op, group, seq, t0, nbytes, peer)
             elif always_async:
                 logger.abandon(group, seq, True)
+            elif launched is not None and group not in logger._host_synchronous and not launched.is_completed():
+                _still_in_flight(logger, launched, op, group, seq, t0, nbytes, peer)  # returned at enqueue
             else:
                 logger.end(op, group, seq, t0, clock() - t0, nbytes, peer, False)
         except Exception as error:
@@ -341,11 +361,15 @@ def instrument_ddp(logger: CollectiveRecorder, model: Any) -> Any:
         seq = logger.begin("all_reduce", group, t0, True)
         nbytes = tensor.nbytes
         tensor.div_(world)
-        future = all_reduce(tensor, group=process_group, async_op=True).get_future()
+        work = all_reduce(tensor, group=process_group, async_op=True)
+        future = work.get_future()
 
         def reduced(done):
             try:
-                logger.end("all_reduce", group, seq, t0, clock() - t0, nbytes, None, True)
+                if group in logger._host_synchronous or work.is_completed():
+                    logger.end("all_reduce", group, seq, t0, clock() - t0, nbytes, None, True)
+                else:  # NCCL completes the future at enqueue: the bucket is in flight until the work is done
+                    _end_on_completion(logger, work, "all_reduce", group, seq, t0, nbytes, None)
             except Exception as error:
                 logger.bookkeeping_failed(error)
             return done.value()[0]
@@ -359,17 +383,51 @@ def instrument_ddp(logger: CollectiveRecorder, model: Any) -> Any:
 def _end_when_done(
     logger: CollectiveRecorder, work: Any, op: str, group: str, seq: int, t0: float, nbytes: int, peer: int | None
 ) -> None:
+    """Record an async work when it completes: through its future where it has one (gloo completes the future
+    with the work; NCCL at enqueue, so there a future done before its work hands the work to the poller)."""
     clock = time.perf_counter
 
     def done(_: Any) -> None:
         try:
-            logger.end(op, group, seq, t0, clock() - t0, nbytes, peer, True)
+            if group in logger._host_synchronous or work.is_completed():
+                logger.end(op, group, seq, t0, clock() - t0, nbytes, peer, True)
+            else:
+                _end_on_completion(logger, work, op, group, seq, t0, nbytes, peer)
         except Exception as error:
             logger.bookkeeping_failed(error)
 
     try:
         future = work.get_future()
     except RuntimeError:  # gloo's send and receive works have no future
-        logger._poller.watch(work, lambda: done(None))
+        _end_on_completion(logger, work, op, group, seq, t0, nbytes, peer)
         return
     future.add_done_callback(done)
+
+
+def _still_in_flight(
+    logger: CollectiveRecorder, work: Any, op: str, group: str, seq: int, t0: float, nbytes: int, peer: int | None
+) -> None:
+    """A synchronous call returned before its Work completed (NCCL returns at enqueue): from now on it is an
+    asynchronous collective, in flight until the work completes; the host no longer waits in it."""
+    logger._current = None
+    logger._async[(group, seq)] = (op, t0)
+    _end_on_completion(logger, work, op, group, seq, t0, nbytes, peer)
+
+
+def _end_on_completion(
+    logger: CollectiveRecorder, work: Any, op: str, group: str, seq: int, t0: float, nbytes: int, peer: int | None
+) -> None:
+    """Record ``work`` when the poller sees it complete; should the poller let it go, it is no longer in flight."""
+    clock = time.perf_counter
+
+    def done() -> None:  # completed, or failed: either way no longer in flight (a failure raises where it is waited)
+        try:
+            logger.end(op, group, seq, t0, clock() - t0, nbytes, peer, True)
+        except Exception as error:
+            logger.bookkeeping_failed(error)
+
+    def dropped() -> None:
+        logger.abandon(group, seq, True)
+        logger.bookkeeping_failed(OverflowError("more works in flight than the completion poller holds"))
+
+    logger._poller.watch(work, done, dropped)
