@@ -30,7 +30,7 @@ from typing import Any
 
 from trainhealth._internal.exporters.monitor import Monitor
 
-__all__ = ["CHECKPOINT", "EVALUATION", "Pauses"]
+__all__ = ["CHECKPOINT", "EVALUATION", "Pauses", "patch_method"]
 
 #: The ``reason`` label of a checkpoint save's pause.
 CHECKPOINT = "checkpoint"
@@ -75,42 +75,26 @@ class Pauses:
         """Run each call of ``owner.<name>`` (one instance's method) inside the pause ``reason``, then ``after()``
         when it returned. The call passes through unchanged; :meth:`end` puts the method back. False (and
         counted) when the method cannot be wrapped."""
-        try:
-            original = getattr(owner, name)
-            had_own = name in vars(owner)
-        except Exception as exc:  # noqa: BLE001
-            self._monitor.store.record_error("monitor", exc)
-            return False
-        active = True
         pauses = self
 
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            if not active:
-                return original(*args, **kwargs)
-            with pauses.during(reason):
-                result = original(*args, **kwargs)
-            if after is not None:
-                try:
-                    after()
-                except Exception as exc:  # noqa: BLE001 - never into the training loop
-                    pauses._monitor.store.record_error("monitor", exc)
-            return result
+        def paused(original: Callable[..., Any]) -> Callable[..., Any]:
+            def call(*args: Any, **kwargs: Any) -> Any:
+                with pauses.during(reason):
+                    result = original(*args, **kwargs)
+                if after is not None:
+                    try:
+                        after()
+                    except Exception as exc:  # noqa: BLE001 - never into the training loop
+                        pauses._monitor.store.record_error("monitor", exc)
+                return result
 
-        def restore() -> None:
-            nonlocal active
-            active = False  # stays a plain pass-through if something wrapped it again after us
-            if vars(owner).get(name) is wrapper:
-                if had_own:
-                    setattr(owner, name, original)
-                else:
-                    delattr(owner, name)
+            return call
 
         try:
-            setattr(owner, name, wrapper)
+            self._restores.append(patch_method(owner, name, paused))
         except Exception as exc:  # noqa: BLE001
             self._monitor.store.record_error("monitor", exc)
             return False
-        self._restores.append(restore)
         return True
 
     def end(self) -> None:
@@ -136,3 +120,29 @@ class Pauses:
             stack.close()
         except Exception as exc:  # noqa: BLE001
             self._monitor.store.record_error("monitor", exc)
+
+
+def patch_method(owner: Any, name: str, wrap: Callable[[Callable[..., Any]], Callable[..., Any]]) -> Callable[[], None]:
+    """Replace ``owner.<name>`` (one instance's attribute) with ``wrap(original)``; returns what puts it back.
+
+    Once put back, a wrapper that something else kept (wrapped again after us) is a plain pass-through.
+    """
+    original = getattr(owner, name)
+    had_own = name in vars(owner)
+    inner = wrap(original)
+    active = True
+
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        return inner(*args, **kwargs) if active else original(*args, **kwargs)
+
+    def restore() -> None:
+        nonlocal active
+        active = False
+        if vars(owner).get(name) is wrapper:
+            if had_own:
+                setattr(owner, name, original)
+            else:
+                delattr(owner, name)
+
+    setattr(owner, name, wrapper)
+    return restore

@@ -59,7 +59,7 @@ from transformers.trainer_utils import SaveStrategy
 from trainhealth._internal.exporters.monitor import Monitor
 from trainhealth._internal.integrations._capture import ForwardCapture
 from trainhealth._internal.integrations._ddp import instrument
-from trainhealth._internal.integrations._pauses import CHECKPOINT, EVALUATION, Pauses
+from trainhealth._internal.integrations._pauses import CHECKPOINT, EVALUATION, Pauses, patch_method
 
 __all__ = ["TrainhealthCallback"]
 
@@ -265,30 +265,20 @@ class _TrainerTaps:
         observe: Callable[[Any, tuple, dict], None] | None,
         before: Callable[[], None] | None = None,
     ) -> None:
-        original = getattr(owner, name)
-        had_own = name in vars(owner)
-        active = True
         store = self._store
 
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            if active and before is not None:
-                before()  # never raises
-            result = original(*args, **kwargs)
-            if active and observe is not None:
-                try:
-                    observe(result, args, kwargs)
-                except Exception as exc:  # noqa: BLE001 - never into the training loop
-                    store.record_error("monitor", exc)
-            return result
+        def observed(original: Callable[..., Any]) -> Callable[..., Any]:
+            def call(*args: Any, **kwargs: Any) -> Any:
+                if before is not None:
+                    before()  # never raises
+                result = original(*args, **kwargs)
+                if observe is not None:
+                    try:
+                        observe(result, args, kwargs)
+                    except Exception as exc:  # noqa: BLE001 - never into the training loop
+                        store.record_error("monitor", exc)
+                return result
 
-        def restore() -> None:
-            nonlocal active
-            active = False  # stays a plain pass-through if something wrapped it again after us
-            if vars(owner).get(name) is wrapper:
-                if had_own:
-                    setattr(owner, name, original)
-                else:
-                    delattr(owner, name)
+            return call
 
-        setattr(owner, name, wrapper)
-        self._restores.append(restore)
+        self._restores.append(patch_method(owner, name, observed))
