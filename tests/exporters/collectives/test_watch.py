@@ -165,7 +165,7 @@ def test_start_up_holds_through_set_up_barriers_until_the_first_step(one_rank, t
         monitor.comm.flush()
         after_first_step = monitor.store.value(catalog.COMM_HANG_THRESHOLD)
     assert before_first_step == 60.0 and stuck_before is None
-    assert after_first_step == 1.0  # the slow first step set no norm: the floor, steps took ~10 ms
+    assert after_first_step >= 3 * 1.5  # then the job's own: 3x its longest gap, the slow first step
 
 
 def test_a_pause_past_its_bound_is_stuck_in_the_pause_and_stops_holding_the_rules(one_rank, tmp_path):

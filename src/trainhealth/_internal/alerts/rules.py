@@ -174,7 +174,8 @@ _GROUP_HUNG = (
     f"(max by (job, group) ({c.COMM_INFLIGHT_DURATION.prometheus_name}) > on (job) group_left() "
     f"(clamp_min(max by (job) ({c.COMM_HANG_THRESHOLD.prometheus_name}), {HANG_FLOOR_S}) "
     f"or max by (job) ({_STARTED}) * 0 + {HUNG_COLLECTIVE_S})) "
-    f"unless on (job) (max by (job) (max_over_time({c.COMM_PAUSED.prometheus_name}[{PAUSE_HOLD_S}s])) > 0)"
+    f"unless on (job) (max by (job) (max_over_time({c.COMM_PAUSED.prometheus_name}[{PAUSE_HOLD_S}s]) "
+    f'unless on (job, rank) {c.COMM_STUCK_DURATION.prometheus_name}{{state="in_pause"}}) > 0)'
 )
 
 ALERTS: tuple[AlertRule, ...] = (

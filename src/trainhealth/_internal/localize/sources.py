@@ -217,9 +217,13 @@ class PrometheusSource:
             catalog.COMM_PAUSED,
         )
         queries = [(spec.prometheus_name, self._select(spec.prometheus_name)) for spec in names]
-        # a pause holds the verdict a while after it ends: the peers' wait may be from an older scrape
-        paused = catalog.COMM_PAUSED.prometheus_name
-        queries[-1] = (paused, f"max_over_time({self._select(paused)}[{PAUSE_HOLD_S}s])")
+        # a pause holds the verdict a while after it ends (the peers' wait may be from an older scrape), unless the
+        # rank is stuck in it past its bound
+        paused, stuck = catalog.COMM_PAUSED.prometheus_name, catalog.COMM_STUCK_DURATION.prometheus_name
+        queries[-1] = (
+            paused,
+            f'max_over_time({self._select(paused)}[{PAUSE_HOLD_S}s]) unless on (job, rank) {stuck}{{state="in_pause"}}',
+        )
         samples = [
             (name, series.labels, value)
             for name, promql in queries

@@ -7,7 +7,8 @@ minutes (1.5 times its longest reported checkpoint save, if longer), and at leas
 the floor (``comm_hang_floor``, :data:`FLOOR_S` by default). Until the job's first step
 (a Monitor's step marker; without markers, until collectives have completed for
 :data:`STEADY_S`) it is at least :data:`STARTUP_S`: set-up barriers, a slow first step,
-the first compilation; what start-up took sets no norm for the steps after it. A collective is in flight from its launch until its Work completes,
+the first compilation; what start-up took stays in the history (a data loader's first shard
+opening says how long the next ones take). A collective is in flight from its launch until its Work completes,
 not until the call returned: on NCCL the call returns at enqueue and the host runs ahead
 (:mod:`~trainhealth._internal.exporters.collectives.works`).
 
@@ -263,8 +264,7 @@ class HangWatch:
                 self._first_end = float(reach[0])
             skip = self._paused_since_check or bool(self._paused)
             self._paused_since_check = False
-        # start-up (barriers, a slow first step, compilation) has its own threshold and sets no norm for what follows
-        if not skip and longest > 0 and not self._starting(time.perf_counter()):
+        if not skip and longest > 0:
             self._longest.append(longest)
 
     def threshold(self, now: float | None = None) -> float:
