@@ -393,6 +393,22 @@ CASES: dict[str, Case] = {
                 "sequence 40); its stack: trainhealth_comm_stuck_duration_seconds and the stacks/ files beside its "
                 "trace.",
             ),
+            # rank 3's pause is past its bound (stuck in it): the pause holds no longer
+            Firing(
+                {
+                    **_positions(41, 40, inflight="30x10"),
+                    **_thresholds("12x10"),
+                    f'trainhealth_comm_paused{{{L},reason="checkpoint"}}': "1x10",
+                    f'trainhealth_comm_stuck_duration_seconds{{{L},state="in_pause",op="checkpoint",'
+                    f'where="train.py:save:88"}}': "2000x10",
+                },
+                "5m",
+                {**RANK, "group": "default_pg:0"},
+                "Collective in default_pg:0 waits for rank 3 on node-1",
+                "Ranks of train wait in a default_pg:0 collective that rank 3 on node-1 never entered (it is at "
+                "sequence 40); its stack: trainhealth_comm_stuck_duration_seconds and the stacks/ files beside its "
+                "trace.",
+            ),
         ],
         # the same wait while rank 0 is in an announced pause (a checkpoint save)
         {

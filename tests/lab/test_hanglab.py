@@ -2,7 +2,9 @@
 routing tree. A rank stalled in host code is named by the analyzer, the rule and the page, with the stalling
 function, on gloo and on a backend with NCCL's semantics (calls return at once; the peers block in
 ``synchronize()``, outside every collective call); three set-up barriers and a rank 30 s late to its first
-all-reduce page nobody. The other shapes of issue 48 run in the slow tier. (All cases: benchmarks/hangs.py.)"""
+all-reduce page nobody. A few other shapes of issue 48 run in the slow tier; the rest (a Trainer's save, a stalled
+disk, groups made every step, a slow loader) in benchmarks/hangs.py, to keep CI's time: the stalled disk and the
+groups are also unit-tested in tests/exporters/collectives/test_watch.py."""
 
 from __future__ import annotations
 
@@ -68,19 +70,11 @@ def test_a_checkpoint_save_inside_monitor_pause_pages_nobody(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    "case",
-    [
-        HangCase("hf_save", target=0, onset_step=40, steps=80, pause_s=30.0, watch_s=120.0),
-        HangCase("long_collective", target=2, onset_step=40, steps=100, pause_s=25.0),
-        HangCase("churn_groups", target=2, onset_step=40, steps=120),
-        HangCase("slow_loader", target=3, onset_step=40, steps=130, pause_s=12.0, watch_s=150.0),
-    ],
-    ids=lambda case: case.kind,
-)
-def test_production_shapes_that_are_no_hang_page_nobody(tmp_path, case):
+def test_a_25_s_all_gather_every_rank_entered_is_a_slow_collective_and_pages_nobody(tmp_path):
     _require_stack()
-    _assert_quiet(run_hang_case(case, tmp_path / "case"))
+    _assert_quiet(
+        run_hang_case(HangCase("long_collective", target=2, onset_step=40, steps=100, pause_s=25.0), tmp_path)
+    )
 
 
 @pytest.mark.slow
@@ -94,25 +88,9 @@ def test_of_two_runs_of_one_job_name_the_hung_one_is_named_and_the_healthy_one_n
 
 
 @pytest.mark.slow
-def test_a_hang_while_the_trace_disk_stalls_30_s_pages_within_a_minute(tmp_path):
-    _require_stack()
-    outcome = run_hang_case(HangCase("disk_stall", target=3, onset_step=40, pause_s=30.0, watch_s=90.0), tmp_path / "c")
-    _assert_named(outcome, 3)
-    assert outcome.right
-
-
-@pytest.mark.slow
 def test_a_pause_that_never_ends_pages_with_its_reason(tmp_path):
     _require_stack()
     case = HangCase("endless_pause", target=0, onset_step=40, pause_s=3.0, watch_s=120.0)
     outcome = run_hang_case(case, tmp_path / "case")
     _assert_named(outcome, 0, within_s=90.0)
     assert outcome.page_names_reason, outcome.page_text
-
-
-@pytest.mark.slow
-def test_a_stall_is_named_in_the_default_group_while_groups_come_and_go(tmp_path):
-    _require_stack()
-    outcome = run_hang_case(HangCase("churn_groups_hang", target=2, onset_step=40), tmp_path / "case")
-    _assert_named(outcome, 2)
-    assert outcome.analyzer_group.startswith("default_pg"), outcome.analyzer_group

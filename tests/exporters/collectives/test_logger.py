@@ -75,9 +75,11 @@ def _every_collective(rank: int, world: int, port: int, out: str, backend: str) 
     dist.destroy_process_group()
 
 
-def _straggler(rank: int, world: int, port: int, out: str, slow_rank: int, normal: int, slow: int) -> None:
+def _straggler(
+    rank: int, world: int, port: int, out: str, slow_rank: int, normal: int, slow: int, backend: str
+) -> None:
     """``normal`` healthy iterations, then ``slow`` in which ``slow_rank`` computes 40 ms longer."""
-    init_rank(rank, world, port)
+    _init(rank, world, port, backend)
     logger = trainhealth.comm.install(trace_dir=out)
     t = torch.ones(4096)
     for step in range(normal + slow):
@@ -86,6 +88,7 @@ def _straggler(rank: int, world: int, port: int, out: str, slow_rank: int, norma
         if rank == slow_rank and step >= normal:
             time.sleep(0.04)
         dist.all_reduce(t)
+    _device_sync(backend)  # on NCCL's semantics the peers ran ahead: every all-reduce has completed after this
     logger.flush()
     Path(out, f"summary-{rank}.json").write_text(
         json.dumps(
@@ -188,8 +191,9 @@ def test_every_explicit_collective_is_recorded_with_matching_group_and_seq(tmp_p
 
 
 @pytest.mark.slow
-def test_a_slow_rank_looks_short_and_its_peers_long(tmp_path):
-    run_ranks(_straggler, 4, str(tmp_path), 2, 40, 20, steps=60)
+@pytest.mark.parametrize("backend", ["gloo", nccl_semantics.BACKEND])
+def test_a_slow_rank_looks_short_and_its_peers_long(tmp_path, backend):
+    run_ranks(_straggler, 4, str(tmp_path), 2, 40, 20, backend, steps=60)
     records = read_trace([tmp_path]).records
     slow_steps = records[records["step"] >= 40]
     median = slow_steps.groupby("rank")["duration"].median()

@@ -196,9 +196,19 @@ class CollectiveRecorder:
             self._current = (op, group, seq, t0)
 
     def end(
-        self, op: str, group: str, seq: int, t0: float, duration: float, nbytes: int, peer: int | None, is_async: bool
+        self,
+        op: str,
+        group: str,
+        seq: int,
+        t0: float,
+        duration: float,
+        nbytes: int,
+        peer: int | None,
+        is_async: bool,
+        step: int | None = None,
     ) -> None:
-        """Leave a collective and record it (unless the NCCL completion hook records this group)."""
+        """Leave a collective and record it (unless the NCCL completion hook records this group); ``step``: the
+        training step it was launched in, when it completes later (default: the current one)."""
         if is_async:
             self._async.pop((group, seq), None)
         else:
@@ -206,7 +216,7 @@ class CollectiveRecorder:
         if seq > self._completed.get(group, -1):  # works polled to completion may be seen out of order
             self._completed[group] = seq
         if group not in self._device_timed:
-            record = (self.step, op, group, seq, t0, duration, nbytes, peer, is_async)
+            record = (self.step if step is None else step, op, group, seq, t0, duration, nbytes, peer, is_async)
             self._pending.append(record)
             self._recorded += 1
 

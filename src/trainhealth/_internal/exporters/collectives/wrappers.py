@@ -385,12 +385,12 @@ def _end_when_done(
 ) -> None:
     """Record an async work when it completes: through its future where it has one (gloo completes the future
     with the work; NCCL at enqueue, so there a future done before its work hands the work to the poller)."""
-    clock = time.perf_counter
+    clock, step = time.perf_counter, logger.step
 
     def done(_: Any) -> None:
         try:
             if group in logger._host_synchronous or work.is_completed():
-                logger.end(op, group, seq, t0, clock() - t0, nbytes, peer, True)
+                logger.end(op, group, seq, t0, clock() - t0, nbytes, peer, True, step)
             else:
                 _end_on_completion(logger, work, op, group, seq, t0, nbytes, peer)
         except Exception as error:
@@ -417,12 +417,13 @@ def _still_in_flight(
 def _end_on_completion(
     logger: CollectiveRecorder, work: Any, op: str, group: str, seq: int, t0: float, nbytes: int, peer: int | None
 ) -> None:
-    """Record ``work`` when the poller sees it complete; should the poller let it go, it is no longer in flight."""
-    clock = time.perf_counter
+    """Record ``work`` when the poller sees it complete (in the step it was launched in); should the poller let it
+    go, it is no longer in flight."""
+    clock, step = time.perf_counter, logger.step
 
     def done() -> None:  # completed, or failed: either way no longer in flight (a failure raises where it is waited)
         try:
-            logger.end(op, group, seq, t0, clock() - t0, nbytes, peer, True)
+            logger.end(op, group, seq, t0, clock() - t0, nbytes, peer, True, step)
         except Exception as error:
             logger.bookkeeping_failed(error)
 
