@@ -89,7 +89,7 @@ def _straggler(
             time.sleep(0.04)
         dist.all_reduce(t)
     _device_sync(backend)  # on NCCL's semantics the peers ran ahead: every all-reduce has completed after this
-    logger.flush()
+    trainhealth.comm.uninstall()  # stops the logger: what completed is recorded, flushed and written
     Path(out, f"summary-{rank}.json").write_text(
         json.dumps(
             {
@@ -99,7 +99,6 @@ def _straggler(
             }
         )
     )
-    trainhealth.comm.uninstall()
     dist.destroy_process_group()
 
 

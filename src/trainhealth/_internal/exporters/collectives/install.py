@@ -34,7 +34,7 @@ from trainhealth._internal.config import Settings
 from trainhealth._internal.detectors.runner import SignalDetectors
 from trainhealth._internal.exporters.collectives.logger import COMMUNICATION_FUNCTIONS, CollectiveLogger
 from trainhealth._internal.exporters.collectives.shutdown import restore_signals, save_on_signals
-from trainhealth._internal.exporters.collectives.works import capture_works, release_works
+from trainhealth._internal.exporters.collectives.works import release_works
 from trainhealth._internal.exporters.collectives.wrappers import DEPRECATED_ALIASES, runs
 from trainhealth._internal.store import MetricStore
 
@@ -104,7 +104,7 @@ def install(
             hang_floor_s=settings.comm.hang_floor,
             pause_limit_s=settings.comm.pause_limit,
         )
-        capture_works()  # a synchronous call is in flight until its Work completes, not until it returns
+        logger.hold_works = True  # a synchronous call is in flight until its Work completes, not until it returns
         for name in COMMUNICATION_FUNCTIONS:
             original = getattr(c10d, name, None)
             if original is None:  # a function this torch does not have (all_gather_single before 2.13)

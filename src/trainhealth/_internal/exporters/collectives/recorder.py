@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from trainhealth._internal.exporters.collectives.poller import CompletionPoller
-from trainhealth._internal.exporters.collectives.works import capture_works, capturing
+from trainhealth._internal.exporters.collectives.works import capture_works
 
 if TYPE_CHECKING:
     from trainhealth._internal.store import MetricStore
@@ -77,6 +77,8 @@ class CollectiveRecorder:
         # groups on a backend whose wait blocks the host until the collective is done (gloo, MPI): there a call that
         # returned is complete (some of gloo's works never report is_completed, e.g. reduce_scatter's)
         self._host_synchronous: set[str] = set()
+        # whether to wrap the ProcessGroup methods (install() sets it) when a group on another backend appears
+        self.hold_works = False
         self._clock_offset = time.time() - time.perf_counter()
         self._poller = CompletionPoller()
         self._inside = threading.local()  # set while a wrapped call runs, so nested ones pass through
@@ -119,8 +121,9 @@ class CollectiveRecorder:
         self._members[found] = _members(group)
         if _backend_name(group) in HOST_SYNCHRONOUS_BACKENDS:
             self._host_synchronous.add(found)
-        if capturing():  # a process group written in Python overrides the ProcessGroup methods wrapped
-            capture_works(type(group))
+        elif self.hold_works:  # calls may return before their Work completes: read the Work they wait on
+            capture_works()
+            capture_works(type(group))  # a process group written in Python overrides the methods wrapped
         from trainhealth._internal.exporters.collectives.nccl import time_on_device
 
         if time_on_device(self, group, found):

@@ -9,8 +9,10 @@ https://pytorch.org/docs/stable/distributed.html#torch.distributed.Work). To tel
 from "completed", :func:`capture_works` wraps the ``ProcessGroup`` methods torch's
 collective functions call, so the wrapper of each collective can read the Work of its own
 call (:func:`last_work`, per thread) and hold it until ``is_completed()``. The methods are
-wrapped on the class, once per process (and on each Python subclass that overrides them, when
-the collective logger first meets a group of it), and restored by :func:`release_works`.
+wrapped on the class (and on each Python subclass that overrides them) when the installed
+logger first meets a group whose backend does not block the host until the collective is done
+(not gloo or MPI: there a call that returned is complete, and nothing is wrapped), and restored
+by :func:`release_works`.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-__all__ = ["capture_works", "capturing", "clear_work", "last_work", "release_works"]
+__all__ = ["capture_works", "clear_work", "last_work", "release_works"]
 
 #: the ProcessGroup methods torch.distributed's collective functions call, each returning a Work
 METHODS = (
@@ -90,11 +92,6 @@ def release_works() -> None:
         for (group_class, name), original in _originals.items():
             setattr(group_class, name, original)
         _originals.clear()
-
-
-def capturing() -> bool:
-    """Whether :func:`capture_works` has wrapped ``ProcessGroup`` (the logger is installed)."""
-    return bool(_originals)
 
 
 def clear_work() -> None:

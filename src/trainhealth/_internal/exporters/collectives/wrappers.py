@@ -139,16 +139,18 @@ def _wrap_collective(
             logger._current = (op, group, seq, t0)
         except Exception as error:  # never let bookkeeping break a collective
             return _unrecorded(logger, error, original, args, kwargs, group, seq, False)
-        slot.work = None
+        early = group not in host_synchronous  # a backend whose calls may return before the collective is done
+        if early:
+            slot.work = None
         try:
             work = original(*args)
         except BaseException as error:
             logger.abandon(group, seq, False, error)
             raise
         end = clock()
-        launched, slot.work = slot.work, None
         try:
-            if launched is not None and group not in host_synchronous and not launched.is_completed():
+            launched = slot.__dict__.pop("work", None) if early else None
+            if launched is not None and not launched.is_completed():
                 _still_in_flight(logger, launched, op, group, seq, t0, args[0].nbytes, None)  # returned at enqueue
                 return work
             logger._current = None
@@ -175,15 +177,17 @@ def _wrap_collective(
                 logger.training_thread = thread_id()  # whose stack the hang watcher reads
         except Exception as error:  # never let bookkeeping break a collective
             return _unrecorded(logger, error, original, args, kwargs, group, seq, bool(is_async))
-        slot.work = None
+        early = group not in host_synchronous  # a backend whose calls may return before the collective is done
+        if early:
+            slot.work = None
         try:
             work = original(*args, **kwargs)
         except BaseException as error:
             logger.abandon(group, seq, bool(is_async), error)
             raise
         end = clock()
-        launched, slot.work = slot.work, None
         try:
+            launched = slot.__dict__.pop("work", None) if early else None
             value = args[input_index] if count > input_index else kwargs.get(inputs) if inputs else None
             nbytes = 0 if value is None else sum(t.nbytes for t in value) if input_is_list else value.nbytes
             if is_async:
@@ -192,7 +196,7 @@ def _wrap_collective(
                 else:  # inside an NCCL coalescing block: the completion hook records it
                     pending_async.pop((group, seq), None)
                 return work
-            if launched is not None and group not in host_synchronous and not launched.is_completed():
+            if launched is not None and not launched.is_completed():
                 _still_in_flight(logger, launched, op, group, seq, t0, nbytes, None)  # returned at enqueue
                 return work
             logger._current = None
@@ -248,7 +252,9 @@ def _wrap_p2p(
             return _recv_from_any(logger, original, group_object, args, kwargs, tensor_index)
         if not always_async:
             inside.active = True
-        _slot.work = None
+        early = group not in logger._host_synchronous  # a backend whose calls may return before they are done
+        if early:
+            _slot.work = None
         try:
             work = original(*args, **kwargs)
         except BaseException as error:
@@ -257,14 +263,14 @@ def _wrap_p2p(
         finally:
             if not always_async:
                 inside.active = False
-        launched, _slot.work = _slot.work, None
+        launched = _slot.__dict__.pop("work", None) if early else None
         try:
             nbytes = _nbytes(argument(args, kwargs, tensor_index, "tensor"))
             if always_async and work is not None:
                 _end_when_done(logger, work, op, group, seq, t0, nbytes, peer)
             elif always_async:
                 logger.abandon(group, seq, True)
-            elif launched is not None and group not in logger._host_synchronous and not launched.is_completed():
+            elif launched is not None and not launched.is_completed():
                 _still_in_flight(logger, launched, op, group, seq, t0, nbytes, peer)  # returned at enqueue
             else:
                 logger.end(op, group, seq, t0, clock() - t0, nbytes, peer, False)
