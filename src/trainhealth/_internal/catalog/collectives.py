@@ -47,7 +47,8 @@ COMM_INFLIGHT_DURATION = MetricSpec(
     "comm.inflight.duration",
     _G,
     Unit.SECONDS,
-    "How long this rank has been inside the collective it is waiting in; 0 when it is in none",
+    "How long the oldest collective this rank launched and has not seen complete has been in flight (on NCCL a call "
+    "returns at enqueue: in flight until its Work completes); 0 when none is",
     labels=("op", "group"),
 )
 COMM_STARTED_SEQ = MetricSpec(
@@ -82,21 +83,23 @@ COMM_HANG_THRESHOLD = MetricSpec(
     _G,
     Unit.SECONDS,
     "How long a wait in a collective or a stop outside them lasts before this rank counts as stuck: 3x its longest "
-    "recent step, collective or checkpoint save, at least 10 s (60 s before its first collective completed)",
+    "recent step, collective or checkpoint save, at least 10 s (at least 60 s until the job's first step)",
 )
 COMM_PAUSED = MetricSpec(
     "comm.paused",
     _G,
     Unit.DIMENSIONLESS,
-    "1 while the training loop is in a pause it announced (Monitor.pause: a checkpoint save, an evaluation)",
+    "1 while the training loop is in a pause it announced (Monitor.pause: a checkpoint save, an evaluation) and "
+    "within its bound; 0 once it ended or passed its bound",
     labels=("reason",),
 )
 COMM_STUCK_DURATION = MetricSpec(
     "comm.stuck.duration",
     _G,
     Unit.SECONDS,
-    "How long this rank has been stuck past its hang threshold, in a collective or outside them (state), with the "
-    "top frames of its training thread (where); absent while it is not",
+    "How long this rank has been stuck past its hang threshold, in a collective or outside them, or in an announced "
+    "pause past its bound (state in_pause, op its reason), with the top frames of its training thread (where); "
+    "absent while it is not",
     labels=("state", "op", "group", "seq", "where"),
 )
 COMM_FAILURES = MetricSpec(
