@@ -36,8 +36,6 @@ the other ranks, in ``tracker.monitor.pause("evaluation")`` / ``pause("checkpoin
 
 from __future__ import annotations
 
-import sys
-from types import FrameType
 from typing import Any
 
 from trainhealth._internal.integrations._versions import require
@@ -49,6 +47,7 @@ from accelerate.tracking import GeneralTracker
 
 from trainhealth._internal.exporters.monitor import Monitor
 from trainhealth._internal.exporters.wiring import base_optimizer
+from trainhealth._internal.integrations._callers import calling_instance
 from trainhealth._internal.integrations._ddp import ddp_running, instrument
 from trainhealth._internal.integrations._pauses import CHECKPOINT, Pauses
 
@@ -170,12 +169,4 @@ class TrainhealthTracker(GeneralTracker):
 
 def _calling_accelerator() -> Any:
     """The ``accelerate.Accelerator`` among the callers (the one whose ``init_trackers`` runs), else ``None``."""
-    frame: FrameType | None = sys._getframe(1)
-    for _ in range(8):
-        if frame is None:
-            return None
-        candidate = frame.f_locals.get("self")
-        if isinstance(candidate, Accelerator):
-            return candidate
-        frame = frame.f_back
-    return None
+    return calling_instance(Accelerator, 8)

@@ -44,9 +44,7 @@ callback reused for a second ``train()`` exports again. Keyword arguments are Mo
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable
-from types import FrameType
 from typing import Any
 
 from trainhealth._internal.integrations._versions import require
@@ -57,6 +55,7 @@ from transformers import Trainer, TrainerCallback
 from transformers.trainer_utils import SaveStrategy
 
 from trainhealth._internal.exporters.monitor import Monitor
+from trainhealth._internal.integrations._callers import calling_instance
 from trainhealth._internal.integrations._capture import ForwardCapture
 from trainhealth._internal.integrations._ddp import instrument
 from trainhealth._internal.integrations._pauses import CHECKPOINT, EVALUATION, Pauses, patch_method
@@ -201,15 +200,7 @@ class TrainhealthCallback(TrainerCallback):
 
 def _running_trainer() -> Any:
     """The nearest ``transformers.Trainer`` among the callers (the one sending the event), else ``None``."""
-    frame: FrameType | None = sys._getframe(1)
-    for _ in range(16):
-        if frame is None:
-            return None
-        candidate = frame.f_locals.get("self")
-        if isinstance(candidate, Trainer):
-            return candidate
-        frame = frame.f_back
-    return None
+    return calling_instance(Trainer, 16)
 
 
 class _TrainerTaps:
