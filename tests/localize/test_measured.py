@@ -123,11 +123,16 @@ def test_clean_runs_blame_nobody_at_any_noise(seed):
         assert result.suspects == (), (jitter, result.render())
         power = result.details["power"]["slowdown"]
         if result.verdict == "insufficient_data":  # only when this window's noise hides a 1.5x rank
-            assert power > 1.5 and result.details["reasons"][0].startswith("too noisy to call healthy"), power
+            # None: not even 3x was blamed in 95% of injections
+            assert power is None or power > 1.5, power
+            assert result.details["reasons"][0].startswith("too noisy to call healthy")
         else:
             assert result.verdict == "imbalance" or (result.verdict == "healthy" and power <= 1.5)
     quiet = localize(_trace(jitter=0.01, seed=seed))
-    assert quiet.verdict == "healthy" and quiet.details["power"]["slowdown"] < 1.1
+    power = quiet.details["power"]
+    # slow from an onset shows against the rank's own steps; slow all window only beyond the 15% allowance for
+    # healthy differences between devices
+    assert quiet.verdict == "healthy" and power["onset_in_window"] < 1.1 and power["throughout_window"] < 1.3
 
 
 @pytest.mark.parametrize("seed", range(5))
@@ -138,7 +143,7 @@ def test_work_that_moves_is_imbalance(seed):
     milder = localize(_trace(uneven=0.5, seed=seed))  # below the 25% that counts as uneven: nobody blamed either way
     assert milder.suspects == () and milder.verdict in ("healthy", "imbalance", "insufficient_data")
     if milder.verdict == "insufficient_data":  # work moving this much hides a 1.5x rank: no finding of health
-        assert milder.details["power"]["slowdown"] > 1.5
+        assert milder.details["power"]["slowdown"] is None or milder.details["power"]["slowdown"] > 1.5
 
 
 def test_a_transient_fault_is_an_event_with_its_steps_not_a_faulty_device():

@@ -41,6 +41,7 @@ import numpy as np
 import pandas as pd
 
 from trainhealth._internal.faults import Fault
+from trainhealth._internal.localize.history import live_steps
 from trainhealth._internal.localize.localizer import Thresholds, localize
 from trainhealth._internal.simulator.cluster import ClusterLayout
 from trainhealth._internal.simulator.noise import Hiccup, ProductionNoise
@@ -341,15 +342,24 @@ def _windows(
     steps: np.ndarray, count: int, window: int, cap: int | None, history: int = 0
 ) -> Iterator[tuple[int, np.ndarray]]:
     """(first step, row indices in the trace's order) of each non-overlapping window, evenly thinned to ``cap``;
-    the rows include up to ``history`` steps before the window's end (the window itself at least)."""
+    the rows are those a live analyzer reads at the window's end (:func:`live_steps`): up to ``history`` steps
+    before its end (the window itself at least) and the run's first steps, each rank's usual level."""
     order = np.argsort(steps, kind="stable")
     firsts = np.arange(0, count, window)
     if cap is not None and len(firsts) > cap:
         firsts = firsts[np.unique(np.linspace(0, len(firsts) - 1, cap).round().astype(np.int64))]
     ordered = steps[order]
+    distinct = np.unique(ordered)
     for first in firsts.tolist():
-        low, high = np.searchsorted(ordered, [min(first, first + window - history), first + window])
-        yield first, np.sort(order[low:high])
+        read = live_steps(distinct[distinct < first + window], window, history)
+        # the steps read are one or two runs of consecutive steps of the run: a slice of the sorted rows each
+        breaks = np.flatnonzero(np.diff(np.searchsorted(distinct, read)) > 1) + 1
+        rows = [
+            order[np.searchsorted(ordered, part[0], "left") : np.searchsorted(ordered, part[-1], "right")]
+            for part in np.split(read, breaks)
+            if len(part)
+        ]
+        yield first, np.sort(np.concatenate(rows)) if rows else np.array([], dtype=np.int64)
 
 
 def _explained_by(hiccups: Sequence[Hiccup], ranks: Sequence[int], first: int, stop: int, layout: ClusterLayout) -> str:

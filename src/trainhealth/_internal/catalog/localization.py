@@ -81,11 +81,22 @@ ANALYSIS_DETECTABLE_SLOWDOWN = MetricSpec(
     "analysis.detectable_slowdown",
     _G,
     Unit.DIMENSIONLESS,
-    "The detection power of the last localization: the smallest slowdown of one rank over its last 10 steps "
-    "it would have blamed, from the window's own noise; a healthy verdict needs it at most 1.5",
+    "The detection power of the last localization: the smallest slowdown of one rank, over its last 10 steps "
+    "or all window, that it blamed in at least 95% of injections at the window's own noise; a healthy verdict "
+    "needs it at most 1.5",
     labels=("job",),
     identity=(),
     availability="From trainhealth analyze, when the window was long enough to measure its noise.",
+)
+ANALYSIS_JOB_SLOWDOWN = MetricSpec(
+    "analysis.job_slowdown",
+    _G,
+    Unit.DIMENSIONLESS,
+    "How many times slower (nearly) every rank of the job was at once in the last localization's window, a "
+    "slowdown no single device explains (storage, network, another job on the hosts); 1 when there was none",
+    labels=("job",),
+    identity=(),
+    availability="From trainhealth analyze, when the window had enough steps to judge.",
 )
 ANALYSIS_UNCOVERED_RANKS = MetricSpec(
     "analysis.uncovered_ranks",

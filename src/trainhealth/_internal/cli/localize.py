@@ -70,6 +70,7 @@ def _thresholds(args: argparse.Namespace) -> Thresholds:
 
 
 def _cmd_localize(args: argparse.Namespace) -> int:
+    from trainhealth._internal.localize.history import live_steps
     from trainhealth._internal.localize.localizer import localize
     from trainhealth._internal.traces.convert import load_any
 
@@ -78,7 +79,7 @@ def _cmd_localize(args: argparse.Namespace) -> int:
     release_freed_memory()  # what decoding the trace freed
     records = trace.records
     if args.last is not None:
-        steps = sorted(records["step"].unique())[-max(args.last, args.history or 0) :]
+        steps = live_steps(records["step"].to_numpy(), args.last, args.history or 0)
         records = records[records["step"].isin(steps)].reset_index(drop=True)
     judge_last = args.last if args.last is not None and args.history and args.history > args.last else None
     result = _flight_recorder_hang(records, trace)
@@ -409,8 +410,8 @@ def add_commands(commands: argparse._SubParsersAction, parser_class: type[argpar
         type=_LAST,
         metavar="STEPS",
         help="with --last: judge the last STEPS steps against this many steps of the run before "
-        "their end (each rank's usual, how far healthy members go, recurrence); default: "
-        "the window alone",
+        "their end and the run's first steps (each rank's usual level, how far healthy members go, "
+        "recurrence); default: the window alone",
     )
     localize.add_argument("--json", action="store_true", help="the localization result as JSON")
     localize.add_argument(

@@ -96,6 +96,7 @@ _PER_JOB = (
     catalog.ANALYSIS_VERDICT,
     catalog.ANALYSIS_IRREGULAR_STEPS,
     catalog.ANALYSIS_DETECTABLE_SLOWDOWN,
+    catalog.ANALYSIS_JOB_SLOWDOWN,
     catalog.ANALYSIS_UNCOVERED_RANKS,
     catalog.ANALYSIS_EVENTS,
     catalog.ANALYSIS_RANKS,
@@ -251,6 +252,9 @@ class Analyzer:
             power = result.details.get("power")
             if power is not None:
                 values[catalog.ANALYSIS_DETECTABLE_SLOWDOWN][(job,)] = float(power["slowdown"])
+            if "window" in result.details and result.verdict not in ("hang", "insufficient_data"):
+                job_wide = result.details.get("job_wide")
+                values[catalog.ANALYSIS_JOB_SLOWDOWN][(job,)] = float(job_wide["slowdown"]) if job_wide else 1.0
             uncovered = float(len(result.details.get("uncovered_ranks", [])))
             values[catalog.ANALYSIS_UNCOVERED_RANKS][(job,)] = uncovered
             values[catalog.ANALYSIS_EVENTS][(job,)] = float(len(result.details.get("events", [])))

@@ -88,6 +88,7 @@ class Candidate:
     slowdown: float | None = None  # how many times longer it computes / transfers take (measured path)
     since: int | None = None  # the trace step the slowness began (measured path; None: throughout the window)
     shape: str = "persistent"  # persistent, throughout, recurrent: a fault; transient, ordinary: an event
+    until: int | None = None  # the last slow step of a stretch that ended (a transient event)
 
     @property
     def blamable(self) -> bool:

@@ -44,13 +44,14 @@ import pandas as pd
 from trainhealth._internal.knowledge.advice import advice_for
 from trainhealth._internal.localize.candidates import Candidate, Thresholds
 from trainhealth._internal.localize.evidence import gather_evidence, last_steps
-from trainhealth._internal.localize.gpus import gpu_candidates, gpu_noise
+from trainhealth._internal.localize.gpus import gpu_candidates, gpu_power
 from trainhealth._internal.localize.imbalance import imbalance_reasons
 from trainhealth._internal.localize.iterations import needs_inference
+from trainhealth._internal.localize.jobwide import job_wide_slowdown
 from trainhealth._internal.localize.measured import MIN_STEPS, analyze_measured
 from trainhealth._internal.localize.paths import path_candidates
-from trainhealth._internal.localize.power import Power, detection_power, uncovered_ranks
-from trainhealth._internal.localize.result import LocalizationResult, Suspect
+from trainhealth._internal.localize.power import Power, uncovered_ranks
+from trainhealth._internal.localize.result import LocalizationResult, Suspect, past_text
 from trainhealth._internal.traces.topology import Topology
 
 __all__ = ["Analysis", "Candidate", "Thresholds", "analyze", "decide", "localize"]
@@ -206,16 +207,11 @@ def _recorded(
         details["simulated"] = True
     if network_notes:
         details["notes"] = network_notes
-    threshold = thresholds.collectives_z if evidence.compute_derived else thresholds.gpu_z
-    power = detection_power(
-        evidence.compute_change,
-        gpu_noise(evidence, thresholds),
-        threshold,
-        thresholds.min_compute_effect,
-        thresholds.rarity,
-        thresholds.power_steps,
-        history.compute_change if history is not None else None,
-    )
+    power = gpu_power(evidence, thresholds, history)
+    run = history if history is not None else evidence
+    job_wide = job_wide_slowdown(run.compute_seconds, run.steps)
+    if job_wide is not None and job_wide.last_step >= evidence.steps[0]:  # it reached the window judged
+        details["job_wide"] = job_wide.to_dict()
     if history is not None:
         details["history"] = {"steps": [int(history.steps[0]), int(history.steps[-1])]}
     uncovered = uncovered_ranks(evidence.ranks, evidence.compute, _members(topology))
@@ -237,7 +233,10 @@ def decide(analysis: Analysis, thresholds: Thresholds) -> LocalizationResult:
 
     A persistent, whole-window or recurrent slowness blames its device; a transient excursion, or one that
     healthy members of the run show too, is an event with its steps (``events``), never a suspect. Near
-    misses (half the threshold or more) are listed apart (``near_misses``), never as suspects.
+    misses (half the threshold or more) are listed apart (``near_misses``), never as suspects; one at least as
+    slow as the window's stated power keeps it from being called healthy. Faults that came and went are the
+    run's past (``in_this_run``: "healthy now; in this run: ..."), and a slowdown every rank shared
+    (``job_wide``) is said first, whatever the verdict.
     """
     if analysis.insufficient is not None:
         details = {**analysis.details, "reasons": [analysis.insufficient]}
@@ -250,8 +249,12 @@ def decide(analysis: Analysis, thresholds: Thresholds) -> LocalizationResult:
     )
     near = [c for c in ranked if c.blamable and 0.5 <= c.strength(thresholds) < 1.0]
     details = dict(analysis.details)
+    shared = [details["job_wide"]["text"]] if "job_wide" in details else []
     if events:
         details["events"] = [_event(c) for c in events[: thresholds.max_suspects]]
+    past = [c for c in events if c.shape == "transient" and c.until is not None]
+    if past:
+        details["in_this_run"] = [_past(c) for c in past[: thresholds.max_suspects]]
     if near:
         details["near_misses"] = [
             {"component": c.component, "strength": round(c.strength(thresholds), 3)}
@@ -265,7 +268,7 @@ def decide(analysis: Analysis, thresholds: Thresholds) -> LocalizationResult:
         verdict = "compute" if faults[0].kind == "gpu" else "communication"
         suspects = tuple(_suspect(c, thresholds) for c in faults[: thresholds.max_suspects])
         return LocalizationResult(
-            verdict, suspects, analysis.irregular_steps, advice_for(verdict), {**details, "reasons": []}
+            verdict, suspects, analysis.irregular_steps, advice_for(verdict), {**details, "reasons": shared}
         )
     if analysis.imbalance:  # robust to one device's excursion (:func:`.imbalance.imbalance_reasons`)
         return LocalizationResult(
@@ -273,27 +276,37 @@ def decide(analysis: Analysis, thresholds: Thresholds) -> LocalizationResult:
             (),
             analysis.irregular_steps,
             advice_for("imbalance"),
-            {**details, "reasons": list(analysis.imbalance)},
+            {**details, "reasons": shared + list(analysis.imbalance)},
         )
-    unseen = _unseen(analysis, events, thresholds)
+    unseen = _unseen(analysis, events, near, thresholds)
     if unseen is not None or analysis.power is None:
         return LocalizationResult(
             "insufficient_data",
             (),
             analysis.irregular_steps,
             advice_for("insufficient_data"),
-            {**details, "reasons": [unseen or "no detection power to state"]},
+            {**details, "reasons": shared + [unseen or "no detection power to state"]},
         )
+    history = f"; in this run: {past_text(details['in_this_run'])}" if past else ""
     return LocalizationResult(
         "healthy",
         (),
         analysis.irregular_steps,
         advice_for("healthy"),
-        {**details, "reasons": [f"healthy: {analysis.power.sentence()}"]},
+        {**details, "reasons": shared + [f"healthy{' now' if past else ''}: {analysis.power.sentence()}{history}"]},
     )
 
 
-def _unseen(analysis: Analysis, events: list[Candidate], thresholds: Thresholds) -> str | None:
+def _past(candidate: Candidate) -> dict[str, Any]:
+    """A fault that came and went, as the run's past."""
+    out: dict[str, Any] = {"component": candidate.component, "steps": [candidate.since, candidate.until]}
+    if candidate.slowdown is not None:
+        out["slowdown"] = round(candidate.slowdown, 4)
+    out["recovered"] = True
+    return out
+
+
+def _unseen(analysis: Analysis, events: list[Candidate], near: list[Candidate], thresholds: Thresholds) -> str | None:
     """Why the window cannot be called healthy, or None when it can."""
     if analysis.uncovered:
         shown = ", ".join(map(str, analysis.uncovered[:8])) + (", ..." if len(analysis.uncovered) > 8 else "")
@@ -313,6 +326,13 @@ def _unseen(analysis: Analysis, events: list[Candidate], thresholds: Thresholds)
         )
     if analysis.power is None:
         return "the window's noise could not be measured: no detection power to state"
+    close = [c for c in near if c.slowdown is not None and c.slowdown >= analysis.power.slowdown]
+    if close:
+        since = f"since step {close[0].since}" if close[0].since is not None else "all window"
+        return (
+            f"{close[0].component} is {close[0].slowdown:.2f}x slow {since}, short of the threshold at this "
+            f"window's noise (strength {close[0].strength(thresholds):.2f} of 1): too soon or too noisy to tell"
+        )
     if analysis.power.slowdown > thresholds.max_hidden:
         return (
             f"too noisy to call healthy: only {analysis.power.sentence().replace(' would have', ', or more, would have')}; "

@@ -19,15 +19,16 @@ import pandas as pd
 
 from trainhealth._internal.localize.candidates import Candidate, Thresholds
 from trainhealth._internal.localize.iterations import infer_steps, needs_inference
+from trainhealth._internal.localize.jobwide import job_wide_slowdown
 from trainhealth._internal.localize.links import LinkSettings, find_slow_paths
-from trainhealth._internal.localize.power import Power, detection_power, uncovered_ranks
+from trainhealth._internal.localize.power import Power, uncovered_ranks
 from trainhealth._internal.localize.stragglers import (
     Straggler,
     StragglerSettings,
     find_stragglers,
+    straggler_power,
     undecided_pairs,
 )
-from trainhealth._internal.localize.stretches_scan import burst_factor
 from trainhealth._internal.localize.waits import Measured, measure
 from trainhealth._internal.traces.topology import Topology
 
@@ -100,11 +101,7 @@ def analyze_measured(records: pd.DataFrame, topology: Topology | None, threshold
         )
     settings = StragglerSettings(z=thresholds.straggler_z, rarity=thresholds.rarity)
     found, compute_noise = find_stragglers(measured, settings)
-    # the power of the stretch scan: its noise is the per-step noise discounted by the run's burstiness
-    stretch_noise = compute_noise * burst_factor(measured.relative, compute_noise, settings.min_length)
-    power = detection_power(
-        measured.relative, stretch_noise, settings.z, settings.min_effect, settings.rarity, thresholds.power_steps
-    )
+    power = straggler_power(measured, settings, thresholds.power_steps)
     expected = (
         {int(r) for members in topology.groups.values() for r in members} if topology and topology.groups else None
     )
@@ -121,6 +118,7 @@ def analyze_measured(records: pd.DataFrame, topology: Topology | None, threshold
             math.exp(s.effect),
             None if s.shape == "throughout" else s.steps[0],
             s.shape,
+            s.steps[-1] if s.shape == "transient" else None,
         )
         for s in found
     ]
@@ -154,6 +152,9 @@ def analyze_measured(records: pd.DataFrame, topology: Topology | None, threshold
         )
     if notes:
         details["notes"] = notes
+    job_wide = job_wide_slowdown(measured.busy, measured.steps)  # busy: a straggler's peers wait, not compute
+    if job_wide is not None:
+        details["job_wide"] = job_wide.to_dict()
     details["noise"] = {"compute_per_step": round(compute_noise, 4), "transfer_per_step": round(transfer_noise, 4)}
     details["compute_and_wait"] = _compute_and_wait(measured)
     irregular = _irregular_steps(measured)

@@ -226,6 +226,7 @@ def _judged(
         shape=shape,
         slowdown=float(np.exp(effect)),
         since=None if whole else int(evidence.steps[start]),
+        until=int(evidence.steps[stop - 1]) if shape == "transient" else None,
     )
 
 

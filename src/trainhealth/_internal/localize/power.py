@@ -3,72 +3,121 @@
 A window with nothing to blame is called healthy only when it could have seen
 a fault: every rank measured in most of its steps, iterations known (step
 markers, numbered steps, or inferred from the collectives' pattern) and noise
-low enough that a rank ``max_hidden`` times slower over its last
-``power_steps`` steps would have been blamed, by the same scan, z threshold,
-minimum effect and run-level rarity rule (:mod:`.excursions`) that blame. The
-smallest such slowdown is computed from this window's own noise and reported
-("a rank 1.12x slower for its last 10 steps would have been blamed").
-Otherwise the answer is "insufficient data", with the reason and what to record.
-
->>> import numpy as np
->>> values = np.random.default_rng(0).normal(0.0, 0.02, (8, 40))
->>> power = detection_power(values, sigma=0.02, z=6.0, min_effect=np.log(1.05), rarity=1.5, steps=10)
->>> power.sentence()
-'a rank 1.05x slower for its last 10 steps would have been blamed (noise 2.0% per step)'
+low enough that a rank ``max_hidden`` times slower would have been blamed.
+The power is measured, not computed from a formula: a slowdown is injected
+into copies of up to :data:`PROBES` ranks' rows, one rank at a time, in both
+forms a fault takes in a live window (an onset inside the window: its last
+``power_steps`` steps; and slow all window, its onset in the history or, with
+none, against its peers), and judged by the very rules that blame. The
+smallest slowdown blamed in at least 95% of the injections of each form is
+reported ("a rank 1.12x slower for its last 10 steps, or 1.08x slower all
+window, is blamed in at least 95% of injections"). Otherwise the answer is
+"insufficient data", with the reason and what to record.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from trainhealth._internal.localize.excursions import detectable_effect, largest_elsewhere
-
-__all__ = ["Power", "detection_power", "uncovered_ranks"]
+__all__ = ["DETECTED_SHARE", "PROBES", "SLOWDOWNS", "Power", "probe_rows", "smallest_detected", "uncovered_ranks"]
 
 #: share of the window's steps a rank must be measured in to count as covered
 _COVERED_SHARE = 0.5
+#: share of injections that must be blamed for a slowdown to be stated as detectable
+DETECTED_SHARE = 0.95
+#: the slowdowns tried: 2% apart, from 1% to 3x
+SLOWDOWNS = np.exp(np.arange(math.log(1.01), math.log(3.0) + 1e-9, math.log(1.02)))
+#: ranks a slowdown is injected into, evenly spread over the job (each alone, in a copy of its rows)
+PROBES = 40
 
 
 @dataclass(frozen=True)
 class Power:
-    """The smallest slowdown of one rank over its last ``steps`` steps this window would have blamed."""
+    """The smallest slowdown of one rank this window would have blamed: over its last ``steps`` steps (``onset``)
+    and all window (``throughout``), the larger of the two as ``slowdown``; ``injections``: the ranks it was
+    measured on by injection (:func:`trainhealth._internal.localize.gpus.gpu_power`), 0 where it was computed
+    from the noise alone (:func:`detection_power`)."""
 
     slowdown: float
     steps: int
     noise: float  # one step's standard deviation of the compared quantity (log)
+    onset: float | None = None
+    throughout: float | None = None
+    injections: int = 0
 
     def sentence(self) -> str:
+        noise = f"noise {100 * self.noise:.1f}% per step"
+        if self.injections and self.onset is not None and self.throughout is not None:
+            return (
+                f"a rank {_factor(self.onset)} slower for its last {self.steps} steps, or {_factor(self.throughout)} "
+                f"slower all window, is blamed in at least 95% of injections into {self.injections} ranks ({noise})"
+            )
         return (
-            f"a rank {self.slowdown:.2f}x slower for its last {self.steps} steps would have been blamed "
-            f"(noise {100 * self.noise:.1f}% per step)"
+            f"a rank {_factor(self.slowdown)} slower for its last {self.steps} steps would have been blamed ({noise})"
         )
 
     def to_dict(self) -> dict[str, Any]:
-        return {"slowdown": round(self.slowdown, 4), "steps": self.steps, "noise_per_step": round(self.noise, 4)}
+        out: dict[str, Any] = {
+            "slowdown": _rounded(self.slowdown),
+            "steps": self.steps,
+            "noise_per_step": round(self.noise, 4),
+        }
+        if self.injections:
+            out |= {
+                "onset_in_window": _rounded(self.onset),
+                "throughout_window": _rounded(self.throughout),
+                "injections": self.injections,
+                "detected_share": 0.95,
+            }
+        return out
 
 
-def detection_power(
-    values: np.ndarray,
-    sigma: float,
-    z: float,
-    min_effect: float,
-    rarity: float,
-    steps: int,
-    census: np.ndarray | None = None,
-) -> Power:
-    """The power of a scan over ``values`` (member x step, log relative times) with per-step noise ``sigma``:
-    the last ``steps`` steps (at most half the window) against the rest, at threshold ``z``, at least
-    ``min_effect``, and ``rarity`` times what members of the run (``census``: their values over a longer
-    history; else the window's) reach over that many steps."""
-    n_steps = values.shape[1]
-    length = max(2, min(steps, n_steps // 2))
-    elsewhere = largest_elsewhere(values if census is None else census, np.array([], dtype=np.int64), length)
-    effect = detectable_effect(sigma, z, n_steps, length, min_effect, elsewhere, rarity)
-    return Power(math.exp(effect), length, sigma)
+def _factor(slowdown: float) -> str:
+    """``1.12x``, or ``over 3x`` where no slowdown tried was blamed often enough."""
+    return f"{slowdown:.2f}x" if math.isfinite(slowdown) else f"over {SLOWDOWNS[-1]:.0f}x"
+
+
+def _rounded(value: float | None) -> float | None:
+    """Rounded for JSON; None for an infinite slowdown (none was detectable)."""
+    return None if value is None or not math.isfinite(value) else round(value, 4)
+
+
+def smallest_detected(blamed: Callable[[float], np.ndarray], slowdowns: np.ndarray = SLOWDOWNS) -> float:
+    """The smallest of ``slowdowns`` at which at least :data:`DETECTED_SHARE` of the injections are blamed
+    (``blamed(slowdown)``: one bool per injection), found by bisection (more slowdown, more blamed); infinite
+    when even the largest is not.
+
+    >>> round(smallest_detected(lambda s: np.arange(20) < 20 * (s - 1.0)), 2)  # blamed in a share s - 1 of 20
+    1.9
+    """
+    low, high = 0, len(slowdowns) - 1
+    if np.mean(blamed(float(slowdowns[high]))) < DETECTED_SHARE:
+        return math.inf
+    while low < high:
+        middle = (low + high) // 2
+        if np.mean(blamed(float(slowdowns[middle]))) >= DETECTED_SHARE:
+            high = middle
+        else:
+            low = middle + 1
+    return float(slowdowns[low])
+
+
+def probe_rows(measured: np.ndarray) -> np.ndarray:
+    """The rows slowdowns are injected into: up to :data:`PROBES`, evenly spread, of those measured (finite) in
+    most of the window's steps.
+
+    >>> probe_rows(np.array([[1.0, 1.0], [np.nan, np.nan], [1.0, np.nan]])).tolist()
+    [0, 2]
+    """
+    rows = np.flatnonzero(np.isfinite(measured).mean(axis=1) >= 0.5)
+    if len(rows) <= PROBES:
+        return rows
+    return rows[np.linspace(0, len(rows) - 1, PROBES).round().astype(np.int64)]
 
 
 def uncovered_ranks(ranks: np.ndarray, measured: np.ndarray, expected: set[int] | None = None) -> tuple[int, ...]:

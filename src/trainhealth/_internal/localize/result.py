@@ -3,7 +3,9 @@
 Beside the fixed fields, ``details`` may carry ``events`` (slow stretches that blame
 no device: they came and went, or healthy members of the run show the same),
 ``near_misses``, ``power`` (what the window could have seen: the slowdown of one
-rank over its last steps that would have been blamed) and ``uncovered_ranks``.
+rank, over its last steps or all window, blamed in 95% of injections), ``uncovered_ranks``,
+``in_this_run`` (faults that came and went: the run's past, apart from its state now) and
+``job_wide`` (every rank slower at once: no single device).
 A result of ``trainhealth analyze`` names the job it judges (``job``, the job label, and
 ``job_name``, its logical name, where known); one run of the analyzer gives a
 :class:`JobResults`, a result per job.
@@ -22,11 +24,25 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["VERDICTS", "JobResults", "LocalizationResult", "Suspect"]
+__all__ = ["VERDICTS", "JobResults", "LocalizationResult", "Suspect", "past_text"]
 
 VERDICTS = ("healthy", "compute", "communication", "imbalance", "insufficient_data", "hang")
 #: The order jobs are listed in: a hang first, then a blamed device or link, then the rest.
 _URGENCY = {"hang": 0, "compute": 1, "communication": 1, "imbalance": 2, "insufficient_data": 3, "healthy": 4}
+
+
+def past_text(past: list[dict[str, Any]]) -> str:
+    """The run's past faults (``in_this_run``) in one line.
+
+    >>> past_text([{"component": "gpu:rank-2", "slowdown": 3.18, "steps": [285, 571], "recovered": True}])
+    'gpu:rank-2 3.18x slower in steps 285-571, recovered'
+    """
+    parts = []
+    for episode in past:
+        factor = f" {episode['slowdown']:.2f}x" if episode.get("slowdown") is not None else ""
+        first, last = episode["steps"]
+        parts.append(f"{episode['component']}{factor} slower in steps {first}-{last}, recovered")
+    return "; ".join(parts)
 
 
 @dataclass(frozen=True)
@@ -88,6 +104,9 @@ class LocalizationResult:
 
     def render(self) -> str:
         lines = [f"verdict: {self.verdict}"]
+        past = self.details.get("in_this_run")
+        if past and self.verdict in ("healthy", "insufficient_data", "imbalance"):
+            lines[0] += f"{' now' if self.verdict == 'healthy' else ''}; in this run: {past_text(past)}"
         if self.details.get("simulated"):
             lines[0] += "  (input is SIMULATED)"
         if self.job is not None:

@@ -32,13 +32,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pandas as pd
 
 from trainhealth._internal import catalog
 from trainhealth._internal.knowledge.limits import PAUSE_HOLD_S
 from trainhealth._internal.knowledge.promql import string_literal
 from trainhealth._internal.localize.hangs import HangReport, judge_hangs, positions_by_job
+from trainhealth._internal.localize.history import live_steps
 from trainhealth._internal.localize.prometheus_api import PrometheusClient, Series, SourceError, one_line
 from trainhealth._internal.traces.format import TraceError, validate
 from trainhealth._internal.traces.io import is_trace_file, read_trace_file
@@ -83,7 +83,8 @@ class Window:
 @dataclass(frozen=True)
 class TraceDirectory:
     """The last ``window`` steps of the trace files in ``directory``, judged against up to ``history`` steps
-    (the window included) of the run before them: each rank's usual and how far healthy members go."""
+    (the window included) of the run before them and the run's first steps (each rank's usual level,
+    :mod:`.history`): how far healthy members go, and who changed."""
 
     directory: Path
     window: int = 20
@@ -110,7 +111,7 @@ class TraceDirectory:
         if not frames:
             raise SourceError(f"{self.directory}: no readable trace files yet")
         records = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
-        steps = np.sort(records["step"].unique())[-max(self.window, self.history) :]
+        steps = live_steps(records["step"].to_numpy(), self.window, self.history)
         records = records[records["step"].isin(steps)].reset_index(drop=True)
         topology = None
         if (self.directory / TOPOLOGY_FILE).is_file():

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["Stretch", "level", "strongest_robust_stretch", "strongest_stretch"]
+__all__ = ["Stretch", "level", "ongoing_stretch", "strongest_robust_stretch", "strongest_stretch"]
 
 MAX_BLOCKS = 64  # longer windows are summed into this many blocks of consecutive steps
 
@@ -193,3 +193,38 @@ def _blocks(sums: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarra
         return sums, counts, np.arange(steps + 1)
     edges = np.linspace(0, steps, MAX_BLOCKS + 1).round().astype(np.int64)
     return (np.add.reduceat(sums, edges[:-1], axis=1), np.add.reduceat(counts, edges[:-1], axis=1), edges)
+
+
+def ongoing_stretch(values: np.ndarray, sigma: float, inside: int, outside: int) -> Stretch:
+    """Per row, the strongest stretch that runs to the row's end and is at least ``inside`` steps long, against at
+    least ``outside`` steps before it: a fault whose onset lies in the history and that lasts through the window
+    judged (its z-value, with per-step noise ``sigma``; 0 where none fits).
+
+    >>> row = np.r_[np.zeros(30), np.full(25, 0.2)] + np.tile([0.01, -0.01], 28)[:55]
+    >>> found = ongoing_stretch(row[None, :], sigma=0.02, inside=10, outside=10)
+    >>> int(found.start[0]), int(found.stop[0]), round(float(found.effect[0]), 2)
+    (30, 55, 0.2)
+    """
+    rows, steps = values.shape
+    found = Stretch(np.zeros(rows, dtype=np.int64), np.full(rows, steps), np.zeros(rows), np.zeros(rows))
+    starts = np.arange(max(outside, 1), steps - inside + 1)
+    if not len(starts) or not rows:
+        return found
+    finite = np.isfinite(values)
+    sums = np.concatenate([np.zeros((rows, 1)), np.cumsum(np.where(finite, values, 0.0), axis=1)], axis=1)
+    counts = np.concatenate([np.zeros((rows, 1)), np.cumsum(finite, axis=1)], axis=1)
+    before_sum, before_n = sums[:, starts], counts[:, starts]
+    after_sum, after_n = sums[:, -1:] - before_sum, counts[:, -1:] - before_n
+    with np.errstate(invalid="ignore", divide="ignore"):
+        effect = after_sum / after_n - before_sum / before_n
+        z = effect / (sigma * np.sqrt(1.0 / after_n + 1.0 / before_n))
+    z = np.where((after_n >= max(1, inside // 2)) & (before_n >= max(1, outside // 2)), z, -np.inf)
+    z = np.nan_to_num(z, nan=-np.inf)
+    chosen = np.argmax(z, axis=1)
+    every = np.arange(rows)
+    top = z[every, chosen]
+    kept = np.isfinite(top)
+    found.start[kept] = starts[chosen[kept]]
+    found.effect[kept] = effect[every, chosen][kept]
+    found.z[kept] = np.maximum(top[kept], 0.0)
+    return found
