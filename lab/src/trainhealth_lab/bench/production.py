@@ -41,7 +41,7 @@ import numpy as np
 import pandas as pd
 
 from trainhealth._internal.faults import Fault
-from trainhealth._internal.localize.history import live_steps
+from trainhealth._internal.localize.history import live_steps, usual_before
 from trainhealth._internal.localize.localizer import Thresholds, localize
 from trainhealth._internal.simulator.cluster import ClusterLayout
 from trainhealth._internal.simulator.noise import Hiccup, ProductionNoise
@@ -307,8 +307,14 @@ def evaluate(
     began = time.perf_counter()
     if case.pattern.is_control:
         cap = max_windows
-        for first, rows in _windows(records["step"].to_numpy(), case.steps, window, cap, history):
-            found = localize(records.iloc[rows], trace.topology, thresholds, judge_last=window if history else None)
+        for first, rows, usual in _windows(records["step"].to_numpy(), case.steps, window, cap, history):
+            found = localize(
+                records.iloc[rows],
+                trace.topology,
+                thresholds,
+                judge_last=window if history else None,
+                usual_before=usual,
+            )
             top = found.suspects[0] if found.suspects else None
             explained = _explained_by(trace.hiccups, top.ranks, first, first + window, case.layout) if top else "-"
             windows.append(
@@ -340,10 +346,11 @@ def evaluate(
 
 def _windows(
     steps: np.ndarray, count: int, window: int, cap: int | None, history: int = 0
-) -> Iterator[tuple[int, np.ndarray]]:
-    """(first step, row indices in the trace's order) of each non-overlapping window, evenly thinned to ``cap``;
-    the rows are those a live analyzer reads at the window's end (:func:`live_steps`): up to ``history`` steps
-    before its end (the window itself at least) and the run's first steps, each rank's usual level."""
+) -> Iterator[tuple[int, np.ndarray, int | None]]:
+    """(first step, row indices in the trace's order, the first step after the reference) of each non-overlapping
+    window, evenly thinned to ``cap``; the rows are those a live analyzer reads at the window's end
+    (:func:`live_steps`): up to ``history`` steps before its end (the window itself at least) and the run's first
+    steps, each rank's usual level."""
     order = np.argsort(steps, kind="stable")
     firsts = np.arange(0, count, window)
     if cap is not None and len(firsts) > cap:
@@ -359,7 +366,8 @@ def _windows(
             for part in np.split(read, breaks)
             if len(part)
         ]
-        yield first, np.sort(np.concatenate(rows)) if rows else np.array([], dtype=np.int64)
+        chosen = np.sort(np.concatenate(rows)) if rows else np.array([], dtype=np.int64)
+        yield first, chosen, usual_before(read, window, history)
 
 
 def _explained_by(hiccups: Sequence[Hiccup], ranks: Sequence[int], first: int, stop: int, layout: ClusterLayout) -> str:

@@ -36,6 +36,7 @@ MAX_POINTS = 11000
 
 _INTERVAL = Bounded(float, 0.1, 86400, unit="seconds")  # a run reads a window: a tenth of a second at the least
 _WINDOW = Bounded(float, 0, 7 * 86400, unit="seconds", low_open=True)
+_REFERENCE = Bounded(float, 0, 30 * 86400, unit="seconds")
 _STEP = Bounded(float, 0.001, 86400, unit="seconds")  # Prometheus resolves milliseconds
 _LAST = Bounded(int, 1, 1_000_000, unit="steps")
 _DURATION = Bounded(float, 0, 7 * 86400, unit="seconds", low_open=True)
@@ -70,7 +71,7 @@ def _thresholds(args: argparse.Namespace) -> Thresholds:
 
 
 def _cmd_localize(args: argparse.Namespace) -> int:
-    from trainhealth._internal.localize.history import live_steps
+    from trainhealth._internal.localize.history import live_steps, usual_before
     from trainhealth._internal.localize.localizer import localize
     from trainhealth._internal.traces.convert import load_any
 
@@ -78,13 +79,15 @@ def _cmd_localize(args: argparse.Namespace) -> int:
     trace, notes = load_any(args.traces, args.input_format, args.topology, categorical=True, unread=_UNUSED)
     release_freed_memory()  # what decoding the trace freed
     records = trace.records
+    usual = None
     if args.last is not None:
         steps = live_steps(records["step"].to_numpy(), args.last, args.history or 0)
         records = records[records["step"].isin(steps)].reset_index(drop=True)
+        usual = usual_before(steps, args.last, args.history or 0)
     judge_last = args.last if args.last is not None and args.history and args.history > args.last else None
     result = _flight_recorder_hang(records, trace)
     if result is None:
-        result = localize(records, trace.topology, thresholds, _probe(args), judge_last)
+        result = localize(records, trace.topology, thresholds, _probe(args), judge_last, usual)
     if args.json:
         print(json.dumps(result.to_dict(), indent=2, sort_keys=True))
     else:
@@ -296,7 +299,21 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
             basic_auth_username=args.prometheus_basic_auth_username,
             basic_auth_password_file=args.prometheus_basic_auth_password_file,
         )
-        source = PrometheusSource(client, job=args.job, window=args.window, step=args.step, job_name=args.job_name)
+        history = args.history * args.step  # the same number of steps as from traces, in --step intervals
+        if history / args.step > MAX_POINTS - 1:
+            raise UsageError(
+                f"--history must be at most {MAX_POINTS - 1} --step intervals with --prometheus (Prometheus answers "
+                f"at most {MAX_POINTS} points per series), got {args.history}"
+            )
+        source = PrometheusSource(
+            client,
+            job=args.job,
+            window=args.window,
+            step=args.step,
+            job_name=args.job_name,
+            history=history,
+            reference=args.reference,
+        )
     else:
         if args.job_name is not None:
             raise UsageError("--job-name selects jobs in Prometheus: trace files name none (use --prometheus)")
@@ -514,9 +531,18 @@ def add_commands(commands: argparse._SubParsersAction, parser_class: type[argpar
         type=_LAST,
         default=200,
         metavar="STEPS",
-        help="traces: judge the last --last steps against this many steps of the run before their "
-        "end, so that excursions healthy ranks and links of this run show too, and single "
-        f"transient ones, page nobody, {_LAST.range_text} (default 200)",
+        help="judge the last --last steps (Prometheus: the --window) against this many steps (Prometheus: "
+        "--step intervals) of the run before their end, so that excursions healthy ranks and links of this "
+        f"run show too, and single transient ones, page nobody, {_LAST.range_text} (default 200)",
+    )
+    analyze.add_argument(
+        "--reference",
+        type=_REFERENCE,
+        default=86400.0,
+        metavar="SECONDS",
+        help="Prometheus: also read each rank's usual level over this many seconds before the history, in "
+        "20 coarse intervals, so that a fault older than the history is still named (traces: the run's "
+        f"first steps are read); 0 reads none, {_REFERENCE.range_text} (default 86400)",
     )
     analyze.add_argument(
         "--interval",

@@ -21,6 +21,7 @@ from typing import Any
 from trainhealth._internal.demo import story
 from trainhealth._internal.demo.worker import CHECKPOINT_EVERY
 from trainhealth._internal.faults import Fault
+from trainhealth._internal.localize.result import past_text
 
 __all__ = ["Incident", "write_report"]
 
@@ -244,6 +245,16 @@ def _plot_gpus(path: Path, incident: Incident, culprit: int | None) -> bool:
     return True
 
 
+def _localizer_verdict(loc: dict[str, Any]) -> str:
+    """The whole run's verdict, its state now apart from the faults it had ("healthy now; in this run: gpu:rank-2
+    3.18x slower in steps 285-571, recovered"): never a bare "healthy" beside a fault the run had."""
+    verdict = str(loc.get("verdict", "not localized (no collective trace)"))
+    past = loc.get("in_this_run")
+    if not past:
+        return verdict
+    return f"{verdict}{' now' if verdict == 'healthy' else ''}; in this run: {past_text(past)}"
+
+
 def _evidence(loc: dict[str, Any]) -> list[str]:
     """The localizer's reasons (a healthy verdict's detection power, why the data could not tell), each
     suspect's evidence and the events that blamed nobody, in words."""
@@ -311,7 +322,7 @@ def _html(
     )
     images = "".join(f'<p><img src="{e(p)}" alt="{e(p)}"></p>' for p in plots)
     alarms = "".join(f"<li>{e(line)}</li>" for line in _false_alarm_lines(false_alarms))
-    verdict = e(str(loc.get("verdict", "not localized (no collective trace)")))
+    verdict = e(_localizer_verdict(loc))
     note = "<p><b>Interrupted</b> (Ctrl-C): the report covers the steps run.</p>" if incident.interrupted else ""
     return f"""<!doctype html>
 <html><head><meta charset="utf-8"><title>trainhealth demo: incident report</title>
@@ -377,8 +388,7 @@ def _markdown(
         "",
         *(f"- {line}" for line in _false_alarm_lines(false_alarms)),
         "",
-        f"Localizer: **{loc.get('verdict', 'not localized (no collective trace)')}**"
-        + (f"; top suspect: rank {culprit}" if culprit is not None else ""),
+        f"Localizer: **{_localizer_verdict(loc)}**" + (f"; top suspect: rank {culprit}" if culprit is not None else ""),
         "",
         "## The localizer's evidence",
         "",

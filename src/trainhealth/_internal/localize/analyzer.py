@@ -55,6 +55,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import threading
 import time
 from collections.abc import Sequence
@@ -176,7 +177,9 @@ class Analyzer:
                 {"reasons": ["no collective completed in the window"]},
             )
         else:
-            result = localize(window.records, window.topology, self.thresholds, window.probe, window.judge_last)
+            result = localize(
+                window.records, window.topology, self.thresholds, window.probe, window.judge_last, window.usual_before
+            )
         if report is not None and report.paused:
             result.details.setdefault("notes", []).append(
                 "hang verdicts held: " + "; ".join(report.paused) + " (an announced pause)"
@@ -250,8 +253,9 @@ class Analyzer:
                     values[catalog.ANALYSIS_RANK_WAIT][(job, str(row["rank"]))] = float(row["wait_seconds"])
             values[catalog.ANALYSIS_IRREGULAR_STEPS][(job,)] = float(len(result.irregular_steps))
             power = result.details.get("power")
-            if power is not None:
-                values[catalog.ANALYSIS_DETECTABLE_SLOWDOWN][(job,)] = float(power["slowdown"])
+            if power is not None:  # null: not even 3x was blamed in every injection, +Inf served
+                slowdown = power["slowdown"]
+                values[catalog.ANALYSIS_DETECTABLE_SLOWDOWN][(job,)] = math.inf if slowdown is None else float(slowdown)
             if "window" in result.details and result.verdict not in ("hang", "insufficient_data"):
                 job_wide = result.details.get("job_wide")
                 values[catalog.ANALYSIS_JOB_SLOWDOWN][(job,)] = float(job_wide["slowdown"]) if job_wide else 1.0

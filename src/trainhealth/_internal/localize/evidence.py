@@ -101,9 +101,14 @@ class Evidence:
 
 
 def gather_evidence(
-    records: pd.DataFrame, hosts: Mapping[int, str] | None = None, switches: Mapping[int, str] | None = None
+    records: pd.DataFrame,
+    hosts: Mapping[int, str] | None = None,
+    switches: Mapping[int, str] | None = None,
+    usual_before: int | None = None,
 ) -> Evidence:
-    """Evidence from ``records`` (trace format v1 with canonical dtypes)."""
+    """Evidence from ``records`` (trace format v1 with canonical dtypes); steps numbered below ``usual_before``
+    are the run's usual (a live analyzer's reference, :mod:`.history`): a transfer is compared with its class's
+    usual time there, where the class was seen there, so that a path slow for longer than the history shows."""
     rank_code, ranks = _small_codes(records["rank"].to_numpy())
     step_code, steps = _small_codes(records["step"].to_numpy())
     n_ranks, n_steps = len(ranks), len(steps)
@@ -180,7 +185,17 @@ def gather_evidence(
 
     release_freed_memory()
     host_names = np.array([host_of.get(int(r), "") for r in ranks])
-    transfers = _transfers(records, op, instances, kinds, rank_code[instances.rows], host_names, step_code, peer_of)
+    transfers = _transfers(
+        records,
+        op,
+        instances,
+        kinds,
+        rank_code[instances.rows],
+        host_names,
+        step_code,
+        peer_of,
+        int(np.searchsorted(steps, usual_before)) if usual_before is not None else 0,
+    )
     release_freed_memory()
     return Evidence(
         ranks=ranks.astype(np.int64),
@@ -633,8 +648,10 @@ def _transfers(
     rank_hosts: np.ndarray,
     step_code: np.ndarray,
     peer_of: np.ndarray,
+    usual_steps: int = 0,
 ) -> Transfers:
-    """Inter-host instances with log(transfer time / median of the instances of their class).
+    """Inter-host instances with log(transfer time / median of the instances of their class), the median of
+    those in the first ``usual_steps`` steps where the class has any there.
 
     A class is the same operation (sends and receives alike), group kind, size
     and member count between the same peer groups, at the same position among
@@ -674,6 +691,10 @@ def _transfers(
     excess = np.log(np.maximum(instances.shortest[kept], 1e-9))
     del kept
     median = _median_by(excess, key)
+    usual = step < usual_steps
+    if usual.any():
+        in_usual = pd.Series(_median_by(excess[usual], key[usual])).groupby(key[usual]).first()
+        median = np.where(np.isin(key, in_usual.index), pd.Series(key).map(in_usual).to_numpy(), median)
     del key
     excess -= median
     del median

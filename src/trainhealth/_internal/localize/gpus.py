@@ -81,7 +81,7 @@ def gpu_candidates(evidence: Evidence, thresholds: Thresholds, history: Evidence
 
 
 def gpu_power(evidence: Evidence, thresholds: Thresholds, history: Evidence | None = None) -> Power:
-    """The smallest slowdown of one GPU this window blames in at least 95% of injections, in both forms a fault
+    """The smallest slowdown of one GPU this window blames in every injection (:mod:`.power`), in both forms a fault
     takes in a live window: slow in its last ``power_steps`` steps (an onset inside the window), and slow all
     window (its onset in the history, when there is one; else against its peers). Each injection is a copy of
     one rank's rows with the slowdown added, judged by :func:`gpu_candidates`' rules against this window's own
@@ -192,7 +192,9 @@ class _Judge:
         if rows.history is not None:
             window = rows.change.shape[1]
             ongoing = ongoing_stretch(rows.history, self.history_noise, inside=window, outside=window)
-            in_history = ongoing.z > z
+            # an onset inside the window is the window's own stretch: the history's would dilute it over the window
+            onset_here = (chosen.stop == window) & (chosen.start > 0) & (z >= self.threshold)
+            in_history = (ongoing.z > z) & ~onset_here
             z = np.where(in_history, ongoing.z, z)
             chosen = Stretch(*(np.where(in_history, new, old) for new, old in zip(_fields(ongoing), _fields(chosen))))
         z = np.where(chosen.effect >= thresholds.min_compute_effect, z, 0.0)
@@ -267,7 +269,7 @@ class _Judge:
         return probe_rows(self.evidence.compute_change)
 
     def detectable(self, probes: np.ndarray, length: int) -> float:
-        """The smallest slowdown blamed in 95% of the probes when added to their last ``length`` steps
+        """The smallest slowdown blamed in every probe when added to their last ``length`` steps
         (:func:`.power.smallest_detected`); infinite when none is."""
         if not len(probes):
             return math.inf

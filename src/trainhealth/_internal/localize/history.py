@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["REFERENCE_SKIP", "REFERENCE_STEPS", "live_steps"]
+__all__ = ["REFERENCE_SKIP", "REFERENCE_STEPS", "live_steps", "usual_before"]
 
 #: a run's first steps (allocations, caches filling, DDP building buckets) are no rank's usual level
 REFERENCE_SKIP = 10
@@ -41,3 +41,15 @@ def live_steps(steps: np.ndarray, last: int, history: int) -> np.ndarray:
         return recent
     skip = min(REFERENCE_SKIP, len(before) // 2)
     return np.concatenate([before[skip : skip + REFERENCE_STEPS], recent])
+
+
+def usual_before(read: np.ndarray, last: int, history: int) -> int | None:
+    """The first step of the history in the steps :func:`live_steps` gave (``read``), when a reference comes
+    before it: steps numbered below it are each rank's usual level; None without a reference.
+
+    >>> usual_before(live_steps(np.arange(1000), 20, 200), 20, 200), usual_before(np.arange(150), 20, 200)
+    (800, None)
+    """
+    ordered = np.unique(read)
+    reference = len(ordered) - max(last, history, 1) if history > last else 0
+    return int(ordered[reference]) if reference > 0 else None

@@ -77,6 +77,7 @@ def localize(
     thresholds: Thresholds | None = None,
     probe: Any = None,
     judge_last: int | None = None,
+    usual_before: int | None = None,
 ) -> LocalizationResult:
     """Localize the cause of irregular steps in ``records`` (trace format v1, canonical dtypes).
 
@@ -84,10 +85,11 @@ def localize(
     measurement that names the slow link where timings alone can only say "communication". With
     ``judge_last``, only the last ``judge_last`` steps are judged, and the steps before them are the run's
     history: each rank's usual, how far healthy members go, and recurrence come from all of them (what a live
-    analyzer does: ``trainhealth analyze --last 20 --history 200``).
+    analyzer does: ``trainhealth analyze --last 20 --history 200``); steps numbered below ``usual_before`` are the
+    run's usual level, read from before the history (:mod:`.history`).
     """
     thresholds = thresholds or Thresholds()
-    return decide(analyze(records, topology, thresholds, probe, judge_last), thresholds)
+    return decide(analyze(records, topology, thresholds, probe, judge_last, usual_before), thresholds)
 
 
 def recorded_passes(records: pd.DataFrame) -> bool:
@@ -111,6 +113,7 @@ def analyze(
     thresholds: Thresholds,
     probe: Any = None,
     judge_last: int | None = None,
+    usual_before: int | None = None,
 ) -> Analysis:
     """Score every candidate GPU and network component, and look for uneven work (in the last ``judge_last``
     steps against the history before them, when given; see :func:`localize`)."""
@@ -125,7 +128,7 @@ def analyze(
             records = records[records["step"].isin(np.sort(records["step"].unique())[-judge_last:])]
         analysis = _measured(records, topology, thresholds)
     else:
-        analysis = _recorded(records, topology, thresholds, judge_last)
+        analysis = _recorded(records, topology, thresholds, judge_last, usual_before)
     return _with_probe(analysis, probe) if probe is not None else analysis
 
 
@@ -169,9 +172,18 @@ def _with_probe(analysis: Analysis, probe: Any) -> Analysis:
 
 
 def _recorded(
-    records: pd.DataFrame, topology: Topology | None, thresholds: Thresholds, judge_last: int | None = None
+    records: pd.DataFrame,
+    topology: Topology | None,
+    thresholds: Thresholds,
+    judge_last: int | None = None,
+    usual_before: int | None = None,
 ) -> Analysis:
-    evidence = gather_evidence(records, topology.hosts if topology else None, topology.switches if topology else None)
+    evidence = gather_evidence(
+        records,
+        topology.hosts if topology else None,
+        topology.switches if topology else None,
+        usual_before if judge_last is not None else None,
+    )
     history = None
     if judge_last is not None and len(evidence.steps) > judge_last:
         history, evidence = evidence, last_steps(evidence, judge_last)

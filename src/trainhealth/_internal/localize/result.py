@@ -3,7 +3,7 @@
 Beside the fixed fields, ``details`` may carry ``events`` (slow stretches that blame
 no device: they came and went, or healthy members of the run show the same),
 ``near_misses``, ``power`` (what the window could have seen: the slowdown of one
-rank, over its last steps or all window, blamed in 95% of injections), ``uncovered_ranks``,
+rank, over its last steps or all window, blamed in every injection), ``uncovered_ranks``,
 ``in_this_run`` (faults that came and went: the run's past, apart from its state now) and
 ``job_wide`` (every rank slower at once: no single device).
 A result of ``trainhealth analyze`` names the job it judges (``job``, the job label, and

@@ -25,6 +25,7 @@ the analyzer counts that, keeps serving its last verdict and tries again.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import time
@@ -38,7 +39,7 @@ from trainhealth._internal import catalog
 from trainhealth._internal.knowledge.limits import PAUSE_HOLD_S
 from trainhealth._internal.knowledge.promql import string_literal
 from trainhealth._internal.localize.hangs import HangReport, judge_hangs, positions_by_job
-from trainhealth._internal.localize.history import live_steps
+from trainhealth._internal.localize.history import live_steps, usual_before
 from trainhealth._internal.localize.prometheus_api import PrometheusClient, Series, SourceError, one_line
 from trainhealth._internal.traces.format import TraceError, validate
 from trainhealth._internal.traces.io import is_trace_file, read_trace_file
@@ -65,6 +66,9 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
+#: coarse intervals a rank's usual level is read in from Prometheus, before the history (``reference`` seconds)
+REFERENCE_POINTS = 20
+
 
 @dataclass(frozen=True)
 class Window:
@@ -75,6 +79,7 @@ class Window:
     notes: tuple[str, ...] = ()
     probe: Any = None  # a ProbeResult found beside the traces (probe.json), naming a slow link
     judge_last: int | None = None  # judge only the last steps; those before are the run's history
+    usual_before: int | None = None  # steps numbered below are the run's usual level, read before the history
     hangs: HangReport | None = None  # the ranks' positions judged for hangs (Prometheus: every rank's live state)
     job: str | None = None  # the job label of the job the window holds (Prometheus); None: the source names none
     job_name: str | None = None  # that job's logical name, where its ranks export one
@@ -113,6 +118,7 @@ class TraceDirectory:
         records = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
         steps = live_steps(records["step"].to_numpy(), self.window, self.history)
         records = records[records["step"].isin(steps)].reset_index(drop=True)
+        usual = usual_before(steps, self.window, self.history)
         topology = None
         if (self.directory / TOPOLOGY_FILE).is_file():
             try:
@@ -124,7 +130,8 @@ class TraceDirectory:
         probe, problem = load_probe(self.directory / PROBE_FILE)
         if problem:
             notes.append(problem)
-        return Window(records, topology, tuple(notes), probe, self.window if self.history > self.window else None)
+        judge_last = self.window if self.history > self.window else None
+        return Window(records, topology, tuple(notes), probe, judge_last, usual_before=usual)
 
 
 def load_probe(path: Path) -> tuple[Any, str | None]:
@@ -142,7 +149,9 @@ def load_probe(path: Path) -> tuple[Any, str | None]:
 @dataclass(frozen=True)
 class PrometheusSource:
     """Per-rank collective and step aggregates over the last ``window`` seconds, in ``step``-second intervals,
-    a window per job.
+    a window per job, judged against ``history`` seconds (the window included) in the same intervals and, before
+    them, ``reference`` seconds in :data:`REFERENCE_POINTS` coarse intervals: each rank's usual level, so that a
+    fault older than the history is still a change (:mod:`.history`).
 
     ``job`` (the job label, the run's own id) is matched as a PromQL string literal
     (:func:`~trainhealth._internal.knowledge.promql.string_literal`), so any job label selects exactly that job;
@@ -157,6 +166,8 @@ class PrometheusSource:
     window: float = 600.0
     step: float = 30.0
     job_name: str | None = None
+    history: float = 0.0
+    reference: float = 0.0
 
     def describe(self) -> str:
         chosen = [f"job {one_line(repr(self.job))}"] if self.job else []
@@ -193,13 +204,20 @@ class PrometheusSource:
             if found is None:  # positions but no completed collective in the window
                 found = Window(pd.DataFrame(), None, (f"job {job}: no collectives completed in the window",))
             windows.append(
-                Window(found.records, None, found.notes, hangs=reports.get(job), job=job, job_name=names.get(job))
+                Window(
+                    found.records,
+                    None,
+                    found.notes,
+                    judge_last=found.judge_last,
+                    usual_before=found.usual_before,
+                    hangs=reports.get(job),
+                    job=job,
+                    job_name=names.get(job),
+                )
             )
         if notes and windows:
             first = windows[0]
-            windows[0] = Window(
-                first.records, None, first.notes + notes, hangs=first.hangs, job=first.job, job_name=first.job_name
-            )
+            windows[0] = dataclasses.replace(first, notes=first.notes + notes)
         return tuple(windows)
 
     #: the ranks' live positions; the last ones of a rank gone (its series stale) within this many seconds
@@ -247,54 +265,24 @@ class PrometheusSource:
     ) -> tuple[dict[str, Window], tuple[str, ...]]:
         """The records of every job (but those in ``skip``, and only those ``wanted``), and notes."""
         end = time.time()
-        start = end - self.window
-        comm_sum = catalog.COMM_OP_DURATION.prometheus_name + "_sum"
-        comm_count = catalog.COMM_OP_DURATION.prometheus_name + "_count"
-        step_sum = catalog.TRAIN_STEP_DURATION.prometheus_name + "_sum"
-        step_count = catalog.TRAIN_STEP_DURATION.prometheus_name + "_count"
-        by_op, by_rank = "job, host, rank, op, group", "job, host, rank"
-        interval = f"[{max(int(self.step), 1)}s]"
-        collectives = self.client.query_range(
-            f"sum by ({by_op}) (rate({self._select(comm_sum)}{interval})) / "
-            f"sum by ({by_op}) (rate({self._select(comm_count)}{interval}))",
-            start,
-            end,
-            self.step,
-        )
-        if not collectives:
+        recent = max(self.window, self.history)
+        rows = self._rows(end - recent, end, self.step, gpus)
+        if not rows:
             raise SourceError(
                 f"no {catalog.COMM_OP_DURATION.prometheus_name} series in {self.describe()} over the "
-                f"last {self.window:g}s: are the ranks running trainhealth.comm and being scraped?"
+                f"last {recent:g}s: are the ranks running trainhealth.comm and being scraped?"
             )
-        compute = self._measured_compute(interval, start, end, by_rank)
-        if not compute:  # ranks without the measured split: the mean step time minus the collective time per step
-            step_mean = self.client.query_range(
-                f"sum by ({by_rank}) (rate({self._select(step_sum)}{interval})) / "
-                f"sum by ({by_rank}) (rate({self._select(step_count)}{interval}))",
-                start,
-                end,
-                self.step,
-            )
-            comm_per_step = self.client.query_range(
-                f"sum by ({by_rank}) (rate({self._select(comm_sum)}{interval})) / "
-                f"sum by ({by_rank}) (rate({self._select(step_count)}{interval}))",
-                start,
-                end,
-                self.step,
-            )
-        rows = [
-            self._row(series.labels, t, value, start, end, gpus)
-            for series in collectives
-            for t, value in series.samples
-        ]
-        if compute:
-            rows += [
-                self._row({**series.labels, "op": "compute"}, t, value, start, end, gpus)
-                for series in compute
-                for t, value in series.samples
-            ]
-        else:
-            rows += self._compute_rows(step_mean, comm_per_step, start, end, gpus)
+        judge_last = round(self.window / self.step) if self.history > self.window else None
+        usual: int | None = None
+        if judge_last is not None and self.reference > 0:
+            coarse = max(self.step, self.reference / REFERENCE_POINTS)
+            earlier = self._rows(end - recent - self.reference, end - recent, coarse, gpus)
+            if earlier:  # the recent intervals are numbered after the reference's: the usual level comes first
+                for row in rows:
+                    if isinstance(row, dict):
+                        row["step"] += REFERENCE_POINTS + 1
+                rows = earlier + rows
+                usual = REFERENCE_POINTS + 1
         dropped = sum(1 for row in rows if row is _IMPLAUSIBLE)
         notes: tuple[str, ...] = ()
         if dropped:
@@ -322,12 +310,63 @@ class PrometheusSource:
             except TraceError as exc:
                 notes += (f"job {job}: {one_line(str(exc))}",)
                 continue
-            windows[str(job)] = Window(records, None, job=str(job))
+            windows[str(job)] = Window(records, None, job=str(job), judge_last=judge_last, usual_before=usual)
         if not windows:
             raise SourceError(f"no usable window in {self.describe()}: " + "; ".join(notes))
         return windows, notes
 
-    def _measured_compute(self, interval: str, start: float, end: float, by_rank: str) -> list[Series]:
+    def _rows(
+        self, start: float, end: float, step: float, gpus: dict[tuple[Any, Any], Any]
+    ) -> list[dict[str, Any] | object | None]:
+        """The records of every job between ``start`` and ``end`` in ``step``-second intervals (empty when no
+        collective was timed then), numbered from ``start``."""
+        comm_sum = catalog.COMM_OP_DURATION.prometheus_name + "_sum"
+        comm_count = catalog.COMM_OP_DURATION.prometheus_name + "_count"
+        step_sum = catalog.TRAIN_STEP_DURATION.prometheus_name + "_sum"
+        step_count = catalog.TRAIN_STEP_DURATION.prometheus_name + "_count"
+        by_op, by_rank = "job, host, rank, op, group", "job, host, rank"
+        interval = f"[{max(int(step), 1)}s]"
+        collectives = self.client.query_range(
+            f"sum by ({by_op}) (rate({self._select(comm_sum)}{interval})) / "
+            f"sum by ({by_op}) (rate({self._select(comm_count)}{interval}))",
+            start,
+            end,
+            step,
+        )
+        if not collectives:
+            return []
+        compute = self._measured_compute(interval, start, end, by_rank, step)
+        if not compute:  # ranks without the measured split: the mean step time minus the collective time per step
+            step_mean = self.client.query_range(
+                f"sum by ({by_rank}) (rate({self._select(step_sum)}{interval})) / "
+                f"sum by ({by_rank}) (rate({self._select(step_count)}{interval}))",
+                start,
+                end,
+                step,
+            )
+            comm_per_step = self.client.query_range(
+                f"sum by ({by_rank}) (rate({self._select(comm_sum)}{interval})) / "
+                f"sum by ({by_rank}) (rate({self._select(step_count)}{interval}))",
+                start,
+                end,
+                step,
+            )
+        rows = [
+            self._row(series.labels, t, value, start, end, step, gpus)
+            for series in collectives
+            for t, value in series.samples
+        ]
+        if compute:
+            rows += [
+                self._row({**series.labels, "op": "compute"}, t, value, start, end, step, gpus)
+                for series in compute
+                for t, value in series.samples
+            ]
+        else:
+            rows += self._compute_rows(step_mean, comm_per_step, start, end, step, gpus)
+        return rows
+
+    def _measured_compute(self, interval: str, start: float, end: float, by_rank: str, step: float) -> list[Series]:
         """Per rank, seconds per step computing (step time less the time blocked in collectives), as the
         ranks measure it themselves (trainhealth_train_step_compute_seconds_total); empty when not exported."""
         compute_total = catalog.TRAIN_STEP_COMPUTE.prometheus_name
@@ -337,14 +376,21 @@ class PrometheusSource:
             f"sum by ({by_rank}) (rate({self._select(steps_total)}{interval}))",
             start,
             end,
-            self.step,
+            step,
         )
 
     def _select(self, metric: str) -> str:
         return f"{metric}{{job={string_literal(self.job)}}}" if self.job else metric
 
     def _row(
-        self, labels: dict[str, str], t: float, value: float, start: float, end: float, gpus: dict[tuple[Any, Any], Any]
+        self,
+        labels: dict[str, str],
+        t: float,
+        value: float,
+        start: float,
+        end: float,
+        step: float,
+        gpus: dict[tuple[Any, Any], Any],
     ) -> dict[str, Any] | object | None:
         """One record; None for NaN (an interval without operations) and a negative difference (compute
         derived from two rates), ``_IMPLAUSIBLE`` for what cannot be a timing of the window."""
@@ -353,14 +399,14 @@ class PrometheusSource:
         rank = labels.get("rank", "")
         if (
             not 0 <= value <= MAX_SECONDS
-            or not start - self.step <= t <= end + self.step
+            or not start - step <= t <= end + step
             or not (rank.isascii() and rank.isdigit() and len(rank) <= 9)
         ):
             return _IMPLAUSIBLE
         row = {
             "job": labels.get("job", ""),
             "rank": int(rank),
-            "step": round((t - start) / self.step),
+            "step": round((t - start) / step),
             "op": labels.get("op", ""),
             "group": labels.get("group", ""),
             "start": t,
@@ -378,6 +424,7 @@ class PrometheusSource:
         comm_per_step: list[Series],
         start: float,
         end: float,
+        step: float,
         gpus: dict[tuple[Any, Any], Any],
     ) -> list[dict[str, Any] | object | None]:
         """Per rank and interval: the mean step time minus the collective time per step."""
@@ -389,5 +436,5 @@ class PrometheusSource:
                 spent = communication.get((labels.get("job"), labels.get("rank"), t))
                 if spent is None:
                     continue
-                out.append(self._row({**labels, "op": "compute"}, t, value - spent, start, end, gpus))
+                out.append(self._row({**labels, "op": "compute"}, t, value - spent, start, end, step, gpus))
         return out

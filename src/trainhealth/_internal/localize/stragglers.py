@@ -183,7 +183,7 @@ def _row_candidate(
 
 
 def straggler_power(measured: Measured, settings: StragglerSettings, steps: int) -> Power:
-    """The smallest slowdown of one rank this window blames in 95% of injections (:mod:`.power`): its busy time
+    """The smallest slowdown of one rank this window blames in every injection (:mod:`.power`): its busy time
     multiplied in its last ``steps`` steps (an onset inside the window) and in all of them (slow all window,
     against its peers), one rank at a time, judged by :func:`find_stragglers`' rules for a rank against this
     window's own noise. The rank's relative busy time rises by the slowdown (its peers' reference leaves it
