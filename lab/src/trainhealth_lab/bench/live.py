@@ -138,6 +138,7 @@ class Judged:
     verdict: str
     top: str | None
     detail: str = ""
+    before: str | None = None  # with an injection: the top suspect of the same window without it
 
 
 @dataclass(frozen=True)
@@ -161,7 +162,8 @@ class LiveOutcome:
     ages: tuple[tuple[int, Judged], ...]
     controls: tuple[Judged, ...]
     injected: tuple[Injected, ...]
-    job_wide: tuple[Judged, ...]  # verdict and, as detail, the job-wide text ("" when none was reported)
+    job_wide: tuple[Judged, ...]  # verdict and, as detail, the job-wide text ("" when none was reported); ``before``:
+    # the window's top suspect without the slowdown (a false blame of its own, counted with the controls)
 
 
 def evaluate(case: LiveCase, thresholds: Thresholds | None = None) -> LiveOutcome:
@@ -192,7 +194,8 @@ def evaluate(case: LiveCase, thresholds: Thresholds | None = None) -> LiveOutcom
             injected.append(Injected(form, stated, f"gpu:rank-{rank}", result.verdict, _top(result)))
         everyone = _slowed(window, list(range(case.layout.world)), end - 15, end - 5, 1.5)
         result = localize(everyone, topology, thresholds, judge_last=WINDOW, usual_before=usual)
-        job_wide.append(Judged(end, result.verdict, _top(result), result.details.get("job_wide", {}).get("text", "")))
+        text = result.details.get("job_wide", {}).get("text", "")
+        job_wide.append(Judged(end, result.verdict, _top(result), text, _top(found)))
     return LiveOutcome(case, ages, controls, tuple(injected), tuple(job_wide))
 
 
@@ -246,5 +249,9 @@ def summarize(outcomes: list[LiveOutcome]) -> dict[str, tuple[int, int]]:
         out[f"no finite power stated ({form})"] = (len(unstated), len(unstated) + len(tried))
     wide = [j for o in outcomes for j in o.job_wide]
     out["job-wide slowdowns reported"] = (sum(bool(j.detail) for j in wide), len(wide))
-    out["job-wide slowdowns blamed on a device"] = (sum(j.top is not None for j in wide), len(wide))
+    out["job-wide slowdowns blamed on a device"] = (
+        sum(j.top is not None and j.top != j.before for j in wide),
+        len(wide),
+    )
+    out["job-wide slowdown windows blaming a device anyway"] = (sum(j.top is not None for j in wide), len(wide))
     return out
