@@ -1,6 +1,6 @@
 """Live windows on production noise (issue 49): faults named at every age, false blame, the stated power checked.
 
-    python benchmarks/live_windows.py                      # held-out seeds 2000-2059
+    python benchmarks/live_windows.py                      # held-out seeds 2100-2159
     python benchmarks/live_windows.py --seeds calibration  # seeds 0-39, where the design was developed
     python benchmarks/live_windows.py --quick              # 4 seeds of 64 ranks, a minute or two
     python benchmarks/live_windows.py --seeds 0-9 42

@@ -53,8 +53,9 @@ __all__ = [
 
 #: seeds the design was developed on
 CALIBRATION_SEEDS = range(40)
-#: seeds the figures are reported on, run once after the design was fixed
-HELD_OUT_SEEDS = range(2000, 2060)
+#: seeds the figures are reported on, run once after the design was fixed (2000-2059 were seen: the first held-out
+#: run, before steps of a job-wide slowdown were left out of the GPU evidence)
+HELD_OUT_SEEDS = range(2100, 2160)
 #: steps after the onset at which the fault run is judged
 AGES = (20, 60, 150, 400, 1000)
 WINDOW = 20
@@ -106,7 +107,7 @@ class LiveCase:
 def live_cases(seeds: Iterable[int]) -> list[LiveCase]:
     """One case per seed, everything drawn from the seed.
 
-    >>> [(c.layout.world, c.kind) for c in live_cases([2000, 2001])]
+    >>> [(c.layout.world, c.kind) for c in live_cases([2000, 2001])]  # seen seeds: the example stays put
     [(256, 'nic'), (64, 'gpu')]
     """
     out = []

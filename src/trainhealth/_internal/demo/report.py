@@ -250,7 +250,7 @@ def _localizer_verdict(loc: dict[str, Any]) -> str:
     3.18x slower in steps 285-571, recovered"): never a bare "healthy" beside a fault the run had."""
     verdict = str(loc.get("verdict", "not localized (no collective trace)"))
     past = loc.get("in_this_run")
-    if not past:
+    if not past or verdict not in ("healthy", "insufficient_data"):
         return verdict
     return f"{verdict}{' now' if verdict == 'healthy' else ''}; in this run: {past_text(past)}"
 

@@ -47,6 +47,7 @@ __all__ = [
     "group_kind",
     "last_steps",
     "rank_hosts",
+    "without_steps",
 ]
 
 _KIND = re.compile(r"^(tp|dp|pp|ep|cp|emb|sp)(?=[-:_.]|\d|$)")
@@ -239,6 +240,19 @@ def last_steps(evidence: Evidence, count: int) -> Evidence:
             member_instance=renumber[transfers.member_instance[members]],
             member_rank=transfers.member_rank[members],
         ),
+    )
+
+
+def without_steps(evidence: Evidence, first: int, last: int) -> Evidence:
+    """The evidence with its compute in steps ``first``-``last`` left out (NaN): steps every rank was slow in
+    (:mod:`.jobwide`) say nothing of one device."""
+    columns = (evidence.steps >= first) & (evidence.steps <= last)
+    if not columns.any():
+        return evidence
+    return replace(
+        evidence,
+        compute=np.where(columns, np.nan, evidence.compute),
+        compute_change=np.where(columns, np.nan, evidence.compute_change),
     )
 
 

@@ -43,7 +43,7 @@ import pandas as pd
 
 from trainhealth._internal.knowledge.advice import advice_for
 from trainhealth._internal.localize.candidates import Candidate, Thresholds
-from trainhealth._internal.localize.evidence import gather_evidence, last_steps
+from trainhealth._internal.localize.evidence import gather_evidence, last_steps, without_steps
 from trainhealth._internal.localize.gpus import gpu_candidates, gpu_power
 from trainhealth._internal.localize.imbalance import imbalance_reasons
 from trainhealth._internal.localize.iterations import needs_inference
@@ -204,6 +204,11 @@ def _recorded(
             f"slow device or uneven work from noise",
         )
     irregular = tuple(int(s) for s in evidence.steps[evidence.step_time > thresholds.irregular * median_step])
+    # steps every rank was slow in say nothing of one device: left out of the GPU evidence
+    job_wide = job_wide_slowdown((history or evidence).compute_seconds, (history or evidence).steps)
+    if job_wide is not None:
+        evidence = without_steps(evidence, job_wide.first_step, job_wide.last_step)
+        history = without_steps(history, job_wide.first_step, job_wide.last_step) if history is not None else None
     gpus = gpu_candidates(evidence, thresholds, history)
     clearly_slow = tuple(c.ranks[0] for c in gpus if c.z >= thresholds.explain_z)
     paths, network_notes = path_candidates(evidence, thresholds, clearly_slow, history)
@@ -220,8 +225,6 @@ def _recorded(
     if network_notes:
         details["notes"] = network_notes
     power = gpu_power(evidence, thresholds, history)
-    run = history if history is not None else evidence
-    job_wide = job_wide_slowdown(run.compute_seconds, run.steps)
     if job_wide is not None and job_wide.last_step >= evidence.steps[0]:  # it reached the window judged
         details["job_wide"] = job_wide.to_dict()
     if history is not None:
@@ -264,7 +267,11 @@ def decide(analysis: Analysis, thresholds: Thresholds) -> LocalizationResult:
     shared = [details["job_wide"]["text"]] if "job_wide" in details else []
     if events:
         details["events"] = [_event(c) for c in events[: thresholds.max_suspects]]
-    past = [c for c in events if c.shape == "transient" and c.until is not None]
+    past = [
+        c
+        for c in events
+        if c.shape == "transient" and c.until is not None and (c.slowdown or 0.0) >= _PAST_FAULT_SLOWDOWN
+    ]
     if past:
         details["in_this_run"] = [_past(c) for c in past[: thresholds.max_suspects]]
     if near:
@@ -307,6 +314,11 @@ def decide(analysis: Analysis, thresholds: Thresholds) -> LocalizationResult:
         advice_for("healthy"),
         {**details, "reasons": shared + [f"healthy{' now' if past else ''}: {analysis.power.sentence()}{history}"]},
     )
+
+
+#: a stretch that came and went counts as a past fault of the run from this slowdown on; smaller ones (congestion,
+#: a GC pause, a slow shard) stay events
+_PAST_FAULT_SLOWDOWN = 1.2
 
 
 def _past(candidate: Candidate) -> dict[str, Any]:

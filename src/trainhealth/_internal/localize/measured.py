@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -100,6 +100,9 @@ def analyze_measured(records: pd.DataFrame, topology: Topology | None, threshold
             "no collective has two or more members in the trace: there are no peers to compare ranks with",
         )
     settings = StragglerSettings(z=thresholds.straggler_z, rarity=thresholds.rarity)
+    job_wide = job_wide_slowdown(measured.busy, measured.steps)  # busy: a straggler's peers wait, not compute
+    if job_wide is not None:  # steps every rank was slow in say nothing of one device
+        measured = _without_steps(measured, job_wide.first_step, job_wide.last_step)
     found, compute_noise = find_stragglers(measured, settings)
     power = straggler_power(measured, settings, thresholds.power_steps)
     expected = (
@@ -152,7 +155,6 @@ def analyze_measured(records: pd.DataFrame, topology: Topology | None, threshold
         )
     if notes:
         details["notes"] = notes
-    job_wide = job_wide_slowdown(measured.busy, measured.steps)  # busy: a straggler's peers wait, not compute
     if job_wide is not None:
         details["job_wide"] = job_wide.to_dict()
     details["noise"] = {"compute_per_step": round(compute_noise, 4), "transfer_per_step": round(transfer_noise, 4)}
@@ -167,6 +169,16 @@ def analyze_measured(records: pd.DataFrame, topology: Topology | None, threshold
         power,
         uncovered,
         tuple(undecided_pairs(measured, settings)),
+    )
+
+
+def _without_steps(measured: Measured, first: int, last: int) -> Measured:
+    """``measured`` with the ranks' relative busy time in steps ``first``-``last`` left out."""
+    columns = (measured.steps >= first) & (measured.steps <= last)
+    return replace(
+        measured,
+        relative=np.where(columns, np.nan, measured.relative),
+        slowest=measured.slowest & ~columns,
     )
 
 

@@ -105,7 +105,7 @@ class LocalizationResult:
     def render(self) -> str:
         lines = [f"verdict: {self.verdict}"]
         past = self.details.get("in_this_run")
-        if past and self.verdict in ("healthy", "insufficient_data", "imbalance"):
+        if past and self.verdict in ("healthy", "insufficient_data"):
             lines[0] += f"{' now' if self.verdict == 'healthy' else ''}; in this run: {past_text(past)}"
         if self.details.get("simulated"):
             lines[0] += "  (input is SIMULATED)"
