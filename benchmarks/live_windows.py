@@ -26,6 +26,7 @@ from trainhealth_lab.bench.live import (
     LiveOutcome,
     evaluate,
     live_cases,
+    seconds_per_window,
     summarize,
 )
 
@@ -100,6 +101,8 @@ def main(argv: list[str] | None = None) -> int:
             failed += not ok
             verdict = f"{sign} {bound:.0%} {'ok' if ok else 'MISSED'}"
         print(f"{name:52} {100 * share:7.1f}% {right:>4}/{total:<5}  {verdict}")
+    timing = ", ".join(f"{size} ranks {seconds:.2f} s" for size, seconds in seconds_per_window(outcomes).items())
+    print(f"localizer per control window (median, the stated power included): {timing}")
     misses = [
         (o.case.seed, o.case.component, o.case.severity, o.case.work_sigma, age, j.verdict, j.top)
         for o in outcomes

@@ -25,6 +25,7 @@ recorded durations, the only thing the localizer reads of a rank's compute.
 from __future__ import annotations
 
 import math
+import time
 import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -48,6 +49,7 @@ __all__ = [
     "LiveOutcome",
     "evaluate",
     "live_cases",
+    "seconds_per_window",
     "summarize",
 ]
 
@@ -140,6 +142,7 @@ class Judged:
     top: str | None
     detail: str = ""
     before: str | None = None  # with an injection: the top suspect of the same window without it
+    seconds: float = 0.0  # the localizer's time on this window
 
 
 @dataclass(frozen=True)
@@ -210,8 +213,9 @@ def _read(records: pd.DataFrame, end: int) -> tuple[pd.DataFrame, int | None]:
 
 def _judge(records: pd.DataFrame, topology: object, end: int, thresholds: Thresholds) -> Judged:
     window, usual = _read(records, end)
+    began = time.perf_counter()
     result = localize(window, topology, thresholds, judge_last=WINDOW, usual_before=usual)  # type: ignore[arg-type]
-    return Judged(end, result.verdict, _top(result))
+    return Judged(end, result.verdict, _top(result), seconds=time.perf_counter() - began)
 
 
 def _top(result: LocalizationResult) -> str | None:
@@ -226,6 +230,15 @@ def _slowed(records: pd.DataFrame, ranks: list[int], first: int, end: int, facto
     out = records.copy()
     out.loc[chosen, "duration"] = out.loc[chosen, "duration"].to_numpy() * factor
     return out
+
+
+def seconds_per_window(outcomes: list[LiveOutcome]) -> dict[int, float]:
+    """Per job size (ranks), the median seconds the localizer took on a control window (power included)."""
+    sizes = sorted({o.case.layout.world for o in outcomes})
+    return {
+        size: float(np.median([j.seconds for o in outcomes if o.case.layout.world == size for j in o.controls]))
+        for size in sizes
+    }
 
 
 def summarize(outcomes: list[LiveOutcome]) -> dict[str, tuple[int, int]]:
