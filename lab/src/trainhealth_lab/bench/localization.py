@@ -183,9 +183,9 @@ def evaluate(case: Case, thresholds: Thresholds, collectives_only: bool = False)
     if collectives_only:
         records = records[~records["op"].isin(COMPUTE_OPS)].reset_index(drop=True)
     began = time.perf_counter()
-    analysis = analyze(
-        records, trace.topology, replace(thresholds, gpu_z=1.0, collectives_z=1.0, link_z=1.0, max_suspects=10)
-    )
+    # analysed at the thresholds that judge it: which stretch of a rank is scored (a fault now before one that
+    # ended) and the power (injections judged by the rules that blame) depend on them
+    analysis = analyze(records, trace.topology, replace(thresholds, max_suspects=10))
     seconds = time.perf_counter() - began
     totals = records.groupby("rank", sort=False)["duration"].sum()
     base = Outcome(
@@ -195,7 +195,8 @@ def evaluate(case: Case, thresholds: Thresholds, collectives_only: bool = False)
 
 
 def judge(outcome: Outcome, thresholds: Thresholds) -> Outcome:
-    """The outcome under other thresholds, from the same analysis (for choosing thresholds)."""
+    """The outcome judged at ``thresholds`` from its analysis (made by :func:`evaluate` at the thresholds given
+    there: which stretch is scored and the power depend on them)."""
     return replace(outcome, score=score_result(outcome.expected, decide(outcome.analysis, thresholds)))
 
 

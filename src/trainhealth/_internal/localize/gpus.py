@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -80,12 +81,15 @@ def gpu_candidates(evidence: Evidence, thresholds: Thresholds, history: Evidence
     )
 
 
-def gpu_power(evidence: Evidence, thresholds: Thresholds, history: Evidence | None = None) -> Power:
+def gpu_power(
+    evidence: Evidence, thresholds: Thresholds, history: Evidence | None = None, found: Iterable[int] = ()
+) -> Power:
     """The smallest slowdown of one GPU this window blames in every injection (:mod:`.power`), in both forms a fault
     takes in a live window: slow in its last ``power_steps`` steps (an onset inside the window), and slow all
     window (its onset in the history, when there is one; else against its peers). Each injection is a copy of
     one rank's rows with the slowdown added, judged by :func:`gpu_candidates`' rules against this window's own
-    noise and run; up to :data:`.power.PROBES` ranks, evenly spread, are tried.
+    noise and run; up to :data:`.power.PROBES` ranks, evenly spread, are tried, but not the ranks in ``found``
+    (a slow stretch of their own in this window, an event or a fault: that finding speaks for them).
 
     >>> from trainhealth._internal.simulator.cluster import ClusterLayout
     >>> from trainhealth._internal.simulator.scenario import Scenario
@@ -99,7 +103,7 @@ def gpu_power(evidence: Evidence, thresholds: Thresholds, history: Evidence | No
     judge = _Judge(evidence, thresholds, history)
     n_steps = len(evidence.steps)
     length = max(2, min(thresholds.power_steps, n_steps // 2))
-    probes = judge.probes()
+    probes = judge.probes(set(found))
     onset = judge.detectable(probes, length)
     throughout = judge.detectable(probes, n_steps)
     return Power(max(onset, throughout), length, judge.noise, onset, throughout, len(probes))
@@ -264,9 +268,11 @@ class _Judge:
             )
         return self._shared[key]
 
-    def probes(self) -> np.ndarray:
-        """The ranks slowdowns are injected into (:func:`.power.probe_rows`)."""
-        return probe_rows(self.evidence.compute_change)
+    def probes(self, skip: set[int]) -> np.ndarray:
+        """The ranks slowdowns are injected into (:func:`.power.probe_rows`), but those in ``skip``."""
+        change = self.evidence.compute_change
+        kept = ~np.isin(self.evidence.ranks, sorted(skip))
+        return np.flatnonzero(kept)[probe_rows(change[kept])]
 
     def detectable(self, probes: np.ndarray, length: int) -> float:
         """The smallest slowdown blamed in every probe when added to their last ``length`` steps

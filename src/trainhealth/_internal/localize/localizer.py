@@ -224,7 +224,8 @@ def _recorded(
         details["simulated"] = True
     if network_notes:
         details["notes"] = network_notes
-    power = gpu_power(evidence, thresholds, history)
+    found = {c.ranks[0] for c in gpus if c.strength(thresholds) >= 1.0}  # a finding of their own speaks for them
+    power = gpu_power(evidence, thresholds, history, found)
     if job_wide is not None and job_wide.last_step >= evidence.steps[0]:  # it reached the window judged
         details["job_wide"] = job_wide.to_dict()
     if history is not None:

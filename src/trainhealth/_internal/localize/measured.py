@@ -104,7 +104,7 @@ def analyze_measured(records: pd.DataFrame, topology: Topology | None, threshold
     if job_wide is not None:  # steps every rank was slow in say nothing of one device
         measured = _without_steps(measured, job_wide.first_step, job_wide.last_step)
     found, compute_noise = find_stragglers(measured, settings)
-    power = straggler_power(measured, settings, thresholds.power_steps)
+    power = straggler_power(measured, settings, thresholds.power_steps, {s.rank for s in found if s.z >= settings.z})
     expected = (
         {int(r) for members in topology.groups.values() for r in members} if topology and topology.groups else None
     )

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -182,18 +183,20 @@ def _row_candidate(
     return max((c for c in (candidate, spikes) if c is not None), key=lambda c: c.z, default=None)
 
 
-def straggler_power(measured: Measured, settings: StragglerSettings, steps: int) -> Power:
+def straggler_power(measured: Measured, settings: StragglerSettings, steps: int, found: Iterable[int] = ()) -> Power:
     """The smallest slowdown of one rank this window blames in every injection (:mod:`.power`): its busy time
     multiplied in its last ``steps`` steps (an onset inside the window) and in all of them (slow all window,
     against its peers), one rank at a time, judged by :func:`find_stragglers`' rules for a rank against this
     window's own noise. The rank's relative busy time rises by the slowdown (its peers' reference leaves it
-    out) and it is the slowest of its peers wherever it then exceeds them all."""
+    out) and it is the slowest of its peers wherever it then exceeds them all. Ranks in ``found`` (a slow
+    stretch of their own in this window: that finding speaks for them) are not tried."""
     relative = measured.relative
     sigma = step_noise(relative, settings.noise_floor)
     stretch_sigma = sigma * burst_factor(relative, sigma, settings.min_length)
     chance = 1.0 / np.maximum(peer_counts(measured), 2)
     paired = peer_counts(measured) <= 2
-    probes = probe_rows(relative)
+    kept = ~np.isin(measured.ranks, sorted(set(found)))
+    probes = np.flatnonzero(kept)[probe_rows(relative[kept])]
     n_steps = relative.shape[1]
     length = max(2, min(steps, n_steps // 2))
     change = strongest_shift(relative, stretch_sigma, settings.min_length, settings.allowance, whole=False)
