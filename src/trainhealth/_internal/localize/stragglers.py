@@ -33,7 +33,7 @@ import numpy as np
 from trainhealth._internal.localize.candidates import BLAMABLE_SHAPES
 from trainhealth._internal.localize.excursions import binomial_tail, largest_elsewhere
 from trainhealth._internal.localize.power import Power, probe_rows, smallest_detected
-from trainhealth._internal.localize.stretches import Stretch, ongoing_stretch
+from trainhealth._internal.localize.stretches import ongoing_stretch
 from trainhealth._internal.localize.stretches_scan import (
     Shift,
     burst_factor,
@@ -175,7 +175,14 @@ def _row_candidate(
         row = measured.relative[index : index + 1].copy()
         row[0, np.isin(measured.steps, candidate.steps)] = np.nan  # the episode that ended is no baseline
         now = ongoing_stretch(row, stretch_sigma, settings.min_length, settings.min_length)
-        later = _stretch(measured, index, _replaced(change, index, Shift(*_fields(now))), sigma, chance, settings)
+        later = _stretch(
+            measured,
+            index,
+            _replaced(change, index, Shift(now.start, now.stop, now.effect, now.z)),
+            sigma,
+            chance,
+            settings,
+        )
         separate = int(now.start[0]) >= int(np.searchsorted(measured.steps, candidate.steps[-1])) + 1
         if separate and later is not None and later.shape in BLAMABLE_SHAPES and later.z >= settings.z:
             candidate = later
@@ -232,10 +239,6 @@ def straggler_power(measured: Measured, settings: StragglerSettings, steps: int,
 
     onset, throughout = detectable(length), detectable(n_steps)
     return Power(max(onset, throughout), length, float(stretch_sigma), onset, throughout, len(probes))
-
-
-def _fields(stretch: Stretch) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    return stretch.start, stretch.stop, stretch.effect, stretch.z
 
 
 def _others_max(measured: Measured, index: int) -> np.ndarray:
