@@ -29,6 +29,7 @@ from trainhealth_lab.bench.live import (
     seconds_per_window,
     summarize,
 )
+from trainhealth_lab.cli import seed_words
 
 #: what issue 49 asks: (figure, at least / at most, share)
 TARGETS = {
@@ -43,18 +44,7 @@ TARGETS = {
 
 def seeds_from(words: list[str]) -> list[int]:
     """``calibration``, ``held-out``, ``A-B`` (inclusive) or single seeds."""
-    out: list[int] = []
-    for word in words:
-        if word == "calibration":
-            out += list(CALIBRATION_SEEDS)
-        elif word in ("held-out", "heldout"):
-            out += list(HELD_OUT_SEEDS)
-        elif "-" in word.lstrip("-"):
-            low, high = word.split("-", 1)
-            out += list(range(int(low), int(high) + 1))
-        else:
-            out.append(int(word))
-    return list(dict.fromkeys(out))
+    return seed_words(words, CALIBRATION_SEEDS, HELD_OUT_SEEDS)
 
 
 def _target(name: str) -> tuple[str, float] | None:

@@ -42,6 +42,7 @@ from trainhealth_lab.bench.production import (
     scale_cases,
     summarize,
 )
+from trainhealth_lab.cli import seed_words
 
 QUICK_SEEDS = 8
 QUICK_SIZES = ((64, 1000, 1.0),)
@@ -49,18 +50,7 @@ QUICK_SIZES = ((64, 1000, 1.0),)
 
 def seeds_from(words: list[str]) -> list[int]:
     """``calibration``, ``held-out``, ``A-B`` (inclusive) or single seeds."""
-    out: list[int] = []
-    for word in words:
-        if word == "calibration":
-            out += list(CALIBRATION_SEEDS)
-        elif word in ("held-out", "heldout"):
-            out += list(HELD_OUT_SEEDS)
-        elif "-" in word.lstrip("-"):
-            low, high = word.split("-", 1)
-            out += list(range(int(low), int(high) + 1))
-        else:
-            out.append(int(word))
-    return list(dict.fromkeys(out))
+    return seed_words(words, CALIBRATION_SEEDS, HELD_OUT_SEEDS)
 
 
 def _run(job: tuple[ProductionCase, int | None]) -> ProductionOutcome:

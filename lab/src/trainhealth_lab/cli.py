@@ -15,7 +15,7 @@ import sys
 import tempfile
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -391,3 +391,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     except KeyboardInterrupt:
         return 130
+
+
+def seed_words(words: list[str], calibration: Iterable[int], held_out: Iterable[int]) -> list[int]:
+    """Seeds named by ``calibration``, ``held-out``, ``A-B`` (inclusive) or single numbers, each once, in order.
+
+    >>> seed_words(["calibration", "7", "3-4", "7"], range(2), range(100, 102))
+    [0, 1, 7, 3, 4]
+    """
+    out: list[int] = []
+    for word in words:
+        if word == "calibration":
+            out += list(calibration)
+        elif word in ("held-out", "heldout"):
+            out += list(held_out)
+        elif "-" in word.lstrip("-"):
+            low, high = word.split("-", 1)
+            out += list(range(int(low), int(high) + 1))
+        else:
+            out.append(int(word))
+    return list(dict.fromkeys(out))
