@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import statistics
 import sys
 import tempfile
@@ -29,6 +28,7 @@ from typing import Any
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from trainhealth._internal._ports import free_port
 from trainhealth._internal.exporters.collectives.wrappers import COMMUNICATION_FUNCTIONS
 
 #: Seconds a rank may take to start (spawn, import torch, rendezvous) before its first step, on a busy machine.
@@ -40,12 +40,6 @@ SETTLE_S = 60.0
 _BEAT_S = 0.2
 _COLLECTIVES = os.path.join("torch", "distributed", "distributed_c10d.py")
 _OURS = (os.path.join(os.sep, "tests", ""), os.path.join(os.sep, "lab", ""), os.path.join(os.sep, "benchmarks", ""))
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def init_rank(rank: int, world: int, port: int, timeout_s: float = 60.0, backend: str = "gloo") -> None:

@@ -21,6 +21,7 @@ import pytest
 import yaml
 
 from trainhealth._internal import catalog as c
+from trainhealth._internal._ports import free_port
 from trainhealth._internal.alerts.rules import ALERTS
 from trainhealth._internal.dashboards.render import build_dashboards, panels
 from trainhealth._internal.errors import UsageError
@@ -46,14 +47,7 @@ def require_binaries(options: StackOptions | None = None) -> None:
 
 
 def free_ports(count: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(count)]
-    try:
-        for s in sockets:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()
+    return [free_port() for _ in range(count)]
 
 
 def consecutive_free(count: int) -> int:

@@ -531,6 +531,7 @@ class _Watch:
             time.sleep(max(0.0, case.poll_s - (time.monotonic() - began)))
         else:
             outcome.notes.append("the case ran out of time")
+            self._failed(ranks)
         stacks = out / "traces" / "stacks"
         outcome.stacks_files = len(list(stacks.glob("*.txt"))) if stacks.is_dir() else 0
 
@@ -540,9 +541,13 @@ class _Watch:
             "every rank exited before the job finished: "
             + ", ".join(f"rank {i % self.case.world} status {r.returncode}" for i, r in enumerate(ranks))
         )
+        self._failed(ranks)
+
+    def _failed(self, ranks: list[subprocess.Popen]) -> None:
+        """The last line of each failed rank's log, by job."""
         for index, process in enumerate(ranks):
             job, rank = self.jobs[index // self.case.world], index % self.case.world
-            if process.returncode not in (0, None):
+            if process.poll() not in (0, None):
                 lines = [
                     line for line in (job.out / f"rank-{rank}.log").read_text(errors="replace").splitlines() if line
                 ]
