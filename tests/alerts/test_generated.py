@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from trainhealth._internal.alerts.render import (
     prometheus_rule_yaml,
@@ -55,8 +56,10 @@ def test_the_extractor_sees_metrics_and_not_the_rest():
 
 
 @pytest.mark.parametrize("uid", sorted(DASHBOARDS))
-def test_every_dashboard_query_names_known_metrics(uid):
-    known = known_metrics()
+def test_every_dashboard_query_names_known_metrics_or_recorded_ones(uid):
+    from trainhealth._internal.knowledge.recording import RECORDING_RULES
+
+    known = known_metrics() | {r.record for r in RECORDING_RULES}
     found = queries(DASHBOARDS[uid](ALERTS))
     assert found
     for title, expr in found:
@@ -64,13 +67,33 @@ def test_every_dashboard_query_names_known_metrics(uid):
         assert metric_names(expr), (title, expr)
 
 
-def test_every_alert_and_recording_expression_names_known_metrics():
-    from trainhealth._internal.alerts.recording import RECORDING_RULES
+def test_every_alert_and_recording_expression_names_known_metrics_or_recorded_ones():
+    from trainhealth._internal.knowledge.recording import RECORDING_RULES
 
-    known = known_metrics()
+    known = known_metrics() | {r.record for r in RECORDING_RULES}
     for name, expr in [(r.name, r.expr) for r in ALERTS] + [(r.record, r.expr) for r in RECORDING_RULES]:
         names = metric_names(expr)
         assert names and names - known == set(), (name, expr)
+
+
+def test_a_rule_reads_a_recording_made_before_it_in_its_own_group_or_in_the_per_job_group():
+    """On Prometheus a group's rules run in order at one timestamp: a recording read by a rule of its group is
+    current only if it comes first. Per-job recordings run in their own group (once a minute)."""
+    from trainhealth._internal.knowledge.recording import PER_JOB, PER_RANK, RECORDING_RULES
+
+    groups = yaml.safe_load(rule_file_yaml())["groups"]
+    per_job = {r.record for r in RECORDING_RULES if r.wing in (PER_JOB, PER_RANK)}
+    read_somewhere = set()
+    for group in groups:
+        recorded_before: set[str] = set()
+        for rule in group["rules"]:
+            recordings_read = {n for n in metric_names(rule["expr"]) if ":" in n}
+            read_somewhere |= recordings_read
+            assert recordings_read <= recorded_before | per_job, (group["name"], rule)
+            if "record" in rule:
+                recorded_before.add(rule["record"])
+    unread = {r.record for r in RECORDING_RULES if r.wing not in (PER_JOB, PER_RANK)} - read_somewhere
+    assert unread == set()  # a wing's recording is there for its rules
 
 
 def test_dashboards_are_deterministic_with_stable_ids():
@@ -139,7 +162,11 @@ def test_rule_outputs_carry_the_same_rules():
     assert operator["apiVersion"] == "monitoring.coreos.com/v1" and operator["kind"] == "PrometheusRule"
     assert operator["spec"]["groups"] == plain
     rules = [r for group in plain for r in group["rules"] if "alert" in r]
-    assert [r["alert"] for r in rules] == [rule.name for rule in ALERTS]
+    assert sorted(r["alert"] for r in rules) == sorted(rule.name for rule in ALERTS)  # each once
+    for group in plain:  # a group waiting minutes before it fires runs once a minute, the others every interval
+        sustained = {rule.sustained for rule in ALERTS if rule.name in {r.get("alert") for r in group["rules"]}}
+        assert sustained <= {group["name"].endswith("-sustained")}, group["name"]
+        assert ("interval" in group) == group["name"].endswith(("-sustained", "-per-job", "-per-rank"))
     for rule in rules:
         assert set(rule["annotations"]) == {"summary", "description", "runbook_url", "mitigation", "dashboard_url"}
         assert rule["annotations"]["runbook_url"].endswith(f"docs/runbooks/{rule['alert']}.md")

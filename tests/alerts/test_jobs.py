@@ -10,9 +10,9 @@ import pytest
 import yaml
 
 from tests.prometheus_server import require_binary
-from trainhealth._internal.alerts.recording import RECORDING_RULES
 from trainhealth._internal.alerts.render import rule_file_yaml
 from trainhealth._internal.alerts.rules import ALERTS
+from trainhealth._internal.knowledge.recording import RECORDING_RULES
 
 #: rules about scrape targets, not ranks: they match by instance
 TARGET_RULES = {"TrainhealthMetricsAbsent"}

@@ -10,10 +10,10 @@ import yaml
 
 from tests.alerts.cases import CASES
 from tests.prometheus_server import require_binary
-from trainhealth._internal.alerts.recording import RECORDING_RULES
 from trainhealth._internal.alerts.render import rule_file_yaml
 from trainhealth._internal.alerts.rules import ALERTS, RUNBOOK_BASE
 from trainhealth._internal.knowledge.advice import ADVICE
+from trainhealth._internal.knowledge.recording import RECORDING_RULES
 
 
 def _promtool() -> str:

@@ -15,6 +15,7 @@ import yaml
 
 from trainhealth._internal.alerts.rules import ALERTS, GRAFANA_URL, Limit, PanelRef, by_name
 from trainhealth._internal.dashboards.layout import dashboard, limit_steps
+from trainhealth._internal.knowledge.recording import RECORDING_RULES
 
 ROOT = Path(__file__).resolve().parents[2]
 TRAINHEALTH = str(Path(sys.executable).parent / "trainhealth")
@@ -74,9 +75,16 @@ def test_every_limit_is_the_number_in_the_rule_and_the_line_on_its_panel(rules, 
         "GpuThermalThrottling",
         "HungCollective",
     }
+    recorded = {r.record: r.expr for r in RECORDING_RULES}
     for rule in limited:
         written = rules[rule.name]
-        assert rule.limit.value in numbers(written["expr"]), (rule.name, written["expr"])
+        # in the rule's expression, or in a recording it reads (the hang threshold's floor, for HungCollective)
+        read = [
+            expr
+            for name, expr in recorded.items()
+            if re.search(rf"(?<![\w:]){re.escape(name)}(?![\w:])", written["expr"])
+        ]
+        assert rule.limit.value in set().union(*map(numbers, [written["expr"], *read])), (rule.name, written["expr"])
         steps = _panel(written["annotations"]["dashboard_url"], dashboards)["fieldConfig"]["defaults"]["thresholds"]
         values = [s["value"] for s in steps["steps"]]
         assert steps["mode"] == "absolute" and rule.limit.value in values, (rule.name, values)
@@ -157,3 +165,29 @@ def test_grafana_url_option_moves_every_link_and_bad_values_are_refused(tmp_path
         )
         assert done.returncode == 2 and "--grafana-url must be an http(s) URL" in done.stderr, done.stderr
         assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1
+
+
+#: series with one sample per job, analyzer run or event, not per rank or GPU: a panel may read them whole
+_FEW_PER_JOB = re.compile(
+    r"^(trainhealth_(suspect_score|analysis_\w+|gpu_xid_errors_total|selftest_passed|sdc_suspect|"
+    r"exporter_gpu_backend_up|checkpoint_last_timestamp_seconds|train_goodput_ratio)|ALERTS|DCGM_FI_DEV_XID_ERRORS)$"
+)
+
+
+def test_at_all_no_panel_draws_every_rank_raw_series_or_reads_raw_buckets():
+    """Issue 50: at 10,000 GPUs a panel at All reads a recording rule, cuts to the worst few (topk/bottomk), or
+    aggregates to the job; never every rank's histogram buckets."""
+    from tests.alerts.test_generated import metric_names
+    from trainhealth._internal.dashboards.render import build_dashboards, queries
+
+    recorded = {r.record for r in RECORDING_RULES}
+    for uid, built in build_dashboards(ALERTS).items():
+        for title, expr in queries(built):
+            if title.startswith("annotation:"):
+                continue
+            raw = {name for name in metric_names(expr) if name not in recorded and not _FEW_PER_JOB.match(name)}
+            assert not any(name.endswith("_bucket") for name in raw), (uid, title, expr)
+            cut = expr.startswith(("topk(", "bottomk(")) or re.match(
+                r"^(time\(\) - )?(sum|min|max|count) by \(job(, op)?\)", expr
+            )
+            assert not raw or cut, (uid, title, expr)

@@ -27,7 +27,7 @@ from tests.e2e.stack_checks import (
     query,
 )
 from trainhealth._internal import catalog as c
-from trainhealth._internal.alerts.recording import RECORDING_RULES
+from trainhealth._internal.knowledge.recording import RECORDING_RULES
 
 pytestmark = pytest.mark.slow  # the slow tier: `pytest -m slow`
 

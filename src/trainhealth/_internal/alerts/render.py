@@ -15,9 +15,9 @@ from pathlib import Path
 import yaml
 
 from trainhealth._internal._files import write_text
-from trainhealth._internal.alerts.recording import RECORDING_RULES
 from trainhealth._internal.alerts.rules import ALERTS, GRAFANA_URL, RUNBOOK_BASE, AlertRule
 from trainhealth._internal.knowledge.advice import ADVICE, known_xid_advice
+from trainhealth._internal.knowledge.recording import PER_JOB, PER_RANK, RECORDING_RULES
 
 __all__ = ["prometheus_rule_yaml", "rule_file_yaml", "runbook_index", "runbook_markdown", "write_alerts"]
 
@@ -26,22 +26,29 @@ GROUPS = ("hardware", "training", "telemetry")
 
 
 def _groups(
-    runbook_base: str, max_for_s: float | None = None, grafana_url: str = GRAFANA_URL, per_job_interval: str = "30s"
+    runbook_base: str, max_for_s: float | None = None, grafana_url: str = GRAFANA_URL, slow_interval: str = "1m"
 ) -> list[dict[str, object]]:
-    alerting: list[dict[str, object]] = [
-        {
-            "name": f"trainhealth-{group}",
-            "rules": [rule.to_rule(runbook_base, max_for_s, grafana_url) for rule in ALERTS if rule.group == group],
-        }
-        for group in GROUPS
-    ]
-    return alerting + [
-        {
-            "name": "trainhealth-per-job",
-            "interval": per_job_interval,
-            "rules": [rule.to_rule() for rule in RECORDING_RULES],
-        }
-    ]
+    """Each wing's group (its recordings first, so its alerts read them at the same evaluation on Prometheus),
+    the wing's sustained group every ``slow_interval``, then the panels' per-job and per-rank recordings every
+    ``slow_interval``."""
+    groups: list[dict[str, object]] = []
+    for wing in GROUPS:
+        for sustained in (False, True):
+            recordings = [r.to_rule() for r in RECORDING_RULES if r.wing == wing and r.sustained == sustained]
+            alerts = [
+                rule.to_rule(runbook_base, max_for_s, grafana_url)
+                for rule in ALERTS
+                if rule.group == wing and rule.sustained == sustained
+            ]
+            group: dict[str, object] = {"name": f"trainhealth-{wing}" + ("-sustained" if sustained else "")}
+            if sustained:
+                group["interval"] = slow_interval
+            if recordings or alerts:
+                groups.append({**group, "rules": recordings + alerts})
+    for wing in (PER_JOB, PER_RANK):
+        recordings = [rule.to_rule() for rule in RECORDING_RULES if rule.wing == wing]
+        groups.append({"name": f"trainhealth-{wing}", "interval": slow_interval, "rules": recordings})
+    return groups
 
 
 def _dump(data: object) -> str:
@@ -52,12 +59,12 @@ def rule_file_yaml(
     runbook_base: str = RUNBOOK_BASE,
     max_for_s: float | None = None,
     grafana_url: str = GRAFANA_URL,
-    per_job_interval: str = "30s",
+    slow_interval: str = "1m",
 ) -> str:
     """The rules as a Prometheus rule file (``rule_files:`` in prometheus.yml); ``max_for_s`` caps ``for`` and
-    ``per_job_interval`` sets how often the per-job recording rules run (both for short demos);
+    ``slow_interval`` sets how often the sustained groups and the per-job recordings run (both for short demos);
     each rule's ``dashboard_url`` points into the Grafana at ``grafana_url``."""
-    return _HEADER + "\n" + _dump({"groups": _groups(runbook_base, max_for_s, grafana_url, per_job_interval)})
+    return _HEADER + "\n" + _dump({"groups": _groups(runbook_base, max_for_s, grafana_url, slow_interval)})
 
 
 def prometheus_rule_yaml(

@@ -35,8 +35,26 @@ from dataclasses import dataclass
 from trainhealth._internal import catalog as c
 from trainhealth._internal.events import Severity
 from trainhealth._internal.knowledge.advice import ADVICE
-from trainhealth._internal.knowledge.limits import GRAFANA_URL, PAUSE_HOLD_S, WATCHER_STALE_S, Limit, PanelRef
+from trainhealth._internal.knowledge.limits import (
+    GRAFANA_URL,
+    HANG_FLOOR_S,
+    HUNG_COLLECTIVE_S,
+    PAUSE_HOLD_S,
+    WATCHER_STALE_S,
+    Limit,
+    PanelRef,
+)
 from trainhealth._internal.knowledge.promql import counted
+from trainhealth._internal.knowledge.recording import (
+    ANOMALIES_5M,
+    GROUP_HUNG,
+    GROUP_STARTED_MAX,
+    LAST_STEP_DURATION_MAX,
+    LAST_STEP_MAX,
+    NVLINK_ERRORS_10M,
+    PCIE_REPLAYS_RATE,
+    THROUGHPUT_SUM,
+)
 from trainhealth._internal.knowledge.xid import known_xids
 
 __all__ = [
@@ -51,6 +69,7 @@ __all__ = [
     "STALL_MIN_S",
     "STALL_STEPS",
     "STRAGGLER_SCORE",
+    "SUSTAINED_FOR_S",
     "THROUGHPUT_DEGRADED",
     "THROUGHPUT_DROP",
     "AlertRule",
@@ -74,16 +93,14 @@ THROUGHPUT_DEGRADED = 0.9
 STRAGGLER_SCORE = 0.5
 #: GpuPcieReplays: PCIe replays per minute, averaged over 10 minutes.
 PCIE_REPLAYS_PER_MIN = 1
-#: HungCollective, RankMissing: the shortest wait that is a hang. Each rank exports its own threshold (3x its
-#: longest recent step, collective or checkpoint save, trainhealth._internal.exporters.collectives.watch); the rules use
-#: the job's largest, never under this floor, and HUNG_COLLECTIVE_S for ranks that export none.
-HANG_FLOOR_S = 10
-HUNG_COLLECTIVE_S = 60
 #: TrainingStalled: no step for this many step times, and at least STALL_MIN_S seconds.
 STALL_STEPS = 10
 STALL_MIN_S = 300
 #: AnalyzerStale: seconds since trainhealth analyze last finished.
 ANALYZER_STALE_S = 600
+#: Rules that wait this long or longer before firing run in their wing's sustained group, once a minute: a
+#: minute's delay on a 5-minute ``for`` changes nothing on-call sees, and it divides their cost by four.
+SUSTAINED_FOR_S = 300
 PAGE, TICKET, INFO = "page", "ticket", "info"
 WHERE = "rank {{ $labels.rank }} on {{ $labels.host }}"
 GPU_WHERE = "GPU {{ $labels.gpu }} on {{ $labels.host }}"
@@ -106,6 +123,11 @@ class AlertRule:
     explanation: str  # for the runbook: what the rule measures and why it fires
     panel: PanelRef | None = None
     limit: Limit | None = None
+
+    @property
+    def sustained(self) -> bool:
+        """Whether it runs in its wing's sustained group (a ``for`` of SUSTAINED_FOR_S or more)."""
+        return _seconds(self.for_) >= SUSTAINED_FOR_S
 
     @property
     def mitigation(self) -> str:
@@ -165,18 +187,7 @@ _TRAINING, _GPU = "trainhealth-training", "trainhealth-gpu"
 _COMMUNICATION, _INCIDENTS = "trainhealth-communication", "trainhealth-incidents"
 _THERMAL = "hw_thermal_slowdown|sw_thermal_slowdown|hw_slowdown"
 _POWER = "sw_power_cap|hw_power_brake_slowdown"
-_THROUGHPUT = c.TRAIN_THROUGHPUT.prometheus_name
-_LAST_STEP = c.TRAIN_LAST_STEP_TIMESTAMP.prometheus_name
 _STARTED = c.COMM_STARTED_SEQ.prometheus_name
-#: per job and group: a member has waited in a collective longer than the job's hang threshold, and no rank of
-#: the job is in an announced pause (Monitor.pause)
-_GROUP_HUNG = (
-    f"(max by (job, group) ({c.COMM_INFLIGHT_DURATION.prometheus_name}) > on (job) group_left() "
-    f"(clamp_min(max by (job) ({c.COMM_HANG_THRESHOLD.prometheus_name}), {HANG_FLOOR_S}) "
-    f"or max by (job) ({_STARTED}) * 0 + {HUNG_COLLECTIVE_S})) "
-    f"unless on (job) (max by (job) (max_over_time({c.COMM_PAUSED.prometheus_name}[{PAUSE_HOLD_S}s]) "
-    f'unless on (job, rank) {c.COMM_STUCK_DURATION.prometheus_name}{{state="in_pause"}}) > 0)'
-)
 
 ALERTS: tuple[AlertRule, ...] = (
     # --- hardware ----------------------------------------------------------------------
@@ -287,7 +298,7 @@ ALERTS: tuple[AlertRule, ...] = (
     AlertRule(
         "GpuPcieReplays",
         "hardware",
-        f"rate({c.GPU_PCIE_REPLAYS.prometheus_name}[10m]) * 60 > {PCIE_REPLAYS_PER_MIN:g}",
+        f"{PCIE_REPLAYS_RATE} * 60 > {PCIE_REPLAYS_PER_MIN:g}",
         "10m",
         TICKET,
         "PCIe replays on " + GPU_WHERE,
@@ -300,7 +311,7 @@ ALERTS: tuple[AlertRule, ...] = (
     AlertRule(
         "GpuNvlinkErrors",
         "hardware",
-        f"sum by (job, host, gpu, link) (increase({c.GPU_NVLINK_ERRORS.prometheus_name}[10m])) > 0",
+        f"{NVLINK_ERRORS_10M} > 0",
         "5m",
         TICKET,
         "NVLink errors on " + GPU_WHERE + " link {{ $labels.link }}",
@@ -327,7 +338,7 @@ ALERTS: tuple[AlertRule, ...] = (
     AlertRule(
         "LossSpike",
         "training",
-        "max by (job) " + counted(c.ANOMALIES.prometheus_name + '{signal="loss",detector!="nonfinite"}', "5m"),
+        f'max by (job) ({ANOMALIES_5M}{{signal="loss"}})',
         "0m",
         INFO,
         "Loss spike in {{ $labels.job }}",
@@ -371,7 +382,7 @@ ALERTS: tuple[AlertRule, ...] = (
     AlertRule(
         "GradNormSpike",
         "training",
-        "max by (job) " + counted(c.ANOMALIES.prometheus_name + '{signal="grad_norm",detector!="nonfinite"}', "5m"),
+        f'max by (job) ({ANOMALIES_5M}{{signal="grad_norm"}})',
         "0m",
         INFO,
         "Gradient-norm spike in {{ $labels.job }}",
@@ -398,9 +409,8 @@ ALERTS: tuple[AlertRule, ...] = (
     AlertRule(
         "ThroughputDrop",
         "training",
-        f"sum by (job) (avg_over_time({_THROUGHPUT}[5m])) < {THROUGHPUT_DROP:g} * sum by (job) "
-        f"(avg_over_time({_THROUGHPUT}[1h] offset 10m)) and on (job) sum by (job) "
-        f"(max_over_time({_THROUGHPUT}[5m] offset 70m))",
+        f"sum by (job) (avg_over_time({THROUGHPUT_SUM}[5m])) < {THROUGHPUT_DROP:g} * sum by (job) "
+        f"(avg_over_time({THROUGHPUT_SUM}[1h] offset 10m)) and on (job) max_over_time({THROUGHPUT_SUM}[5m] offset 70m)",
         "5m",
         TICKET,
         "Throughput of {{ $labels.job }} dropped",
@@ -416,8 +426,8 @@ ALERTS: tuple[AlertRule, ...] = (
     AlertRule(
         "ThroughputDegraded",
         "training",
-        f"sum by (job) (avg_over_time({_THROUGHPUT}[1h])) < {THROUGHPUT_DEGRADED:g} * sum by (job) "
-        f"(avg_over_time({_THROUGHPUT}[6h] offset 1h))",
+        f"sum by (job) (avg_over_time({THROUGHPUT_SUM}[1h])) < {THROUGHPUT_DEGRADED:g} * sum by (job) "
+        f"(avg_over_time({THROUGHPUT_SUM}[6h] offset 1h))",
         "1h",
         TICKET,
         "Throughput of {{ $labels.job }} degraded for an hour",
@@ -432,8 +442,7 @@ ALERTS: tuple[AlertRule, ...] = (
     AlertRule(
         "TrainingStalled",
         "training",
-        f"time() - max by (job) ({_LAST_STEP}) > clamp_min({STALL_STEPS} * max by (job) "
-        f"({c.TRAIN_LAST_STEP_DURATION.prometheus_name}), {STALL_MIN_S})",
+        f"time() - {LAST_STEP_MAX} > clamp_min({STALL_STEPS} * {LAST_STEP_DURATION_MAX}, {STALL_MIN_S})",
         "2m",
         PAGE,
         "{{ $labels.job }} has made no step progress",
@@ -446,7 +455,7 @@ ALERTS: tuple[AlertRule, ...] = (
     AlertRule(
         "HungCollective",
         "training",
-        f"{_STARTED} < on (job, group) group_left max by (job, group) ({_STARTED}) and on (job, group) ({_GROUP_HUNG})",
+        f"{_STARTED} < on (job, group) group_left {GROUP_STARTED_MAX} and on (job, group) {GROUP_HUNG}",
         "10s",
         PAGE,
         "Collective in {{ $labels.group }} waits for " + WHERE,
@@ -464,8 +473,7 @@ ALERTS: tuple[AlertRule, ...] = (
     AlertRule(
         "RankMissing",
         "training",
-        f"(last_over_time({_STARTED}[10m]) unless on (job, rank, group) {_STARTED}) and on (job, group) "
-        f"({_GROUP_HUNG})",
+        f"(last_over_time({_STARTED}[10m]) unless on (job, rank, group) {_STARTED}) and on (job, group) {GROUP_HUNG}",
         "10s",
         PAGE,
         "Rank {{ $labels.rank }} of {{ $labels.job }} is gone while {{ $labels.group }} waits for it",

@@ -9,8 +9,9 @@ from grafanalib import core as g
 
 from trainhealth._internal import catalog as c
 from trainhealth._internal.dashboards.layout import RANK_FILTER as F
-from trainhealth._internal.dashboards.layout import AlertLike, arrange, dashboard, target
+from trainhealth._internal.dashboards.layout import RANKED, RANKED_NOTE, AlertLike, arrange, dashboard, ranked, target
 from trainhealth._internal.dashboards.model import Dashboard, Heatmap, Table, TimeSeries
+from trainhealth._internal.knowledge.recording import GROUP_STARTED_MAX, OP_LATENCY_BUCKETS, RANK_MEDIAN_LATENCY
 
 __all__ = ["UID", "communication_dashboard"]
 
@@ -18,7 +19,6 @@ UID = "trainhealth-communication"
 
 
 def communication_dashboard(alerts: Iterable[AlertLike]) -> Dashboard:
-    duration = c.COMM_OP_DURATION.prometheus_name
     started = c.COMM_STARTED_SEQ.prometheus_name
     steps = f"sum by (job, rank) (rate({c.TRAIN_STEPS.prometheus_name}{{{F}}}[2m]))"
     per_step = {
@@ -33,22 +33,24 @@ def communication_dashboard(alerts: Iterable[AlertLike]) -> Dashboard:
             tooltipSort="desc",
             description="Seconds per step each rank computes and waits blocked in collectives (step markers of "
             "the collective logger). Ranks wait for the slowest one: the straggler is the rank that "
-            "waits least and computes most; a slow link raises every member's wait instead.",
+            f"waits least and computes most; a slow link raises every member's wait instead. At All, the {RANKED} "
+            "ranks that compute longest and the ten that wait least at each instant; choose a host or rank to see "
+            "each of its.",
             targets=[
-                target(per_step["compute"], "{{job}} rank {{rank}} compute"),
-                target(per_step["wait"], "{{job}} rank {{rank}} wait", ref="B"),
+                target(ranked(per_step["compute"], "above"), "{{job}} rank {{rank}} compute"),
+                target(ranked(per_step["wait"], "below"), "{{job}} rank {{rank}} wait", ref="B"),
             ],
         ),
         Heatmap(
             title="Median collective latency by rank",
             unit="s",
-            description="One row per rank: a slow GPU's peers wait for it (long), the straggler itself is short; "
-            "a slow link makes every member of its group long.",
+            description="One row per rank, its median over every collective in 2 minutes (a recording rule, once a "
+            "minute): a slow GPU's peers wait for it (long), the straggler itself is short; a slow link makes every "
+            f"member of its group long. At All, the {RANKED} longest and the {RANKED} shortest at each instant; "
+            "choose a host or rank to see each of its.",
             targets=[
-                target(
-                    f"histogram_quantile(0.5, sum by (job, rank, le) (rate({duration}_bucket{{{F}}}[2m])))",
-                    "{{job}} {{rank}}",
-                )
+                target(ranked(f"{RANK_MEDIAN_LATENCY}{{{F}}}", "above"), "{{job}} {{rank}}"),
+                target(ranked(f"{RANK_MEDIAN_LATENCY}{{{F}}}", "below"), "{{job}} {{rank}}", ref="B"),
             ],
         ),
         TimeSeries(
@@ -56,12 +58,8 @@ def communication_dashboard(alerts: Iterable[AlertLike]) -> Dashboard:
             unit="s",
             tooltipMode="multi",
             tooltipSort="desc",
-            targets=[
-                target(
-                    f"histogram_quantile(0.99, sum by (job, op, le) (rate({duration}_bucket{{{F}}}[5m])))",
-                    "{{job}} {{op}}",
-                )
-            ],
+            description="Over the job's ranks, in 2 minutes, from the buckets a recording rule sums once a minute.",
+            targets=[target(f'histogram_quantile(0.99, {OP_LATENCY_BUCKETS}{{job=~"$job"}})', "{{job}} {{op}}")],
         ),
         TimeSeries(
             title="Time inside the current collective",
@@ -69,16 +67,19 @@ def communication_dashboard(alerts: Iterable[AlertLike]) -> Dashboard:
             tooltipMode="multi",
             tooltipSort="desc",
             description="How long each rank has been waiting in its collective; everyone high but one rank: that "
-            "rank never arrived.",
-            targets=[target(f"{c.COMM_INFLIGHT_DURATION.prometheus_name}{{{F}}} > 0", "{{job}} rank {{rank}} {{op}}")],
+            f"rank never arrived. {RANKED_NOTE}",
+            targets=[
+                target(ranked(f"{c.COMM_INFLIGHT_DURATION.prometheus_name}{{{F}}} > 0"), "{{job}} rank {{rank}} {{op}}")
+            ],
         ),
         Table(
             title="Lagging ranks (collectives behind their group)",
             unit="short",
-            description="Collectives a rank has not yet entered that others in its group have.",
+            description="Collectives a rank has not yet entered that others in its group have (against the group's "
+            f"furthest rank, a recording rule the hang alerts read). The {RANKED} furthest behind.",
             targets=[
                 target(
-                    f"max by (job, group) ({started}{{{F}}}) - on (job, group) group_right {started}{{{F}}} > 0",
+                    ranked(f'{GROUP_STARTED_MAX}{{job=~"$job"}} - on (job, group) group_right {started}{{{F}}} > 0'),
                     instant=True,
                     table=True,
                 )
@@ -93,9 +94,10 @@ def communication_dashboard(alerts: Iterable[AlertLike]) -> Dashboard:
             unit="cpm",
             tooltipMode="multi",
             tooltipSort="desc",
+            description=RANKED_NOTE,
             targets=[
                 target(
-                    f"sum by (job, rank) (rate({c.COMM_ABNORMAL_OPS.prometheus_name}{{{F}}}[5m])) * 60",
+                    ranked(f"sum by (job, rank) (rate({c.COMM_ABNORMAL_OPS.prometheus_name}{{{F}}}[5m])) * 60"),
                     "{{job}} rank {{rank}}",
                 )
             ],

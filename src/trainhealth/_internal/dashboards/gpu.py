@@ -13,9 +13,18 @@ from collections.abc import Iterable, Sequence
 from trainhealth._internal import catalog as c
 from trainhealth._internal.dashboards.layout import DCGM_FILTER as D
 from trainhealth._internal.dashboards.layout import GPU_FILTER as F
-from trainhealth._internal.dashboards.layout import RANK_FILTER, AlertLike, arrange, dashboard, target
+from trainhealth._internal.dashboards.layout import (
+    RANK_FILTER,
+    RANKED_NOTE,
+    AlertLike,
+    arrange,
+    dashboard,
+    ranked,
+    target,
+)
 from trainhealth._internal.dashboards.model import Dashboard, Row, Table, Target, Text, TimeSeries, unit_of
 from trainhealth._internal.knowledge.promql import counted
+from trainhealth._internal.knowledge.recording import NVLINK_ERRORS_10M, PCIE_REPLAYS_RATE
 from trainhealth._internal.knowledge.xid import known_xids
 
 __all__ = ["DCGM_METRICS", "UID", "gpu_dashboard"]
@@ -51,28 +60,41 @@ def _panel(
     description: str = "",
     legend: str = "{{host}} GPU {{gpu}}",
     extra: Sequence[Target] = (),
+    worst: str = "above",
 ) -> TimeSeries:
-    targets = [target(ours, legend)]
+    """One series per GPU (trainhealth's, and dcgm-exporter's where it has the field), cut to the GPUs worst at
+    each instant at All: ``worst`` is the side of a GPU's value that is bad; ``extra`` targets come cut."""
+    targets = [target(ranked(ours, worst), legend)]
     if dcgm is not None:
-        targets.append(target(dcgm, _DCGM_LEGEND, ref="B"))
+        targets.append(target(ranked(dcgm, worst), _DCGM_LEGEND, ref="B"))
     targets += extra
     return TimeSeries(
-        title=title, description=description, targets=targets, unit=unit, tooltipMode="multi", tooltipSort="desc"
+        title=title,
+        description=f"{description} {RANKED_NOTE}".strip(),
+        targets=targets,
+        unit=unit,
+        tooltipMode="multi",
+        tooltipSort="desc",
     )
 
 
 def _bandwidth(title: str, ours: c.MetricSpec, dcgm: str, description: str, *extra: Target) -> TimeSeries:
-    """trainhealth's tx/rx series and dcgm-exporter's two fields (already rates: bytes per second)."""
+    """trainhealth's tx/rx series and dcgm-exporter's two fields (already rates: bytes per second), the slowest
+    GPUs at All."""
     return TimeSeries(
         title=title,
-        description=description,
+        description=f"{description} {RANKED_NOTE}",
         unit=unit_of(ours),
         tooltipMode="multi",
         tooltipSort="desc",
         targets=[
-            target(f"{ours.prometheus_name}{{{F}}}", "{{host}} GPU {{gpu}} {{direction}}"),
-            target(f"DCGM_FI_PROF_{dcgm}_TX_BYTES{{{D}}}", "{{Hostname}} GPU {{gpu}} tx (dcgm)", ref="B"),
-            target(f"DCGM_FI_PROF_{dcgm}_RX_BYTES{{{D}}}", "{{Hostname}} GPU {{gpu}} rx (dcgm)", ref="C"),
+            target(ranked(f"{ours.prometheus_name}{{{F}}}", "below"), "{{host}} GPU {{gpu}} {{direction}}"),
+            target(
+                ranked(f"DCGM_FI_PROF_{dcgm}_TX_BYTES{{{D}}}", "below"), "{{Hostname}} GPU {{gpu}} tx (dcgm)", ref="B"
+            ),
+            target(
+                ranked(f"DCGM_FI_PROF_{dcgm}_RX_BYTES{{{D}}}", "below"), "{{Hostname}} GPU {{gpu}} rx (dcgm)", ref="C"
+            ),
             *extra,
         ],
     )
@@ -120,12 +142,14 @@ def gpu_dashboard(alerts: Iterable[AlertLike]) -> Dashboard:
             f"{c.GPU_UP.prometheus_name}{{{F}}}",
             unit="none",
             description="1 while the GPU answers NVML; 0: lost, off the bus or needing a reset.",
+            worst="below",
         ),
         _panel(
             "Utilization",
             f"{c.GPU_UTILIZATION.prometheus_name}{{{F}}}",
             f"DCGM_FI_DEV_GPU_UTIL{{{D}}} / 100",
             unit=unit_of(c.GPU_UTILIZATION),
+            worst="below",
         ),
         _panel(
             "Temperature",
@@ -149,6 +173,7 @@ def gpu_dashboard(alerts: Iterable[AlertLike]) -> Dashboard:
             f'{c.GPU_CLOCK.prometheus_name}{{{F},clock="sm"}}',
             f"DCGM_FI_DEV_SM_CLOCK{{{D}}} * 1e6",
             unit=unit_of(c.GPU_CLOCK),
+            worst="below",
         ),
         _panel(
             "Throttle (clocks-event) reasons active",
@@ -174,15 +199,18 @@ def gpu_dashboard(alerts: Iterable[AlertLike]) -> Dashboard:
         ),
         _panel(
             "PCIe replays per minute",
-            f"rate({c.GPU_PCIE_REPLAYS.prometheus_name}{{{F}}}[10m]) * 60",
+            f"{PCIE_REPLAYS_RATE}{{{F}}} * 60",
             f"rate(DCGM_FI_DEV_PCIE_REPLAY_COUNTER{{{D}}}[10m]) * 60",
             unit="cpm",
+            description="Averaged over 10 minutes (trainhealth's: a recording rule, once a minute).",
         ),
         _panel(
             "NVLink errors per minute",
-            f"sum by (job, host, gpu, link) (rate({c.GPU_NVLINK_ERRORS.prometheus_name}{{{F}}}[5m])) * 60",
+            f"{NVLINK_ERRORS_10M}{{{F}}} / 10",
             unit="cpm",
             legend="{{host}} GPU {{gpu}} link {{link}}",
+            description="Averaged over 10 minutes, the links that had errors only (a recording rule over every "
+            "link's counters, once a minute: what GpuNvlinkErrors reads).",
         ),
         _panel(
             "XIDs in the last hour",
@@ -198,6 +226,7 @@ def gpu_dashboard(alerts: Iterable[AlertLike]) -> Dashboard:
             unit="none",
             legend="{{host}} {{backend}}",
             description="1 while the exporter's NVML, DCGM or simulated backend samples; 0: GPU alerts are blind.",
+            worst="below",
         ),
         _xid_table(),
         _xid_meanings(),
@@ -209,9 +238,12 @@ def gpu_dashboard(alerts: Iterable[AlertLike]) -> Dashboard:
             unit=unit_of(c.GPU_SM_ACTIVE),
             extra=[
                 target(
-                    f"{c.GPU_UTILIZATION.prometheus_name}{{{F}}}", "{{host}} GPU {{gpu}} (NVML utilization)", ref="C"
+                    ranked(f"{c.GPU_UTILIZATION.prometheus_name}{{{F}}}", "below"),
+                    "{{host}} GPU {{gpu}} (NVML utilization)",
+                    ref="C",
                 )
             ],
+            worst="below",
             description=profiling.format(
                 field="DCGM_FI_PROF_SM_ACTIVE",
                 note=(
@@ -230,6 +262,7 @@ def gpu_dashboard(alerts: Iterable[AlertLike]) -> Dashboard:
                 field="DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
                 note="Low while MFU is low: the GPU waits instead of multiplying.",
             ),
+            worst="below",
         ),
         _panel(
             "DRAM activity",
@@ -239,6 +272,7 @@ def gpu_dashboard(alerts: Iterable[AlertLike]) -> Dashboard:
             description=profiling.format(
                 field="DCGM_FI_PROF_DRAM_ACTIVE", note="High with low tensor activity: memory-bound kernels."
             ),
+            worst="below",
         ),
         _panel(
             "MFU",
@@ -246,6 +280,7 @@ def gpu_dashboard(alerts: Iterable[AlertLike]) -> Dashboard:
             unit=unit_of(c.TRAIN_MFU),
             legend="rank {{rank}}",
             description="Model FLOPs utilization the training loop reports: the useful share of the GPU's peak.",
+            worst="below",
         ),
         _bandwidth(
             "NVLink bandwidth",
@@ -259,7 +294,9 @@ def gpu_dashboard(alerts: Iterable[AlertLike]) -> Dashboard:
                 ),
             ),
             target(
-                f"sum by (job, host, rank) (rate({c.COMM_BYTES.prometheus_name}{{{RANK_FILTER}}}[5m]))",
+                ranked(
+                    f"sum by (job, host, rank) (rate({c.COMM_BYTES.prometheus_name}{{{RANK_FILTER}}}[5m]))", "below"
+                ),
                 "{{job}} {{host}} rank {{rank}} collective bytes",
                 ref="D",
             ),

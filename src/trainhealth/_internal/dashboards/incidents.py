@@ -8,7 +8,7 @@ from collections.abc import Iterable
 from grafanalib import core as g
 
 from trainhealth._internal import catalog as c
-from trainhealth._internal.dashboards.layout import AlertLike, arrange, dashboard, target
+from trainhealth._internal.dashboards.layout import RANKED, AlertLike, arrange, dashboard, ranked, target
 from trainhealth._internal.dashboards.model import Dashboard, Stat, Table, Text, TimeSeries
 from trainhealth._internal.knowledge.advice import ADVICE
 
@@ -92,8 +92,13 @@ def incidents_dashboard(alerts: Iterable[AlertLike]) -> Dashboard:
             unit="none",
             tooltipMode="multi",
             tooltipSort="desc",
-            description="Prometheus's up for every trainhealth endpoint; 0: its metrics and alerts are blind.",
-            targets=[target('up{job=~"trainhealth.*"}', "{{instance}} ({{job}})")],
+            description="Prometheus's up for trainhealth's endpoints; 0: its metrics and alerts are blind. The "
+            f"{RANKED} lowest at each instant, and how many are up and down.",
+            targets=[
+                target(ranked('up{job=~"trainhealth.*"}', "below"), "{{instance}} ({{job}})"),
+                target('count by (job) (up{job=~"trainhealth.*"} == 1)', "{{job}}: up", ref="B"),
+                target('count by (job) (up{job=~"trainhealth.*"} == 0)', "{{job}}: down", ref="C"),
+            ],
         ),
         TimeSeries(
             title="Time since the analyzer's last localization",

@@ -24,6 +24,8 @@ from trainhealth._internal.dashboards.model import BASE_STEP, DATASOURCE, Dashbo
 from trainhealth._internal.knowledge.limits import Limit, PanelRef
 
 __all__ = [
+    "RANKED",
+    "RANKED_NOTE",
     "AlertLike",
     "DCGM_FILTER",
     "GPU_FILTER",
@@ -33,6 +35,7 @@ __all__ = [
     "arrange",
     "dashboard",
     "limit_steps",
+    "ranked",
     "target",
     "templating",
 ]
@@ -42,6 +45,13 @@ GPU_FILTER = 'job=~"$job",host=~"$host",gpu=~"$gpu"'
 #: dcgm-exporter 4.x labels every series gpu, UUID, pci_bus_id, device, modelName, Hostname and
 #: DCGM_FI_DRIVER_VERSION (tests/fixtures/dcgm-exporter); its panels filter on Hostname and gpu.
 DCGM_FILTER = 'Hostname=~"$host",gpu=~"$gpu"'
+#: How many series a per-rank or per-GPU panel draws at each instant: at All (10,000 GPUs) the worst ones,
+#: with a host or rank chosen every one of them.
+RANKED = 10
+RANKED_NOTE = (
+    f"At All, the {RANKED} worst at each instant (the store answers in seconds at 10,000 GPUs); choose a host or "
+    "rank to see each of its."
+)
 #: The colour of a limit on a panel: the severity of the alert that fires there.
 SEVERITY_COLORS = {"page": "red", "ticket": "orange", "info": "yellow"}
 _RANKING = ("info", "ticket", "page")
@@ -67,6 +77,18 @@ def target(expr: str, legend: str = "", ref: str = "A", instant: bool = False, t
     return Target(
         expr=expr, legendFormat=legend, refId=ref, instant=instant, format="table" if table else "time_series"
     )
+
+
+def ranked(expr: str, bad: str = "above") -> str:
+    """``expr`` cut to the RANKED series worst at each instant: highest where ``bad`` is ``above``, lowest where
+    ``below``. A panel over every rank reads every rank's series once and draws a few lines.
+
+    >>> ranked("trainhealth_gpu_up", "below")
+    'bottomk(10, trainhealth_gpu_up)'
+    """
+    if bad not in ("above", "below"):
+        raise ValueError(f"ranked: bad must be 'above' or 'below', got {bad!r}")
+    return f"{'topk' if bad == 'above' else 'bottomk'}({RANKED}, {expr})"
 
 
 def _variable(name: str, query: str, label: str) -> Variable:

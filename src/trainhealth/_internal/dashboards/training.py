@@ -8,17 +8,43 @@ from collections.abc import Iterable
 
 from trainhealth._internal import catalog as c
 from trainhealth._internal.dashboards.layout import RANK_FILTER as F
-from trainhealth._internal.dashboards.layout import AlertLike, annotation, arrange, dashboard, target
+from trainhealth._internal.dashboards.layout import (
+    RANKED_NOTE,
+    AlertLike,
+    annotation,
+    arrange,
+    dashboard,
+    ranked,
+    target,
+)
 from trainhealth._internal.dashboards.model import Dashboard, TimeSeries, unit_of
+from trainhealth._internal.knowledge.recording import (
+    ACTIVATION_RMS_BY_BLOCK,
+    ENTROPY_BY_LAYER,
+    LAST_STEP_MAX,
+    MAX_LOGIT_BY_LAYER,
+    THROUGHPUT_SUM,
+)
 
 __all__ = ["UID", "training_dashboard"]
 
 UID = "trainhealth-training"
+_JOB = 'job=~"$job"'
 
 
 def _series(
-    title: str, expr: str, legend: str = "rank {{rank}}", unit: str = "none", description: str = "", log: bool = False
+    title: str,
+    expr: str,
+    legend: str = "rank {{rank}}",
+    unit: str = "none",
+    description: str = "",
+    log: bool = False,
+    worst: str | None = "above",
 ) -> TimeSeries:
+    """A time series of ``expr``; one series per rank (``worst`` is where a rank's value is bad) is cut to the
+    worst at All (:func:`~trainhealth._internal.dashboards.layout.ranked`); ``worst=None``: a job-wide series."""
+    if worst is not None:
+        expr, description = ranked(expr, worst), f"{description} {RANKED_NOTE}".strip()
     return TimeSeries(
         title=title,
         description=description,
@@ -33,7 +59,7 @@ def _series(
 
 def _throughput_against_baseline() -> TimeSeries:
     """The two comparisons of ThroughputDrop and ThroughputDegraded, as ratios (1 = as fast as before)."""
-    tokens = f"{c.TRAIN_THROUGHPUT.prometheus_name}{{{F}}}"
+    tokens = f"{THROUGHPUT_SUM}{{{_JOB}}}"
     ratio = "sum by (job) (avg_over_time({t}[{now}])) / sum by (job) (avg_over_time({t}[{before}] offset {gap}))"
     return TimeSeries(
         title="Throughput against its baseline",
@@ -41,8 +67,9 @@ def _throughput_against_baseline() -> TimeSeries:
         tooltipMode="multi",
         tooltipSort="desc",
         description="Tokens/s of the last 5 minutes over the hour before the last 10 (ThroughputDrop), and of the "
-        "last hour over the six hours before it (ThroughputDegraded). Empty until a job has run that "
-        "long: without a baseline there is no verdict.",
+        "last hour over the six hours before it (ThroughputDegraded), from the job's tokens/s recorded once a "
+        "minute, as the alerts read them. Empty until a job has run that long: without a baseline there is no "
+        "verdict.",
         targets=[
             target(ratio.format(t=tokens, now="5m", before="1h", gap="10m"), "{{job}} 5 min / hour before"),
             target(ratio.format(t=tokens, now="1h", before="6h", gap="1h"), "{{job}} hour / 6 h before", ref="B"),
@@ -52,7 +79,6 @@ def _throughput_against_baseline() -> TimeSeries:
 
 def training_dashboard(alerts: Iterable[AlertLike]) -> Dashboard:
     anomalies = c.ANOMALIES.prometheus_name
-    last_step = c.TRAIN_LAST_STEP_TIMESTAMP.prometheus_name
     panels = [
         _series(
             "Loss",
@@ -72,13 +98,14 @@ def training_dashboard(alerts: Iterable[AlertLike]) -> Dashboard:
         ),
         _series(
             "Throughput",
-            f"sum by (job) ({c.TRAIN_THROUGHPUT.prometheus_name}{{{F}}})",
+            f"sum by (job) ({THROUGHPUT_SUM}{{{_JOB}}})",
             "{{job}}",
             unit=unit_of(c.TRAIN_THROUGHPUT),
-            description="Tokens per second, summed over the selected ranks.",
+            description="Tokens per second, summed over the job's ranks once a minute (a recording rule).",
+            worst=None,
         ),
         _throughput_against_baseline(),
-        _series("MFU", f"{c.TRAIN_MFU.prometheus_name}{{{F}}}", unit=unit_of(c.TRAIN_MFU)),
+        _series("MFU", f"{c.TRAIN_MFU.prometheus_name}{{{F}}}", unit=unit_of(c.TRAIN_MFU), worst="below"),
         _series(
             "Step time",
             f"{c.TRAIN_LAST_STEP_DURATION.prometheus_name}{{{F}}}",
@@ -87,10 +114,11 @@ def training_dashboard(alerts: Iterable[AlertLike]) -> Dashboard:
         ),
         _series(
             "Time since the last step",
-            f"time() - max by (job) ({last_step}{{{F}}})",
+            f"time() - {LAST_STEP_MAX}{{{_JOB}}}",
             "{{job}}",
             unit="s",
             description="TrainingStalled fires past ten step times, and never below the line drawn here.",
+            worst=None,
         ),
         _series(
             "δ-irregular share of the last 100 steps",
@@ -111,15 +139,19 @@ def training_dashboard(alerts: Iterable[AlertLike]) -> Dashboard:
         ),
         _series(
             "Attention max logit",
-            f"max by (job, layer) ({c.MODEL_ATTENTION_MAX_LOGIT.prometheus_name}{{{F}}})",
+            f"{MAX_LOGIT_BY_LAYER}{{{_JOB}}}",
             "{{job}} {{layer}}",
-            description="Growth comes before attention-logit blow-ups: QK-norm or QK-clip.",
+            description="The largest over the job's ranks, recorded once a minute. Growth comes before "
+            "attention-logit blow-ups: QK-norm or QK-clip.",
+            worst=None,
         ),
         _series(
             "Attention entropy",
-            f"min by (job, layer) ({c.MODEL_ATTENTION_ENTROPY.prometheus_name}{{{F}}})",
+            f"{ENTROPY_BY_LAYER}{{{_JOB}}}",
             "{{job}} {{layer}}",
-            description="Entropy collapsing towards 0 precedes instability.",
+            description="The lowest over the job's ranks, recorded once a minute. Entropy collapsing towards 0 "
+            "precedes instability.",
+            worst=None,
         ),
         _series(
             "Output log Z",
@@ -128,9 +160,11 @@ def training_dashboard(alerts: Iterable[AlertLike]) -> Dashboard:
         ),
         _series(
             "Activation RMS by block",
-            f"max by (job, block) ({c.MODEL_ACTIVATION_RMS.prometheus_name}{{{F}}})",
+            f"{ACTIVATION_RMS_BY_BLOCK}{{{_JOB}}}",
             "{{job}} {{block}}",
+            description="The largest over the job's ranks, recorded once a minute.",
             log=True,
+            worst=None,
         ),
         _series(
             "SDC suspects",
@@ -148,12 +182,14 @@ def training_dashboard(alerts: Iterable[AlertLike]) -> Dashboard:
             f"min by (job) ({c.TRAIN_GOODPUT.prometheus_name}{{{F}}})",
             "{{job}}",
             unit=unit_of(c.TRAIN_GOODPUT),
+            worst=None,
         ),
         _series(
             "Checkpoint age",
             f"time() - max by (job) ({c.CHECKPOINT_LAST_TIMESTAMP.prometheus_name}{{{F}}})",
             "{{job}}",
             unit="s",
+            worst=None,
         ),
     ]
     marks = [

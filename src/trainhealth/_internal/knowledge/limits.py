@@ -13,10 +13,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["GRAFANA_URL", "PAUSE_HOLD_S", "WATCHER_STALE_S", "Limit", "PanelRef"]
+__all__ = ["GRAFANA_URL", "HANG_FLOOR_S", "HUNG_COLLECTIVE_S", "PAUSE_HOLD_S", "WATCHER_STALE_S", "Limit", "PanelRef"]
 
 #: The Grafana that dashboard_url points into; ``trainhealth alerts --grafana-url`` changes it.
 GRAFANA_URL = "http://127.0.0.1:3000"
+#: HungCollective, RankMissing: the shortest wait that is a hang. Each rank exports its own threshold (3x its
+#: longest recent step, collective or checkpoint save, trainhealth._internal.exporters.collectives.watch); the
+#: rules use the job's largest, never under this floor, and HUNG_COLLECTIVE_S for jobs whose ranks export none.
+HANG_FLOOR_S = 10
+HUNG_COLLECTIVE_S = 60
 #: Seconds an announced pause (Monitor.pause) keeps holding hang verdicts after it ended: the peers' wait in
 #: Prometheus is as old as their last scrape when the pausing rank's end of pause is already scraped. Used by
 #: the hang rules and by ``trainhealth analyze``.

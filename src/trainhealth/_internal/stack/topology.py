@@ -32,9 +32,11 @@ import yaml
 
 from trainhealth._internal._files import write_text
 from trainhealth._internal.alerts.render import rule_file_yaml
+from trainhealth._internal.alerts.rules import SUSTAINED_FOR_S
 from trainhealth._internal.errors import UsageError
 
 __all__ = [
+    "AGENTS",
     "STORES",
     "StackOptions",
     "commands",
@@ -47,6 +49,8 @@ __all__ = [
 ]
 
 STORES = ("prometheus", "victoriametrics")
+#: What the shards of ``store="victoriametrics"`` are: Prometheus servers in agent mode, or vmagents.
+AGENTS = ("prometheus", "vmagent")
 #: Each binary and the names distributions give it (Debian: prometheus-alertmanager); the package to install.
 BINARIES = {
     "prometheus": (("prometheus",), "prometheus"),
@@ -200,8 +204,10 @@ def write_configs(options: StackOptions) -> dict[str, Path]:
             write_text(paths[f"shard-{shard}.yml"], header + yaml.safe_dump(config, sort_keys=False))
     else:
         write_text(paths["prometheus.yml"], header + yaml.safe_dump(_prometheus_config(options), sort_keys=False))
-    # the per-job aggregates as often as the alerts: a short demo's last minute is recorded too
-    rules = rule_file_yaml(max_for_s=options.max_for_s, per_job_interval=_duration(options.scrape_interval_s))
+    # with every ``for`` capped under the sustained groups' threshold (a demo), those groups run as often as the
+    # scrapes, so the demo's last minute is recorded and judged too; with production ``for``s, once a minute
+    slow = "1m" if options.max_for_s >= SUSTAINED_FOR_S else _duration(options.scrape_interval_s)
+    rules = rule_file_yaml(max_for_s=options.max_for_s, slow_interval=slow)
     write_text(paths[RULES], rules)
     template = resources.files("trainhealth._internal.stack").joinpath(ALERTMANAGER).read_text(encoding="utf-8")
     alertmanager = _cap_grouping(template, options.max_for_s)
