@@ -5,7 +5,13 @@ from __future__ import annotations
 
 import pytest
 
-from trainhealth._internal.localize.hangs import hang_result, judge_hangs, positions_by_job, positions_from_samples
+from trainhealth._internal.localize.hangs import (
+    group_members,
+    hang_result,
+    judge_hangs,
+    positions_by_job,
+    positions_from_samples,
+)
 
 WORLD = "default_pg:0"
 
@@ -30,13 +36,24 @@ def _rank(
     return out
 
 
-def _members(text: str = "0-3") -> list[tuple[str, dict[str, str], float]]:
+def _members(
+    ranks: tuple[int, ...] = (0, 1, 2, 3), size: int = 4, group: str = WORLD, positions: tuple[int, ...] | None = None
+) -> list[tuple[str, dict[str, str], float]]:
+    """The membership series of ``ranks`` (each its own: its group rank, by default its place in ``ranks``)."""
     return [
         (
-            "trainhealth_comm_group_info",
-            {"job": "train", "rank": "0", "group": WORLD, "members": text, "size": "4"},
+            "trainhealth_comm_group_member_info",
+            {
+                "job": "train",
+                "host": "node-1",
+                "rank": str(rank),
+                "group": group,
+                "group_rank": str(at),
+                "size": str(size),
+            },
             1.0,
         )
+        for rank, at in zip(ranks, positions if positions is not None else range(len(ranks)))
     ]
 
 
@@ -83,10 +100,16 @@ def test_an_announced_pause_holds_the_verdict():
 
 
 def test_a_gone_rank_is_named_with_where_it_was_last():
-    live = [*_rank(0, 20, 19, 40.0), *_rank(1, 20, 19, 40.0), *_rank(3, 20, 19, 40.0), *_members()]
+    live = [
+        *_rank(0, 20, 19, 40.0),
+        *_rank(1, 20, 19, 40.0),
+        *_rank(3, 20, 19, 40.0),
+        *_members((0, 1, 3), 4, positions=(0, 1, 3)),
+    ]
     gone = [
         ("trainhealth_comm_started_seq", {"job": "train", "rank": "2", "group": WORLD}, 19.0),
         ("trainhealth_comm_watch_timestamp_seconds", {"job": "train", "rank": "2"}, 1_800_000_000.0),
+        *_members((2,), 4, positions=(2,)),  # its membership series as Prometheus last saw it
     ]
     report = judge_hangs(positions_from_samples(live, gone))
     (hang,) = report.hangs
@@ -98,9 +121,72 @@ def test_a_gone_rank_is_named_with_where_it_was_last():
 
 
 def test_a_member_that_never_reported_is_missing_without_a_time():
-    live = [*_rank(0, 20, 19, 40.0), *_rank(1, 20, 19, 40.0), *_members("0-2")]
+    live = [*_rank(0, 20, 19, 40.0), *_rank(1, 20, 19, 40.0), *_members((0, 1), 3)]
     (hang,) = judge_hangs(positions_from_samples(live)).hangs
     assert hang.lagging_ranks == (2,) and hang.verdict.startswith("rank 2 missing; ")
+
+
+def test_a_data_parallel_member_that_never_reported_is_named_by_its_groups_stride():
+    # 16 ranks, tensor parallel 4: data-parallel group 1 is ranks 1, 5, 9, 13; rank 9 never reported anything
+    dp = "mesh_dp:6"
+    samples = [s for r in (1, 5, 13) for s in _rank(r, 20, 19, 40.0, group=dp)]
+    samples += _members((1, 5, 13), 4, dp, positions=(0, 1, 3))
+    report = judge_hangs(positions_from_samples(samples))
+    (hang,) = report.hangs
+    assert hang.group == dp and hang.lagging_ranks == (9,) and hang.missing_group_ranks == ()
+    assert report.culprits == (9,) and hang.verdict == "rank 9 missing; ranks 1, 5, 13 waiting 40 s in all_reduce #20"
+
+
+def test_a_missing_member_off_any_stride_is_named_by_its_group_rank():
+    # members 0, 1 and 7 in group ranks 0, 1, 3: no one stride puts them there, so group rank 2's rank is unknown
+    odd = "odd:3"
+    samples = [s for r in (0, 1, 7) for s in _rank(r, 20, 19, 40.0, group=odd)]
+    samples += _members((0, 1, 7), 4, odd, positions=(0, 1, 3))
+    report = judge_hangs(positions_from_samples(samples))
+    (hang,) = report.hangs
+    assert hang.lagging_ranks == () and hang.missing_group_ranks == (2,) and hang.is_hang
+    assert hang.verdict == (
+        "group rank 2 of odd:3 missing (never reported; the global rank unknown); ranks 0, 1, 7 waiting 40 s in "
+        "all_reduce #20"
+    )
+    assert hang.to_dict()["missing_group_ranks"] == [2]
+    (suspect,) = hang_result(report).suspects
+    assert suspect.ranks == () and suspect.group == odd and suspect.component == "group_rank:odd:3/2"
+    assert suspect.evidence.startswith("group rank 2 of odd:3 missing: no rank reports that place")
+
+
+def test_a_gone_member_is_placed_by_its_own_last_series_where_no_stride_would():
+    odd = "odd:3"
+    live = [s for r in (0, 1, 7) for s in _rank(r, 20, 19, 40.0, group=odd)]
+    live += _members((0, 1, 7), 4, odd, positions=(0, 1, 3))
+    gone = _members((4,), 4, odd, positions=(2,))
+    (hang,) = judge_hangs(positions_from_samples(live, gone)).hangs
+    assert hang.lagging_ranks == (4,) and hang.missing_group_ranks == ()
+
+
+@pytest.mark.parametrize(
+    ("seen", "size", "expected"),
+    [
+        ({0: 0, 1: 1, 2: 2, 3: 3}, 4, ((0, 1, 2, 3), ())),  # everyone reports
+        ({0: 0, 1: 1, 3: 3}, 4, ((0, 1, 2, 3), ())),  # the world, or a tensor-parallel group: stride 1
+        ({1: 4100, 3: 12292}, 4, ((4, 4100, 8196, 12292), ())),  # data parallel over TP 4096: the first inferred
+        ({0: 12, 2: 4}, 3, ((12, 8, 4), ())),  # ranks listed downwards
+        ({1: 3}, 2, ((3,), (0,))),  # one member seen: no stride
+        ({0: 0, 1: 1, 3: 7}, 4, ((0, 1, 7), (2,))),  # off any one stride
+        ({1: 2, 2: 5}, 4, ((2, 5), (0, 3))),  # the line would put group rank 0 at rank -1
+    ],
+)
+def test_group_members_infers_only_what_one_stride_explains(seen, size, expected):
+    assert group_members(seen, size) == expected
+
+
+def test_membership_series_that_cannot_be_a_groups_are_left_out():
+    live = [*_rank(0, 20, 19, 40.0), *_rank(1, 20, 19, 40.0), *_members((0, 1), 3)]
+    bogus = _members((5, 6, 7), 3, positions=(9, 1, 0))  # a group rank past the size
+    bogus[1][1]["size"] = str(1 << 30)  # a size no job has
+    bogus[2][1]["size"] = "many"
+    positions = positions_from_samples(live + bogus)
+    assert positions.members == {WORLD: (0, 1, 2)} and positions.unplaced == {}
 
 
 def test_a_rank_blocked_in_another_group_is_named_with_that_collective():
@@ -138,11 +224,7 @@ def test_two_groups_waiting_on_each_other_are_read_from_the_largest():
         *_members(),
         *_rank(2, 19, 19),
         *_rank(2, 0, -1, 13.0, group=side),
-        (
-            "trainhealth_comm_group_info",
-            {"job": "train", "rank": "2", "group": side, "members": "1-2", "size": "2"},
-            1.0,
-        ),
+        *_members((1, 2), 2, side),
     ]
     report = judge_hangs(positions_from_samples(samples))
     assert [h.group for h in report.hangs] == [WORLD, side] and report.culprits == (2,)
@@ -159,11 +241,7 @@ def test_a_monitoring_group_waiting_behind_the_hang_is_not_its_root():
         *_rank(0, 4, 4, group=sdc),
         *_rank(2, 5, 4, 29.0, group=sdc),
         *_rank(3, 5, 4, 29.0, group=sdc),
-        (
-            "trainhealth_comm_group_info",
-            {"job": "train", "rank": "2", "group": sdc, "members": "0-3", "size": "4"},
-            1.0,
-        ),
+        *_members((2, 3), 4, sdc, positions=(2, 3)),
     ]
     gone = [("trainhealth_comm_started_seq", {"job": "train", "rank": "1", "group": WORLD}, 19.0)]
     report = judge_hangs(positions_from_samples(samples, gone))

@@ -41,7 +41,7 @@ class Jobs:
                 identity = Identity(job, f"node-{rank}", rank, 0, 2, job_name=name)
                 store = MetricStore()
                 store.set_info(catalog.RANK_INFO, tuple(identity.info_labels.values()))
-                store.set_info(catalog.COMM_GROUP, (GROUP, "0-1", "2"))
+                store.set_info(catalog.COMM_GROUP_MEMBER, (GROUP, str(rank), "2"))
                 store.set(catalog.COMM_HANG_THRESHOLD, 10.0)
                 self.stores[job, rank] = store
                 self.sinks.append(Sinks.start(store, identity, settings, env={}))

@@ -4,6 +4,7 @@ and the threshold follows the job's own steps."""
 from __future__ import annotations
 
 import time
+from collections import deque
 
 import pytest
 import torch
@@ -12,7 +13,8 @@ import torch.distributed as dist
 from tests.helpers import scrape
 from trainhealth import Monitor
 from trainhealth._internal import catalog
-from trainhealth._internal.exporters.collectives.watch import ranges_text
+from trainhealth._internal.exporters.collectives.watch import HangWatch
+from trainhealth._internal.store import MetricStore
 
 
 def _slow_host_code(seconds: float) -> None:
@@ -57,7 +59,8 @@ def test_a_rank_stuck_in_host_code_writes_its_stacks_naming_the_function(one_ran
         dumps = list(monitor.comm.watch.dumps)
         got = scrape(monitor.metrics_url)
         assert got.value("trainhealth_comm_hang_threshold_seconds") == 1.0  # the floor: steps took ~10 ms
-        assert got.value("trainhealth_comm_group_info", group="default_pg:0", members="0", size="1") == 1
+        assert got.value("trainhealth_comm_group_member_info", group="default_pg:0", group_rank="0", size="1") == 1
+        (member,) = got.labels_of("trainhealth_comm_group_member_info")
         _steps(monitor, 3)
         monitor.comm.flush()
         after = monitor.store.series(catalog.COMM_STUCK_DURATION)
@@ -70,6 +73,7 @@ def test_a_rank_stuck_in_host_code_writes_its_stacks_naming_the_function(one_ran
     assert text.startswith("rank 0: outside_collectives for ") and "<- training thread" in text
     assert "in _slow_host_code" in text and '"op": "all_reduce"' in text  # every stack, and the last records
     assert after == ()  # back in collectives: no longer stuck
+    assert sorted(member) == ["group", "group_rank", "host", "job", "rank", "size"]  # no member list
 
 
 def test_an_announced_pause_is_never_stuck(one_rank, tmp_path):
@@ -101,21 +105,55 @@ def test_the_threshold_follows_the_jobs_own_steps(one_rank, tmp_path):
     assert with_save == pytest.approx(6.0)
 
 
-def test_every_group_used_is_published_with_its_members(one_rank, tmp_path):
+def test_every_group_used_is_published_with_this_ranks_place_in_it(one_rank, tmp_path):
     with _monitor(tmp_path) as monitor:
         side = dist.new_group([0])
         dist.all_reduce(torch.ones(4))
         dist.all_reduce(torch.ones(4), group=side)
         monitor.comm.flush()
-        groups = {labels[0]: labels[1:] for labels, _ in monitor.store.series(catalog.COMM_GROUP)}
+        groups = {labels[0]: labels[1:] for labels, _ in monitor.store.series(catalog.COMM_GROUP_MEMBER)}
     assert len(groups) == 2 and groups["default_pg:0"] == ("0", "1")
-    assert [members for name, members in groups.items() if name != "default_pg:0"] == [("0", "1")]
+    assert [place for name, place in groups.items() if name != "default_pg:0"] == [("0", "1")]
 
 
-def test_member_ranges_are_compact():
-    assert ranges_text([]) == ""
-    assert ranges_text([5]) == "5"
-    assert ranges_text([3, 1, 2, 7, 9, 8]) == "1-3,7-9"
+class _Rank6:
+    """What the watcher reads of a collective logger, on rank 6 of 16 ranks with tensor parallel 4: its groups'
+    members as torch names them (a group torch could not name has none)."""
+
+    store = None
+    training_thread = None
+    _current = None
+    failure = None
+    failures = 0
+    rank = 6
+
+    def __init__(self, members: dict[str, tuple[int, ...]]) -> None:
+        self.members = members
+        self._async: dict = {}
+        self._ring: deque = deque()
+
+    def trace_rows(self, records) -> list:
+        return []
+
+
+def test_each_group_is_published_as_this_ranks_group_rank_and_the_size_then_forgotten():
+    logger = _Rank6({"default_pg:0": tuple(range(16)), "mesh_tp:1": (4, 5, 6, 7), "mesh_dp:6": (2, 6, 10, 14)})
+    watch, store = HangWatch(logger), MetricStore()
+    watch.check(store, None)
+    assert sorted(labels for labels, _ in store.series(catalog.COMM_GROUP_MEMBER)) == [
+        ("default_pg:0", "6", "16"),
+        ("mesh_dp:6", "1", "4"),
+        ("mesh_tp:1", "2", "4"),
+    ]
+    logger.members = {**logger.members, "side:9": ()}  # torch could not say who is in it: no place to publish
+    watch.check(store, None)
+    del logger.members["mesh_tp:1"]  # torch destroyed it: the logger let go of it, and tells the watcher
+    watch.forget(store, ["mesh_tp:1"])
+    watch.check(store, None)
+    assert sorted(labels for labels, _ in store.series(catalog.COMM_GROUP_MEMBER)) == [
+        ("default_pg:0", "6", "16"),
+        ("mesh_dp:6", "1", "4"),
+    ]
 
 
 def test_a_collective_that_raises_reaches_the_caller_and_is_counted_and_written_once(one_rank, tmp_path):
@@ -252,7 +290,7 @@ def test_groups_made_and_destroyed_every_step_get_their_own_names_and_numbers(on
             del group
             monitor.comm.flush()
         records = monitor.comm.records()
-        published = monitor.store.series(catalog.COMM_GROUP)
+        published = monitor.store.series(catalog.COMM_GROUP_MEMBER)
     side = records[records["group"].isin(names)]
     assert len(set(names)) == 50  # never a dead group's name
     assert (side["seq"] == 0).all() and len(side) == 50  # each starts its own numbering

@@ -53,7 +53,7 @@ from trainhealth._internal.catalog.collectives import (
     COMM_BYTES,
     COMM_COMPLETED_SEQ,
     COMM_FAILURES,
-    COMM_GROUP,
+    COMM_GROUP_MEMBER,
     COMM_HANG_THRESHOLD,
     COMM_INFLIGHT_DURATION,
     COMM_OP_DURATION,

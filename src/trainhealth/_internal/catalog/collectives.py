@@ -65,12 +65,13 @@ COMM_COMPLETED_SEQ = MetricSpec(
     "Sequence number of the last collective this rank completed in the group",
     labels=("group",),
 )
-COMM_GROUP = MetricSpec(
-    "comm.group",
+COMM_GROUP_MEMBER = MetricSpec(
+    "comm.group.member",
     _I,
     Unit.DIMENSIONLESS,
-    "Members of a process group this rank used, as global ranks ('0-3,8'): who should be in its collectives",
-    labels=("group", "members", "size"),
+    "A process group this rank used: its rank within the group (group_rank, 0 to size-1) and how many members the "
+    "group has; a position no rank reports, now or in the last minutes, is a member missing",
+    labels=("group", "group_rank", "size"),
 )
 COMM_WATCH_TIMESTAMP = MetricSpec(
     "comm.watch.timestamp",

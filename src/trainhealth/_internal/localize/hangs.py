@@ -3,9 +3,10 @@
 Each rank exports, per process group, the sequence number of the last
 collective it entered (``trainhealth_comm_started_seq``) and completed
 (``trainhealth_comm_completed_seq``), how long it has been waiting in the
-current one (``trainhealth_comm_inflight_duration_seconds``), the group's members
-(``trainhealth_comm_group_info``), its own hang threshold, whether the loop
-announced a pause, and where its training thread is when it is stuck
+current one (``trainhealth_comm_inflight_duration_seconds``), its place in the
+group (``trainhealth_comm_group_member_info``: its group rank and the group's
+size, a few bytes whatever the group's size), its own hang threshold, whether
+the loop announced a pause, and where its training thread is when it is stuck
 (:mod:`trainhealth._internal.exporters.collectives.watch`). In a hang, the group's ranks
 sit in collective S while a lagging rank has not entered it: its started
 sequence number is below S, or it reports nothing at all (gone: its last
@@ -14,6 +15,13 @@ collectives are a mismatch. A collective that every member has entered (none
 behind, none missing, none elsewhere) and that is still running is a **slow
 collective**, not a hang (a large all-gather at start-up, a slow link): it is
 reported (:attr:`HangReport.slow`), never a ``hang`` verdict, and names no suspect.
+
+A group's members are the ranks whose membership series exist now or did in the
+last minutes; a position of the group that none holds is a member that never
+reported (or stopped long ago). Its global rank follows from the others' where
+they lie one stride apart (:func:`group_members`: DeviceMesh and ``new_group``
+make the world, tensor-, data- and pipeline-parallel groups so); elsewhere only
+its group rank is known (:attr:`HangSuspect.missing_group_ranks`).
 
 A group hangs when a member has waited longer than the job's hang threshold (the
 largest its ranks export: a few times their own step, at least 10 s); never
@@ -56,6 +64,7 @@ __all__ = [
     "RankCommState",
     "RankWatch",
     "find_hangs",
+    "group_members",
     "hang_result",
     "judge_hangs",
     "positions_by_job",
@@ -108,12 +117,14 @@ class GoneRank:
 
 @dataclass(frozen=True)
 class Positions:
-    """Every rank's position: the live ranks' states, who should be in each group, the watchers, the gone."""
+    """Every rank's position: the live ranks' states, who should be in each group (``members``, global ranks;
+    ``unplaced``, the group ranks of members whose global rank is unknown), the watchers, the gone."""
 
     states: tuple[RankCommState, ...]
     members: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
     watch: Mapping[int, RankWatch] = field(default_factory=dict)
     gone: Mapping[int, GoneRank] = field(default_factory=dict)
+    unplaced: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -122,6 +133,7 @@ class HangSuspect:
 
     ``lagging_at`` maps each live lagging rank to the last sequence number it entered
     (-1: none); ``missing`` are members that report nothing (gone, where known);
+    ``missing_group_ranks`` the group ranks of members that report nothing and whose global rank is unknown;
     ``mismatch`` maps members at ``seq`` inside another collective to it;
     ``doing`` says where each lagging rank is.
     """
@@ -136,6 +148,7 @@ class HangSuspect:
     missing: tuple[GoneRank, ...] = ()
     mismatch: Mapping[int, str] = field(default_factory=dict)
     doing: Mapping[int, str] = field(default_factory=dict)
+    missing_group_ranks: tuple[int, ...] = ()
 
     @property
     def waiting(self) -> str:
@@ -147,6 +160,12 @@ class HangSuspect:
     def verdict(self) -> str:
         waiting = self.waiting
         parts = [gone.text(self.group) for gone in self.missing]
+        if self.missing_group_ranks:
+            which = "rank" if len(self.missing_group_ranks) == 1 else "ranks"
+            parts.append(
+                f"group {which} {_ranks(self.missing_group_ranks)} of {self.group} missing (never reported; the "
+                f"global {which} unknown)"
+            )
         live = [r for r in self.lagging_ranks if r not in {g.rank for g in self.missing}]
         parts += [
             f"rank {r} never entered it ({self.doing.get(r) or f'last entered #{self.lagging_at.get(r, -1)}'})"
@@ -164,7 +183,7 @@ class HangSuspect:
     def is_hang(self) -> bool:
         """Whether a member holds the others: behind, missing or inside another collective. A collective every
         member entered is slow, not hung."""
-        return bool(self.lagging_ranks or self.mismatch)
+        return bool(self.lagging_ranks or self.mismatch or self.missing_group_ranks)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -177,6 +196,7 @@ class HangSuspect:
             "missing": [
                 {"rank": g.rank, "last_seen": g.last_seen, "last_seq": g.last_seq.get(self.group)} for g in self.missing
             ],
+            "missing_group_ranks": list(self.missing_group_ranks),
             "mismatch": {str(r): op for r, op in self.mismatch.items()},
             "doing": {str(r): text for r, text in self.doing.items()},
             "verdict": self.verdict,
@@ -212,12 +232,14 @@ def find_hangs(
     members: Mapping[str, Sequence[int]] | None = None,
     gone: Mapping[int, GoneRank] | None = None,
     watch: Mapping[int, RankWatch] | None = None,
+    unplaced: Mapping[str, Sequence[int]] | None = None,
 ) -> list[HangSuspect]:
     """Groups in which some rank has waited at least ``min_wait_s`` in a collective, and who is behind,
     largest group first; those no member holds (:attr:`HangSuspect.is_hang` false) are slow collectives.
 
-    ``members`` (from the ranks' ``trainhealth_comm_group_info``, or a topology) lets ranks that report
-    nothing count as lagging; ``gone`` says when they were last seen; ``watch`` where the live ones are.
+    ``members`` (from the ranks' ``trainhealth_comm_group_member_info``, or a topology) lets ranks that report
+    nothing count as lagging; ``gone`` says when they were last seen; ``watch`` where the live ones are;
+    ``unplaced`` the group ranks of members that report nothing and whose global rank is unknown.
     """
     states = list(states)
     by_group: dict[str, list[RankCommState]] = {}
@@ -246,6 +268,7 @@ def find_hangs(
                 missing=tuple((gone or {}).get(rank, GoneRank(rank, None)) for rank in sorted(missing)),
                 mismatch=_mismatch(at_seq, op),
                 doing={rank: _doing(rank, group, states, (watch or {}).get(rank)) for rank in sorted(behind)},
+                missing_group_ranks=tuple(sorted((unplaced or {}).get(group, ()))),
             )
         )
     return _root_first(hangs, states, members)
@@ -263,9 +286,13 @@ def _root_first(
         return bool(hang.lagging_ranks) and all(r in waiting for r in hang.lagging_ranks)
 
     def size(hang: HangSuspect) -> int:
-        return max(len((members or {}).get(hang.group, ())), len(hang.waiting_ranks) + len(hang.lagging_ranks))
+        known = len((members or {}).get(hang.group, ())) + len(hang.missing_group_ranks)
+        return max(known, len(hang.waiting_ranks) + len(hang.lagging_ranks) + len(hang.missing_group_ranks))
 
-    return sorted(hangs, key=lambda h: (not (h.lagging_ranks or h.mismatch), downstream(h), -size(h), h.group))
+    def names_none(hang: HangSuspect) -> bool:
+        return not (hang.lagging_ranks or hang.mismatch or hang.missing_group_ranks)
+
+    return sorted(hangs, key=lambda h: (names_none(h), downstream(h), -size(h), h.group))
 
 
 def _mismatch(at_seq: Sequence[RankCommState], op: str) -> dict[int, str]:
@@ -292,7 +319,12 @@ def judge_hangs(positions: Positions, min_wait_s: float | None = None) -> HangRe
     if paused:
         return HangReport((), threshold, paused)
     waits = find_hangs(
-        positions.states, min_wait_s=threshold, members=positions.members, gone=positions.gone, watch=positions.watch
+        positions.states,
+        min_wait_s=threshold,
+        members=positions.members,
+        gone=positions.gone,
+        watch=positions.watch,
+        unplaced=positions.unplaced,
     )
     hangs = [h for h in waits if h.is_hang]
     slow = tuple(h for h in waits if not h.is_hang)
@@ -312,14 +344,16 @@ def judge_hangs(positions: Positions, min_wait_s: float | None = None) -> HangRe
             members=positions.members,
             gone=positions.gone,
             watch=positions.watch,
+            unplaced=positions.unplaced,
         )
     hangs = [h for h in hangs if h.is_hang]
     return HangReport(tuple(_root_first(hangs, positions.states, positions.members)), threshold, slow=slow)
 
 
 def hang_result(report: HangReport) -> LocalizationResult:
-    """The ``hang`` verdict: the ranks the largest hung group waits for as suspects (kind ``rank``), every hung
-    group in ``details["hangs"]``. Only for a report with hangs (a slow collective is none).
+    """The ``hang`` verdict: the ranks the largest hung group waits for as suspects (kind ``rank``; a member whose
+    global rank is unknown by its group rank, without ranks), every hung group in ``details["hangs"]``. Only for a
+    report with hangs (a slow collective is none).
 
     >>> states = (RankCommState(0, "dp", 7, 6, "all_reduce", 42.0), RankCommState(1, "dp", 6, 6, "", 0.0))
     >>> result = hang_result(judge_hangs(Positions(states, watch={1: RankWatch(12.0, (), "outside collectives "
@@ -341,6 +375,12 @@ def hang_result(report: HangReport) -> LocalizationResult:
             doing = main.doing.get(rank) or f"last entered #{main.lagging_at.get(rank, -1)}"
             evidence = f"rank {rank} never entered it ({doing}); {main.waiting}"
         suspects.append(Suspect("rank", (rank,), None, main.group, 1.0, evidence, f"rank:{rank}"))
+    for position in main.missing_group_ranks:  # a member no rank reports, whose global rank is unknown
+        evidence = (
+            f"group rank {position} of {main.group} missing: no rank reports that place, and the members' global "
+            f"ranks lie no single stride apart to say whose it is; its peers wait in {main.op} #{main.seq}"
+        )
+        suspects.append(Suspect("rank", (), None, main.group, 1.0, evidence, f"group_rank:{main.group}/{position}"))
     details = {
         "hangs": [h.to_dict() for h in report.hangs],
         "hang_threshold_s": round(report.threshold_s, 1),
@@ -413,19 +453,18 @@ def positions_from_samples(
 ) -> Positions:
     """Every rank's position from scraped samples of the live ranks of one job, and from the last samples of
     ranks that stopped reporting (``gone_samples``: ``trainhealth_comm_started_seq``, ``..._watch_timestamp_seconds``
-    and ``..._group_info`` as Prometheus last saw them). Samples of several jobs are a mistake (``ValueError``):
-    split them with :func:`positions_by_job`."""
+    and ``..._group_member_info`` as Prometheus last saw them). A group's members are the ranks of its membership
+    series, live or gone; the positions none of them holds, by :func:`group_members`. Samples of several jobs are a
+    mistake (``ValueError``): split them with :func:`positions_by_job`."""
     samples = [(name, labels, value) for name, labels, value in samples if _plausible(value)]
     gone_samples = [(name, labels, value) for name, labels, value in gone_samples if _plausible(value)]
     jobs = {labels.get("job", "") for _, labels, _ in samples + gone_samples}
     if len(jobs) > 1:
         raise ValueError(f"samples of {len(jobs)} jobs: judge each on its own (positions_by_job)")
-    members: dict[str, tuple[int, ...]] = {}
+    members, unplaced = _membership(samples + gone_samples)
     watch: dict[int, dict[str, Any]] = {}
     for name, labels, value in samples:
         rank = _rank(labels)
-        if name == "trainhealth_comm_group_info" and labels.get("group"):
-            members[labels["group"]] = _parse_ranges(labels.get("members", ""))
         if rank is None:
             continue
         entry = watch.setdefault(rank, {"threshold_s": None, "paused": [], "stuck": None})
@@ -448,8 +487,6 @@ def positions_from_samples(
     last_seq: dict[int, dict[str, int]] = {}
     for name, labels, value in gone_samples:
         rank = _rank(labels)
-        if name == "trainhealth_comm_group_info" and labels.get("group"):
-            members.setdefault(labels["group"], _parse_ranges(labels.get("members", "")))
         if rank is None or rank in live:
             continue
         if name == "trainhealth_comm_watch_timestamp_seconds":
@@ -463,7 +500,64 @@ def positions_from_samples(
         members,
         {rank: RankWatch(w["threshold_s"], tuple(w["paused"]), w["stuck"]) for rank, w in watch.items()},
         gone,
+        unplaced,
     )
+
+
+#: the largest group size read from a membership series: a bigger one is no job's (a label gone wrong)
+MAX_GROUP_SIZE = 1 << 20
+
+
+def _membership(
+    samples: Iterable[tuple[str, Mapping[str, str], float]],
+) -> tuple[dict[str, tuple[int, ...]], dict[str, tuple[int, ...]]]:
+    """Each group's members (global ranks) and the group ranks of those whose global rank is unknown, from the
+    ranks' membership series (live ones first: where two ranks claim one position, the live one holds it)."""
+    seen: dict[str, dict[int, int]] = {}
+    sizes: dict[str, int] = {}
+    for name, labels, _ in samples:
+        if name != "trainhealth_comm_group_member_info":
+            continue
+        group = labels.get("group")
+        rank, position, size = _rank(labels), _count(labels.get("group_rank", "")), _count(labels.get("size", ""))
+        if not group or rank is None or position is None or size is None or not position < size <= MAX_GROUP_SIZE:
+            continue
+        seen.setdefault(group, {}).setdefault(position, rank)
+        sizes[group] = max(sizes.get(group, 0), size)
+    members: dict[str, tuple[int, ...]] = {}
+    unplaced: dict[str, tuple[int, ...]] = {}
+    for group, held in seen.items():
+        members[group], missing = group_members(held, sizes[group])
+        if missing:
+            unplaced[group] = missing
+    return members, unplaced
+
+
+def group_members(seen: Mapping[int, int], size: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The global ranks of a group of ``size`` members, in group-rank order, from those ``seen`` (group rank ->
+    global rank); and the group ranks whose global rank is unknown.
+
+    A position nobody reports takes the global rank ``first + group_rank * stride`` where every member seen lies
+    on that line: DeviceMesh and ``new_group`` make the world, tensor-, data- and pipeline-parallel groups so. Two
+    members seen fix the line; with fewer, or members off any one line, the missing stay unknown.
+
+    >>> group_members({0: 1, 1: 5, 3: 13}, 4)  # data parallel with tensor parallel 4: rank 9 never reported
+    ((1, 5, 9, 13), ())
+    >>> group_members({0: 0, 1: 1, 3: 7}, 4)  # no single stride: group rank 2 is all that is known
+    ((0, 1, 7), (2,))
+    """
+    missing = [position for position in range(size) if position not in seen]
+    if not missing:
+        return tuple(seen[position] for position in range(size)), ()
+    placed = sorted(seen.items())
+    if len(placed) >= 2:
+        (g0, r0), (g1, r1) = placed[0], placed[1]
+        stride, remainder = divmod(r1 - r0, g1 - g0)
+        first = r0 - g0 * stride
+        on_line = stride != 0 and not remainder and all(r == first + g * stride for g, r in placed)
+        if on_line and min(first, first + (size - 1) * stride) >= 0:
+            return tuple(first + position * stride for position in range(size)), ()
+    return tuple(rank for _, rank in placed), tuple(missing)
 
 
 def positions_from_records(records: Any, members: Mapping[str, Sequence[int]], dumped_at: float) -> Positions:
@@ -503,17 +597,9 @@ def _plausible(value: float) -> bool:
 
 
 def _rank(labels: Mapping[str, str]) -> int | None:
-    text = labels.get("rank", "")
+    return _count(labels.get("rank", ""))
+
+
+def _count(text: str) -> int | None:
+    """A rank, a group rank or a size from its label: decimal digits, at most nine."""
     return int(text) if text.isascii() and text.isdigit() and len(text) <= 9 else None
-
-
-def _parse_ranges(text: str) -> tuple[int, ...]:
-    """``0-3,8`` -> (0, 1, 2, 3, 8); text that is not ranges gives ()."""
-    out: list[int] = []
-    try:
-        for part in filter(None, text.split(",")):
-            low, _, high = part.partition("-")
-            out += range(int(low), int(high or low) + 1)
-    except ValueError:
-        return ()
-    return tuple(out) if len(out) <= 1 << 20 else ()

@@ -230,7 +230,7 @@ class PrometheusSource:
             catalog.COMM_STARTED_SEQ,
             catalog.COMM_COMPLETED_SEQ,
             catalog.COMM_INFLIGHT_DURATION,
-            catalog.COMM_GROUP,
+            catalog.COMM_GROUP_MEMBER,
             catalog.COMM_HANG_THRESHOLD,
             catalog.COMM_STUCK_DURATION,
             catalog.COMM_PAUSED,
@@ -250,7 +250,7 @@ class PrometheusSource:
             for _, value in series.samples[-1:]
         ]
         gone = []
-        for spec in (catalog.COMM_STARTED_SEQ, catalog.COMM_WATCH_TIMESTAMP, catalog.COMM_GROUP):
+        for spec in (catalog.COMM_STARTED_SEQ, catalog.COMM_WATCH_TIMESTAMP, catalog.COMM_GROUP_MEMBER):
             selector = self._select(spec.prometheus_name)
             gone += [
                 (spec.prometheus_name, series.labels, value)

@@ -97,7 +97,6 @@ __all__ = [
     "HangWatch",
     "Stuck",
     "flight_recorder_enabled",
-    "ranges_text",
     "where_stuck",
 ]
 
@@ -386,20 +385,29 @@ class HangWatch:
         if stuck is not None:
             writes.append((catalog.COMM_STUCK_DURATION, stuck.labels(), stuck.seconds))
         store.write(writes)
-        for group, members in self._logger.members.items():
-            labels = (group, ranges_text(members), str(len(members)) if members else "")
-            if self._groups_published.get(group) != labels:
-                if group in self._groups_published:
-                    store.remove(catalog.COMM_GROUP, self._groups_published[group])
-                store.set(catalog.COMM_GROUP, 1.0, labels)  # one series per group
+        groups = self._logger.members
+        rank = self._logger.rank if groups else -1
+        for group, members in groups.items():
+            # this rank's place in the group (torch lists a group's ranks in group-rank order), a few bytes whatever
+            # the group's size; none where torch cannot say who is in it
+            labels = (group, str(members.index(rank)), str(len(members))) if rank in members else None
+            published = self._groups_published.get(group)
+            if published == labels:
+                continue
+            if published is not None:
+                store.remove(catalog.COMM_GROUP_MEMBER, published)
+            if labels is None:
+                self._groups_published.pop(group, None)
+            else:
+                store.set(catalog.COMM_GROUP_MEMBER, 1.0, labels)
                 self._groups_published[group] = labels
 
     def forget(self, store: MetricStore | None, groups: Iterable[str]) -> None:
-        """Groups torch destroyed: their membership series go."""
+        """Groups torch destroyed: this rank's membership series of them go."""
         for group in groups:
             labels = self._groups_published.pop(group, None)
             if labels is not None and store is not None:
-                store.remove(catalog.COMM_GROUP, labels)
+                store.remove(catalog.COMM_GROUP_MEMBER, labels)
 
     def _publish_paused(self, overrun: str | None = None) -> None:
         """1 per reason while a pause of it is open and within its bound (``overrun``: the one past it)."""
@@ -525,22 +533,3 @@ def _short(path: str) -> str:
         if marker in path:
             return path.split(marker, 1)[1]
     return path.rsplit("/", 1)[-1]
-
-
-def ranges_text(ranks: Sequence[int]) -> str:
-    """Ranks as compact ranges.
-
-    >>> ranges_text([0, 1, 2, 3, 8, 10, 11])
-    '0-3,8,10-11'
-    """
-    out: list[str] = []
-    ordered = sorted(set(ranks))
-    start = previous = None
-    for rank in ordered + [None]:
-        if rank is not None and previous is not None and rank == previous + 1:
-            previous = rank
-            continue
-        if start is not None:
-            out.append(str(start) if start == previous else f"{start}-{previous}")
-        start = previous = rank
-    return ",".join(out)
