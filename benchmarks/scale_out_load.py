@@ -53,6 +53,7 @@ import socket
 import statistics
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.parse
@@ -384,6 +385,10 @@ class Measured:
     rules_slowest_group: str
     queries: dict[str, tuple[float, float, float, int, list[str]]]  # mode: p50, p99, max (ms), answered, failed
     slowest_rules: list[tuple[float, str]]
+    rules_not_timed: int  # rules the budget left untimed
+    groups: dict[str, tuple[float, int, float]]  # rule group: mean evaluation (ms), evaluations, interval (s)
+    cpu_cores: dict[str, float]  # process: cores used over the window (CPU seconds per second)
+    shard_memory: list[ShardMemory]
 
 
 def _dashboard_queries() -> list[tuple[str, str]]:
@@ -437,22 +442,100 @@ def _reason(exc: OSError) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
-def _slowest_rules(store: str, rule_file: Path, count: int = 3, budget_s: float = math.inf) -> list[tuple[float, str]]:
-    """The rules that take longest to evaluate once against the store now: (seconds, name); the rules not
-    started within ``budget_s`` are not timed."""
+def _slowest_rules(
+    store: str, rule_file: Path, count: int = 3, budget_s: float = math.inf
+) -> tuple[list[tuple[float, str]], int]:
+    """The rules that take longest to evaluate once against the store now, (seconds, name), and how many rules
+    ``budget_s`` left untimed (0: every rule was timed)."""
+    rules = [rule for group in yaml.safe_load(rule_file.read_text())["groups"] for rule in group["rules"]]
     timed = []
     began_all = time.monotonic()
-    for group in yaml.safe_load(rule_file.read_text())["groups"]:
-        for rule in group["rules"]:
-            if time.monotonic() - began_all > budget_s:
-                break
-            began = time.perf_counter()
-            try:
-                _get(f"{store}/api/v1/query?{urllib.parse.urlencode({'query': rule['expr']})}", timeout=300)
-            except OSError:
-                pass  # timed all the same: the ruler waits as long
-            timed.append((time.perf_counter() - began, rule.get("record") or rule["alert"]))
-    return sorted(timed, reverse=True)[:count]
+    for rule in rules:
+        if time.monotonic() - began_all > budget_s:
+            break
+        began = time.perf_counter()
+        try:
+            _get(f"{store}/api/v1/query?{urllib.parse.urlencode({'query': rule['expr']})}", timeout=300)
+        except OSError:
+            pass  # timed all the same: the ruler waits as long
+        timed.append((time.perf_counter() - began, rule.get("record") or rule["alert"]))
+    return sorted(timed, reverse=True)[:count], len(rules) - len(timed)
+
+
+def _duration_s(text: str) -> float:
+    """A Prometheus duration ('15s', '1m') in seconds."""
+    units = {"ms": 0.001, "s": 1, "m": 60, "h": 3600}
+    number, unit = re.fullmatch(r"(\d+(?:\.\d+)?)(ms|s|m|h)", text).groups()
+    return float(number) * units[unit]
+
+
+def _cpu_seconds(pid: int) -> float:
+    """User and system CPU seconds a process has used (/proc/PID/stat)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@dataclass(frozen=True)
+class ShardSample:
+    """A shard's memory at one moment, from /proc and from its own /metrics (MiB)."""
+
+    seconds: float  # since the stack started
+    resident: float
+    heap_in_use: float  # Go heap spans in use: live objects and garbage not yet collected
+    heap_idle_kept: float  # Go heap spans free but not yet returned to the OS
+    pending_in_memory: float  # samples scraped, waiting in memory for the store (remote write blocks)
+    pending_on_disk: float  # the same, spilled to -remoteWrite.tmpDataPath
+    targets_up: float
+
+
+@dataclass(frozen=True)
+class ShardMemory:
+    """One shard over the run: its sample at its resident peak, and its last (steady) sample."""
+
+    name: str
+    peak: ShardSample
+    steady: ShardSample
+
+
+class _ShardWatch(threading.Thread):
+    """Samples each vmagent shard's memory every ``every_s`` from the stack's start (vmagent only: a Prometheus
+    agent exports no remote-write queue in these terms)."""
+
+    def __init__(self, shards: dict[str, tuple[int, str]], every_s: float = 2.0) -> None:
+        super().__init__(daemon=True)
+        self.shards, self.every_s, self.began = shards, every_s, time.monotonic()
+        self.samples: dict[str, list[ShardSample]] = {name: [] for name in shards}
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        while not self.done.wait(self.every_s):
+            for name, (pid, url) in self.shards.items():
+                try:
+                    self.samples[name].append(self._sample(pid, url))
+                except (OSError, KeyError, ValueError):
+                    pass  # busy or gone: the next sample
+
+    def _sample(self, pid: int, url: str) -> ShardSample:
+        page = _metrics(url)
+        mib = 1 / (1 << 20)
+        return ShardSample(
+            seconds=time.monotonic() - self.began,
+            resident=_rss_mib(pid)[0],
+            heap_in_use=page["go_memstats_heap_inuse_bytes"] * mib,
+            heap_idle_kept=(page["go_memstats_heap_idle_bytes"] - page["go_memstats_heap_released_bytes"]) * mib,
+            pending_in_memory=_sum(page, "vmagent_remotewrite_pending_data_bytes") * mib
+            - _sum(page, "vm_persistentqueue_bytes_pending") * mib,
+            pending_on_disk=_sum(page, "vm_persistentqueue_bytes_pending") * mib,
+            targets_up=_sum(page, "vm_promscrape_targets", status="up"),
+        )
+
+    def memory(self) -> list[ShardMemory]:
+        self.done.set()
+        return [
+            ShardMemory(name, max(samples, key=lambda s: s.resident), samples[-1])
+            for name, samples in self.samples.items()
+            if samples
+        ]
 
 
 def measure(gpus: int, templates: dict[str, PageTemplate], args: argparse.Namespace) -> Measured:
@@ -473,6 +556,7 @@ def measure(gpus: int, templates: dict[str, PageTemplate], args: argparse.Namesp
     directory = Path(tempfile.mkdtemp(prefix=f"scale-out-{gpus}-"))
     options = StackOptions(
         directory=directory,
+        max_for_s=math.inf,  # the production rules: every `for` as written, the sustained groups once a minute
         store="victoriametrics",
         shards=args.shards,
         agent=args.agent,
@@ -486,6 +570,15 @@ def measure(gpus: int, templates: dict[str, PageTemplate], args: argparse.Namesp
     )
     store = f"http://127.0.0.1:{options.store_port}"
     started = {entry.name: entry for entry in stack_up(options)}
+    watch = _ShardWatch(
+        {
+            f"shard-{n}": (started[f"shard-{n}"].pid, f"http://127.0.0.1:{options.prometheus_port + n}/metrics")
+            for n in range(args.shards)
+        }
+        if args.agent == "vmagent"
+        else {}
+    )
+    watch.start()
     try:
         config = _scrape_config(serving, args.interval_s)
         for shard in range(args.shards):
@@ -520,8 +613,12 @@ def measure(gpus: int, templates: dict[str, PageTemplate], args: argparse.Namesp
             )
 
         first = snapshot()
+        cpu_first = {name: _cpu_seconds(pid) for name, pid in processes.items()}
         _sleep_watching_memory(args.measure_s, processes)
         last = snapshot()
+        cpu_cores = {
+            name: (_cpu_seconds(pid) - cpu_first[name]) / (last[0] - first[0]) for name, pid in processes.items()
+        }
         seconds = last[0] - first[0]
         inserted = _sum(last[1], "vm_rows_inserted_total") - _sum(first[1], "vm_rows_inserted_total")
         groups = sorted(
@@ -532,6 +629,11 @@ def measure(gpus: int, templates: dict[str, PageTemplate], args: argparse.Namesp
             }
         )
         per_group = {}
+        intervals = {
+            group["name"]: _duration_s(group["interval"])
+            for group in yaml.safe_load((directory / "trainhealth.rules.yml").read_text())["groups"]
+            if "interval" in group
+        }
         for group in groups:
             runs = _sum(last[2], "vmalert_iteration_duration_seconds_count", group=group) - _sum(
                 first[2], "vmalert_iteration_duration_seconds_count", group=group
@@ -539,7 +641,11 @@ def measure(gpus: int, templates: dict[str, PageTemplate], args: argparse.Namesp
             spent = _sum(last[2], "vmalert_iteration_duration_seconds_sum", group=group) - _sum(
                 first[2], "vmalert_iteration_duration_seconds_sum", group=group
             )
-            per_group[group] = (1000 * spent / runs if runs else float("nan"), runs)
+            per_group[group] = (
+                1000 * spent / runs if runs else float("nan"),
+                runs,
+                intervals.get(group, args.interval_s),
+            )
         slowest = max(per_group, key=lambda g: per_group[g][0])
         agents = [_metrics(f"http://127.0.0.1:{options.prometheus_port + n}/metrics") for n in range(args.shards)]
         shards = [_rss_mib(started[f"shard-{n}"].pid) for n in range(args.shards)]
@@ -576,12 +682,21 @@ def measure(gpus: int, templates: dict[str, PageTemplate], args: argparse.Namesp
             ),
             rules_slowest_group=slowest,
             queries={},
-            slowest_rules=_slowest_rules(store, directory / "trainhealth.rules.yml", budget_s=args.query_budget_s),
+            slowest_rules=[],
+            rules_not_timed=0,
+            groups=per_group,
+            cpu_cores=cpu_cores,
+            shard_memory=[],
+        )
+        measured.slowest_rules, measured.rules_not_timed = _slowest_rules(
+            store, directory / "trainhealth.rules.yml", budget_s=args.query_budget_s
         )
         for mode, host in (("all", ".*"), ("one host", "node-00003")):
             measured.queries[mode] = _time_queries(store, args.interval_s, host, args.query_budget_s)
+        measured.shard_memory = watch.memory()
         return measured
     finally:
+        watch.done.set()
         stack_down(directory)
         shutil.rmtree(directory, ignore_errors=True)
         stop.set()
@@ -727,7 +842,35 @@ def main() -> None:
         print(
             "    slowest rules, evaluated once: "
             + ", ".join(f"{name} {seconds:.1f} s" for seconds, name in m.slowest_rules)
+            + (f" (the budget left {m.rules_not_timed} rules untimed)" if m.rules_not_timed else " (every rule timed)")
         )
+        print("    rule groups, mean evaluation against a third of the interval:")
+        for group, (mean_ms, evaluations, interval_s) in sorted(m.groups.items()):
+            if not evaluations:
+                print(f"      {group}: not evaluated in the window (interval {interval_s:g} s)")
+                continue
+            verdict = "within" if mean_ms <= 1000 * interval_s / 3 else "OVER"
+            print(
+                f"      {group}: {mean_ms / 1000:.2f} s mean over {evaluations:.0f} evaluations, interval "
+                f"{interval_s:g} s: {verdict} a third ({interval_s / 3:.1f} s)"
+            )
+        ingest = sum(cores for name, cores in m.cpu_cores.items() if name.startswith(("shard-", "victoria-metrics")))
+        ruler = sum(mean_ms / 1000 * n for mean_ms, n, _ in m.groups.values() if n) / args.measure_s
+        print(
+            "    cores used over the window: "
+            + ", ".join(f"{name} {cores:.2f}" for name, cores in sorted(m.cpu_cores.items()))
+            + (f"; GPUs per core: ingestion (shards and store) {m.gpus / ingest:,.0f}" if ingest > 0 else "")
+            + (f", rules (the ruler's busy time, wall) {m.gpus / ruler:,.0f}" if ruler > 0 else "")
+        )
+        for shard in m.shard_memory:
+            peak, steady = shard.peak, shard.steady
+            print(
+                f"    {shard.name}: resident peak {peak.resident:,.0f} MiB at {peak.seconds:.0f} s ({peak.targets_up:,.0f} "
+                f"targets up): Go heap in use {peak.heap_in_use:,.0f}, kept idle {peak.heap_idle_kept:,.0f}, "
+                f"samples pending in memory {peak.pending_in_memory:,.0f} (on disk {peak.pending_on_disk:,.0f}); "
+                f"steady {steady.resident:,.0f} MiB (heap in use {steady.heap_in_use:,.0f}, pending in memory "
+                f"{steady.pending_in_memory:,.0f}); peak / steady {peak.resident / steady.resident:.2f}"
+            )
         for mode, (*_, answered, failed) in m.queries.items():
             print(
                 f"    dashboard queries ({mode}): {answered} answered" + "".join(f"; failed: {why}" for why in failed)

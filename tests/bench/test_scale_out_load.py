@@ -81,6 +81,10 @@ def test_a_saved_outputs_table_refits_to_the_same_line():
             "",
             {"all": (1, 2, 3, 4, []), "one host": (1, 2, 3, 4, [])},
             [],
+            0,
+            {},
+            {},
+            [],
         )
         for gpus in (1024, 2048, 4096)
     ]
