@@ -39,8 +39,10 @@ PROFILES = {
     "gpu": {"gpu-exporter", "dcgm-exporter"},
     "otel": {"otel-collector"},
     "scale": {"victoriametrics", "shard-0", "shard-1", "vmalert"},
+    "scale-vmagent": {"victoriametrics", "vmagent-0", "vmagent-1", "vmalert"},
 }
 SHARDS = (ROOT / "deploy/scale/shard-0.yml", ROOT / "deploy/scale/shard-1.yml")
+VMAGENT_SHARDS = (ROOT / "deploy/scale/vmagent-0.yml", ROOT / "deploy/scale/vmagent-1.yml")
 RULES = ROOT / "deploy/prometheus/trainhealth.rules.yml"
 
 
@@ -204,6 +206,65 @@ def test_scale_shards_pass_promtool_in_agent_mode():
         assert result.returncode == 0 and "SUCCESS" in result.stdout + result.stderr, result.stdout + result.stderr
 
 
+def test_scale_vmagent_shards_are_prometheus_yml_split_by_hashmod(prometheus_config, services):
+    """deploy/scale/vmagent-N.yml is what shard_config makes of prometheus.yml for a vmagent; what vmagent refuses
+    in its config (remote_write, the discoveries' refresh_interval) is a flag of the service instead."""
+    from trainhealth._internal.stack.topology import shard_config, vmagent_sd_flags
+
+    for number, path in enumerate(VMAGENT_SHARDS):
+        assert load(path) == shard_config(prometheus_config, number, len(VMAGENT_SHARDS), None), (
+            f"{path.name} drifted from prometheus.yml"
+        )
+        service = services[f"vmagent-{number}"]
+        command = service["command"]
+        assert resolve_in_container(service, option(command, "-promscrape.config")) == path
+        assert set(vmagent_sd_flags(prometheus_config)) <= set(command)
+        assert vmagent_sd_flags(prometheus_config)  # prometheus.yml discovers the gpu profile's exporters by DNS
+        write = urllib.parse.urlsplit(option(command, "-remoteWrite.url"))
+        assert write.hostname == "victoriametrics" and write.port in container_ports(services["victoriametrics"])
+        assert write.path == "/api/v1/write"
+        # it listens where a Prometheus agent does, so prometheus.yml's job `prometheus` scrapes the shard itself
+        listen = int(option(command, "-httpListenAddr").rsplit(":", 1)[1])
+        assert listen in container_ports(service) and listen in container_ports(services[f"shard-{number}"])
+        scrapes_itself = [
+            target
+            for job in prometheus_config["scrape_configs"]
+            if job["job_name"] == "prometheus"
+            for static in job["static_configs"]
+            for target in static["targets"]
+        ]
+        assert scrapes_itself == [f"localhost:{listen}"]
+        assert "ports" not in service  # reached inside the network only, as the Prometheus agents
+
+
+def test_scale_vmagent_shards_pass_vmagent_and_run_as_the_stack_runs_them(prometheus_config, services, tmp_path):
+    """vmagent's own check accepts deploy/scale/vmagent-N.yml (and refuses the Prometheus agents' shard-N.yml),
+    and each vmagent service takes the flags ``trainhealth stack up --agent vmagent`` gives its shards."""
+    from tests.e2e.stack_checks import require_binaries
+    from trainhealth._internal.stack.topology import StackOptions, commands, vmagent_sd_flags
+
+    vmagent = require_binary("vmagent")
+    for path, accepted in ((VMAGENT_SHARDS[0], True), (VMAGENT_SHARDS[1], True), (SHARDS[0], False)):
+        done = subprocess.run(
+            [vmagent, f"-promscrape.config={path}", "-promscrape.config.dryRun", "-loggerLevel=ERROR"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert (done.returncode == 0) == accepted, (path.name, done.stdout + done.stderr)
+    options = StackOptions(directory=tmp_path, store="victoriametrics", agent="vmagent", demo=False)
+    require_binaries(options)
+    stack = dict(commands(options, tmp_path / "demo"))
+
+    def flags(command: list[str]) -> set[str]:
+        return {argument.split("=", 1)[0] for argument in command if argument.startswith("-")}
+
+    discovery = flags(vmagent_sd_flags(prometheus_config))  # the stack's targets are static: none there
+    for number in range(len(VMAGENT_SHARDS)):
+        assert flags(services[f"vmagent-{number}"]["command"]) == flags(stack[f"shard-{number}"]) | discovery
+
+
 def test_vmalert_reads_the_deployed_rules_and_the_store(services):
     vmalert = services["vmalert"]
     assert resolve_in_container(vmalert, option(vmalert["command"], "-rule")) == RULES
@@ -356,6 +417,8 @@ def test_every_service_has_a_healthcheck_and_dependencies_wait_for_health(servic
         ("victoriametrics", 8428),
         ("shard-0", 9090),
         ("shard-1", 9090),
+        ("vmagent-0", 9090),
+        ("vmagent-1", 9090),
         ("vmalert", 8880),
     ):
         assert f"127.0.0.1:{port}/" in " ".join(

@@ -1,5 +1,6 @@
-"""End to end, at scale-out shape: ``trainhealth stack up --store victoriametrics`` runs two Prometheus agents
-splitting the demo's targets by ``hashmod``, ``remote_write`` into a real VictoriaMetrics store, ``vmalert``
+"""End to end, at scale-out shape: ``trainhealth stack up --store victoriametrics`` runs two shards splitting the
+demo's targets by ``hashmod`` (Prometheus agents, or vmagents with ``--agent vmagent``: each kind is a stack of
+its own, and each test runs once per kind), ``remote_write`` into a real VictoriaMetrics store, ``vmalert``
 evaluating the rule file against the store, and Alertmanager (all Debian packages, on 127.0.0.1).
 
 The single-Prometheus stack (``--store prometheus``, no demo of its own) scrapes the same demo at the same
@@ -7,7 +8,8 @@ time with the same rules, as the reference: every alert it fires must fire throu
 and annotations (values masked: the two evaluate at different instants), the recording rules' results must be
 written back into the store, every dashboard query must return data from the store, GpuLost must page through
 Alertmanager, and ``trainhealth analyze`` must name the same straggler reading from the store as from
-Prometheus. The demo and both stacks are the package's ``faulty_demo`` (conftest.py), shared with test_stack.
+Prometheus. The demo and every stack are the package's ``faulty_demo`` (conftest.py), shared with test_stack:
+one demo run feeds both kinds of shard.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from tests.e2e.stack_checks import (
+    all_series,
     assert_every_panel_has_data,
     assert_metrics_present,
     injections,
@@ -28,6 +31,7 @@ from tests.e2e.stack_checks import (
 )
 from trainhealth._internal import catalog as c
 from trainhealth._internal.knowledge.recording import RECORDING_RULES
+from trainhealth._internal.stack.topology import AGENTS
 
 pytestmark = pytest.mark.slow  # the slow tier: `pytest -m slow`
 
@@ -62,6 +66,21 @@ def _recorded(port: int, record: str, wait_s: float = 0.0) -> dict[str, float]:
         time.sleep(2)
 
 
+#: Series a vmagent writes of each target and a Prometheus agent does not (Prometheus: only with
+#: --enable-feature=extra-scrape-metrics); no rule or panel reads it.
+VMAGENT_ONLY = {"scrape_timeout_seconds"}
+
+
+def _scraped(port: int, since: float, leave_out: set[str]) -> set[frozenset]:
+    """The series scraped into ``port`` (Prometheus or the store) since ``since``, by their labels: every series
+    but the rulers' (ALERTS, ALERTS_FOR_STATE, the recording rules' ``level:metric:operation`` names)."""
+    return {
+        labels
+        for labels in all_series(port, since)
+        if ":" not in (name := dict(labels)["__name__"]) and not name.startswith("ALERTS") and name not in leave_out
+    }
+
+
 def _named(result: dict) -> list[dict]:
     """Whom an analyzer result blames: its suspects, or with no ongoing fault its events."""
     return result["suspects"] if result["verdict"] == "compute" else result.get("events", [])
@@ -80,10 +99,11 @@ def _analyze(port: int, window_s: float) -> dict:
     return job
 
 
-def test_the_scale_out_stack_alerts_and_answers_as_one_prometheus_does(faulty_demo, capsys):
-    reference, scale_out, receiver = faulty_demo.reference, faulty_demo.scale_out, faulty_demo.receiver
-    prometheus_port, store_port = reference.prometheus_port, scale_out.store_port
-    prometheus, vmalert = faulty_demo.prometheus_watch, faulty_demo.vmalert_watch
+@pytest.mark.parametrize("agent", AGENTS)
+def test_the_scale_out_stack_alerts_and_answers_as_one_prometheus_does(faulty_demo, agent, capsys):
+    reference, stack = faulty_demo.reference, faulty_demo.scale_out[agent]
+    prometheus_port, store_port, receiver = reference.prometheus_port, stack.options.store_port, stack.receiver
+    prometheus, vmalert = faulty_demo.prometheus_watch, stack.vmalert_watch
     began = faulty_demo.began
     # vmalert reads what the shards wrote a scrape or two ago: its alerts fire seconds after Prometheus's, so
     # the two are compared once both have had time to evaluate all of theirs. An alert that fired in one ruler
@@ -91,7 +111,9 @@ def test_the_scale_out_stack_alerts_and_answers_as_one_prometheus_does(faulty_de
     # `for` (a rank's target down for the seconds before its server starts; its /metrics up a few seconds
     # before its identity metrics, which TrainhealthMetricsAbsent watches), so seconds of lag decide it. Those
     # are shown, not compared; every other alert must fire in both.
-    time.sleep(3 * SOLID_S)  # what fires as the demo ends (its targets go down) fires long enough in both
+    # what fires as the demo ends (its targets go down) fires long enough in both (the second kind's test starts
+    # later: it waits less, or not at all)
+    time.sleep(max(0.0, faulty_demo.ended + 3 * SOLID_S - time.time()))
     deadline = time.time() + 120
     while True:
         in_store, in_prometheus = _firing_seconds(store_port), _firing_seconds(prometheus_port)
@@ -103,8 +125,7 @@ def test_the_scale_out_stack_alerts_and_answers_as_one_prometheus_does(faulty_de
             break
         time.sleep(2)
     ended = time.time()
-    for watch in (prometheus, vmalert):
-        watch.stop()
+    vmalert.stop()  # (Prometheus's watch goes on for the other kind's test; the fixture stops it)
     both = in_store.keys() & in_prometheus.keys()
     with capsys.disabled():
         lags = sorted(
@@ -114,7 +135,7 @@ def test_the_scale_out_stack_alerts_and_answers_as_one_prometheus_does(faulty_de
         # (a median: a rank's target down before its server starts fires in Prometheus, on the edge in vmalert,
         # and both fire it again when the demo ends, minutes later)
         print(
-            f"\n{len(both)} alerts fired in both rulers; vmalert's were first seen firing a median of "
+            f"\n{agent} shards: {len(both)} alerts fired in both rulers; vmalert's were first seen firing a median of "
             f"{lags[len(lags) // 2]:.1f} s after Prometheus's"
         )
         for labels in sorted(edge, key=sorted):
@@ -159,6 +180,11 @@ def test_the_scale_out_stack_alerts_and_answers_as_one_prometheus_does(faulty_de
             f"{query(store_port, raw)[0]['value'][1]} in VictoriaMetrics"
         )
     assert_metrics_present(store_port)
+    # the shards wrote every series the reference scraped and no other, with the same labels: honor_labels kept the
+    # exporters' job, host and rank, each target went to one shard (no series twice), `up` and the scrape's own
+    # series alike
+    leave_out = VMAGENT_ONLY if agent == "vmagent" else set()
+    assert _scraped(store_port, began, leave_out) == _scraped(prometheus_port, began, set())
     assert_every_panel_has_data(store_port, began, ended)
 
     # every analyzer query is a ratio of two rate()s over one interval; MetricsQL's rate starts from the last

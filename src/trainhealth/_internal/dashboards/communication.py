@@ -11,7 +11,7 @@ from trainhealth._internal import catalog as c
 from trainhealth._internal.dashboards.layout import RANK_FILTER as F
 from trainhealth._internal.dashboards.layout import RANKED, RANKED_NOTE, AlertLike, arrange, dashboard, ranked, target
 from trainhealth._internal.dashboards.model import Dashboard, Heatmap, Table, TimeSeries
-from trainhealth._internal.knowledge.recording import GROUP_STARTED_MAX, OP_LATENCY_BUCKETS, RANK_MEDIAN_LATENCY
+from trainhealth._internal.knowledge.recording import OP_LATENCY_BUCKETS, RANK_MEDIAN_LATENCY
 
 __all__ = ["UID", "communication_dashboard"]
 
@@ -75,11 +75,14 @@ def communication_dashboard(alerts: Iterable[AlertLike]) -> Dashboard:
         Table(
             title="Lagging ranks (collectives behind their group)",
             unit="short",
-            description="Collectives a rank has not yet entered that others in its group have (against the group's "
-            f"furthest rank, a recording rule the hang alerts read). The {RANKED} furthest behind.",
+            description=f"Collectives a rank has not yet entered that others in its group have. The {RANKED} "
+            "furthest behind.",
             targets=[
                 target(
-                    ranked(f'{GROUP_STARTED_MAX}{{job=~"$job"}} - on (job, group) group_right {started}{{{F}}} > 0'),
+                    ranked(
+                        f'max by (job, group) ({started}{{job=~"$job"}}) - on (job, group) group_right '
+                        f"{started}{{{F}}} > 0"
+                    ),
                     instant=True,
                     table=True,
                 )

@@ -45,6 +45,7 @@ __all__ = [
     "log_names",
     "query_url",
     "shard_config",
+    "vmagent_sd_flags",
     "write_configs",
 ]
 
@@ -161,24 +162,68 @@ def _prometheus_config(options: StackOptions) -> dict[str, object]:
 def shard_config(prometheus: dict, shard: int, shards: int, write_url: str | None) -> dict[str, object]:
     """Prometheus config ``prometheus`` as shard ``shard`` of ``shards``: an agent that scrapes only the targets
     whose address hashes to it (every target goes to exactly one shard, so no series is written twice and no
-    shard label is needed) and sends every sample to ``write_url`` (None: no ``remote_write`` section, for
-    vmagent, which takes the URL as a flag); the rules and alerting are left to the store's ruler.
+    shard label is needed) and sends every sample to ``write_url``; the rules and alerting are left to the
+    store's ruler. ``write_url`` None: a vmagent's config, which refuses two things a Prometheus agent takes, so
+    both become flags: the ``remote_write`` section (``-remoteWrite.url``) and the service discoveries'
+    ``refresh_interval`` (:func:`vmagent_sd_flags`).
 
     >>> config = {"global": {"scrape_interval": "5s"}, "rule_files": ["r.yml"],
-    ...           "scrape_configs": [{"job_name": "a", "static_configs": [{"targets": ["h:1"]}]}]}
+    ...           "scrape_configs": [{"job_name": "a", "static_configs": [{"targets": ["h:1"]}]},
+    ...                              {"job_name": "b", "dns_sd_configs": [{"names": ["x"], "refresh_interval": "9s"}]}]}
     >>> agent = shard_config(config, 1, 2, "http://store:8428/api/v1/write")
     >>> sorted(agent), agent["scrape_configs"][0]["relabel_configs"][-1]
     (['global', 'remote_write', 'scrape_configs'], {'source_labels': ['__tmp_shard'], 'regex': '1', 'action': 'keep'})
+    >>> vmagent = shard_config(config, 1, 2, None)
+    >>> sorted(vmagent), vmagent["scrape_configs"][1]["dns_sd_configs"]
+    (['global', 'scrape_configs'], [{'names': ['x']}])
     """
     interval = prometheus["global"]["scrape_interval"]
     jobs = [
         {**job, "relabel_configs": [*job.get("relabel_configs", []), *_hashmod_keep(shard, shards)]}
         for job in prometheus["scrape_configs"]
     ]
+    if write_url is None:
+        jobs = [_without_refresh_intervals(job) for job in jobs]
     config: dict[str, object] = {"global": {"scrape_interval": interval}, "scrape_configs": jobs}
     if write_url is not None:  # samples reach the store within one scrape interval
         config["remote_write"] = [{"url": write_url, "queue_config": {"batch_send_deadline": interval}}]
     return config
+
+
+_DISCOVERIES = "_sd_configs"  # dns_sd_configs, file_sd_configs, consul_sd_configs, ...
+
+
+def vmagent_sd_flags(prometheus: dict) -> list[str]:
+    """The flags that give a vmagent the service discoveries' ``refresh_interval`` of Prometheus config
+    ``prometheus``: vmagent refuses the key in its config and takes one interval per kind of discovery,
+    ``-promscrape.<kind>SDCheckInterval`` (the shortest where jobs differ).
+
+    >>> vmagent_sd_flags({"scrape_configs": [
+    ...     {"job_name": "a", "dns_sd_configs": [{"names": ["x"], "refresh_interval": "1m"}]},
+    ...     {"job_name": "b", "dns_sd_configs": [{"names": ["y"], "refresh_interval": "10s"}]},
+    ...     {"job_name": "c", "static_configs": [{"targets": ["h:1"]}]}]})
+    ['-promscrape.dnsSDCheckInterval=10s']
+    """
+    shortest: dict[str, str] = {}
+    for job in prometheus["scrape_configs"]:
+        for key, discoveries in job.items():
+            if not key.endswith(_DISCOVERIES):
+                continue
+            kind = key.removesuffix(_DISCOVERIES)
+            for interval in (d["refresh_interval"] for d in discoveries if "refresh_interval" in d):
+                if kind not in shortest or _seconds(interval) < _seconds(shortest[kind]):
+                    shortest[kind] = interval
+    return [f"-promscrape.{kind}SDCheckInterval={interval}" for kind, interval in sorted(shortest.items())]
+
+
+def _without_refresh_intervals(job: dict) -> dict:
+    """Scrape job ``job`` without its service discoveries' ``refresh_interval`` (for vmagent: a flag)."""
+    return {
+        key: [{k: v for k, v in d.items() if k != "refresh_interval"} for d in value]
+        if key.endswith(_DISCOVERIES)
+        else value
+        for key, value in job.items()
+    }
 
 
 def _hashmod_keep(shard: int, shards: int) -> list[dict[str, object]]:
@@ -220,6 +265,15 @@ _DURATION_PART = re.compile(r"(\d+)(ms|s|m|h|d|w)")
 _UNIT_S = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 
 
+def _seconds(duration: str) -> float:
+    """A Prometheus duration in seconds.
+
+    >>> _seconds("1m30s"), _seconds("1500ms")
+    (90, 1.5)
+    """
+    return sum(int(n) * _UNIT_S[unit] for n, unit in _DURATION_PART.findall(duration))
+
+
 def _cap_grouping(config: str, cap_s: float) -> str:
     """Alertmanager's config with every ``group_wait`` and ``group_interval`` capped at ``cap_s``, as the rules'
     ``for``: a short demo sees each alert sent, even one that joins a group already notified (it would wait
@@ -233,8 +287,7 @@ def _cap_grouping(config: str, cap_s: float) -> str:
     """
 
     def capped(match: re.Match[str]) -> str:
-        seconds = sum(int(n) * _UNIT_S[unit] for n, unit in _DURATION_PART.findall(match["value"]))
-        return match["key"] + (_duration(cap_s) if seconds > cap_s else match["value"])
+        return match["key"] + (_duration(cap_s) if _seconds(match["value"]) > cap_s else match["value"])
 
     return _GROUP_TIMING.sub(capped, config)
 
@@ -310,6 +363,7 @@ def _shard_command(options: StackOptions, shard: int) -> list[str]:
         return [
             find_binary("vmagent"),
             f"-promscrape.config={config}",
+            *vmagent_sd_flags(_prometheus_config(options)),  # none here: the stack's targets are static
             f"-remoteWrite.url={query_url(options)}/api/v1/write",
             f"-remoteWrite.tmpDataPath={data}",  # samples the store has not taken yet, on disk
             f"-httpListenAddr={listen}",
