@@ -58,7 +58,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -319,9 +319,18 @@ def _sum(metrics: dict[str, float], name: str, **labels: str) -> float:
     )
 
 
-def _query(store: str, promql: str) -> list[dict]:
+def _query(store: str, promql: str, tries: int = 5) -> list[dict]:
+    """An instant query of the script's own bookkeeping, tried again while the store is busy (HTTP 503: its
+    concurrent searches are taken by the ruler); the dashboard queries are timed once, not tried again."""
     url = f"{store}/api/v1/query?{urllib.parse.urlencode({'query': promql})}"
-    return json.loads(_get(url))["data"]["result"]
+    for attempt in range(tries):
+        try:
+            return json.loads(_get(url))["data"]["result"]
+        except urllib.error.HTTPError as exc:
+            if exc.code != 503 or attempt == tries - 1:
+                raise
+            time.sleep(3.0)
+    raise AssertionError("unreachable")
 
 
 def _scalar(store: str, promql: str) -> float:
@@ -389,6 +398,7 @@ class Measured:
     groups: dict[str, tuple[float, int, float]]  # rule group: mean evaluation (ms), evaluations, interval (s)
     cpu_cores: dict[str, float]  # process: cores used over the window (CPU seconds per second)
     shard_memory: list[ShardMemory]
+    slowest_queries: dict[str, list[str]] = field(default_factory=dict)
 
 
 def _dashboard_queries() -> list[tuple[str, str]]:
@@ -409,7 +419,7 @@ def _with_variables(expr: str, host: str) -> str:
 
 
 def _time_queries(
-    store: str, interval_s: float, host: str, budget_s: float = math.inf
+    store: str, interval_s: float, host: str, budget_s: float = math.inf, slowest: list[str] | None = None
 ) -> tuple[float, float, float, int, list[str]]:
     """p50, p99 and the slowest (ms) of the dashboard queries that answered; how many did; the others, why.
     Queries not started within ``budget_s`` are not run (counted among the failed)."""
@@ -428,6 +438,11 @@ def _time_queries(
             failed.append(f"{title}: {_reason(exc)}")
             continue
         timings.append(1000 * (time.perf_counter() - began))
+        if slowest is not None:
+            slowest.append(f"{timings[-1] / 1000:.1f} s {title}")
+    if slowest is not None:
+        slowest.sort(key=lambda text: -float(text.split()[0]))
+        del slowest[3:]
     if not timings:  # every query failed: the reasons say why
         return math.nan, math.nan, math.nan, 0, failed
     timings.sort()
@@ -447,7 +462,11 @@ def _slowest_rules(
 ) -> tuple[list[tuple[float, str]], int]:
     """The rules that take longest to evaluate once against the store now, (seconds, name), and how many rules
     ``budget_s`` left untimed (0: every rule was timed)."""
-    rules = [rule for group in yaml.safe_load(rule_file.read_text())["groups"] for rule in group["rules"]]
+    rules = [
+        {**rule, "group": group["name"]}
+        for group in yaml.safe_load(rule_file.read_text())["groups"]
+        for rule in group["rules"]
+    ]
     timed = []
     began_all = time.monotonic()
     for rule in rules:
@@ -458,7 +477,7 @@ def _slowest_rules(
             _get(f"{store}/api/v1/query?{urllib.parse.urlencode({'query': rule['expr']})}", timeout=300)
         except OSError:
             pass  # timed all the same: the ruler waits as long
-        timed.append((time.perf_counter() - began, rule.get("record") or rule["alert"]))
+        timed.append((time.perf_counter() - began, f"{rule['group']}: {rule.get('record') or rule['alert']}"))
     return sorted(timed, reverse=True)[:count], len(rules) - len(timed)
 
 
@@ -689,10 +708,13 @@ def measure(gpus: int, templates: dict[str, PageTemplate], args: argparse.Namesp
             shard_memory=[],
         )
         measured.slowest_rules, measured.rules_not_timed = _slowest_rules(
-            store, directory / "trainhealth.rules.yml", budget_s=args.query_budget_s
+            store, directory / "trainhealth.rules.yml", count=8, budget_s=args.query_budget_s
         )
         for mode, host in (("all", ".*"), ("one host", "node-00003")):
-            measured.queries[mode] = _time_queries(store, args.interval_s, host, args.query_budget_s)
+            measured.slowest_queries[mode] = []
+            measured.queries[mode] = _time_queries(
+                store, args.interval_s, host, args.query_budget_s, measured.slowest_queries[mode]
+            )
         measured.shard_memory = watch.memory()
         return measured
     finally:
@@ -873,7 +895,10 @@ def main() -> None:
             )
         for mode, (*_, answered, failed) in m.queries.items():
             print(
-                f"    dashboard queries ({mode}): {answered} answered" + "".join(f"; failed: {why}" for why in failed)
+                f"    dashboard queries ({mode}): {answered} answered"
+                + "".join(f"; failed: {why}" for why in failed)
+                + "; slowest: "
+                + ", ".join(m.slowest_queries.get(mode, []))
             )
     if len(runs) >= 2:
         print("extrapolated from the measured sizes:")

@@ -79,10 +79,10 @@ def test_every_alert_and_recording_expression_names_known_metrics_or_recorded_on
 def test_a_rule_reads_a_recording_made_before_it_in_its_own_group_or_in_the_per_job_group():
     """On Prometheus a group's rules run in order at one timestamp: a recording read by a rule of its group is
     current only if it comes first. Per-job recordings run in their own group (once a minute)."""
-    from trainhealth._internal.knowledge.recording import PER_JOB, PER_RANK, RECORDING_RULES
+    from trainhealth._internal.knowledge.recording import PER_BLOCK, PER_JOB, PER_RANK, RECORDING_RULES
 
     groups = yaml.safe_load(rule_file_yaml())["groups"]
-    per_job = {r.record for r in RECORDING_RULES if r.wing in (PER_JOB, PER_RANK)}
+    per_job = {r.record for r in RECORDING_RULES if r.wing in (PER_JOB, PER_RANK, PER_BLOCK)}
     read_somewhere = set()
     for group in groups:
         recorded_before: set[str] = set()
@@ -92,7 +92,7 @@ def test_a_rule_reads_a_recording_made_before_it_in_its_own_group_or_in_the_per_
             assert recordings_read <= recorded_before | per_job, (group["name"], rule)
             if "record" in rule:
                 recorded_before.add(rule["record"])
-    unread = {r.record for r in RECORDING_RULES if r.wing not in (PER_JOB, PER_RANK)} - read_somewhere
+    unread = {r.record for r in RECORDING_RULES if r.wing not in (PER_JOB, PER_RANK, PER_BLOCK)} - read_somewhere
     assert unread == set()  # a wing's recording is there for its rules
 
 
@@ -166,7 +166,7 @@ def test_rule_outputs_carry_the_same_rules():
     for group in plain:  # a group waiting minutes before it fires runs once a minute, the others every interval
         sustained = {rule.sustained for rule in ALERTS if rule.name in {r.get("alert") for r in group["rules"]}}
         assert sustained <= {group["name"].endswith("-sustained")}, group["name"]
-        assert ("interval" in group) == group["name"].endswith(("-sustained", "-per-job", "-per-rank"))
+        assert ("interval" in group) == group["name"].endswith(("-sustained", "-per-job", "-per-rank", "-per-block"))
     for rule in rules:
         assert set(rule["annotations"]) == {"summary", "description", "runbook_url", "mitigation", "dashboard_url"}
         assert rule["annotations"]["runbook_url"].endswith(f"docs/runbooks/{rule['alert']}.md")

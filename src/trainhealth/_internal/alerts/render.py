@@ -17,7 +17,7 @@ import yaml
 from trainhealth._internal._files import write_text
 from trainhealth._internal.alerts.rules import ALERTS, GRAFANA_URL, RUNBOOK_BASE, AlertRule
 from trainhealth._internal.knowledge.advice import ADVICE, known_xid_advice
-from trainhealth._internal.knowledge.recording import PER_JOB, PER_RANK, RECORDING_RULES
+from trainhealth._internal.knowledge.recording import PER_BLOCK, PER_JOB, PER_RANK, RECORDING_RULES
 
 __all__ = ["prometheus_rule_yaml", "rule_file_yaml", "runbook_index", "runbook_markdown", "write_alerts"]
 
@@ -26,11 +26,15 @@ GROUPS = ("hardware", "training", "telemetry")
 
 
 def _groups(
-    runbook_base: str, max_for_s: float | None = None, grafana_url: str = GRAFANA_URL, slow_interval: str = "1m"
+    runbook_base: str,
+    max_for_s: float | None = None,
+    grafana_url: str = GRAFANA_URL,
+    slow_interval: str = "1m",
+    block_interval: str = "3m",
 ) -> list[dict[str, object]]:
     """Each wing's group (its recordings first, so its alerts read them at the same evaluation on Prometheus),
     the wing's sustained group every ``slow_interval``, then the panels' per-job and per-rank recordings every
-    ``slow_interval``."""
+    ``slow_interval`` and the per-block ones every ``block_interval``."""
     groups: list[dict[str, object]] = []
     for wing in GROUPS:
         for sustained in (False, True):
@@ -45,9 +49,9 @@ def _groups(
                 group["interval"] = slow_interval
             if recordings or alerts:
                 groups.append({**group, "rules": recordings + alerts})
-    for wing in (PER_JOB, PER_RANK):
+    for wing, interval in ((PER_JOB, slow_interval), (PER_RANK, slow_interval), (PER_BLOCK, block_interval)):
         recordings = [rule.to_rule() for rule in RECORDING_RULES if rule.wing == wing]
-        groups.append({"name": f"trainhealth-{wing}", "interval": slow_interval, "rules": recordings})
+        groups.append({"name": f"trainhealth-{wing}", "interval": interval, "rules": recordings})
     return groups
 
 
@@ -60,11 +64,15 @@ def rule_file_yaml(
     max_for_s: float | None = None,
     grafana_url: str = GRAFANA_URL,
     slow_interval: str = "1m",
+    block_interval: str = "3m",
 ) -> str:
     """The rules as a Prometheus rule file (``rule_files:`` in prometheus.yml); ``max_for_s`` caps ``for`` and
-    ``slow_interval`` sets how often the sustained groups and the per-job recordings run (both for short demos);
+    ``slow_interval`` sets how often the sustained groups and the per-job recordings run, ``block_interval`` the
+    per-block ones (all for short demos);
     each rule's ``dashboard_url`` points into the Grafana at ``grafana_url``."""
-    return _HEADER + "\n" + _dump({"groups": _groups(runbook_base, max_for_s, grafana_url, slow_interval)})
+    return (
+        _HEADER + "\n" + _dump({"groups": _groups(runbook_base, max_for_s, grafana_url, slow_interval, block_interval)})
+    )
 
 
 def prometheus_rule_yaml(

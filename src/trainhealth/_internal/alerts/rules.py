@@ -98,8 +98,9 @@ STALL_STEPS = 10
 STALL_MIN_S = 300
 #: AnalyzerStale: seconds since trainhealth analyze last finished.
 ANALYZER_STALE_S = 600
-#: Rules that wait this long or longer before firing run in their wing's sustained group, once a minute: a
-#: minute's delay on a 5-minute ``for`` changes nothing on-call sees, and it divides their cost by four.
+#: Rules that wait this long or longer before firing, and the ``info`` rules (context for the others, never a
+#: page or a ticket), run in their wing's sustained group, once a minute: a minute's delay on a 5-minute ``for``
+#: changes nothing on-call sees, and it divides their cost by four.
 SUSTAINED_FOR_S = 300
 PAGE, TICKET, INFO = "page", "ticket", "info"
 WHERE = "rank {{ $labels.rank }} on {{ $labels.host }}"
@@ -126,8 +127,8 @@ class AlertRule:
 
     @property
     def sustained(self) -> bool:
-        """Whether it runs in its wing's sustained group (a ``for`` of SUSTAINED_FOR_S or more)."""
-        return _seconds(self.for_) >= SUSTAINED_FOR_S
+        """Whether it runs in its wing's sustained group (a ``for`` of SUSTAINED_FOR_S or more, or ``info``)."""
+        return _seconds(self.for_) >= SUSTAINED_FOR_S or self.severity == INFO
 
     @property
     def mitigation(self) -> str:

@@ -3,8 +3,9 @@
 Three kinds, named ``level:metric:operation`` as Prometheus recommends, each reading only catalogue metrics:
 
 - **per job** (the ``trainhealth-per-job`` group, once a minute): aggregates a job-wide panel over 10,000+ GPUs
-  reads as one series instead of 10,000; and **per rank** (``trainhealth-per-rank``), what a panel would
-  otherwise compute from every rank's histogram buckets;
+  reads as one series instead of 10,000; **per rank** (``trainhealth-per-rank``), what a panel would
+  otherwise compute from every rank's histogram buckets; and **per block** (``trainhealth-per-block``, every 3
+  minutes), the model signals of every block over the ranks, trends over hours;
 - **per group, for the hang pages** (first in the ``trainhealth-training`` group, so its alerts read them at
   the same evaluation on Prometheus): each process group's furthest sequence number, longest wait, and whether
   it is hung; HungCollective and RankMissing compare ranks with these instead of each computing them again;
@@ -37,6 +38,7 @@ __all__ = [
     "NVLINK_ERRORS_10M",
     "OP_LATENCY_BUCKETS",
     "PCIE_REPLAYS_RATE",
+    "PER_BLOCK",
     "PER_JOB",
     "PER_RANK",
     "RANK_MEDIAN_LATENCY",
@@ -47,6 +49,7 @@ __all__ = [
 
 PER_JOB = "per-job"
 PER_RANK = "per-rank"
+PER_BLOCK = "per-block"
 
 
 @dataclass(frozen=True)
@@ -147,9 +150,14 @@ RECORDING_RULES: tuple[RecordingRule, ...] = (
     _by_job(c.SDC_SUSPECT, "max"),
     RecordingRule(f"job:{_XIDS}:increase10m", f"sum by (job, xid) ({_rise(_XIDS, '10m')})"),
     RecordingRule(OP_LATENCY_BUCKETS, f"sum by (job, op, le) (rate({c.COMM_OP_DURATION.prometheus_name}_bucket[2m]))"),
-    RecordingRule(MAX_LOGIT_BY_LAYER, f"max by (job, layer) ({c.MODEL_ATTENTION_MAX_LOGIT.prometheus_name})"),
-    RecordingRule(ENTROPY_BY_LAYER, f"min by (job, layer) ({c.MODEL_ATTENTION_ENTROPY.prometheus_name})"),
-    RecordingRule(ACTIVATION_RMS_BY_BLOCK, f"max by (job, block) ({c.MODEL_ACTIVATION_RMS.prometheus_name})"),
+    # --- per block, every 3 minutes: the model-signal panels, trends over hours (blocks x ranks series) ---
+    RecordingRule(
+        MAX_LOGIT_BY_LAYER, f"max by (job, layer) ({c.MODEL_ATTENTION_MAX_LOGIT.prometheus_name})", PER_BLOCK
+    ),
+    RecordingRule(ENTROPY_BY_LAYER, f"min by (job, layer) ({c.MODEL_ATTENTION_ENTROPY.prometheus_name})", PER_BLOCK),
+    RecordingRule(
+        ACTIVATION_RMS_BY_BLOCK, f"max by (job, block) ({c.MODEL_ACTIVATION_RMS.prometheus_name})", PER_BLOCK
+    ),
     # --- per rank, once a minute: what a panel at All would otherwise read from every rank's buckets ---
     RecordingRule(
         RANK_MEDIAN_LATENCY,
@@ -164,6 +172,7 @@ RECORDING_RULES: tuple[RecordingRule, ...] = (
         ANOMALIES_5M,
         f"max by (job, signal) ({counted(_SPIKES, '5m')})",
         "training",
+        sustained=True,
     ),
     # --- per rank, once a minute: the sustained hardware alerts and the panels at All ---
     RecordingRule(

@@ -252,7 +252,9 @@ def write_configs(options: StackOptions) -> dict[str, Path]:
     # with every ``for`` capped under the sustained groups' threshold (a demo), those groups run as often as the
     # scrapes, so the demo's last minute is recorded and judged too; with production ``for``s, once a minute
     slow = "1m" if options.max_for_s >= SUSTAINED_FOR_S else _duration(options.scrape_interval_s)
-    rules = rule_file_yaml(max_for_s=options.max_for_s, slow_interval=slow)
+    rules = rule_file_yaml(
+        max_for_s=options.max_for_s, slow_interval=slow, block_interval="3m" if slow == "1m" else slow
+    )
     write_text(paths[RULES], rules)
     template = resources.files("trainhealth._internal.stack").joinpath(ALERTMANAGER).read_text(encoding="utf-8")
     alertmanager = _cap_grouping(template, options.max_for_s)
