@@ -251,14 +251,23 @@ def binomial_tail(successes: int, trials: int, p: float) -> float:
 
     >>> round(binomial_tail(3, 3, 0.5), 3)
     0.125
+    >>> round(binomial_tail(760, 1500, 0.5), 3)  # C(1500, 750) is past a float: each term is taken in logs
+    0.312
     """
     if successes <= 0:
         return 1.0
-    if successes > trials:
+    if successes > trials or p <= 0.0:
         return 0.0
+    if p >= 1.0:
+        return 1.0
     if trials > 2000:  # a normal approximation with continuity correction; exact sums get slow
         mean, sd = trials * p, math.sqrt(trials * p * (1 - p))
         return 0.5 * math.erfc((successes - 0.5 - mean) / (sd * math.sqrt(2))) if sd > 0 else float(successes <= mean)
-    return float(
-        min(1.0, sum(math.comb(trials, k) * p**k * (1 - p) ** (trials - k) for k in range(successes, trials + 1)))
+    log_p, log_q, log_n = math.log(p), math.log1p(-p), math.lgamma(trials + 1)
+    return min(
+        1.0,
+        sum(
+            math.exp(log_n - math.lgamma(k + 1) - math.lgamma(trials - k + 1) + k * log_p + (trials - k) * log_q)
+            for k in range(successes, trials + 1)
+        ),
     )
