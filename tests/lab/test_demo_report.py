@@ -133,6 +133,29 @@ def test_every_injected_fault_is_in_the_table_verdict_and_advice(demo: Path) -> 
         assert suspect["evidence"] in evidence
 
 
+def test_the_straggler_the_run_had_is_in_the_verdict_printed_and_reported(demo: Path) -> None:
+    """Issue 49: the demo's straggler (rank 1, from its delay to the delay's end) is named as a fault now or as
+    the run's past ("healthy now; in this run: ..."), the same words in the terminal and in the report; a
+    bare "healthy" beside it fails."""
+    report = _report(demo)
+    loc = report["localization"]
+    (delay,) = [f for f in report["schedule"] if f["kind"] == "delay"]
+    named = [s.get("component") for s in loc["suspects"]] + [p["component"] for p in loc.get("in_this_run", [])]
+    assert f"gpu:rank-{delay['ranks'][0]}" in named, loc
+    if not loc["suspects"]:
+        assert loc["verdict"] in ("healthy", "insufficient_data")
+        assert "; in this run: gpu:rank-" in _verdict_line((demo / "report.md").read_text())
+    printed = [line for line in (demo / "stdout.txt").read_text().splitlines() if line.startswith("verdict: ")]
+    assert printed and printed[-1].split(";  top suspect")[0].startswith(
+        "verdict: " + _verdict_line((demo / "report.md").read_text())
+    ), printed
+
+
+def _verdict_line(markdown: str) -> str:
+    """The localizer's verdict as the report's Markdown gives it."""
+    return markdown.split("Localizer: **", 1)[1].split("**", 1)[0]
+
+
 def test_markdown_table_has_the_rows_of_the_json_and_the_page(demo: Path) -> None:
     rows = [[row[h] for h in TABLE_HEADER] for row in _report(demo)["findings"]]
     assert _markdown_rows((demo / "report.md").read_text()) == rows

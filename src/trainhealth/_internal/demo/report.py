@@ -21,7 +21,7 @@ from typing import Any
 from trainhealth._internal.demo import story
 from trainhealth._internal.demo.worker import CHECKPOINT_EVERY
 from trainhealth._internal.faults import Fault
-from trainhealth._internal.localize.result import past_text
+from trainhealth._internal.localize.result import verdict_text
 
 __all__ = ["Incident", "write_report"]
 
@@ -248,11 +248,7 @@ def _plot_gpus(path: Path, incident: Incident, culprit: int | None) -> bool:
 def _localizer_verdict(loc: dict[str, Any]) -> str:
     """The whole run's verdict, its state now apart from the faults it had ("healthy now; in this run: gpu:rank-2
     3.18x slower in steps 285-571, recovered"): never a bare "healthy" beside a fault the run had."""
-    verdict = str(loc.get("verdict", "not localized (no collective trace)"))
-    past = loc.get("in_this_run")
-    if not past or verdict not in ("healthy", "insufficient_data"):
-        return verdict
-    return f"{verdict}{' now' if verdict == 'healthy' else ''}; in this run: {past_text(past)}"
+    return verdict_text(str(loc.get("verdict", "not localized (no collective trace)")), loc.get("in_this_run"))
 
 
 def _evidence(loc: dict[str, Any]) -> list[str]:

@@ -246,6 +246,8 @@ def _histories(directory: Path) -> dict[int, list[dict[str, Any]]]:
 def _summary(console: Any, localization: dict[str, Any] | None, page: Path, failures: list[str]) -> None:
     from rich.markup import escape
 
+    from trainhealth._internal.localize.result import verdict_text
+
     for failure in failures:
         console.print(f"[red]{escape(failure)}[/red]")
     if localization is None:
@@ -253,7 +255,8 @@ def _summary(console: Any, localization: dict[str, Any] | None, page: Path, fail
     else:
         suspects = localization.get("suspects", [])
         top = f"; top suspect {suspects[0]['kind']} {suspects[0].get('component', '')}" if suspects else ""
-        console.print(f"[bold]verdict: {escape(str(localization['verdict']))}[/bold]{escape(top)}")
+        verdict = verdict_text(str(localization["verdict"]), localization.get("in_this_run"))
+        console.print(f"[bold]verdict: {escape(verdict)}[/bold]{escape(top)}", soft_wrap=True)
         for advice in localization.get("advice", [])[:2]:
             console.print(f"  - {advice}", markup=False, highlight=False)
     console.print(f"report: {page}", markup=False, highlight=False)

@@ -24,7 +24,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["VERDICTS", "JobResults", "LocalizationResult", "Suspect", "past_text"]
+__all__ = ["VERDICTS", "JobResults", "LocalizationResult", "Suspect", "past_text", "verdict_text"]
 
 VERDICTS = ("healthy", "compute", "communication", "imbalance", "insufficient_data", "hang")
 #: The order jobs are listed in: a hang first, then a blamed device or link, then the rest.
@@ -43,6 +43,19 @@ def past_text(past: list[dict[str, Any]]) -> str:
         first, last = episode["steps"]
         parts.append(f"{episode['component']}{factor} slower in steps {first}-{last}, recovered")
     return "; ".join(parts)
+
+
+def verdict_text(verdict: str, past: list[dict[str, Any]] | None) -> str:
+    """The verdict with the run's past beside it: never a bare "healthy" beside a fault the run had.
+
+    >>> verdict_text("healthy", [{"component": "gpu:rank-2", "slowdown": 3.18, "steps": [285, 571]}])
+    'healthy now; in this run: gpu:rank-2 3.18x slower in steps 285-571, recovered'
+    >>> verdict_text("compute", [{"component": "gpu:rank-2", "slowdown": 3.18, "steps": [285, 571]}])
+    'compute'
+    """
+    if not past or verdict not in ("healthy", "insufficient_data"):
+        return verdict
+    return f"{verdict}{' now' if verdict == 'healthy' else ''}; in this run: {past_text(past)}"
 
 
 @dataclass(frozen=True)
@@ -103,10 +116,7 @@ class LocalizationResult:
         }
 
     def render(self) -> str:
-        lines = [f"verdict: {self.verdict}"]
-        past = self.details.get("in_this_run")
-        if past and self.verdict in ("healthy", "insufficient_data"):
-            lines[0] += f"{' now' if self.verdict == 'healthy' else ''}; in this run: {past_text(past)}"
+        lines = [f"verdict: {verdict_text(self.verdict, self.details.get('in_this_run'))}"]
         if self.details.get("simulated"):
             lines[0] += "  (input is SIMULATED)"
         if self.job is not None:
