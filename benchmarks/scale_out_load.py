@@ -22,15 +22,17 @@ with hashmod relabelling, or vmagents with ``--agent vmagent``; VictoriaMetrics,
 rule file, Alertmanager), with the
 shards' scrape jobs pointed at the synthetic targets (the configs rewritten by ``shard_config`` and
 reloaded with SIGHUP). For each size, on a fresh store: wait until every target is up in the store, let
-it run ``--warm-s``, then over ``--measure-s`` read
+it run ``--warm-s``, then over ``--measure-s`` (at least 1.2 times the longest rule group's interval, so that
+every group runs inside it) read
 
 - samples/s ingested (VictoriaMetrics's ``vm_rows_inserted_total``), active series (its
   ``storage/hour_metric_ids`` cache: series with a sample in the last hour) and the agents' own count;
 - resident memory of the store, each shard and vmalert (``/proc``, now and peak);
 - scrape duration (the ``scrape_duration_seconds`` series in the store: mean and maximum);
-- rule evaluation: vmalert's iteration duration per group (mean over the window, and the largest);
+- rule evaluation: vmalert's iteration duration per group (mean over the window, and the largest), and
+  each rule's own evaluation times as vmalert reports them (``/api/v1/rules``, read every 3 s);
 - then every dashboard query of ``trainhealth dashboards`` as Grafana sends it (``query_range`` over the
-  last 10 minutes, one point per scrape interval), once with every variable at All and once with one
+  last 10 minutes, one point per scrape interval; an instant table as one instant query), once with every variable at All and once with one
   host selected: p50, p99 and the slowest (at most ``--query-budget-s`` per mode: the rest are reported as
   not run).
 
@@ -393,21 +395,31 @@ class Measured:
     rules_max_ms: float
     rules_slowest_group: str
     queries: dict[str, tuple[float, float, float, int, list[str]]]  # mode: p50, p99, max (ms), answered, failed
-    slowest_rules: list[tuple[float, str]]
-    rules_not_timed: int  # rules the budget left untimed
+    window_s: float  # the measured window
+    slowest_rules: list[tuple[float, int, str]]  # the ruler's mean seconds per rule, evaluations, "group: rule"
+    rules_not_evaluated: list[str]  # rules the ruler did not evaluate in the window
     groups: dict[str, tuple[float, int, float]]  # rule group: mean evaluation (ms), evaluations, interval (s)
     cpu_cores: dict[str, float]  # process: cores used over the window (CPU seconds per second)
     shard_memory: list[ShardMemory]
     slowest_queries: dict[str, list[str]] = field(default_factory=dict)
 
 
-def _dashboard_queries() -> list[tuple[str, str]]:
+def _dashboard_queries() -> list[tuple[str, str, bool]]:
+    """(title, PromQL, instant) of every panel query and annotation: an instant panel (a table of the latest
+    values) is sent as Grafana sends it, one instant query; the others over the time range."""
     from trainhealth._internal.alerts.rules import ALERTS
-    from trainhealth._internal.dashboards.render import build_dashboards, queries
+    from trainhealth._internal.dashboards.render import build_dashboards, panels, queries
 
-    return [
-        (f"{uid}: {title}", expr) for uid, board in build_dashboards(ALERTS).items() for title, expr in queries(board)
-    ]
+    found = []
+    for uid, board in build_dashboards(ALERTS).items():
+        instant = {
+            (panel.get("title", ""), t["expr"])
+            for panel in panels(board)
+            for t in panel.get("targets", [])
+            if t.get("instant")
+        }
+        found += [(f"{uid}: {title}", expr, (title, expr) in instant) for title, expr in queries(board)]
+    return found
 
 
 def _with_variables(expr: str, host: str) -> str:
@@ -426,14 +438,18 @@ def _time_queries(
     end = time.time()
     timings, failed = [], []
     queries = _dashboard_queries()
-    for number, (title, expr) in enumerate(queries):
+    for number, (title, expr, instant) in enumerate(queries):
         if time.time() - end > budget_s:
             failed.append(f"{len(queries) - number} queries not run: the {budget_s:g} s budget was spent")
             break
-        params = {"query": _with_variables(expr, host), "start": end - 600, "end": end, "step": f"{interval_s:g}"}
+        query = _with_variables(expr, host)
+        if instant:
+            path, params = "query", {"query": query, "time": end}
+        else:
+            path, params = "query_range", {"query": query, "start": end - 600, "end": end, "step": f"{interval_s:g}"}
         began = time.perf_counter()
         try:
-            _get(f"{store}/api/v1/query_range?{urllib.parse.urlencode(params)}", timeout=120)
+            _get(f"{store}/api/v1/{path}?{urllib.parse.urlencode(params)}", timeout=120)
         except OSError as exc:
             failed.append(f"{title}: {_reason(exc)}")
             continue
@@ -457,28 +473,35 @@ def _reason(exc: OSError) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
-def _slowest_rules(
-    store: str, rule_file: Path, count: int = 3, budget_s: float = math.inf
-) -> tuple[list[tuple[float, str]], int]:
-    """The rules that take longest to evaluate once against the store now, (seconds, name), and how many rules
-    ``budget_s`` left untimed (0: every rule was timed)."""
-    rules = [
-        {**rule, "group": group["name"]}
-        for group in yaml.safe_load(rule_file.read_text())["groups"]
-        for rule in group["rules"]
-    ]
-    timed = []
-    began_all = time.monotonic()
-    for rule in rules:
-        if time.monotonic() - began_all > budget_s:
-            break
-        began = time.perf_counter()
-        try:
-            _get(f"{store}/api/v1/query?{urllib.parse.urlencode({'query': rule['expr']})}", timeout=300)
-        except OSError:
-            pass  # timed all the same: the ruler waits as long
-        timed.append((time.perf_counter() - began, f"{rule['group']}: {rule.get('record') or rule['alert']}"))
-    return sorted(timed, reverse=True)[:count], len(rules) - len(timed)
+class _RuleWatch(threading.Thread):
+    """Every rule's evaluation times as the ruler took them: vmalert's /api/v1/rules (each rule's last
+    evaluation and how long it took) read every ``every_s`` over the measured window."""
+
+    def __init__(self, vmalert: str, every_s: float = 3.0) -> None:
+        super().__init__(daemon=True)
+        self.url, self.every_s = f"{vmalert}/api/v1/rules", every_s
+        self.seen: dict[tuple[str, str, str], float] = {}  # (group, rule, evaluated at): seconds it took
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        while not self.done.wait(self.every_s):
+            try:
+                groups = json.loads(_get(self.url, timeout=10))["data"]["groups"]
+            except (OSError, ValueError, KeyError):
+                continue  # busy: the next read
+            for group in groups:
+                for rule in group["rules"]:
+                    if not rule.get("lastEvaluation", "").startswith("0001"):  # evaluated at least once
+                        self.seen[(group["name"], rule["name"], rule["lastEvaluation"])] = rule["evaluationTime"]
+
+    def slowest(self, first_evaluated_after: str) -> list[tuple[float, int, str]]:
+        """(mean seconds, evaluations, "group: rule") of every rule evaluated in the window, slowest first."""
+        self.done.set()
+        times: dict[str, list[float]] = {}
+        for (group, rule, at), seconds in self.seen.items():
+            if at >= first_evaluated_after:
+                times.setdefault(f"{group}: {rule}", []).append(seconds)
+        return sorted(((statistics.fmean(t), len(t), name) for name, t in times.items()), reverse=True)
 
 
 def _duration_s(text: str) -> float:
@@ -579,6 +602,7 @@ def measure(gpus: int, templates: dict[str, PageTemplate], args: argparse.Namesp
         store="victoriametrics",
         shards=args.shards,
         agent=args.agent,
+        shard_memory_limit_mib=args.shard_memory_limit,
         demo=False,
         scrape_interval_s=args.interval_s,
         prometheus_port=args.stack_port,
@@ -631,10 +655,20 @@ def measure(gpus: int, templates: dict[str, PageTemplate], args: argparse.Namesp
                 _metrics(f"http://127.0.0.1:{options.vmalert_port}/metrics"),
             )
 
+        rule_file = yaml.safe_load((directory / "trainhealth.rules.yml").read_text())
+        intervals = {
+            group["name"]: _duration_s(group.get("interval", f"{args.interval_s:g}s")) for group in rule_file["groups"]
+        }
+        # long enough for the slowest-running group to be evaluated inside it
+        window_s = max(args.measure_s, 1.2 * max(intervals.values()))
+        rules = _RuleWatch(f"http://127.0.0.1:{options.vmalert_port}")
+        window_opened = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime())
         first = snapshot()
+        rules.start()
         cpu_first = {name: _cpu_seconds(pid) for name, pid in processes.items()}
-        _sleep_watching_memory(args.measure_s, processes)
+        _sleep_watching_memory(window_s, processes)
         last = snapshot()
+        slowest_rules = rules.slowest(window_opened)
         cpu_cores = {
             name: (_cpu_seconds(pid) - cpu_first[name]) / (last[0] - first[0]) for name, pid in processes.items()
         }
@@ -648,11 +682,6 @@ def measure(gpus: int, templates: dict[str, PageTemplate], args: argparse.Namesp
             }
         )
         per_group = {}
-        intervals = {
-            group["name"]: _duration_s(group["interval"])
-            for group in yaml.safe_load((directory / "trainhealth.rules.yml").read_text())["groups"]
-            if "interval" in group
-        }
         for group in groups:
             runs = _sum(last[2], "vmalert_iteration_duration_seconds_count", group=group) - _sum(
                 first[2], "vmalert_iteration_duration_seconds_count", group=group
@@ -668,7 +697,7 @@ def measure(gpus: int, templates: dict[str, PageTemplate], args: argparse.Namesp
         slowest = max(per_group, key=lambda g: per_group[g][0])
         agents = [_metrics(f"http://127.0.0.1:{options.prometheus_port + n}/metrics") for n in range(args.shards)]
         shards = [_rss_mib(started[f"shard-{n}"].pid) for n in range(args.shards)]
-        window = f"{args.measure_s:g}s"
+        window = f"{window_s:.0f}s"
         measured = Measured(
             gpus=gpus,
             targets=len(serving),
@@ -701,14 +730,15 @@ def measure(gpus: int, templates: dict[str, PageTemplate], args: argparse.Namesp
             ),
             rules_slowest_group=slowest,
             queries={},
-            slowest_rules=[],
-            rules_not_timed=0,
+            window_s=window_s,
+            slowest_rules=slowest_rules,
+            rules_not_evaluated=sorted(
+                {f"{g['name']}: {r.get('record') or r['alert']}" for g in rule_file["groups"] for r in g["rules"]}
+                - {name for *_, name in slowest_rules}
+            ),
             groups=per_group,
             cpu_cores=cpu_cores,
             shard_memory=[],
-        )
-        measured.slowest_rules, measured.rules_not_timed = _slowest_rules(
-            store, directory / "trainhealth.rules.yml", count=8, budget_s=args.query_budget_s
         )
         for mode, host in (("all", ".*"), ("one host", "node-00003")):
             measured.slowest_queries[mode] = []
@@ -810,11 +840,22 @@ def main() -> None:
         "--query-budget-s",
         type=float,
         default=math.inf,
-        help="time the dashboard queries (per mode) and the rules for this long at most; the rest are not run",
+        help="time the dashboard queries for this long at most per mode; the rest are not run",
+    )
+    parser.add_argument(
+        "--shard-memory-limit",
+        type=int,
+        metavar="MIB",
+        help="each shard's GOMEMLIMIT (trainhealth stack up --shard-memory-limit); default: Go's, none",
     )
     parser.add_argument("--interval-s", type=float, default=15.0, help="scrape and rule interval (default 15)")
     parser.add_argument("--warm-s", type=float, default=60.0, help="after every target is up (default 60)")
-    parser.add_argument("--measure-s", type=float, default=120.0, help="the measured window (default 120)")
+    parser.add_argument(
+        "--measure-s",
+        type=float,
+        default=120.0,
+        help="the measured window (default 120; at least 1.2 times the longest rule interval)",
+    )
     parser.add_argument("--server-processes", type=int, default=2)
     parser.add_argument("--first-port", type=int, default=20000, help="targets on this port and the next ones")
     parser.add_argument("--stack-port", type=int, default=19900, help="the stack on this port and the next 13")
@@ -862,9 +903,13 @@ def main() -> None:
             f"samples per scrape round {m.samples_per_scrape:,.0f}"
         )
         print(
-            "    slowest rules, evaluated once: "
-            + ", ".join(f"{name} {seconds:.1f} s" for seconds, name in m.slowest_rules)
-            + (f" (the budget left {m.rules_not_timed} rules untimed)" if m.rules_not_timed else " (every rule timed)")
+            "    slowest rules, as the ruler evaluated them in the window (mean over its evaluations): "
+            + ", ".join(f"{name} {seconds:.2f} s ({n})" for seconds, n, name in m.slowest_rules[:12])
+            + (
+                f"; not evaluated in the window: {', '.join(m.rules_not_evaluated)}"
+                if m.rules_not_evaluated
+                else "; every rule evaluated"
+            )
         )
         print("    rule groups, mean evaluation against a third of the interval:")
         for group, (mean_ms, evaluations, interval_s) in sorted(m.groups.items()):
@@ -877,7 +922,7 @@ def main() -> None:
                 f"{interval_s:g} s: {verdict} a third ({interval_s / 3:.1f} s)"
             )
         ingest = sum(cores for name, cores in m.cpu_cores.items() if name.startswith(("shard-", "victoria-metrics")))
-        ruler = sum(mean_ms / 1000 * n for mean_ms, n, _ in m.groups.values() if n) / args.measure_s
+        ruler = sum(mean_ms / 1000 * n for mean_ms, n, _ in m.groups.values() if n) / m.window_s
         print(
             "    cores used over the window: "
             + ", ".join(f"{name} {cores:.2f}" for name, cores in sorted(m.cpu_cores.items()))
