@@ -182,6 +182,9 @@ def capture_node_page() -> str:
 _SAMPLE = re.compile(r"^(?P<series>(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{.*\})?) (?P<value>\S+)$")
 
 
+_RENDERED: dict[int, dict[int, str]] = {}  # template id: scrape number: text (the last four)
+
+
 @dataclass(frozen=True)
 class PageTemplate:
     """A captured /metrics page, ready to render for any target: the identity labels are placeholders,
@@ -226,10 +229,21 @@ class PageTemplate:
 
     def render(self, scrape: int, host: str, rank: str, uuid: str = "GPU-x") -> bytes:
         """The page of the target (host, rank, uuid prefix) at its ``scrape``-th scrape."""
-        wobble = 1.0 + 0.03 * np.sin(scrape + np.arange(self.samples))
-        values = np.where(self.gauge, self.base * wobble, self.base + scrape * self.per_scrape)
-        text = self.text % tuple(values.tolist())
+        text = self._values_at(scrape)
         return text.replace("\x01H", host).replace("\x01R", rank).replace("\x01U", uuid).encode()
+
+    def _values_at(self, scrape: int) -> str:
+        """The page's text at ``scrape``, identities left as placeholders: the same for every target of the
+        template, so formatted once per scrape number (the targets' scrapes are within one or two of each
+        other), which keeps the load generator's share of the machine small."""
+        cache = _RENDERED.setdefault(id(self), {})
+        if scrape not in cache:
+            wobble = 1.0 + 0.03 * np.sin(scrape + np.arange(self.samples))
+            values = np.where(self.gauge, self.base * wobble, self.base + scrape * self.per_scrape)
+            cache[scrape] = self.text % tuple(values.tolist())
+            for old in sorted(cache)[:-4]:
+                del cache[old]
+        return cache[scrape]
 
 
 @dataclass(frozen=True)
@@ -602,7 +616,6 @@ def measure(gpus: int, templates: dict[str, PageTemplate], args: argparse.Namesp
         store="victoriametrics",
         shards=args.shards,
         agent=args.agent,
-        shard_memory_limit_mib=args.shard_memory_limit,
         demo=False,
         scrape_interval_s=args.interval_s,
         prometheus_port=args.stack_port,
@@ -665,12 +678,14 @@ def measure(gpus: int, templates: dict[str, PageTemplate], args: argparse.Namesp
         window_opened = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime())
         first = snapshot()
         rules.start()
-        cpu_first = {name: _cpu_seconds(pid) for name, pid in processes.items()}
+        generators = {f"targets-{n}": server.pid for n, server in enumerate(servers)}  # the load, not the stack
+        cpu_first = {name: _cpu_seconds(pid) for name, pid in {**processes, **generators}.items()}
         _sleep_watching_memory(window_s, processes)
         last = snapshot()
         slowest_rules = rules.slowest(window_opened)
         cpu_cores = {
-            name: (_cpu_seconds(pid) - cpu_first[name]) / (last[0] - first[0]) for name, pid in processes.items()
+            name: (_cpu_seconds(pid) - cpu_first[name]) / (last[0] - first[0])
+            for name, pid in {**processes, **generators}.items()
         }
         seconds = last[0] - first[0]
         inserted = _sum(last[1], "vm_rows_inserted_total") - _sum(first[1], "vm_rows_inserted_total")
@@ -842,12 +857,6 @@ def main() -> None:
         default=math.inf,
         help="time the dashboard queries for this long at most per mode; the rest are not run",
     )
-    parser.add_argument(
-        "--shard-memory-limit",
-        type=int,
-        metavar="MIB",
-        help="each shard's GOMEMLIMIT (trainhealth stack up --shard-memory-limit); default: Go's, none",
-    )
     parser.add_argument("--interval-s", type=float, default=15.0, help="scrape and rule interval (default 15)")
     parser.add_argument("--warm-s", type=float, default=60.0, help="after every target is up (default 60)")
     parser.add_argument(
@@ -925,7 +934,11 @@ def main() -> None:
         ruler = sum(mean_ms / 1000 * n for mean_ms, n, _ in m.groups.values() if n) / m.window_s
         print(
             "    cores used over the window: "
-            + ", ".join(f"{name} {cores:.2f}" for name, cores in sorted(m.cpu_cores.items()))
+            + ", ".join(
+                f"{name} {cores:.2f}" for name, cores in sorted(m.cpu_cores.items()) if not name.startswith("targets-")
+            )
+            + "; the load generator (the targets' servers, not the stack) "
+            + f"{sum(c for name, c in m.cpu_cores.items() if name.startswith('targets-')):.2f}"
             + (f"; GPUs per core: ingestion (shards and store) {m.gpus / ingest:,.0f}" if ingest > 0 else "")
             + (f", rules (the ruler's busy time, wall) {m.gpus / ruler:,.0f}" if ruler > 0 else "")
         )

@@ -14,7 +14,6 @@ SCRAPE_INTERVAL = Bounded(int, 1, 3600, unit="seconds")
 SHARDS = Bounded(int, 1, 8, unit="shards")
 MAX_FOR = Bounded(int, 0, 86400, unit="seconds")
 DEMO_DURATION = Bounded(float, 20, 86400, unit="seconds")
-SHARD_MEMORY = Bounded(int, 64, 1 << 20, unit="MiB")
 
 
 def _cmd_up(args: argparse.Namespace) -> int:
@@ -25,8 +24,6 @@ def _cmd_up(args: argparse.Namespace) -> int:
     scale_out = args.store == "victoriametrics"
     if args.agent != "prometheus" and not scale_out:
         raise UsageError(f"--agent {args.agent}: only with --store victoriametrics (one Prometheus scrapes alone)")
-    if args.shard_memory_limit is not None and not scale_out:
-        raise UsageError("--shard-memory-limit: only with --store victoriametrics (there are no shards otherwise)")
     ports = {
         **(
             {
@@ -58,7 +55,6 @@ def _cmd_up(args: argparse.Namespace) -> int:
         store=args.store,
         shards=args.shards,
         agent=args.agent,
-        shard_memory_limit_mib=args.shard_memory_limit,
         store_port=args.store_port,
         vmalert_port=args.vmalert_port,
     )
@@ -134,14 +130,6 @@ def add_commands(commands: argparse._SubParsersAction, parser_class: type[argpar
         default=2,
         metavar="N",
         help=f"with --store victoriametrics: scraping shards, {SHARDS.range_text} (default 2)",
-    )
-    up.add_argument(
-        "--shard-memory-limit",
-        type=SHARD_MEMORY,
-        metavar="MIB",
-        help="with --store victoriametrics: each shard's Go soft memory limit (GOMEMLIMIT): its garbage "
-        "collector works harder near it, which bounds the peak while thousands of targets come up; about 1.5 "
-        f"times the shard's steady memory (docs/scale.md), {SHARD_MEMORY.range_text}",
     )
     up.add_argument(
         "--prometheus-port",

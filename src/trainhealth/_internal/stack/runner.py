@@ -36,7 +36,6 @@ from trainhealth._internal.stack.topology import (
     StackOptions,
     commands,
     config_names,
-    environment,
     find_binary,
     log_names,
     needed_binaries,
@@ -117,7 +116,7 @@ def stack_up(options: StackOptions) -> list[Started]:
                     stderr=subprocess.STDOUT,
                     stdin=subprocess.DEVNULL,
                     start_new_session=True,
-                    env={**os.environ, **environment(options, name), TOKEN_VARIABLE: token},
+                    env={**os.environ, TOKEN_VARIABLE: token},
                 )
             finally:
                 os.close(handle)

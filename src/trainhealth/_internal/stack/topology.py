@@ -41,7 +41,6 @@ __all__ = [
     "StackOptions",
     "commands",
     "config_names",
-    "environment",
     "find_binary",
     "log_names",
     "query_url",
@@ -83,8 +82,6 @@ class StackOptions:
     store: str = "prometheus"
     shards: int = 2
     agent: str = "prometheus"  # with the store: the shards are Prometheus agents or vmagents
-    #: With the store: each shard's Go soft memory limit (GOMEMLIMIT), None for Go's default (no limit).
-    shard_memory_limit_mib: int | None = None
     store_port: int = 8428
     vmalert_port: int = 8880
 
@@ -335,7 +332,6 @@ def commands(options: StackOptions, demo_out: Path) -> list[tuple[str, list[str]
                     f"-remoteRead.url={store}",  # alerts' state survives a restart
                     f"-notifier.url=http://{listen}:{options.alertmanager_port}",
                     f"-evaluationInterval={_duration(options.scrape_interval_s)}",
-                    f"-datasource.queryStep={_duration(rule_lookback_s(options.scrape_interval_s))}",
                     f"-httpListenAddr={listen}:{options.vmalert_port}",
                     "-disableAlertgroupLabel",  # alerts carry the labels Prometheus gives them, no more
                 ],
@@ -358,25 +354,6 @@ def commands(options: StackOptions, demo_out: Path) -> list[tuple[str, list[str]
     if options.demo:
         started.append(("demo", _demo_command(options, demo_out)))
     return started
-
-
-def rule_lookback_s(scrape_interval_s: float) -> float:
-    """How far back vmalert's queries look for a series' latest sample (``-datasource.queryStep``, sent as the
-    instant query's ``step``): four scrapes, at least a minute. vmalert's default, 5 minutes, makes the store
-    read every series' last 5 minutes for each rule; a series that stops is cut at once all the same, by the
-    stale marker its scraper writes, so four scrapes only bound how long a series whose samples are lost
-    silently still counts. Every rule reads recordings of its own group, written at the same timestamp
-    (https://docs.victoriametrics.com/victoriametrics/vmalert/#flags, ``-datasource.queryStep``)."""
-    return max(60.0, 4 * scrape_interval_s)
-
-
-def environment(options: StackOptions, name: str) -> dict[str, str]:
-    """What process ``name`` of :func:`commands` gets in its environment beside the stack's own: a shard's Go
-    soft memory limit. Near it Go's collector runs more often, so a shard's heap holds less garbage while its
-    first scrapes of thousands of targets come in (https://pkg.go.dev/runtime#hdr-Environment_Variables)."""
-    if name.startswith("shard-") and options.shard_memory_limit_mib is not None:
-        return {"GOMEMLIMIT": f"{options.shard_memory_limit_mib}MiB"}
-    return {}
 
 
 def _shard_command(options: StackOptions, shard: int) -> list[str]:
