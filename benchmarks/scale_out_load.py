@@ -542,6 +542,8 @@ class ShardSample:
     pending_in_memory: float  # samples scraped, waiting in memory for the store (remote write blocks)
     pending_on_disk: float  # the same, spilled to -remoteWrite.tmpDataPath
     targets_up: float
+    store_new_series_per_s: float  # series the store registered per second since the watch's last round
+    store_series: float  # series the store had registered since it started
 
 
 @dataclass(frozen=True)
@@ -557,21 +559,28 @@ class _ShardWatch(threading.Thread):
     """Samples each vmagent shard's memory every ``every_s`` from the stack's start (vmagent only: a Prometheus
     agent exports no remote-write queue in these terms)."""
 
-    def __init__(self, shards: dict[str, tuple[int, str]], every_s: float = 2.0) -> None:
+    def __init__(self, shards: dict[str, tuple[int, str]], store: str, every_s: float = 2.0) -> None:
         super().__init__(daemon=True)
-        self.shards, self.every_s, self.began = shards, every_s, time.monotonic()
+        self.shards, self.store, self.every_s, self.began = shards, store, every_s, time.monotonic()
         self.samples: dict[str, list[ShardSample]] = {name: [] for name in shards}
         self.done = threading.Event()
 
     def run(self) -> None:
+        before = (time.monotonic(), 0.0)
         while not self.done.wait(self.every_s):
+            try:  # the store registering new series: what the shards' scrapes wait on while targets come up
+                now = (time.monotonic(), _sum(_metrics(f"{self.store}/metrics"), "vm_new_timeseries_created_total"))
+            except (OSError, KeyError, ValueError):
+                continue
+            store = (now[1], (now[1] - before[1]) / (now[0] - before[0]))
+            before = now
             for name, (pid, url) in self.shards.items():
                 try:
-                    self.samples[name].append(self._sample(pid, url))
+                    self.samples[name].append(self._sample(pid, url, *store))
                 except (OSError, KeyError, ValueError):
                     pass  # busy or gone: the next sample
 
-    def _sample(self, pid: int, url: str) -> ShardSample:
+    def _sample(self, pid: int, url: str, store_series: float, store_new_per_s: float) -> ShardSample:
         page = _metrics(url)
         mib = 1 / (1 << 20)
         return ShardSample(
@@ -583,6 +592,8 @@ class _ShardWatch(threading.Thread):
             - _sum(page, "vm_persistentqueue_bytes_pending") * mib,
             pending_on_disk=_sum(page, "vm_persistentqueue_bytes_pending") * mib,
             targets_up=_sum(page, "vm_promscrape_targets", status="up"),
+            store_new_series_per_s=store_new_per_s,
+            store_series=store_series,
         )
 
     def memory(self) -> list[ShardMemory]:
@@ -632,7 +643,8 @@ def measure(gpus: int, templates: dict[str, PageTemplate], args: argparse.Namesp
             for n in range(args.shards)
         }
         if args.agent == "vmagent"
-        else {}
+        else {},
+        store,
     )
     watch.start()
     try:
@@ -948,6 +960,8 @@ def main() -> None:
                 f"    {shard.name}: resident peak {peak.resident:,.0f} MiB at {peak.seconds:.0f} s ({peak.targets_up:,.0f} "
                 f"targets up): Go heap in use {peak.heap_in_use:,.0f}, kept idle {peak.heap_idle_kept:,.0f}, "
                 f"samples pending in memory {peak.pending_in_memory:,.0f} (on disk {peak.pending_on_disk:,.0f}); "
+                f"the store then registering {peak.store_new_series_per_s:,.0f} new series/s "
+                f"({peak.store_series / 1e6:.2f} M so far); "
                 f"steady {steady.resident:,.0f} MiB (heap in use {steady.heap_in_use:,.0f}, pending in memory "
                 f"{steady.pending_in_memory:,.0f}); peak / steady {peak.resident / steady.resident:.2f}"
             )

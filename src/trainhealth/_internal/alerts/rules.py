@@ -98,9 +98,10 @@ STALL_STEPS = 10
 STALL_MIN_S = 300
 #: AnalyzerStale: seconds since trainhealth analyze last finished.
 ANALYZER_STALE_S = 600
-#: Rules that wait this long or longer before firing, and the ``info`` rules (context for the others, never a
-#: page or a ticket), run in their wing's sustained group, once a minute: a minute's delay on a 5-minute ``for``
-#: changes nothing on-call sees, and it divides their cost by four.
+#: Rules that wait this long or longer before firing, the ``info`` rules (context for the others, never a page
+#: or a ticket) and the rules marked ``every_minute`` run in their wing's sustained group, once a minute: a
+#: minute's delay on a 5-minute ``for`` changes nothing on-call sees, and it divides their cost by four. What
+#: stays in the fast groups is what on-call must see within seconds: the hang pages, XIDs, lost GPUs, ECC.
 SUSTAINED_FOR_S = 300
 PAGE, TICKET, INFO = "page", "ticket", "info"
 WHERE = "rank {{ $labels.rank }} on {{ $labels.host }}"
@@ -124,11 +125,14 @@ class AlertRule:
     explanation: str  # for the runbook: what the rule measures and why it fires
     panel: PanelRef | None = None
     limit: Limit | None = None
+    #: its window or threshold spans minutes, so evaluating it once a minute changes nothing on-call sees
+    every_minute: bool = False
 
     @property
     def sustained(self) -> bool:
-        """Whether it runs in its wing's sustained group (a ``for`` of SUSTAINED_FOR_S or more, or ``info``)."""
-        return _seconds(self.for_) >= SUSTAINED_FOR_S or self.severity == INFO
+        """Whether it runs in its wing's sustained group (a ``for`` of SUSTAINED_FOR_S or more, ``info``, or
+        ``every_minute``)."""
+        return self.every_minute or _seconds(self.for_) >= SUSTAINED_FOR_S or self.severity == INFO
 
     @property
     def mitigation(self) -> str:
@@ -364,6 +368,7 @@ ALERTS: tuple[AlertRule, ...] = (
         "A loss spike has not come back within 50 steps; training continues from a worse place. The value is the "
         "step of the last checkpoint before the spike (-1 when none was reported).",
         panel=PanelRef(_TRAINING, 1, "Loss"),
+        every_minute=True,  # 50 steps after the spike: a minute more changes nothing
     ),
     AlertRule(
         "NonFiniteTraining",
@@ -379,6 +384,7 @@ ALERTS: tuple[AlertRule, ...] = (
         "nonfinite",
         "The loss or the gradient norm was NaN or infinite: the optimizer step that follows corrupts the weights.",
         panel=PanelRef(_TRAINING, 12, "Non-finite steps"),
+        every_minute=True,  # its 5-minute window keeps every NaN step; the remedy is a restore, minutes long
     ),
     AlertRule(
         "GradNormSpike",
@@ -452,6 +458,7 @@ ALERTS: tuple[AlertRule, ...] = (
         "No step for ten step times (at least five minutes): a hang, a dead rank or a stuck collective.",
         panel=PanelRef(_TRAINING, 9, "Time since the last step"),
         limit=Limit(STALL_MIN_S, "above"),
+        every_minute=True,  # no step for 5 minutes at least
     ),
     AlertRule(
         "HungCollective",
@@ -533,6 +540,7 @@ ALERTS: tuple[AlertRule, ...] = (
         "(fingerprint) or its gradient norm before the all-reduce is far from theirs (grad_norm).",
         panel=PanelRef(_TRAINING, 17, "SDC suspects"),
         limit=Limit(1, "above"),
+        every_minute=True,  # its 15-minute window keeps every finding; remedy: drain the host, minutes long
     ),
     # --- telemetry ----------------------------------------------------------------------
     AlertRule(

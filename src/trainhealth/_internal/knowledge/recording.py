@@ -9,6 +9,7 @@ Three kinds, named ``level:metric:operation`` as Prometheus recommends, each rea
 - **per group, for the hang pages** (first in the ``trainhealth-training`` group, so its alerts read them at
   the same evaluation on Prometheus): each process group's furthest sequence number, longest wait, and whether
   it is hung; HungCollective and RankMissing compare ranks with these instead of each computing them again;
+- **per job, for TrainingStalled** (the last step's time and duration, first in ``trainhealth-training-sustained``);
 - **per rank, for the sustained alerts** (first in a ``-sustained`` group, once a minute): what a rule over
   every GPU's NVLink or PCIe counters computes, also what the panels read at All.
 
@@ -66,11 +67,16 @@ class RecordingRule:
         return {"record": self.record, "expr": self.expr}
 
 
-def _by_job(spec: c.MetricSpec, operation: str, extra: str = "", wing: str = PER_JOB) -> RecordingRule:
+def _by_job(
+    spec: c.MetricSpec, operation: str, extra: str = "", wing: str = PER_JOB, sustained: bool = False
+) -> RecordingRule:
     by = "job" + (f", {extra}" if extra else "")
     level = "job" + (f"_{extra.replace(', ', '_')}" if extra else "")
     return RecordingRule(
-        f"{level}:{spec.prometheus_name}:{operation}", f"{operation} by ({by}) ({spec.prometheus_name})", wing
+        f"{level}:{spec.prometheus_name}:{operation}",
+        f"{operation} by ({by}) ({spec.prometheus_name})",
+        wing,
+        sustained=sustained,
     )
 
 
@@ -166,8 +172,8 @@ RECORDING_RULES: tuple[RecordingRule, ...] = (
     ),
     # --- read by the training wing's alerts, at their own evaluation ---
     *_HANG_RULES,
-    _by_job(c.TRAIN_LAST_STEP_TIMESTAMP, "max", wing="training"),
-    _by_job(c.TRAIN_LAST_STEP_DURATION, "max", wing="training"),
+    _by_job(c.TRAIN_LAST_STEP_TIMESTAMP, "max", wing="training", sustained=True),  # TrainingStalled, once a minute
+    _by_job(c.TRAIN_LAST_STEP_DURATION, "max", wing="training", sustained=True),
     RecordingRule(
         ANOMALIES_5M,
         f"max by (job, signal) ({counted(_SPIKES, '5m')})",
