@@ -553,6 +553,7 @@ class ShardMemory:
     name: str
     peak: ShardSample
     steady: ShardSample
+    heap_sites: list[tuple[float, str]]  # at the peak: (MiB in use, the vmagent function that allocated it)
 
 
 class _ShardWatch(threading.Thread):
@@ -563,6 +564,8 @@ class _ShardWatch(threading.Thread):
         super().__init__(daemon=True)
         self.shards, self.store, self.every_s, self.began = shards, store, every_s, time.monotonic()
         self.samples: dict[str, list[ShardSample]] = {name: [] for name in shards}
+        self.profiles: dict[str, str] = {}  # shard: its heap profile at its last resident peak
+        self._peaks: dict[str, tuple[float, float]] = {}  # shard: (resident MiB, seconds) when last profiled
         self.done = threading.Event()
 
     def run(self) -> None:
@@ -577,6 +580,7 @@ class _ShardWatch(threading.Thread):
             for name, (pid, url) in self.shards.items():
                 try:
                     self.samples[name].append(self._sample(pid, url, *store))
+                    self._profile_if_peak(name, url, self.samples[name][-1])
                 except (OSError, KeyError, ValueError):
                     pass  # busy or gone: the next sample
 
@@ -599,10 +603,45 @@ class _ShardWatch(threading.Thread):
     def memory(self) -> list[ShardMemory]:
         self.done.set()
         return [
-            ShardMemory(name, max(samples, key=lambda s: s.resident), samples[-1])
+            ShardMemory(
+                name, max(samples, key=lambda s: s.resident), samples[-1], heap_sites(self.profiles.get(name, ""))
+            )
             for name, samples in self.samples.items()
             if samples
         ]
+
+    def _profile_if_peak(self, name: str, url: str, sample: ShardSample) -> None:
+        """The shard's heap profile (Go's text form) at each new resident peak, 10 s apart at most."""
+        peak, taken = self._peaks.get(name, (0.0, -math.inf))
+        if sample.resident > 1.1 * peak and sample.seconds - taken >= 10:
+            self.profiles[name] = _get(url.replace("/metrics", "/debug/pprof/heap?debug=1"), timeout=30).decode()
+            self._peaks[name] = (sample.resident, sample.seconds)
+
+
+def heap_sites(profile: str, count: int = 5) -> list[tuple[float, str]]:
+    r"""Heap in use by allocating function, from a Go heap profile in its text form (``/debug/pprof/heap?debug=1``):
+    each record's sampled bytes scaled up as Go's sampler (one sample per 512 KiB allocated) requires, then summed
+    by the innermost VictoriaMetrics function of its stack and that function's caller (vmagent's own code, not
+    the runtime).
+
+    >>> heap_sites("heap profile: 1: 1048576 [1: 1048576] @ heap/1048576\n"
+    ...            "2: 2097152 [2: 2097152] @ 0x1 0x2\n#\t0x1\truntime.mallocgc+0x1\t/go/malloc.go:1\n"
+    ...            "#\t0x2\tgithub.com/VictoriaMetrics/VictoriaMetrics/lib/promscrape.(*scrapeWork).scrape+0x2\tx.go:9\n")
+    [(2.3, 'lib/promscrape.(*scrapeWork).scrape')]
+    """
+    sites: dict[str, float] = {}
+    for record in re.split(r"\n(?=\d+: \d+ \[)", profile):
+        head = re.match(r"(\d+): (\d+) \[", record)
+        if head is None or not int(head[1]):
+            continue
+        objects, in_use = int(head[1]), int(head[2])
+        scaled = in_use / (1 - math.exp(-(in_use / objects) / 524288))
+        frames = re.findall(r"#\t0x[0-9a-f]+\t(\S+)\+0x", record)
+        ours = [f for f in frames if "VictoriaMetrics/VictoriaMetrics/" in f]
+        named = [f.split("VictoriaMetrics/VictoriaMetrics/", 1)[1] for f in ours[:2]]  # the function, its caller
+        site = " < ".join(named) if named else (frames[0] if frames else "?")
+        sites[site] = sites.get(site, 0.0) + scaled / (1 << 20)
+    return [(round(mib, 1), site) for site, mib in sorted(sites.items(), key=lambda kv: -kv[1])[:count]]
 
 
 def measure(gpus: int, templates: dict[str, PageTemplate], args: argparse.Namespace) -> Measured:
@@ -965,6 +1004,11 @@ def main() -> None:
                 f"steady {steady.resident:,.0f} MiB (heap in use {steady.heap_in_use:,.0f}, pending in memory "
                 f"{steady.pending_in_memory:,.0f}); peak / steady {peak.resident / steady.resident:.2f}"
             )
+            if shard.heap_sites:
+                print(
+                    f"      {shard.name}'s heap in use near its peak, by allocating function (MiB): "
+                    + ", ".join(f"{site} {mib:,.0f}" for mib, site in shard.heap_sites)
+                )
         for mode, (*_, answered, failed) in m.queries.items():
             print(
                 f"    dashboard queries ({mode}): {answered} answered"
