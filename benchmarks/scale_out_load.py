@@ -182,7 +182,7 @@ def capture_node_page() -> str:
 _SAMPLE = re.compile(r"^(?P<series>(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{.*\})?) (?P<value>\S+)$")
 
 
-_RENDERED: dict[int, dict[int, str]] = {}  # template id: scrape number: text (the last four)
+_RENDERED: dict[int, dict[int, str]] = {}  # template id: scrape number: text (the last eight)
 
 
 @dataclass(frozen=True)
@@ -237,13 +237,14 @@ class PageTemplate:
         template, so formatted once per scrape number (the targets' scrapes are within one or two of each
         other), which keeps the load generator's share of the machine small."""
         cache = _RENDERED.setdefault(id(self), {})
-        if scrape not in cache:
+        text = cache.get(scrape)
+        if text is None:
             wobble = 1.0 + 0.03 * np.sin(scrape + np.arange(self.samples))
             values = np.where(self.gauge, self.base * wobble, self.base + scrape * self.per_scrape)
-            cache[scrape] = self.text % tuple(values.tolist())
-            for old in sorted(cache)[:-4]:
-                del cache[old]
-        return cache[scrape]
+            text = cache[scrape] = self.text % tuple(values.tolist())
+            while len(cache) > 8:  # a target far behind the others costs a formatting, never a failed scrape
+                del cache[min(cache)]
+        return text
 
 
 @dataclass(frozen=True)
