@@ -80,11 +80,12 @@ def test_a_saved_outputs_table_refits_to_the_same_line():
             0,
             "",
             {"all": (1, 2, 3, 4, []), "one host": (1, 2, 3, 4, [])},
-            [],
-            0,
-            {},
-            {},
-            [],
+            window_s=216.0,
+            slowest_rules=[],
+            rules_not_evaluated=[],
+            groups={},
+            cpu_cores={},
+            shard_memory=[],
         )
         for gpus in (1024, 2048, 4096)
     ]
