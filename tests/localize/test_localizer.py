@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from tests.data import data_dir, needs
@@ -56,6 +58,23 @@ def test_the_injected_fault_is_the_top_suspect(kind, target, component, verdict,
     assert result.suspects[0].score > 0.5
     assert f"in steps {start}-19" in result.suspects[0].evidence
     assert result.advice and result.to_dict()["suspects"][0]["kind"] in ("gpu", "link", "host")
+
+
+@pytest.mark.parametrize(
+    "kind, target, component",
+    [("nic", 37, "nic:rank-37"), ("host", 5, "host:sim-node-0005"), ("switch", 2, "switch:leaf-2")],
+)
+def test_a_slow_links_evidence_names_the_size_of_the_transfers_that_slowed(kind, target, component):
+    # the simulator's pipeline sends and receives carry 4 MiB (the trace's `bytes`), the most common transfers
+    # across hosts: the sentence names them with their own slowdown, the severity injected
+    trace = simulate(Scenario(LAYOUT, steps=20, seed=11, faults=(cluster_fault(LAYOUT, kind, target, 1.3, step=6),)))
+    top = localize(trace.records, trace.topology).suspects[0]
+    assert top.component == component
+    found = re.search(r"; (\d+\.\d+)x on 4 MiB sends and receives\)", top.evidence)
+    assert found is not None and 1.25 <= float(found.group(1)) <= 1.35, top.evidence
+    # a trace without sizes: the same finding, no size claimed
+    unsized = localize(trace.records.drop(columns="bytes"), trace.topology).suspects[0]
+    assert unsized.component == component and "x on " not in unsized.evidence
 
 
 @pytest.mark.parametrize(

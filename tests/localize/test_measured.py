@@ -170,6 +170,16 @@ def test_a_slow_link_is_communication_and_its_rank_named_when_groups_differ():
     assert result.suspects[0].component == "nic:rank-6" and "since step 15" in result.suspects[0].evidence
 
 
+def test_a_slow_links_evidence_names_the_size_of_its_collectives():
+    # every collective of these traces carries 1 MiB (the trace's `bytes`): a shared rank's link, and a group
+    shared = localize(_trace(ranks=8, tp=2, link=6, link_factor=4.0, onset=15)).suspects[0]
+    assert shared.component == "nic:rank-6" and " (1 MiB all-reduces), and rank 6 is the one" in shared.evidence
+    group = localize(_trace(link=1, link_factor=6.0, onset=15)).suspects[0]
+    assert group.component == "group:dp0" and "(ranks 0, 1, 2, 3; 1 MiB all-reduces)" in group.evidence
+    unsized = localize(_trace(ranks=8, tp=2, link=6, link_factor=4.0, onset=15).drop(columns="bytes")).suspects[0]
+    assert unsized.component == "nic:rank-6" and "MiB" not in unsized.evidence
+
+
 def test_in_pure_data_parallelism_the_slow_group_is_named_and_the_probe_suggested():
     result = localize(_trace(link=1, link_factor=6.0, onset=15))
     assert result.verdict == "communication"
@@ -194,7 +204,7 @@ def test_the_echo_of_a_stragglers_onset_is_no_second_fault():
     assert [e["component"] for e in apart.details["events"]] == ["gpu:rank-1"]
 
 
-def test_a_jobs_first_steps_are_warm_up_not_evidence():
+def test_a_jobs_first_steps_are_warm_up_not_judged():
     warm = localize(_trace(slow=3, factor=2.0, onset=0, end=3))
     assert warm.suspects == (), warm.render()
     later = localize(_trace(slow=3, factor=2.0, onset=10, end=13))

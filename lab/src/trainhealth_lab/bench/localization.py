@@ -34,11 +34,11 @@ import numpy as np
 import pandas as pd
 
 from trainhealth._internal.faults import Fault
-from trainhealth._internal.localize.evidence import COMPUTE_OPS
 from trainhealth._internal.localize.localizer import Analysis, Thresholds, analyze, decide
 from trainhealth._internal.simulator.cluster import ClusterLayout
 from trainhealth._internal.simulator.scenario import CLUSTER_FAULTS, Control, Scenario, cluster_fault
 from trainhealth._internal.simulator.simulate import simulate
+from trainhealth._internal.traces.ops import COMPUTATION_OPS
 from trainhealth_lab.scoring import Expected, Score, score_result
 
 __all__ = ["SCALES", "SEVERITIES", "Case", "Outcome", "cases", "evaluate", "judge", "summarize"]
@@ -181,7 +181,7 @@ def evaluate(case: Case, thresholds: Thresholds, collectives_only: bool = False)
     trace = simulate(case.scenario())
     records = trace.records
     if collectives_only:
-        records = records[~records["op"].isin(COMPUTE_OPS)].reset_index(drop=True)
+        records = records[~records["op"].isin(COMPUTATION_OPS)].reset_index(drop=True)
     began = time.perf_counter()
     # analysed at the thresholds that judge it: which stretch of a rank is scored (a fault now before one that
     # ended) and the power (injections judged by the rules that blame) depend on them

@@ -8,7 +8,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from trainhealth._internal.localize.evidence import Evidence
 from trainhealth._internal.localize.stretches import Stretch
 
 __all__ = [
@@ -16,10 +15,8 @@ __all__ = [
     "Candidate",
     "Thresholds",
     "best",
-    "ranks_text",
     "row_noise",
     "rows_noise",
-    "steps_text",
     "stretch_effect",
 ]
 
@@ -75,7 +72,8 @@ class Thresholds:
 
 @dataclass(frozen=True)
 class Candidate:
-    """A component the evidence points at, before the thresholds judge it."""
+    """A component the timings point at, before the thresholds judge it; ``evidence``: that in words
+    (:mod:`.wording`)."""
 
     kind: str  # gpu, link, host
     component: str  # gpu:rank-N, nic:rank-N, host:NAME, switch:NAME
@@ -153,15 +151,3 @@ def stretch_effect(values: np.ndarray, start: int, stop: int) -> float:
         difference = inside - outside
     difference = difference[np.isfinite(difference)]
     return float(np.median(difference)) if len(difference) else 0.0
-
-
-def steps_text(evidence: Evidence, start: int, stop: int) -> str:
-    steps = evidence.steps
-    if start <= 0 and stop >= len(steps):
-        return "throughout the window"
-    return f"in steps {steps[start]}-{steps[stop - 1]}"
-
-
-def ranks_text(ranks: np.ndarray) -> str:
-    shown = ", ".join(str(int(r)) for r in ranks[:8])
-    return shown + (f", ... ({len(ranks)} ranks)" if len(ranks) > 8 else "")

@@ -1,9 +1,9 @@
-"""The compute evidence's medians when every rank ran the same operations in every step: one dense array.
+"""The compute timings' medians when every rank ran the same operations in every step: one dense array.
 
 A job's ranks mostly run the same forwards and backwards each step, so the
 operations sorted by rank, step, operation and time form an array of shape
 (ranks, steps, slots), a slot being the k-th run of an operation in a step.
-Each median the compute evidence takes (over a rank's peers, over its own
+Each median the compute timings take (over a rank's peers, over its own
 steps, over its replica) is then a median along one axis of that array: the
 same values as grouping the rows by their keys, found by partitioning
 contiguous blocks instead of hashing millions of keys.
@@ -84,7 +84,7 @@ def versus_peers_and_own(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Each operation's log duration (ranks, steps, slots) minus its peers' median in the step, and minus the
     rank's own median over the steps less what its replica shares (the median of that change over a replica of
-    three or more ranks, else over every rank): the compute evidence's two comparisons."""
+    three or more ranks, else over every rank): the compute timings' two comparisons."""
     versus_peers = log_duration - median_over_rank_groups(log_duration, peer_of)
     own = log_duration - median_along(log_duration, axis=1)[:, None, :]
     large = np.bincount(replica_of)[replica_of] >= 3  # a median of two would split a fault

@@ -39,10 +39,8 @@ from trainhealth._internal.localize.candidates import (
     best,
     row_noise,
     rows_noise,
-    steps_text,
     stretch_effect,
 )
-from trainhealth._internal.localize.evidence import Evidence
 from trainhealth._internal.localize.excursions import RunCensus, recurrent_members, shape_of
 from trainhealth._internal.localize.power import Power, probe_rows, smallest_detected
 from trainhealth._internal.localize.stretches import (
@@ -52,14 +50,16 @@ from trainhealth._internal.localize.stretches import (
     strongest_robust_stretch,
     strongest_stretch,
 )
+from trainhealth._internal.localize.timings import Timings
+from trainhealth._internal.localize.wording import Basis, gpu_sentence, recurrent_gpu_sentence
 
 __all__ = ["gpu_candidates", "gpu_power"]
 
 
-def gpu_candidates(evidence: Evidence, thresholds: Thresholds, history: Evidence | None = None) -> list[Candidate]:
-    """GPUs slow in ``evidence``'s window, judged against the run (``history``: the same ranks over more steps,
+def gpu_candidates(timings: Timings, thresholds: Thresholds, history: Timings | None = None) -> list[Candidate]:
+    """GPUs slow in ``timings``'s window, judged against the run (``history``: the same ranks over more steps,
     ending with the window; the window itself without one): how far the others go, and recurrence."""
-    judge = _Judge(evidence, thresholds, history)
+    judge = _Judge(timings, thresholds, history)
     rows = judge.rows()
     scored = judge.score(rows)
     z = scored.z
@@ -82,7 +82,7 @@ def gpu_candidates(evidence: Evidence, thresholds: Thresholds, history: Evidence
 
 
 def gpu_power(
-    evidence: Evidence, thresholds: Thresholds, history: Evidence | None = None, found: Iterable[int] = ()
+    timings: Timings, thresholds: Thresholds, history: Timings | None = None, found: Iterable[int] = ()
 ) -> Power:
     """The smallest slowdown of one GPU this window blames in every injection (:mod:`.power`), in both forms a fault
     takes in a live window: slow in its last ``power_steps`` steps (an onset inside the window), and slow all
@@ -94,14 +94,14 @@ def gpu_power(
     >>> from trainhealth._internal.simulator.cluster import ClusterLayout
     >>> from trainhealth._internal.simulator.scenario import Scenario
     >>> from trainhealth._internal.simulator.simulate import simulate
-    >>> from trainhealth._internal.localize.evidence import gather_evidence
+    >>> from trainhealth._internal.localize.timings import gather_timings
     >>> trace = simulate(Scenario(ClusterLayout(dp=4, pp=2, tp=2), steps=40, seed=1))
-    >>> power = gpu_power(gather_evidence(trace.records), Thresholds())
+    >>> power = gpu_power(gather_timings(trace.records), Thresholds())
     >>> 1.0 < power.slowdown < 1.5, power.steps, power.injections
     (True, 10, 16)
     """
-    judge = _Judge(evidence, thresholds, history)
-    n_steps = len(evidence.steps)
+    judge = _Judge(timings, thresholds, history)
+    n_steps = len(timings.steps)
     length = max(2, min(thresholds.power_steps, n_steps // 2))
     probes = judge.probes(set(found))
     onset = judge.detectable(probes, length)
@@ -131,21 +131,21 @@ class _Scored:
 class _Judge:
     """What every row is judged against: the window's noise, the run's census, the peers' own changes."""
 
-    def __init__(self, evidence: Evidence, thresholds: Thresholds, history: Evidence | None) -> None:
-        self.evidence = evidence
+    def __init__(self, timings: Timings, thresholds: Thresholds, history: Timings | None) -> None:
+        self.timings = timings
         self.thresholds = thresholds
-        self.history = history if history is not None and len(history.steps) > len(evidence.steps) else None
-        self.run = self.history or evidence
-        self.derived = evidence.compute_derived
-        self.basis = "derived" if self.derived else "compute"
+        self.history = history if history is not None and len(history.steps) > len(timings.steps) else None
+        self.run = self.history or timings
+        self.derived = timings.compute_derived
+        self.basis: Basis = "derived" if self.derived else "compute"
         self.threshold = thresholds.collectives_z if self.derived else thresholds.gpu_z
         minimum = thresholds.min_compute_effect
-        change = evidence.compute_change
+        change = timings.compute_change
         self.noise = row_noise(change, minimum / 4)
         if self.derived:
             self.noise = float(np.median(np.maximum(self.noise, _step_noise(change))))
         self.robust_noise = np.maximum(row_noise(change, minimum / 4), _step_noise(change))
-        self.within = _within_replicas(evidence.compute, evidence.replica_of)
+        self.within = _within_replicas(timings.compute, timings.replica_of)
         self.level_noise = row_noise(self.within, minimum / 4)
         self.history_noise = row_noise(self.history.compute_change, minimum / 4) if self.history else 0.0
         self.census = RunCensus(self.run.compute_change)
@@ -154,7 +154,7 @@ class _Judge:
 
     def rows(self) -> _Rows:
         history = self.history.compute_change if self.history is not None else None
-        return _Rows(np.arange(len(self.evidence.ranks)), self.evidence.compute_change, self.within, history)
+        return _Rows(np.arange(len(self.timings.ranks)), self.timings.compute_change, self.within, history)
 
     def _level(self, versus_peers: np.ndarray) -> Stretch:
         return level(
@@ -213,6 +213,7 @@ class _Judge:
         start, stop = int(scored.stretch.start[index]), int(scored.stretch.stop[index])
         effect, z = float(scored.stretch.effect[index]), float(scored.z[index])
         since: int | None
+        what: Basis
         if scored.in_history[index]:
             assert rows.history is not None and self.history is not None
             if self._shared_change("history", source, start, stop) >= 0.5 * effect:
@@ -232,15 +233,16 @@ class _Judge:
             else:
                 elsewhere = float(np.delete(self.levels, source).max(initial=0.0))
                 shape = "throughout" if effect >= self.thresholds.rarity * elsewhere else "ordinary"
-            where, what = self.evidence, self.basis if partial else "peers"
-            since = int(self.evidence.steps[start]) if partial else None
-        rank = int(self.evidence.ranks[source])
-        text = _gpu_evidence(where, self.evidence.last_share[source], what, self.derived, start, stop, effect, z, shape)
+            where, what = self.timings, self.basis if partial else "peers"
+            since = int(self.timings.steps[start]) if partial else None
+        rank = int(self.timings.ranks[source])
+        last_share = float(self.timings.last_share[source])
+        text = gpu_sentence(where.steps, last_share, what, self.derived, start, stop, effect, z, shape)
         return Candidate(
             "gpu",
             f"gpu:rank-{rank}",
             (rank,),
-            self.evidence.hosts.get(rank),
+            self.timings.hosts.get(rank),
             z,
             text,
             self.basis,
@@ -261,17 +263,17 @@ class _Judge:
         share is the stage's work, or the waiting of a layer's shards outside collectives, not one GPU."""
         key = (where, source, start, stop)
         if key not in self._shared:
-            change = self.evidence.compute_change if where == "window" else self.run.compute_change
+            change = self.timings.compute_change if where == "window" else self.run.compute_change
             self._shared[key] = max(
-                _shared_by(change, self.evidence.peer_of, source, start, stop),
-                _shared_by(change, self.evidence.lockstep_of, source, start, stop),
+                _shared_by(change, self.timings.peer_of, source, start, stop),
+                _shared_by(change, self.timings.lockstep_of, source, start, stop),
             )
         return self._shared[key]
 
     def probes(self, skip: set[int]) -> np.ndarray:
         """The ranks slowdowns are injected into (:func:`.power.probe_rows`), but those in ``skip``."""
-        change = self.evidence.compute_change
-        kept = ~np.isin(self.evidence.ranks, sorted(skip))
+        change = self.timings.compute_change
+        kept = ~np.isin(self.timings.ranks, sorted(skip))
         return np.flatnonzero(kept)[probe_rows(change[kept])]
 
     def detectable(self, probes: np.ndarray, length: int) -> float:
@@ -295,11 +297,11 @@ class _Judge:
         """Copies of the probes' rows with ``added`` (a log slowdown) in their last ``length`` steps: in the change
         where the rank's usual lies outside them (a shorter stretch, or the history), and in the level against
         its peers."""
-        n_steps = self.evidence.compute_change.shape[1]
+        n_steps = self.timings.compute_change.shape[1]
         source = probes
         last = np.zeros(n_steps, dtype=bool)
         last[n_steps - length :] = True
-        change = self.evidence.compute_change[source].copy()
+        change = self.timings.compute_change[source].copy()
         if length < n_steps or self.history is not None:
             change += added * last
         versus_peers = self.within[source] + added * last
@@ -329,7 +331,7 @@ def _within_replicas(versus_peers: np.ndarray, replica_of: np.ndarray) -> np.nda
 
 
 def _recurrent(
-    evidence: Evidence, change: np.ndarray, threshold: float, thresholds: Thresholds, basis: str, blamed: set[int]
+    timings: Timings, change: np.ndarray, threshold: float, thresholds: Thresholds, basis: str, blamed: set[int]
 ) -> list[Candidate]:
     """GPUs slow in episode after episode (:func:`.excursions.recurrent_members`), each episode alone an event."""
     # episodes of two-step means, each GPU's standing out from its own noise (MoE routing skew and uneven packs
@@ -349,7 +351,7 @@ def _recurrent(
         rarity=thresholds.rarity,
     ).items():
         found = [(start, stop + 1) for start, stop in found]  # a two-step mean covers its next step too
-        rank = int(evidence.ranks[index])
+        rank = int(timings.ranks[index])
         if rank in blamed:
             continue
         slow = np.zeros(change.shape[1], dtype=bool)
@@ -359,23 +361,18 @@ def _recurrent(
         z = effect / own[index] * math.sqrt(slow.sum()) / 2.0  # discounted: the episodes are the row's largest
         if z < threshold:
             continue
-        where = ", ".join(f"{evidence.steps[a]}-{evidence.steps[b - 1]}" for a, b in found[:6])
-        text = (
-            f"computes {math.exp(effect):.2f}x as long as usual in {len(found)} separate episodes (steps {where}"
-            f"{', ...' if len(found) > 6 else ''}; z={z:.1f}), far more than episodes falling on random GPUs of "
-            f"this run would give one GPU: a recurrent fault"
-        )
+        text = recurrent_gpu_sentence(timings.steps, found, effect, z)
         out.append(
             Candidate(
                 "gpu",
                 f"gpu:rank-{rank}",
                 (rank,),
-                evidence.hosts.get(rank),
+                timings.hosts.get(rank),
                 z,
                 text,
                 basis,
                 math.exp(effect),
-                int(evidence.steps[found[0][0]]),
+                int(timings.steps[found[0][0]]),
                 "recurrent",
             )
         )
@@ -400,54 +397,6 @@ def _shared_by(change: np.ndarray, group_of: np.ndarray, index: int, start: int,
     if not len(peers):
         return 0.0
     return stretch_effect(change[peers], start, stop)
-
-
-def _gpu_evidence(
-    evidence: Evidence,
-    last_share: float,
-    what: str,
-    derived: bool,
-    start: int,
-    stop: int,
-    effect: float,
-    z: float,
-    shape: str = "persistent",
-) -> str:
-    steps = steps_text(evidence, start, stop)
-    if what == "own":
-        head = (
-            f"{'spends' if derived else 'computes'} {np.exp(effect):.2f}x as long "
-            f"{'outside collectives (computing) ' if derived else ''}as its own usual {_since(evidence.steps, start)}, "
-            f"through the window judged"
-        )
-    elif what == "peers":
-        head = (
-            f"computes {np.exp(effect):.2f}x as long as its data-parallel peers {steps}, beyond what its replica shares"
-        )
-    elif what == "compute":
-        head = f"computes {np.exp(effect):.2f}x as long as its data-parallel peers {steps}"
-    else:
-        head = f"spends {np.exp(effect):.2f}x as long outside collectives (computing) as its peers {steps}"
-    text = (
-        f"{head} (z={z:.1f}); its collectives look normal while its peers wait for it "
-        f"(last to arrive in {last_share:.0%} of them)"
-    )
-    return text + _SHAPE_NOTE.get(shape, "")
-
-
-def _since(steps: np.ndarray, start: int) -> str:
-    """ "since step N", or where steps before N were not read (the history begins after the run's first steps),
-    "since a step between M and N"."""
-    if start > 0 and steps[start] - steps[start - 1] > 1:
-        return f"since a step between {steps[start - 1]} and {steps[start]} (the steps between were not read)"
-    return f"since step {steps[start]}"
-
-
-#: what an event's evidence adds: why it pages nobody
-_SHAPE_NOTE = {
-    "transient": "; it came and went: an event, not a faulty device",
-    "ordinary": "; other GPUs of this run went as far for as long: an event, not a faulty device",
-}
 
 
 def _step_noise(values: np.ndarray) -> np.ndarray:

@@ -7,13 +7,14 @@ import warnings
 import numpy as np
 import pandas as pd
 
-from trainhealth._internal.localize.candidates import Thresholds, ranks_text
-from trainhealth._internal.localize.evidence import Evidence
+from trainhealth._internal.localize.candidates import Thresholds
+from trainhealth._internal.localize.timings import Timings
+from trainhealth._internal.localize.wording import ranks_text
 
 __all__ = ["imbalance_reasons"]
 
 
-def imbalance_reasons(evidence: Evidence, thresholds: Thresholds) -> list[str]:
+def imbalance_reasons(timings: Timings, thresholds: Thresholds) -> list[str]:
     """Reasons to call the window's irregularity uneven work: stages whose peer groups compute
     longer in every replica, or replicas whose compute moves together from step to step.
 
@@ -22,20 +23,20 @@ def imbalance_reasons(evidence: Evidence, thresholds: Thresholds) -> list[str]:
     that came and went) leave where the run's uneven work puts it.
     """
     reasons = []
-    n_peer_groups = int(evidence.peer_of.max()) + 1
+    n_peer_groups = int(timings.peer_of.max()) + 1
     if n_peer_groups >= 2:
-        per_group = _per_group_median(evidence.compute_seconds, evidence.peer_of, n_peer_groups)
+        per_group = _per_group_median(timings.compute_seconds, timings.peer_of, n_peer_groups)
         median = float(np.median(per_group))
         excess = per_group / median - 1.0 if median > 0 else np.zeros_like(per_group)
         uneven = np.flatnonzero(excess > thresholds.stage_imbalance)
         if len(uneven):
-            ranks = evidence.ranks[np.isin(evidence.peer_of, uneven)]
+            ranks = timings.ranks[np.isin(timings.peer_of, uneven)]
             reasons.append(
                 f"uneven stages: ranks {ranks_text(ranks)} compute {excess[uneven].max() + 1:.2f}x as long "
                 f"per step as the median peer group, in every replica alike (no single device)"
             )
-    if int(evidence.replica_of.max()) >= 1:
-        per_replica = pd.DataFrame(evidence.compute).groupby(evidence.replica_of).median().to_numpy()
+    if int(timings.replica_of.max()) >= 1:
+        per_replica = pd.DataFrame(timings.compute).groupby(timings.replica_of).median().to_numpy()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
             varying = per_replica - np.nanmedian(per_replica, axis=1, keepdims=True)

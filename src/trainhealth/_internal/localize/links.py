@@ -21,9 +21,13 @@ import numpy as np
 import pandas as pd
 
 from trainhealth._internal.localize.stretches_scan import step_noise, strongest_shift
+from trainhealth._internal.localize.timings import Message
 from trainhealth._internal.localize.waits import Measured
 
 __all__ = ["LinkSettings", "SlowPath", "find_slow_paths"]
+
+#: messages named for a slow link: those of its first slow communicators
+_MAX_MESSAGES = 3
 
 
 @dataclass(frozen=True)
@@ -39,13 +43,15 @@ class LinkSettings:
 
 @dataclass(frozen=True)
 class SlowPath:
+    """A slow link or communicator, as measured (:func:`.wording.slow_path_sentence` says it in words)."""
+
     ranks: tuple[int, ...]  # one rank: its link; several: a communicator's members
     component: str  # nic:rank-N, or group:NAME
     z: float
     effect: float  # log(transfer time / usual)
     since: int | None  # trace step of the onset; None for slow throughout
     groups: tuple[str, ...]  # the slow communicators
-    evidence: str
+    messages: tuple[Message, ...] = ()  # what the slow communicators' collectives most often carry, each once
 
 
 def find_slow_paths(measured: Measured, settings: LinkSettings) -> tuple[list[SlowPath], float]:
@@ -88,7 +94,7 @@ def find_slow_paths(measured: Measured, settings: LinkSettings) -> tuple[list[Sl
             slow.setdefault(name, (z, effect, None))
     if not slow:
         return [], sigma
-    return _explain(slow, members, names), sigma
+    return _explain(slow, members, names, measured.messages), sigma
 
 
 def _members(measured: Measured, name: str) -> tuple[int, ...]:
@@ -126,7 +132,10 @@ def _kind(name: str) -> str:
 
 
 def _explain(
-    slow: dict[str, tuple[float, float, int | None]], members: dict[str, tuple[int, ...]], names: np.ndarray
+    slow: dict[str, tuple[float, float, int | None]],
+    members: dict[str, tuple[int, ...]],
+    names: np.ndarray,
+    messages: dict[str, Message],
 ) -> list[SlowPath]:
     """The one rank in every slow communicator (or, of several, the one in no healthy communicator); else the
     slow communicators themselves."""
@@ -138,40 +147,14 @@ def _explain(
     effect = float(np.median([v[1] for v in slow.values()]))
     onsets = [v[2] for v in slow.values() if v[2] is not None]
     since = min(onsets) if onsets else None
-    when = f"since step {since}" if since is not None else "throughout the window"
     groups = tuple(sorted(slow))
-    shown = ", ".join(groups[:4]) + (", ..." if len(groups) > 4 else "")
     if len(shared) == 1:
         rank = shared.pop()
-        return [
-            SlowPath(
-                (rank,),
-                f"nic:rank-{rank}",
-                z,
-                effect,
-                since,
-                groups,
-                f"transfers take {math.exp(effect):.2f}x their usual time {when} in {shown}, and rank "
-                f"{rank} is the one member they all share: even the last member to arrive waits in "
-                f"them, so the path through rank {rank}'s link is slow",
-            )
-        ]
+        carried = tuple(dict.fromkeys(messages[name] for name in groups if name in messages))
+        return [SlowPath((rank,), f"nic:rank-{rank}", z, effect, since, groups, carried[:_MAX_MESSAGES])]
     out = []
     for name in groups:
         z_group, effect_group, onset = slow[name]
-        at = f"since step {onset}" if onset is not None else "throughout the window"
-        out.append(
-            SlowPath(
-                members[name],
-                f"group:{name}",
-                z_group,
-                effect_group,
-                onset,
-                (name,),
-                f"transfers in {name} (ranks {', '.join(map(str, members[name][:8]))}) take "
-                f"{math.exp(effect_group):.2f}x their usual time {at}, the last member to arrive too: "
-                f"its network path is slow, and every collective spans the same ranks, so timings "
-                f"cannot say which link; run `trainhealth probe` to name it",
-            )
-        )
+        carried = (messages[name],) if name in messages else ()
+        out.append(SlowPath(members[name], f"group:{name}", z_group, effect_group, onset, (name,), carried))
     return out

@@ -11,8 +11,8 @@ The rules are Holmes's (NSDI'25), applied to whole windows of steps with numpy:
    arrival's too, which did not wait — the path is slow. The transfers that
    cross each NIC, host and leaf switch are scored; a slow switch or host
    explains the transfers of all the NICs behind it, so the widest component
-   that explains the evidence is named.
-3. **Across iterations.** Evidence is accumulated over the window: for every
+   that explains the slow transfers is named.
+3. **Across iterations.** Slowness is accumulated over the window: for every
    candidate the strongest slow stretch of consecutive steps against the rest of
    the window (recent steps weighted more, by ``decay``), or its level over the
    whole window when it was slow throughout. Candidates are ranked by it.
@@ -43,7 +43,6 @@ import pandas as pd
 
 from trainhealth._internal.knowledge.advice import advice_for
 from trainhealth._internal.localize.candidates import Candidate, Thresholds
-from trainhealth._internal.localize.evidence import gather_evidence, last_steps, without_steps
 from trainhealth._internal.localize.gpus import gpu_candidates, gpu_power
 from trainhealth._internal.localize.imbalance import imbalance_reasons
 from trainhealth._internal.localize.iterations import needs_inference
@@ -52,6 +51,8 @@ from trainhealth._internal.localize.measured import MIN_STEPS, analyze_measured
 from trainhealth._internal.localize.paths import path_candidates
 from trainhealth._internal.localize.power import Power, uncovered_ranks
 from trainhealth._internal.localize.result import LocalizationResult, Suspect, past_text
+from trainhealth._internal.localize.timings import gather_timings, last_steps, without_steps
+from trainhealth._internal.localize.wording import probe_sentence
 from trainhealth._internal.traces.topology import Topology
 
 __all__ = ["Analysis", "Candidate", "Thresholds", "analyze", "decide", "localize"]
@@ -163,7 +164,7 @@ def _with_probe(analysis: Analysis, probe: Any) -> Analysis:
         (slow.rank,),
         slow.host,
         float("inf"),
-        f"the pairwise probe confirms it: {slow.evidence}",
+        probe_sentence(slow.evidence),
         "probe",
         slowdown=slow.factor if math.isfinite(slow.factor) else None,
     )
@@ -178,23 +179,23 @@ def _recorded(
     judge_last: int | None = None,
     usual_before: int | None = None,
 ) -> Analysis:
-    evidence = gather_evidence(
+    timings = gather_timings(
         records,
         topology.hosts if topology else None,
         topology.switches if topology else None,
         usual_before if judge_last is not None else None,
     )
     history = None
-    if judge_last is not None and len(evidence.steps) > judge_last:
-        history, evidence = evidence, last_steps(evidence, judge_last)
-    median_step = float(np.median(evidence.step_time)) if len(evidence.step_time) else 0.0
+    if judge_last is not None and len(timings.steps) > judge_last:
+        history, timings = timings, last_steps(timings, judge_last)
+    median_step = float(np.median(timings.step_time)) if len(timings.step_time) else 0.0
     window = {
-        "steps": [int(evidence.steps[0]), int(evidence.steps[-1])] if len(evidence.steps) else [],
-        "ranks": len(evidence.ranks),
+        "steps": [int(timings.steps[0]), int(timings.steps[-1])] if len(timings.steps) else [],
+        "ranks": len(timings.ranks),
         "median_step_seconds": round(median_step, 6),
     }
-    if len(evidence.steps) < MIN_STEPS or len(evidence.ranks) < 2:
-        what = f"{len(evidence.steps)} steps" if len(evidence.steps) < MIN_STEPS else f"{len(evidence.ranks)} rank"
+    if len(timings.steps) < MIN_STEPS or len(timings.ranks) < 2:
+        what = f"{len(timings.steps)} steps" if len(timings.steps) < MIN_STEPS else f"{len(timings.ranks)} rank"
         return Analysis(
             (),
             (),
@@ -203,36 +204,36 @@ def _recorded(
             f"{what} in the trace; at least {MIN_STEPS} steps of 2 or more ranks are needed to tell a "
             f"slow device or uneven work from noise",
         )
-    irregular = tuple(int(s) for s in evidence.steps[evidence.step_time > thresholds.irregular * median_step])
-    # steps every rank was slow in say nothing of one device: left out of the GPU evidence
-    job_wide = job_wide_slowdown((history or evidence).compute_seconds, (history or evidence).steps)
+    irregular = tuple(int(s) for s in timings.steps[timings.step_time > thresholds.irregular * median_step])
+    # steps every rank was slow in say nothing of one device: left out of the compute the GPUs are judged by
+    job_wide = job_wide_slowdown((history or timings).compute_seconds, (history or timings).steps)
     if job_wide is not None:
-        evidence = without_steps(evidence, job_wide.first_step, job_wide.last_step)
+        timings = without_steps(timings, job_wide.first_step, job_wide.last_step)
         history = without_steps(history, job_wide.first_step, job_wide.last_step) if history is not None else None
-    gpus = gpu_candidates(evidence, thresholds, history)
+    gpus = gpu_candidates(timings, thresholds, history)
     clearly_slow = tuple(c.ranks[0] for c in gpus if c.z >= thresholds.explain_z)
-    paths, network_notes = path_candidates(evidence, thresholds, clearly_slow, history)
+    paths, network_notes = path_candidates(timings, thresholds, clearly_slow, history)
     candidates = gpus + paths
     simulated = bool(topology and topology.simulated) or bool(
         "simulated" in records.columns and records["simulated"].fillna(False).astype(bool).any()
     )
     details: dict[str, Any] = {
         "window": window,
-        "evidence_source": "collectives" if evidence.compute_derived else "compute and collectives",
+        "evidence_source": "collectives" if timings.compute_derived else "compute and collectives",
     }
     if simulated:
         details["simulated"] = True
     if network_notes:
         details["notes"] = network_notes
     found = {c.ranks[0] for c in gpus if c.strength(thresholds) >= 1.0}  # a finding of their own speaks for them
-    power = gpu_power(evidence, thresholds, history, found)
-    if job_wide is not None and job_wide.last_step >= evidence.steps[0]:  # it reached the window judged
+    power = gpu_power(timings, thresholds, history, found)
+    if job_wide is not None and job_wide.last_step >= timings.steps[0]:  # it reached the window judged
         details["job_wide"] = job_wide.to_dict()
     if history is not None:
         details["history"] = {"steps": [int(history.steps[0]), int(history.steps[-1])]}
-    uncovered = uncovered_ranks(evidence.ranks, evidence.compute, _members(topology))
+    uncovered = uncovered_ranks(timings.ranks, timings.compute, _members(topology))
     return Analysis(
-        tuple(candidates), tuple(imbalance_reasons(evidence, thresholds)), irregular, details, None, power, uncovered
+        tuple(candidates), tuple(imbalance_reasons(timings, thresholds)), irregular, details, None, power, uncovered
     )
 
 

@@ -30,6 +30,7 @@ from trainhealth._internal.localize.stragglers import (
     undecided_pairs,
 )
 from trainhealth._internal.localize.waits import Measured, measure
+from trainhealth._internal.localize.wording import explained_path_note, slow_path_sentence, straggler_sentence
 from trainhealth._internal.traces.topology import Topology
 
 __all__ = ["MIN_STEPS", "WARMUP_STEPS", "MeasuredAnalysis", "analyze_measured"]
@@ -116,7 +117,7 @@ def analyze_measured(records: pd.DataFrame, topology: Topology | None, threshold
             (s.rank,),
             measured.hosts.get(s.rank),
             s.z,
-            s.evidence,
+            straggler_sentence(s, int(measured.steps[-1])),
             "measured",
             math.exp(s.effect),
             None if s.shape == "throughout" else s.steps[0],
@@ -133,11 +134,7 @@ def analyze_measured(records: pd.DataFrame, topology: Topology | None, threshold
         if explaining:
             # a straggler's own collectives slowed with it (a starved CPU runs its communication threads late
             # too): the device explains them, they are no second fault
-            culprit = ", ".join(f"rank {r}" for r in sorted(explaining))
-            notes.append(
-                f"the transfers of {path.component} slowed {math.exp(path.effect):.2f}x too: explained by "
-                f"the straggler in it ({culprit})"
-            )
+            notes.append(explained_path_note(path.component, path.effect, sorted(explaining)))
             continue
         candidates.append(
             Candidate(
@@ -146,7 +143,7 @@ def analyze_measured(records: pd.DataFrame, topology: Topology | None, threshold
                 path.ranks,
                 measured.hosts.get(path.ranks[0]) if len(path.ranks) == 1 else None,
                 path.z,
-                path.evidence,
+                slow_path_sentence(path),
                 "measured-path",
                 math.exp(path.effect),
                 path.since,
@@ -190,7 +187,7 @@ def _same_time(straggler: Straggler, since: int | None, steps: np.ndarray) -> bo
 
 
 def _without_warmup(records: pd.DataFrame) -> pd.DataFrame:
-    """A job's first steps (allocations, first-touch, DDP building its buckets, caches filling) are no evidence
+    """A job's first steps (allocations, first-touch, DDP building its buckets, caches filling) say nothing
     of anyone's health: when the window begins at step 0, its first :data:`WARMUP_STEPS` are left out."""
     steps = records["step"]
     if (steps == 0).any():

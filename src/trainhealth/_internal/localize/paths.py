@@ -22,18 +22,30 @@ from trainhealth._internal.localize.candidates import (
     best,
     row_noise,
     rows_noise,
-    steps_text,
     stretch_effect,
 )
-from trainhealth._internal.localize.evidence import Evidence
 from trainhealth._internal.localize.excursions import (
     largest_elsewhere,
     recurrent_members,
     shape_of,
 )
 from trainhealth._internal.localize.stretches import Stretch, level, strongest_stretch
+from trainhealth._internal.localize.timings import Message, Timings
+from trainhealth._internal.localize.wording import (
+    event_note,
+    host_sentence,
+    network_wide_note,
+    nic_sentence,
+    recurrent_nic_sentence,
+    steps_text,
+    switch_sentence,
+)
 
 __all__ = ["path_candidates"]
+
+#: the messages a link's sentence names: the most common among its slow transfers, each a share of them at least
+_MAX_MESSAGES = 3
+_MESSAGE_SHARE = 0.1
 
 
 @dataclass(frozen=True)
@@ -42,7 +54,7 @@ class _Layer:
 
     name: str
     labels: list[str]
-    members: list[np.ndarray]  # per component: indices into Evidence.ranks
+    members: list[np.ndarray]  # per component: indices into Timings.ranks
     instance: np.ndarray  # per (instance, component) pair
     cell: np.ndarray  # per pair: component x steps + the instance's step (where _score_layer adds it up)
     counts: np.ndarray  # per cell: its pairs, none explained
@@ -50,7 +62,7 @@ class _Layer:
 
 
 def path_candidates(
-    evidence: Evidence, thresholds: Thresholds, slow_gpus: tuple[int, ...], history: Evidence | None = None
+    timings: Timings, thresholds: Thresholds, slow_gpus: tuple[int, ...], history: Timings | None = None
 ) -> tuple[list[Candidate], list[str]]:
     """Greedy explaining-away: name the strongest component, drop the transfers it explains, repeat.
 
@@ -59,15 +71,15 @@ def path_candidates(
     every NIC shares is no culprit: then the switch is named when one explains it,
     else the slowdown is reported as network-wide.
     """
-    transfers = evidence.transfers
+    transfers = timings.transfers
     if len(transfers.excess) < 2:
         return [], []
-    layers = _layers(evidence)
+    layers = _layers(timings)
     explained = np.zeros(len(transfers.excess), dtype=bool)
-    _explain(evidence, explained, slow_gpus)
+    _explain(timings, explained, slow_gpus)
     noise: dict[str, float] = {}  # per layer, measured once: explaining a few components away barely moves it
     # the run the window is judged against: its NICs over the history (the window itself without one)
-    run = history or evidence
+    run = history or timings
     run_nics = _layers(run)[0] if history is not None else layers[0]
     run_noise: dict[str, float] = {} if history is not None else noise
     run_explained = np.zeros(len(run.transfers.excess), dtype=bool)
@@ -75,7 +87,7 @@ def path_candidates(
     remembered: dict[tuple[int, bytes], tuple[np.ndarray, Stretch, np.ndarray]] = {}
 
     def score(
-        of: Evidence, layer: _Layer, marked: np.ndarray, layer_noise: dict[str, float]
+        of: Timings, layer: _Layer, marked: np.ndarray, layer_noise: dict[str, float]
     ) -> tuple[np.ndarray, Stretch, np.ndarray]:
         """:func:`_score_layer`, once per layer and set of explained transfers (the recurrence test, the first
         round and a candidate's comparison with the run's other NICs often ask the same)."""
@@ -85,12 +97,12 @@ def path_candidates(
         return remembered[key]
 
     _, _, run_values = score(run, run_nics, run_explained, run_noise)
-    out: list[Candidate] = _recurrent(run, run_values, thresholds)
+    out: list[Candidate] = _recurrent(run, run_nics, run_explained, run_values, thresholds)
     for recurrent in out:  # its episodes are one finding, not events of their own
-        _explain(evidence, explained, recurrent.ranks)
+        _explain(timings, explained, recurrent.ranks)
     notes: list[str] = []
     for _ in range(min(thresholds.max_suspects, 3)):  # a network fault rarely comes with more than a second
-        scores = {layer.name: score(evidence, layer, explained, noise) for layer in layers}
+        scores = {layer.name: score(timings, layer, explained, noise) for layer in layers}
         nic_z, nic_stretch, nic_values = scores["nic"]
         index = int(np.argmax(nic_z))
         if nic_z[index] < 0.5 * thresholds.link_z:
@@ -102,23 +114,27 @@ def path_candidates(
         )
         shared = stretch_effect(nic_values, start, stop)
         candidate = _widest(
-            evidence, layers, scores, index, float(nic_z[index]), effect, thresholds, switch_only=shared >= 0.5 * effect
+            timings,
+            layers,
+            scores,
+            explained,
+            index,
+            float(nic_z[index]),
+            effect,
+            thresholds,
+            switch_only=shared >= 0.5 * effect,
         )
+        when = steps_text(timings.steps, start, stop)
         if candidate is None and shared >= 0.5 * effect:
-            notes.append(
-                f"all inter-host transfers were {np.exp(shared):.2f}x slower {steps_text(evidence, start, stop)}: "
-                f"network-wide, no single NIC, host or known switch stands out"
-            )
+            notes.append(network_wide_note(shared, when))
             break
         if candidate is None:
-            rank = int(evidence.ranks[index])
-            text = (
-                f"inter-host transfers through its NIC take {np.exp(effect):.2f}x their usual "
-                f"time {steps_text(evidence, start, stop)} (z={nic_z[index]:.1f}); every member of those "
-                f"collectives is slow, the last to arrive too"
-            )
+            rank = int(timings.ranks[index])
+            slow = _steps_between(len(timings.steps), start, stop)
+            sizes = _message_slowdowns(timings, layers[0], index, explained, slow)
+            text = nic_sentence(effect, when, float(nic_z[index]), sizes)
             candidate = Candidate(
-                "link", f"nic:rank-{rank}", (rank,), evidence.hosts.get(rank), float(nic_z[index]), text
+                "link", f"nic:rank-{rank}", (rank,), timings.hosts.get(rank), float(nic_z[index]), text
             )
 
         def elsewhere(candidate: Candidate = candidate) -> np.ndarray:
@@ -127,16 +143,18 @@ def path_candidates(
             _explain(run, others, candidate.ranks)
             return score(run, run_nics, others, run_noise)[2]
 
-        out.append(_judged(candidate, evidence, nic_values[index], elsewhere, start, stop, effect, thresholds))
-        _explain(evidence, explained, candidate.ranks)
+        out.append(_judged(candidate, timings, nic_values[index], elsewhere, start, stop, effect, thresholds))
+        _explain(timings, explained, candidate.ranks)
     return out, notes
 
 
-def _recurrent(evidence: Evidence, values: np.ndarray, thresholds: Thresholds) -> list[Candidate]:
+def _recurrent(
+    timings: Timings, nics: _Layer, explained: np.ndarray, values: np.ndarray, thresholds: Thresholds
+) -> list[Candidate]:
     """The NIC slow in episode after episode, far more often than episodes falling on random NICs of this run
     would make one (:func:`.excursions.recurrent_members`); its partners' share of its episodes is left out by
-    taking the NIC whose episodes are strongest. ``values``: per NIC and step, the mean excess of its transfers
-    not yet explained."""
+    taking the NIC whose episodes are strongest. ``values``: per NIC (of ``nics``) and step, the mean excess of
+    its transfers not ``explained``."""
     # each NIC's episodes stand out from its own noise too: one whose transfers were partly explained (a slow
     # GPU's) is measured on fewer of them and is noisier than the rest
     sigma = rows_noise(values, row_noise(values, thresholds.min_transfer_effect / 4))
@@ -147,7 +165,7 @@ def _recurrent(evidence: Evidence, values: np.ndarray, thresholds: Thresholds) -
         thresholds.recurrent_episodes,
         thresholds.false_blame,
         thresholds.min_length - 1,
-        lambda: _partners(evidence),
+        lambda: _partners(timings),
         thresholds.rarity,
     )
     best: Candidate | None = None
@@ -159,33 +177,29 @@ def _recurrent(evidence: Evidence, values: np.ndarray, thresholds: Thresholds) -
         z = effect / sigma[index] * math.sqrt(slow.sum()) / 2.0  # discounted: the episodes are the row's largest
         if z < thresholds.link_z or (best is not None and z <= best.z):
             continue
-        rank = int(evidence.ranks[index])
-        where = ", ".join(f"{evidence.steps[a]}-{evidence.steps[b - 1]}" for a, b in episodes[:6])
-        text = (
-            f"inter-host transfers through its NIC take {math.exp(effect):.2f}x their usual time in "
-            f"{len(episodes)} separate episodes (steps {where}{', ...' if len(episodes) > 6 else ''}; z={z:.1f}), "
-            f"far more than episodes falling on random NICs of this run would give one NIC: a recurrent fault"
-        )
+        rank = int(timings.ranks[index])
+        sizes = _message_slowdowns(timings, nics, index, explained, slow)
+        text = recurrent_nic_sentence(timings.steps, episodes, effect, z, sizes)
         best = Candidate(
             "link",
             f"nic:rank-{rank}",
             (rank,),
-            evidence.hosts.get(rank),
+            timings.hosts.get(rank),
             z,
             text,
             "transfers",
             math.exp(effect),
-            int(evidence.steps[episodes[0][0]]),
+            int(timings.steps[episodes[0][0]]),
             "recurrent",
         )
     return [best] if best is not None else []
 
 
-def _partners(evidence: Evidence) -> dict[int, set[int]]:
+def _partners(timings: Timings) -> dict[int, set[int]]:
     """Per rank index, the rank indices at the other ends of its inter-host transfers. Instances of one group
     share their members: each distinct member set is expanded once (a data-parallel group of 64 has 4,032
     pairs, repeated in every step it would be millions)."""
-    transfers = evidence.transfers
+    transfers = timings.transfers
     order = np.lexsort((transfers.member_rank, transfers.member_instance))
     instance, rank = transfers.member_instance[order], transfers.member_rank[order]
     bounds = np.flatnonzero(np.r_[True, instance[1:] != instance[:-1], True])
@@ -201,7 +215,7 @@ def _partners(evidence: Evidence) -> dict[int, set[int]]:
 
 def _judged(
     candidate: Candidate,
-    evidence: Evidence,
+    timings: Timings,
     row: np.ndarray,
     elsewhere: Callable[[], np.ndarray],
     start: int,
@@ -213,20 +227,16 @@ def _judged(
     came and went, or other NICs of the run, without the transfers it explains, went as far for as long)."""
     whole = start <= 0 and stop >= len(row)
     shape = "throughout" if whole else shape_of(row, start, stop)
-    covered = np.flatnonzero(np.isin(evidence.ranks, candidate.ranks))  # a host's or switch's NICs are not "others"
+    covered = np.flatnonzero(np.isin(timings.ranks, candidate.ranks))  # a host's or switch's NICs are not "others"
     if shape != "transient" and effect < thresholds.rarity * largest_elsewhere(elsewhere(), covered, stop - start):
         shape = "ordinary"
-    note = {
-        "transient": "; it came and went: an event, not a faulty component",
-        "ordinary": "; other NICs of this run went as far for as long: an event, not a faulty component",
-    }
     return replace(
         candidate,
-        evidence=candidate.evidence + note.get(shape, ""),
+        evidence=candidate.evidence + event_note(shape, "NICs", "component"),
         shape=shape,
         slowdown=float(np.exp(effect)),
-        since=None if whole else int(evidence.steps[start]),
-        until=int(evidence.steps[stop - 1]) if shape == "transient" else None,
+        since=None if whole else int(timings.steps[start]),
+        until=int(timings.steps[stop - 1]) if shape == "transient" else None,
     )
 
 
@@ -246,18 +256,18 @@ def _transfer_noise(excess: np.ndarray, values: np.ndarray, counts: np.ndarray, 
     return single * max(1.0, 1.4826 * float(np.median(finite, overwrite_input=True)) if len(finite) else 1.0)
 
 
-def _explain(evidence: Evidence, explained: np.ndarray, ranks: tuple[int, ...]) -> None:
+def _explain(timings: Timings, explained: np.ndarray, ranks: tuple[int, ...]) -> None:
     """Mark the transfers any of ``ranks`` took part in as explained."""
-    transfers = evidence.transfers
-    covered = np.isin(transfers.member_rank, np.flatnonzero(np.isin(evidence.ranks, ranks)))
+    transfers = timings.transfers
+    covered = np.isin(transfers.member_rank, np.flatnonzero(np.isin(timings.ranks, ranks)))
     explained[transfers.member_instance[covered]] = True
 
 
-def _layers(evidence: Evidence) -> list[_Layer]:
-    transfers = evidence.transfers
-    ranks = [int(r) for r in evidence.ranks]
+def _layers(timings: Timings) -> list[_Layer]:
+    transfers = timings.transfers
+    ranks = [int(r) for r in timings.ranks]
     groupings = [("nic", {str(r): [i] for i, r in enumerate(ranks)})]
-    for name, mapping in (("host", evidence.hosts), ("switch", evidence.switches)):
+    for name, mapping in (("host", timings.hosts), ("switch", timings.switches)):
         members: dict[str, list[int]] = {}
         for index, rank in enumerate(ranks):
             if rank in mapping:
@@ -284,8 +294,8 @@ def _layers(evidence: Evidence) -> list[_Layer]:
             if not first.all():
                 instance, component = instance[first], component[first]
             del first
-        cell = _cells(component, transfers.step[instance], len(labels), len(evidence.steps))
-        size = len(labels) * len(evidence.steps)
+        cell = _cells(component, transfers.step[instance], len(labels), len(timings.steps))
+        size = len(labels) * len(timings.steps)
         counts = np.bincount(cell, minlength=size)
         sums = np.bincount(cell, weights=transfers.excess[instance], minlength=size)
         layers.append(
@@ -332,7 +342,7 @@ def _first_memberships(
 
 
 def _score_layer(
-    evidence: Evidence, layer: _Layer, explained: np.ndarray, thresholds: Thresholds, noise: dict[str, float]
+    timings: Timings, layer: _Layer, explained: np.ndarray, thresholds: Thresholds, noise: dict[str, float]
 ) -> tuple[np.ndarray, Stretch, np.ndarray]:
     """Per component: z, stretch and per-step mean excess of the transfers crossing it, not yet explained.
 
@@ -340,8 +350,8 @@ def _score_layer(
     more the per-step means vary than independent transfers would (congestion
     moves many transfers of a step together).
     """
-    transfers = evidence.transfers
-    n_steps, n_components = len(evidence.steps), len(layer.labels)
+    transfers = timings.transfers
+    n_steps, n_components = len(timings.steps), len(layer.labels)
     size = n_components * n_steps
     sums, counts = layer.sums, layer.counts
     closed_pairs = explained[layer.instance] if explained.any() else None
@@ -369,9 +379,10 @@ def _score_layer(
 
 
 def _widest(
-    evidence: Evidence,
+    timings: Timings,
     layers: list[_Layer],
     scores: dict[str, tuple[np.ndarray, Stretch, np.ndarray]],
+    explained: np.ndarray,
     index: int,
     nic_z: float,
     nic_effect: float,
@@ -393,20 +404,48 @@ def _widest(
         z, stretch, _ = scores[layer.name]
         if z[code] < 0.5 * nic_z or stretch.effect[code] < thresholds.explain_share * nic_effect:
             continue
-        covered = tuple(int(evidence.ranks[i]) for i in layer.members[code])
+        covered = tuple(int(timings.ranks[i]) for i in layer.members[code])
         label = layer.labels[code]
-        steps = steps_text(evidence, int(stretch.start[code]), int(stretch.stop[code]))
-        factor = np.exp(stretch.effect[code])
+        start, stop, effect = int(stretch.start[code]), int(stretch.stop[code]), float(stretch.effect[code])
+        when = steps_text(timings.steps, start, stop)
+        sizes = _message_slowdowns(timings, layer, code, explained, _steps_between(len(timings.steps), start, stop))
         if layer.name == "switch":
-            hosts = len({evidence.hosts.get(r, str(r)) for r in covered})
-            text = (
-                f"inter-host transfers of all {hosts} hosts under {label} take {factor:.2f}x their usual "
-                f"time {steps} (z={z[code]:.1f}): the switch, not one host or NIC"
-            )
+            hosts = len({timings.hosts.get(r, str(r)) for r in covered})
+            text = switch_sentence(label, hosts, effect, when, float(z[code]), sizes)
             return Candidate("link", f"switch:{label}", covered, None, float(z[code]), text)
-        text = (
-            f"inter-host transfers of every GPU on {label} take {factor:.2f}x their usual time {steps} "
-            f"(z={z[code]:.1f}): the host's network path, not one NIC"
-        )
+        text = host_sentence(label, effect, when, float(z[code]), sizes)
         return Candidate("host", f"host:{label}", covered, label, float(z[code]), text)
     return None
+
+
+def _steps_between(n_steps: int, start: int, stop: int) -> np.ndarray:
+    """Per step: whether it is in [``start``, ``stop``)."""
+    inside = np.zeros(n_steps, dtype=bool)
+    inside[start:stop] = True
+    return inside
+
+
+def _message_slowdowns(
+    timings: Timings, layer: _Layer, code: int, explained: np.ndarray, slow: np.ndarray
+) -> tuple[tuple[Message, float], ...]:
+    """The messages most common among the transfers crossing component ``code`` of ``layer`` in the ``slow`` steps
+    (per step: whether it is one), not yet ``explained``: up to :data:`_MAX_MESSAGES`, each at least
+    :data:`_MESSAGE_SHARE` of them, with each one's slowdown (its mean excess in those steps less that in the
+    others; against its class's usual time where the slow steps are all)."""
+    transfers = timings.transfers
+    n_steps = len(timings.steps)
+    crossing = (layer.cell >= code * n_steps) & (layer.cell < (code + 1) * n_steps)
+    instance = layer.instance[crossing]
+    instance = instance[~explained[instance]]
+    inside = slow[transfers.step[instance]]
+    message, excess = transfers.message[instance], transfers.excess[instance]
+    counts = np.bincount(message[inside], minlength=len(transfers.messages))
+    out = []
+    for common in np.argsort(-counts, kind="stable")[:_MAX_MESSAGES].tolist():
+        if counts[common] == 0 or counts[common] < _MESSAGE_SHARE * counts.sum():
+            break
+        mine = message == common
+        outside = mine & ~inside
+        effect = float(excess[mine & inside].mean()) - (float(excess[outside].mean()) if outside.any() else 0.0)
+        out.append((transfers.messages[common], math.exp(effect)))
+    return tuple(out)

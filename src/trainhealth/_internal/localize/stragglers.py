@@ -48,7 +48,7 @@ __all__ = ["Straggler", "StragglerSettings", "find_stragglers", "peer_counts", "
 
 #: stragglers looked for in one window (more than a few at once is a job-wide problem, not a device)
 _MAX_STRAGGLERS = 4
-#: steps from a straggler's onset in which its peers are no evidence against each other: the job
+#: steps from a straggler's onset in which its peers are no standard for each other: the job
 #: re-synchronises around the first slow steps (a 3x data-loader stall shifts its peers' step boundaries too)
 _ECHO_STEPS = 2
 
@@ -72,6 +72,8 @@ class StragglerSettings:
 
 @dataclass(frozen=True)
 class Straggler:
+    """A rank its peers waited for, as measured (:func:`.wording.straggler_sentence` says it in words)."""
+
     rank: int
     z: float
     effect: float  # log(busy / peers' busy) in the stretch, against the rest of the window
@@ -79,7 +81,6 @@ class Straggler:
     shape: str  # "persistent", "throughout", "intermittent" (faults); "transient", "ordinary" (events)
     slowest_share: float
     others_waited: float  # median seconds per slow step its peers spent waiting for later arrivals
-    evidence: str
 
 
 def peer_counts(measured: Measured) -> np.ndarray:
@@ -363,33 +364,13 @@ def _straggler(
     peers = _peer_rows(measured, index)
     waited = measured.waited[np.ix_(peers, columns)] if len(peers) else np.zeros((0, 0))
     others_waited = float(np.nanmedian(waited)) if waited.size and np.isfinite(waited).any() else 0.0
-    where = {
-        "persistent": f"since step {steps[0]}",
-        "transient": f"in steps {steps[0]}-{steps[-1]}",
-        "ordinary": f"since step {steps[0]}" if steps[-1] == measured.steps[-1] else f"in steps {steps[0]}-{steps[-1]}",
-        "throughout": "throughout the window",
-        "intermittent": f"in {len(steps)} separate steps ({_list(steps)})",
-    }[shape]
-    evidence = (
-        f"rank {rank} computes {math.exp(effect):.2f}x as long as its peers {where} (z={z:.1f}); "
-        f"it was the slowest of its peers in {share:.0%} of those steps and arrived last at their "
-        f"collectives, where they waited {1e3 * others_waited:.1f} ms per step for it"
-    )
-    if shape == "transient":
-        evidence += "; it came and went: an event, not a faulty device"
-    elif shape == "ordinary":
-        evidence += "; other ranks of this run went as far for as long: an event, not a faulty device"
-    return Straggler(rank, z, effect, steps, shape, share, others_waited, evidence)
+    return Straggler(rank, z, effect, steps, shape, share, others_waited)
 
 
 def _peer_rows(measured: Measured, index: int) -> np.ndarray:
     rank = int(measured.ranks[index])
     members = {m for group in measured.groups.values() if rank in group for m in group} - {rank}
     return np.flatnonzero(np.isin(measured.ranks, sorted(members)))
-
-
-def _list(steps: tuple[int, ...]) -> str:
-    return ", ".join(map(str, steps[:8])) + (", ..." if len(steps) > 8 else "")
 
 
 def _persistently_slowest(times: int, steps: int, chance: float, settings: StragglerSettings) -> bool:

@@ -1,4 +1,4 @@
-"""Evidence accumulated across iterations: the strongest slow stretch of each series.
+"""Slowness accumulated across iterations: the strongest slow stretch of each series.
 
 A fault starts, lasts and may end inside the analysed window; before it, the
 same rank (NIC, host, switch) shows its normal level, which folds away the fixed
@@ -6,7 +6,7 @@ speed differences between healthy GPUs. For each series (one row per candidate,
 one column per step, as sums of observations and their counts) the score is the
 largest standardized difference between the mean inside a run of at least
 ``min_length`` consecutive steps and the mean outside it; steps are weighted by
-``decay`` to the power of their age, so recent evidence counts more. A fault
+``decay`` to the power of their age, so recent steps count more. A fault
 that covers the whole window has no outside: it is scored by its level, what
 exceeds ``allowance`` above the peer reference of zero.
 

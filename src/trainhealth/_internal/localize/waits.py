@@ -35,14 +35,15 @@ from dataclasses import dataclass, replace
 import numpy as np
 import pandas as pd
 
-from trainhealth._internal.localize.evidence import covered, rank_hosts
+from trainhealth._internal.localize.grouping import covered
+from trainhealth._internal.localize.timings import P2P, Message, rank_hosts
 from trainhealth._internal.traces.format import COMMUNICATION_OPS
 
 __all__ = ["Measured", "P2P_OPS", "measure", "without"]
 
 P2P_OPS = ("send", "recv")
 #: busy time is kept above this share of the rank's median step time: a step whose every moment was spent in
-#: collectives still computed something, and log(0) would be no evidence at all
+#: collectives still computed something, and log(0) would compare nothing
 _BUSY_FLOOR = 0.05
 
 
@@ -60,6 +61,7 @@ class Measured:
     transfer: pd.DataFrame  # per (group, step): seconds of transfer (the last arrival's durations), members
     groups: dict[str, tuple[int, ...]]  # symmetric groups (two or more members), each member set once
     members: dict[str, tuple[int, ...]]  # every communicator with two or more members and its ranks
+    messages: dict[str, Message]  # per communicator of ``members``: the message its collectives most often carry
     hosts: dict[int, str]
     markers: bool  # step times come from step markers (else from the inferred iterations)
 
@@ -118,6 +120,8 @@ def measure(records: pd.DataFrame, hosts: Mapping[int, str] | None = None) -> Me
     symmetric = members >= 2
     groups = _symmetric_groups(group_name[symmetric & ~p2p], ranks[rank_code[comm]][symmetric & ~p2p])
     members = _members(group_name[symmetric], ranks[rank_code[comm]][symmetric])
+    sizes = records["bytes"].array.take(comm) if "bytes" in records else pd.array([pd.NA] * len(comm), dtype="Int64")
+    messages = _messages(group_name[symmetric], op[comm][symmetric], sizes[symmetric])
     relative, slowest = _compare(busy, groups, ranks, frozenset())
     transfer = pd.DataFrame(
         {
@@ -139,6 +143,7 @@ def measure(records: pd.DataFrame, hosts: Mapping[int, str] | None = None) -> Me
         transfer=transfer,
         groups=groups,
         members=members,
+        messages=messages,
         hosts=rank_hosts(records, hosts),
         markers=bool(markers.any()),
     )
@@ -215,6 +220,18 @@ def _overlaps(rank: np.ndarray, start: np.ndarray, duration: np.ndarray) -> np.n
 def _members(names: np.ndarray, member_ranks: np.ndarray) -> dict[str, tuple[int, ...]]:
     pairs = pd.DataFrame({"group": names, "rank": member_ranks}).drop_duplicates()
     return {str(name): tuple(sorted(int(r) for r in block)) for name, block in pairs.groupby("group")["rank"]}
+
+
+def _messages(names: np.ndarray, ops: np.ndarray, sizes: pd.api.extensions.ExtensionArray) -> dict[str, Message]:
+    """Per communicator, the message (operation and size) most of its rows carry; sends and receives are one
+    point-to-point operation (:data:`.timings.P2P`), ties go to the first in sorted order."""
+    table = pd.DataFrame({"group": names, "op": np.where(np.isin(ops, P2P_OPS), P2P, ops), "bytes": sizes})
+    counts = table.groupby(["group", "op", "bytes"], dropna=False, sort=True).size().reset_index(name="rows")
+    top = counts.sort_values(["group", "rows"], ascending=[True, False], kind="stable").drop_duplicates("group")
+    return {
+        str(group): Message(str(op), None if pd.isna(size) else int(size))
+        for group, op, size in zip(top["group"], top["op"], top["bytes"])
+    }
 
 
 def _symmetric_groups(names: np.ndarray, member_ranks: np.ndarray) -> dict[str, tuple[int, ...]]:

@@ -1,6 +1,7 @@
-"""Evidence for localization: per-rank and per-transfer matrices from trace records, in numpy.
+"""Timings for localization: per-rank and per-transfer matrices from trace records, in numpy.
 
-Three kinds of evidence, following Holmes's reading of collective timings:
+What the recorded path measures, following Holmes's reading of collective timings
+(the sentences about it are written in :mod:`.wording`):
 
 * **Compute**: each forward/backward/compute operation's duration relative to
   the same operation of the rank's peers (the ranks doing the same work in the
@@ -12,16 +13,18 @@ Three kinds of evidence, following Holmes's reading of collective timings:
   inside collectives (waiting included).
 * **Who arrived last**: a collective ends for all members at once, so the
   member that arrived last waited least (Holmes's straggler rule): per rank, the
-  share of its collectives it was last to, for the evidence text.
+  share of its collectives it was last to.
 * **Transfer excess** (Holmes's communication rule): the last member to arrive
   did not wait, so its duration is the transfer time; when even that is long,
   every member looks abnormal and the path is at fault. Kept per inter-host
-  instance as log(transfer time / the median of its class), with its members,
-  so a NIC, a host or a switch can be scored by the transfers that cross it.
+  instance as log(transfer time / the median of its class), with its members
+  and its message (operation and size), so a NIC, a host or a switch can be
+  scored by the transfers that cross it.
 
 Replicas (the ranks of one data-parallel replica, joined by tensor, context and
 pipeline groups) are found too: work that is uneven between replicas, such as
 longer sequences in one of them, moves a whole replica and is not one GPU's fault.
+The integer codes and grouped medians all this is computed with are :mod:`.grouping`'s.
 """
 
 from __future__ import annotations
@@ -36,14 +39,27 @@ import pandas as pd
 
 from trainhealth._internal._memory import release_freed_memory
 from trainhealth._internal.localize.compute_grid import grid_slots, median_along, versus_peers_and_own
-from trainhealth._internal.traces.format import COMMUNICATION_OPS
+from trainhealth._internal.localize.grouping import (
+    combined,
+    covered,
+    extent,
+    group_median,
+    index_type,
+    key_codes,
+    median_by,
+    positions,
+    small_codes,
+    sorted_codes,
+    text_codes,
+)
+from trainhealth._internal.traces.format import COMMUNICATION_OPS, COMPUTATION_OPS
 
 __all__ = [
-    "COMPUTE_OPS",
-    "Evidence",
+    "P2P",
+    "Message",
+    "Timings",
     "Transfers",
-    "covered",
-    "gather_evidence",
+    "gather_timings",
     "group_kind",
     "last_steps",
     "rank_hosts",
@@ -51,10 +67,11 @@ __all__ = [
 ]
 
 _KIND = re.compile(r"^(tp|dp|pp|ep|cp|emb|sp)(?=[-:_.]|\d|$)")
-COMPUTE_OPS = ("forward", "backward", "optimizer", "compute")
 _PASSES = ("forward", "backward")
 #: peer groups come from the first kind present: data-parallel replicas do the same work
 _PEER_KINDS = ("dp", "tp", "cp", "other")
+#: a :class:`Message`'s operation for sends and receives, taken together (one point-to-point transfer)
+P2P = "p2p"
 
 
 def group_kind(name: str) -> str:
@@ -70,18 +87,29 @@ def group_kind(name: str) -> str:
 
 
 @dataclass(frozen=True)
+class Message:
+    """What one collective moved: its operation (:data:`P2P` for sends and receives) and size in bytes (None where
+    the trace does not record it)."""
+
+    op: str
+    nbytes: int | None
+
+
+@dataclass(frozen=True)
 class Transfers:
-    """Inter-host collective instances: their transfer excess and who took part."""
+    """Inter-host collective instances: their transfer excess, their message and who took part."""
 
     excess: np.ndarray  # per instance: log(transfer time / the median of its class)
-    step: np.ndarray  # per instance: index into Evidence.steps
+    step: np.ndarray  # per instance: index into Timings.steps
+    message: np.ndarray  # per instance: index into messages
+    messages: tuple[Message, ...]
     member_instance: np.ndarray  # per membership: the instance
-    member_rank: np.ndarray  # per membership: index into Evidence.ranks
+    member_rank: np.ndarray  # per membership: index into Timings.ranks
     # (indices are 32-bit where they fit: millions of memberships)
 
 
 @dataclass(frozen=True)
-class Evidence:
+class Timings:
     """Per-rank matrices are (rank, step), indexed like ``ranks`` and ``steps``."""
 
     ranks: np.ndarray
@@ -101,17 +129,17 @@ class Evidence:
     switches: dict[int, str]
 
 
-def gather_evidence(
+def gather_timings(
     records: pd.DataFrame,
     hosts: Mapping[int, str] | None = None,
     switches: Mapping[int, str] | None = None,
     usual_before: int | None = None,
-) -> Evidence:
-    """Evidence from ``records`` (trace format v1 with canonical dtypes); steps numbered below ``usual_before``
+) -> Timings:
+    """Timings from ``records`` (trace format v1 with canonical dtypes); steps numbered below ``usual_before``
     are the run's usual (a live analyzer's reference, :mod:`.history`): a transfer is compared with its class's
     usual time there, where the class was seen there, so that a path slow for longer than the history shows."""
-    rank_code, ranks = _small_codes(records["rank"].to_numpy())
-    step_code, steps = _small_codes(records["step"].to_numpy())
+    rank_code, ranks = small_codes(records["rank"].to_numpy())
+    step_code, steps = small_codes(records["step"].to_numpy())
     n_ranks, n_steps = len(ranks), len(steps)
     duration = records["duration"].to_numpy(dtype=np.float64)
     start = records["start"].to_numpy(dtype=np.float64)
@@ -142,7 +170,7 @@ def gather_evidence(
 
     chosen = op.among(_PASSES)
     if not chosen.any():
-        chosen = op.among(COMPUTE_OPS)
+        chosen = op.among(COMPUTATION_OPS)
     derived = not chosen.any()
     if derived:  # collectives only: what a rank spends outside them is its compute
         # sends are left out: a sender computes on while its send waits for the receiver
@@ -169,7 +197,7 @@ def gather_evidence(
             n_steps,
         )
     else:
-        operations = np.flatnonzero(chosen).astype(_index_type(len(chosen)))
+        operations = np.flatnonzero(chosen).astype(index_type(len(chosen)))
         del chosen
         compute, compute_change, compute_seconds = _compute(
             rank_code,
@@ -198,7 +226,7 @@ def gather_evidence(
         int(np.searchsorted(steps, usual_before)) if usual_before is not None else 0,
     )
     release_freed_memory()
-    return Evidence(
+    return Timings(
         ranks=ranks.astype(np.int64),
         steps=steps.astype(np.int64),
         step_time=step_time,
@@ -217,88 +245,45 @@ def gather_evidence(
     )
 
 
-def last_steps(evidence: Evidence, count: int) -> Evidence:
-    """The evidence of the last ``count`` steps only (the window a live analyzer judges), cut from evidence
+def last_steps(timings: Timings, count: int) -> Timings:
+    """The timings of the last ``count`` steps only (the window a live analyzer judges), cut from timings
     gathered over a longer history, so that each rank's usual comes from the history."""
-    first = max(len(evidence.steps) - count, 0)
+    first = max(len(timings.steps) - count, 0)
     columns = slice(first, None)
-    transfers = evidence.transfers
+    transfers = timings.transfers
     kept = transfers.step >= first
     renumber = np.full(len(kept), -1)
     renumber[kept] = np.arange(int(kept.sum()))
     members = kept[transfers.member_instance]
     return replace(
-        evidence,
-        steps=evidence.steps[columns],
-        step_time=evidence.step_time[columns],
-        compute=evidence.compute[:, columns],
-        compute_change=evidence.compute_change[:, columns],
-        compute_seconds=evidence.compute_seconds[:, columns],
+        timings,
+        steps=timings.steps[columns],
+        step_time=timings.step_time[columns],
+        compute=timings.compute[:, columns],
+        compute_change=timings.compute_change[:, columns],
+        compute_seconds=timings.compute_seconds[:, columns],
         transfers=Transfers(
             excess=transfers.excess[kept],
             step=transfers.step[kept] - first,
+            message=transfers.message[kept],
+            messages=transfers.messages,
             member_instance=renumber[transfers.member_instance[members]],
             member_rank=transfers.member_rank[members],
         ),
     )
 
 
-def without_steps(evidence: Evidence, first: int, last: int) -> Evidence:
-    """The evidence with its compute in steps ``first``-``last`` left out (NaN): steps every rank was slow in
+def without_steps(timings: Timings, first: int, last: int) -> Timings:
+    """The timings with their compute in steps ``first``-``last`` left out (NaN): steps every rank was slow in
     (:mod:`.jobwide`) say nothing of one device."""
-    columns = (evidence.steps >= first) & (evidence.steps <= last)
+    columns = (timings.steps >= first) & (timings.steps <= last)
     if not columns.any():
-        return evidence
+        return timings
     return replace(
-        evidence,
-        compute=np.where(columns, np.nan, evidence.compute),
-        compute_change=np.where(columns, np.nan, evidence.compute_change),
+        timings,
+        compute=np.where(columns, np.nan, timings.compute),
+        compute_change=np.where(columns, np.nan, timings.compute_change),
     )
-
-
-def _small_codes(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Codes of non-negative integers (ranks, steps, codes) in sorted order of the distinct values (32-bit where
-    they fit: half the memory of millions of rows): counted and looked up in a table when their range is small,
-    else hashed. Values that are their own codes (0, 1, 2, ... all present) are returned as they are when of
-    the codes' type: not to be changed in place."""
-    if len(values) and 0 <= values.min() and values.max() < 50_000_000:
-        distinct = np.flatnonzero(np.bincount(values))
-    else:
-        distinct = np.sort(pd.unique(values))
-    kind = _index_type(len(distinct))
-    if len(distinct) and distinct[-1] == len(distinct) - 1:  # 0 to n - 1, every one present
-        return values.astype(kind, copy=False), distinct
-    if len(distinct) and distinct[-1] < 50_000_000:
-        table = np.zeros(int(distinct[-1]) + 1, dtype=kind)
-        table[distinct] = np.arange(len(distinct))
-        return table[values], distinct
-    return np.searchsorted(distinct, values).astype(kind), distinct
-
-
-def _index_type(count: int) -> type[np.signedinteger]:
-    """The integer type of indices below ``count``: 32 bits where they fit. Arithmetic that can go past
-    ``count`` (a rank's code times the steps) widens to 64 bits first."""
-    return np.int32 if count <= np.iinfo(np.int32).max else np.int64
-
-
-def _text_codes(column: pd.Series) -> tuple[np.ndarray, np.ndarray]:
-    """A text column as codes into its distinct values, as ``str`` (-1 where missing): a categorical's own
-    codes (only its categories are converted), else the values hashed once."""
-    if isinstance(column.dtype, pd.CategoricalDtype):
-        codes, names = column.cat.codes.to_numpy(), column.cat.categories
-    else:
-        codes, names = pd.factorize(column)
-    return codes, np.asarray(pd.Index(names).astype(str), dtype=object)
-
-
-def _sorted_codes(codes: np.ndarray, names: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``codes`` (non-negative) renumbered by the sorted order of the names they use, and those names: what
-    ``pd.factorize(names[codes], sort=True)`` gives, without hashing the rows."""
-    used = np.flatnonzero(np.bincount(codes, minlength=len(names)))
-    distinct, inverse = np.unique(names[used], return_inverse=True)
-    table = np.zeros(len(names), dtype=_index_type(len(names)))
-    table[used] = inverse
-    return table[codes], distinct
 
 
 def rank_hosts(
@@ -314,22 +299,11 @@ def rank_hosts(
     return found
 
 
-def covered(cell: np.ndarray, start: np.ndarray, duration: np.ndarray, n_cells: int) -> np.ndarray:
-    """Per cell, the time covered by at least one of its intervals (overlapping sends and receives once)."""
-    order = np.lexsort((start, cell))
-    cell, begin, end = cell[order], start[order], (start + duration)[order]
-    reach = pd.Series(end).groupby(cell).cummax().to_numpy()  # the furthest end so far in the cell
-    before = np.r_[-np.inf, reach[:-1]]
-    before[np.r_[True, cell[1:] != cell[:-1]]] = -np.inf  # nothing before the first interval of a cell
-    added = np.maximum(end - np.maximum(begin, before), 0.0)
-    return np.bincount(cell, weights=added, minlength=n_cells)
-
-
 def _spans(
     rank_code: np.ndarray, step_code: np.ndarray, start: np.ndarray, duration: np.ndarray, n_ranks: int, n_steps: int
 ) -> tuple[np.ndarray, np.ndarray]:
     """Per rank and step: when its first record starts, and how long its records span (NaN if none)."""
-    cell = rank_code.astype(_index_type(n_ranks * n_steps), copy=False) * n_steps + step_code
+    cell = rank_code.astype(index_type(n_ranks * n_steps), copy=False) * n_steps + step_code
     first = np.full(n_ranks * n_steps, np.inf)
     last = np.full(n_ranks * n_steps, -np.inf)
     end = start + duration
@@ -361,19 +335,19 @@ class _Instances:
 def _instances(records: pd.DataFrame, op: _Ops) -> _Instances:
     """Collective instances (a group's operation with one sequence number) of two or more members. Only two
     arrays are per member row (its record row and instance), both 32-bit where they fit."""
-    group_code, names = _text_codes(records["group"])
+    group_code, names = text_codes(records["group"])
     seq_column = records["seq"]
     is_comm = op.among(COMMUNICATION_OPS) & (group_code >= 0) & seq_column.notna().to_numpy()
-    rows = np.flatnonzero(is_comm).astype(_index_type(len(records)))
+    rows = np.flatnonzero(is_comm).astype(index_type(len(records)))
     del is_comm
-    member_group, group_names = _sorted_codes(group_code[rows], names)
+    member_group, group_names = sorted_codes(group_code[rows], names)
     member_seq = seq_column.array.take(rows).to_numpy(dtype=np.int64)  # none missing in these rows
     seqs = int(member_seq.max()) + 1 if len(member_seq) else 1
     if seqs <= np.iinfo(np.int32).max:
         member_seq = member_seq.astype(np.int32)
-    kind = _index_type(len(group_names) * seqs)  # 32-bit keys hash over twice as fast
+    kind = index_type(len(group_names) * seqs)  # 32-bit keys hash over twice as fast
     key = member_group.astype(kind) * seqs + member_seq.astype(kind, copy=False)
-    instance = _key_codes(key, len(group_names) * seqs).astype(_index_type(len(key)), copy=False)
+    instance = key_codes(key, len(group_names) * seqs).astype(index_type(len(key)), copy=False)
     del key
     counts = np.bincount(instance)
     group = np.empty(len(counts), dtype=member_group.dtype)  # every member of an instance has its group and seq
@@ -389,41 +363,28 @@ def _instances(records: pd.DataFrame, op: _Ops) -> _Instances:
         # renumbering the kept instances keeps their order
         instance = (np.cumsum(multi, dtype=instance.dtype) - 1)[instance]
     del counts, multi
-    size = np.bincount(instance).astype(_index_type(len(rows)))
+    size = np.bincount(instance).astype(index_type(len(rows)))
     duration = records["duration"].to_numpy(dtype=np.float64)[rows]
     shortest = np.full(len(size), np.inf)
     np.minimum.at(shortest, instance, duration)
-    last_row = np.full(len(size), len(rows), dtype=_index_type(len(rows) + 1))
+    last_row = np.full(len(size), len(rows), dtype=index_type(len(rows) + 1))
     at_shortest = np.flatnonzero(duration == shortest[instance]).astype(last_row.dtype)  # ufunc.at converts slowly
     np.minimum.at(last_row, instance[at_shortest], at_shortest)
     return _Instances(rows, instance, group, seq, group_names, size, shortest, last_row)
-
-
-def _key_codes(key: np.ndarray, limit: int) -> np.ndarray:
-    """Per key (non-negative, below ``limit``): its number among the distinct keys in sorted order. Keys that
-    fill much of their range (a group's sequence numbers one after another) are looked up in a table of the
-    range, several times faster than hashing them; sparse ones are hashed and sorted.
-
-    >>> _key_codes(np.array([40, 7, 40, 12]), 50)
-    array([2, 0, 2, 1])
-    """
-    if limit <= 4 * len(key):
-        present = np.zeros(limit, dtype=bool)
-        present[key] = True
-        number = np.cumsum(present, dtype=_index_type(limit))
-        number -= 1
-        return number[key]
-    return pd.factorize(key, sort=True)[0]
 
 
 class _Ops:
     """The ``op`` column as codes into its few distinct names: masks without comparing millions of strings."""
 
     def __init__(self, column: pd.Series) -> None:
-        self.codes, self._names = _text_codes(column)
+        self.codes, self._names = text_codes(column)
 
     def among(self, wanted: tuple[str, ...]) -> np.ndarray:
         return np.append(np.isin(self._names, wanted), False)[self.codes]  # code -1 (missing): the appended False
+
+    def name(self, code: int) -> str:
+        """The operation of a code; code -1 stands for sends and receives taken together (:data:`P2P`)."""
+        return P2P if code < 0 else str(self._names[code])
 
 
 def _peer_groups(
@@ -457,7 +418,7 @@ def _joined(member_group: np.ndarray, member_rank: np.ndarray, chosen: np.ndarra
     label = np.arange(n_ranks)
     if len(groups) == 0:
         return label
-    group_code, _ = _small_codes(groups)
+    group_code, _ = small_codes(groups)
     while True:
         lowest = np.full(group_code.max() + 1, n_ranks)
         np.minimum.at(lowest, group_code, label[members])
@@ -494,9 +455,9 @@ def _compute(
     median (a GC pause, a page fault).
     """
     if rows is None:
-        rows = np.arange(len(rank), dtype=_index_type(len(rank)))
+        rows = np.arange(len(rank), dtype=index_type(len(rank)))
     op_code = pd.factorize(op[rows])[0].astype(np.int32)
-    rank_step = rank[rows].astype(_index_type(n_ranks * n_steps), copy=False) * n_steps + step[rows]
+    rank_step = rank[rows].astype(index_type(n_ranks * n_steps), copy=False) * n_steps + step[rows]
     cell = rank_step.astype(np.int64) * (int(op_code.max(initial=0)) + 1) + op_code
     order = _time_order(cell, rank_step, start[rows])  # by rank, step and operation, then time
     if order is not None:
@@ -505,7 +466,7 @@ def _compute(
     rank, step, duration = rank[rows], step[rows], duration[rows]
     del rows
     boundary = np.r_[True, cell[1:] != cell[:-1]]
-    index = np.arange(len(cell), dtype=_index_type(len(cell)))
+    index = np.arange(len(cell), dtype=index_type(len(cell)))
     position = index - np.maximum.accumulate(np.where(boundary, index, 0))
     del cell, boundary, index
     # each array per operation is dropped once the last step that reads it is done: millions of operations
@@ -522,16 +483,16 @@ def _compute(
         relative = _robust_cell_mean(versus_peers, rank_step, n_ranks, n_steps, slots)
         del versus_peers
         return relative, _robust_cell_mean(versus_own, rank_step, n_ranks, n_steps, slots), seconds
-    peers = peer_of.astype(_index_type(len(peer_of)))[rank]
-    versus_peers = log_duration - _group_median(log_duration, peers, step, op_code, position)
+    peers = peer_of.astype(index_type(len(peer_of)))[rank]
+    versus_peers = log_duration - group_median(log_duration, peers, step, op_code, position)
     del peers
-    own = log_duration - _group_median(log_duration, rank, op_code, position)
+    own = log_duration - group_median(log_duration, rank, op_code, position)
     del log_duration
     # the replica's shared change, for replicas of three or more ranks (a median of two would split a fault)
     large = np.bincount(replica_of)[replica_of[rank]] >= 3
-    common = _group_median(own, np.where(large, replica_of[rank] + 1, 0), step, op_code, position)
+    common = group_median(own, np.where(large, replica_of[rank] + 1, 0), step, op_code, position)
     if not large.all():  # ranks of small replicas: what every rank shares in the step (drift)
-        common = np.where(large, common, _group_median(own, step, op_code, position))
+        common = np.where(large, common, group_median(own, step, op_code, position))
     del rank, large, step, op_code, position
     versus_own = own
     versus_own -= common
@@ -556,84 +517,6 @@ def _time_order(cell: np.ndarray, rank_step: np.ndarray, start: np.ndarray) -> n
     if np.all(rank_step[1:] >= rank_step[:-1]) and np.all(step_changes | (start[1:] >= start[:-1])):
         return np.argsort(cell, kind="stable")
     return np.lexsort((start, cell))
-
-
-def _group_median(values: np.ndarray, first: np.ndarray, *more: np.ndarray) -> np.ndarray:
-    """Per value, the median of the values with the same keys (non-negative integers), combined into one."""
-    key = _combined(None, first)
-    for column in more:
-        key = _combined(key, column)
-    return _median_by(values, key)
-
-
-def _combined(key: np.ndarray | None, column: np.ndarray) -> np.ndarray:
-    """One number per distinct (``key``, ``column``) pair of non-negative integers (``column`` alone without a
-    key): a new array, or ``key`` changed in place. The key is renumbered first when the product would
-    overflow."""
-    if key is None:
-        return column.astype(np.int64)
-    size = int(column.max(initial=0)) + 1
-    if int(key.max(initial=0)) >= np.iinfo(np.int64).max // size:
-        key = pd.factorize(key)[0].astype(np.int64, copy=False)
-    key *= size
-    key += column
-    return key
-
-
-def _median_by(values: np.ndarray, key: np.ndarray) -> np.ndarray:
-    """Per value, the median of the values with the same ``key``.
-
-    Few keys (the transfer classes: a thousand over millions of instances) are sorted by and each group's
-    median taken from its slice, holding a third of what grouping by the keys holds; many keys, or values
-    with NaN (the median skips them), are grouped.
-
-    >>> _median_by(np.array([1.0, 5.0, 2.0, 4.0, 9.0]), np.array([7, 3, 7, 3, 7]))
-    array([2. , 4.5, 2. , 4.5, 2. ])
-    """
-    codes, uniques = pd.factorize(key)
-    if len(uniques) > len(values) // 64 or np.isnan(values).any():
-        return pd.Series(values).groupby(codes, sort=False).transform("median").to_numpy()
-    # 16-bit codes where they fit: numpy sorts them by radix, several times faster
-    codes = codes.astype(np.int16 if len(uniques) <= np.iinfo(np.int16).max else _index_type(len(uniques)))
-    order = np.argsort(codes, kind="stable")
-    ordered = values[order]
-    del order
-    ends = np.cumsum(np.bincount(codes, minlength=len(uniques)))
-    medians = np.array([np.median(part, overwrite_input=True) for part in np.split(ordered, ends[:-1])])
-    return medians[codes]
-
-
-def _positions(group: np.ndarray, step: np.ndarray, seq: np.ndarray) -> np.ndarray:
-    """Per instance: its position among its group's instances in its step, by sequence number.
-
-    A group numbers its collectives one after another, so a step's instances of a group mostly have consecutive
-    sequence numbers: then the position is the sequence number less the step's first, without sorting.
-
-    >>> _positions(np.array([0, 0, 1, 0, 1]), np.array([0, 0, 0, 1, 0]), np.array([5, 4, 9, 6, 7]))
-    array([1, 0, 1, 0, 0])
-    """
-    n = len(group)
-    cell = _combined(_combined(None, group), step)
-    cells = int(cell.max(initial=0)) + 1
-    if cells <= 4 * n:  # a table per cell, no larger than the instances' own arrays
-        cell = cell.astype(_index_type(cells))
-        lowest = np.full(cells, np.iinfo(seq.dtype).max, dtype=seq.dtype)
-        highest = np.full(cells, np.iinfo(seq.dtype).min, dtype=seq.dtype)
-        np.minimum.at(lowest, cell, seq)
-        np.maximum.at(highest, cell, seq)
-        counts = np.bincount(cell, minlength=cells)
-        used = counts > 0
-        if np.array_equal(highest[used].astype(np.int64) - lowest[used] + 1, counts[used]):  # no gaps
-            return (seq - lowest[cell]).astype(np.int64)
-    del cell
-    order = np.lexsort((seq, step, group))
-    group, step = group[order], step[order]
-    boundary = np.r_[True, (group[1:] != group[:-1]) | (step[1:] != step[:-1])]
-    del group, step
-    starts = np.maximum.accumulate(np.where(boundary, np.arange(n), 0))
-    position = np.empty(n, dtype=np.int64)
-    position[order] = np.arange(n) - starts
-    return position
 
 
 def _robust_cell_mean(
@@ -677,55 +560,55 @@ def _transfers(
     if (rank_hosts == "").all():  # hosts unknown: everything but tensor parallelism crosses hosts
         inter = kinds[instances.group] != "tp"
     else:
-        host_code = pd.factorize(rank_hosts)[0].astype(_index_type(len(rank_hosts)))
-        low, high = _extent(instances.instance, host_code[member_rank], n)
+        host_code = pd.factorize(rank_hosts)[0].astype(index_type(len(rank_hosts)))
+        low, high = extent(instances.instance, host_code[member_rank], n)
         inter = high > low
     # only inter-host instances are kept: their classes are keyed and their medians taken, the others dropped
-    kept = np.flatnonzero(inter).astype(_index_type(n))
+    kept = np.flatnonzero(inter).astype(index_type(n))
     rows = instances.rows[instances.last_row[kept]]
     # the class key, one part after another (each an array per kept instance, dropped once added; the largest
     # temporaries first, while the fewest parts are held)
-    key = (
-        _combined(None, pd.factorize(records["bytes"].array.take(rows), use_na_sentinel=False)[0])
-        if "bytes" in records
-        else None
-    )
+    if "bytes" in records:
+        size_code, sizes = pd.factorize(records["bytes"].array.take(rows), use_na_sentinel=False)
+    else:
+        size_code, sizes = np.zeros(len(rows), dtype=np.int64), pd.array([pd.NA], dtype="Int64")
     # sends and receives are one operation here: a point-to-point transfer
-    key = _combined(key, pd.factorize(np.where(op_column.among(("send", "recv"))[rows], -1, op_column.codes[rows]))[0])
+    op_code, op_values = pd.factorize(np.where(op_column.among(("send", "recv"))[rows], -1, op_column.codes[rows]))
     step = step_code[rows]
     del rows
-    key = _combined(key, pd.factorize(kinds)[0][instances.group[kept]])
-    key = _combined(key, instances.size[kept])
-    for extent in _extent(instances.instance, peer_of.astype(_index_type(len(peer_of)))[member_rank], n):
-        key = _combined(key, extent[kept])
-    del extent
-    key = _combined(
-        key, _positions(instances.group, step_code[instances.rows[instances.last_row]], instances.seq)[kept]
+    # the message (size, then operation): the class's first parts, and what its sentence names (:mod:`.wording`)
+    key = combined(combined(None, size_code), op_code)
+    del size_code, op_code
+    message, distinct = small_codes(key)
+    messages = tuple(
+        Message(op_column.name(int(op_values[code % len(op_values)])), _nbytes(sizes[code // len(op_values)]))
+        for code in distinct.tolist()
     )
+    key = combined(key, pd.factorize(kinds)[0][instances.group[kept]])
+    key = combined(key, instances.size[kept])
+    for bound in extent(instances.instance, peer_of.astype(index_type(len(peer_of)))[member_rank], n):
+        key = combined(key, bound[kept])
+    del bound
+    key = combined(key, positions(instances.group, step_code[instances.rows[instances.last_row]], instances.seq)[kept])
     excess = np.log(np.maximum(instances.shortest[kept], 1e-9))
     del kept
-    median = _median_by(excess, key)
+    median = median_by(excess, key)
     usual = step < usual_steps
     if usual.any():
-        in_usual = pd.Series(_median_by(excess[usual], key[usual])).groupby(key[usual]).first()
+        in_usual = pd.Series(median_by(excess[usual], key[usual])).groupby(key[usual]).first()
         median = np.where(np.isin(key, in_usual.index), pd.Series(key).map(in_usual).to_numpy(), median)
     del key
     excess -= median
     del median
-    renumber = np.cumsum(inter, dtype=_index_type(n))  # the kept instances' new numbers, from 1
+    renumber = np.cumsum(inter, dtype=index_type(n))  # the kept instances' new numbers, from 1
     renumber -= 1
     member_keep = inter[instances.instance]
     member_rank = member_rank[member_keep]
     member_instance = instances.instance[member_keep]
     del member_keep
-    return Transfers(excess, step, renumber[member_instance], member_rank)
+    return Transfers(excess, step, message, messages, renumber[member_instance], member_rank)
 
 
-def _extent(index: np.ndarray, values: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
-    """Per index below ``n``: the smallest and the largest of its ``values`` (integers), in arrays of the values'
-    own type: ``ufunc.at`` is many times slower when it has to convert them."""
-    low = np.full(n, np.iinfo(values.dtype).max, dtype=values.dtype)
-    high = np.full(n, -1, dtype=values.dtype)
-    np.minimum.at(low, index, values)
-    np.maximum.at(high, index, values)
-    return low, high
+def _nbytes(value: object) -> int | None:
+    """A ``bytes`` value as an int, None where the trace leaves it out."""
+    return None if pd.isna(value) else int(value)  # type: ignore[call-overload]

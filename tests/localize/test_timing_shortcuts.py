@@ -1,4 +1,4 @@
-"""The evidence's shortcuts for the shapes large jobs have (every rank running the same operations, sequence
+"""The timings' shortcuts for the shapes large jobs have (every rank running the same operations, sequence
 numbers one after another, records in rank and step order, few transfer classes) give exactly what the general
 computation gives: each is checked against the definition it replaces, on data with and without that shape."""
 
@@ -8,10 +8,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from trainhealth._internal.localize import evidence, paths
+from trainhealth._internal.localize import paths, timings
 from trainhealth._internal.localize.compute_grid import grid_slots, median_along, versus_peers_and_own
-from trainhealth._internal.localize.evidence import gather_evidence
+from trainhealth._internal.localize.grouping import key_codes, median_by, positions
 from trainhealth._internal.localize.localizer import Thresholds
+from trainhealth._internal.localize.timings import gather_timings
 from trainhealth._internal.simulator.cluster import ClusterLayout
 from trainhealth._internal.simulator.scenario import Scenario, cluster_fault
 from trainhealth._internal.simulator.simulate import simulate
@@ -67,13 +68,13 @@ def test_the_grid_is_recognised_only_when_every_cell_has_the_same_operations():
 def test_medians_by_key_are_pandas_medians(groups):
     key = RNG.integers(0, 10**9, groups)[RNG.integers(0, groups, 20_000)]
     values = RNG.normal(size=len(key))
-    assert np.array_equal(evidence._median_by(values, key), _grouped_median(values, key))
+    assert np.array_equal(median_by(values, key), _grouped_median(values, key))
 
 
 @pytest.mark.parametrize("limit", [100, 10**8])  # keys filling their range: a table; sparse: hashed
 def test_key_codes_number_the_distinct_keys_in_order(limit):
     key = RNG.integers(0, limit, 1000)
-    assert np.array_equal(evidence._key_codes(key, limit), pd.factorize(key, sort=True)[0])
+    assert np.array_equal(key_codes(key, limit), pd.factorize(key, sort=True)[0])
 
 
 @pytest.mark.parametrize("gaps", [False, True])
@@ -83,15 +84,15 @@ def test_positions_count_a_groups_instances_in_its_step_by_sequence_number(gaps)
     order = RNG.permutation(len(seq))
     group, step, seq = group[order], step[order], seq[order]
     expected = pd.Series(seq).groupby([group, step]).rank(method="first").to_numpy().astype(int) - 1
-    assert np.array_equal(evidence._positions(group, step, seq), expected)
+    assert np.array_equal(positions(group, step, seq), expected)
 
 
 def test_spans_do_not_depend_on_the_order_records_come_in():
     rank, step = np.repeat(np.arange(4), 30) % 4, np.tile(np.repeat(np.arange(3), 10), 4)
     start, duration = RNG.uniform(0, 100, len(rank)), RNG.uniform(0, 1, len(rank))
-    in_order = evidence._spans(rank, step, start, duration, 4, 3)  # rank by rank, step by step
+    in_order = timings._spans(rank, step, start, duration, 4, 3)  # rank by rank, step by step
     shuffled = RNG.permutation(len(rank))
-    anyhow = evidence._spans(rank[shuffled], step[shuffled], start[shuffled], duration[shuffled], 4, 3)
+    anyhow = timings._spans(rank[shuffled], step[shuffled], start[shuffled], duration[shuffled], 4, 3)
     assert all(np.array_equal(a, b) for a, b in zip(in_order, anyhow))
 
 
@@ -105,7 +106,7 @@ def test_a_layer_scored_with_transfers_explained_sums_only_the_open_ones():
     layout = ClusterLayout(dp=4, pp=4, tp=4, hosts_per_leaf=2)
     trace = simulate(Scenario(layout, steps=20, seed=3, faults=(cluster_fault(layout, "nic", 21, 1.3, step=6),)))
     topology = Topology.from_dict(trace.topology)
-    found = gather_evidence(trace.records, topology.hosts, topology.switches)
+    found = gather_timings(trace.records, topology.hosts, topology.switches)
     transfers, thresholds = found.transfers, Thresholds()
     for layer in paths._layers(found):
         explained = RNG.random(len(transfers.excess)) < 0.2
