@@ -19,6 +19,7 @@ import sys
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 
+from trainhealth._internal.errors import UsageError
 from trainhealth_lab.bench.live import (
     CALIBRATION_SEEDS,
     HELD_OUT_SEEDS,
@@ -57,7 +58,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="4 seeds of 64 ranks")
     parser.add_argument("--processes", type=int, default=2)
     args = parser.parse_args(argv)
-    cases: list[LiveCase] = live_cases(seeds_from(args.seeds))
+    try:
+        seeds = seeds_from(args.seeds)
+    except UsageError as exc:
+        parser.error(str(exc))  # one line, exit 2
+    cases: list[LiveCase] = live_cases(seeds)
     if args.quick:
         cases = [c for c in cases if c.layout.world == 64][:4]
     began = time.perf_counter()

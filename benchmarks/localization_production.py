@@ -29,6 +29,7 @@ from concurrent.futures.process import BrokenProcessPool
 
 import pandas as pd
 
+from trainhealth._internal.errors import UsageError
 from trainhealth._internal.localize.localizer import Thresholds
 from trainhealth_lab.bench.production import (
     CALIBRATION_SEEDS,
@@ -97,7 +98,10 @@ def main() -> None:
     parser.add_argument("--examples", type=int, default=6, help="blamed windows to quote")
     args = parser.parse_args()
 
-    seeds = seeds_from(args.seeds)
+    try:
+        seeds = seeds_from(args.seeds)
+    except UsageError as exc:
+        parser.error(str(exc))  # one line, exit 2
     if args.quick:
         seeds = seeds[:QUICK_SEEDS]
         cases = production_cases(seeds, sizes=QUICK_SIZES)

@@ -1,4 +1,4 @@
-"""Trace format v1 (docs/TRACE_FORMAT.md): read, write and validate per-operation records.
+"""Trace format v1 (docs/trace-format.md): read, write and validate per-operation records.
 
 >>> import tempfile, pandas as pd
 >>> from trainhealth.traces import read_trace, write_trace

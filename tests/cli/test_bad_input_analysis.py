@@ -1281,6 +1281,18 @@ def test_a_flight_recorder_send_to_a_rank_beyond_any_rank_is_refused():
     )
 
 
+def test_a_flight_recorder_group_whose_ranks_text_holds_a_number_too_long_for_a_rank_is_refused():
+    dump = fr_dump(0)
+    dump["pg_config"]["0"]["ranks"] = "[0, " + "9" * 5000 + "]"  # int() of 5,000 digits raised: a traceback, exit 1
+    refuse(
+        Case(
+            ("localize", "{d}/nccl_trace_rank_0", "{d}/nccl_trace_rank_1"),
+            (("nccl_trace_rank_0", plain_pickle(dump)), ("nccl_trace_rank_1", plain_pickle(fr_dump(1)))),
+            mentions=("nccl_trace_rank_0", "pg_config['0'].ranks"),
+        )
+    )
+
+
 @pytest.mark.parametrize(
     "args",
     [

@@ -694,6 +694,33 @@ def test_a_file_that_is_no_lab_results_file_is_refused(content):
         refused(run_cli("trainhealth-lab", "score", str(root), cwd=root), str(root))  # no results.jsonl there
 
 
+@pytest.mark.parametrize("kind", ["gpu", "links", "Compute"])
+def test_a_lab_results_row_of_a_fault_the_lab_does_not_inject_is_refused_naming_it(kind):
+    # was scored: "gpu" as the lab's compute fault, "links" as a link fault (it began with "link")
+    row = json.loads(json.dumps(GOOD_ROW))
+    row["truth"]["kind"] = kind
+    with sandbox() as root:
+        results = root / "results.jsonl"
+        results.write_text(json.dumps(GOOD_ROW) + "\n" + json.dumps(row) + "\n")
+        line = refused(run_cli("trainhealth-lab", "score", str(results), cwd=root), str(results), repr(kind))
+        assert "line 2" in line
+        results.unlink()
+
+
+@pytest.mark.parametrize(
+    "words", [["0-2000000000"], ["calibration", "5-1004"], ["0-999", "1000"], ["3-x"], ["-5"]], ids=str
+)
+def test_seed_words_are_sized_and_checked_before_a_range_is_built(words):
+    # "0-2000000000" was built as a list of two billion seeds (tens of GB) before anything looked at its size
+    from trainhealth._internal.errors import UsageError
+    from trainhealth_lab.cli import MAX_SEEDS, seed_words
+
+    with pytest.raises(UsageError, match="--seeds"):
+        seed_words(words, range(10), range(100, 110))
+    assert seed_words(["calibration", "3-4", "held-out", "7"], range(2), range(100, 102)) == [0, 1, 3, 4, 100, 101, 7]
+    assert len(seed_words([f"0-{MAX_SEEDS - 1}"], range(2), range(2))) == MAX_SEEDS
+
+
 def _bad_seeds(text: str) -> bool:
     from trainhealth._internal.errors import UsageError
     from trainhealth_lab.cli import parse_seeds

@@ -112,6 +112,13 @@ def test_a_directory_with_its_topology(tmp_path):
     assert [Path(s).name for s in trace.sources] == ["rank-0.parquet", "rank-1.jsonl"]
 
 
+def test_one_path_is_read_as_one_path_not_as_the_characters_of_its_name(tmp_path):
+    write_trace(sample(), tmp_path / "rank-0.jsonl")
+    for one in (str(tmp_path), tmp_path, str(tmp_path / "rank-0.jsonl")):  # a str was read as "/", "t", "m", ...
+        trace = read_trace(one)
+        assert len(trace.records) == len(sample()) and trace.sources == (str(tmp_path / "rank-0.jsonl"),)
+
+
 def _csv(tmp_path: Path, text: str, name: str = "bad.csv") -> Path:
     path = tmp_path / name
     path.write_text(text)

@@ -394,7 +394,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def seed_words(words: list[str], calibration: Iterable[int], held_out: Iterable[int]) -> list[int]:
-    """Seeds named by ``calibration``, ``held-out``, ``A-B`` (inclusive) or single numbers, each once, in order.
+    """Seeds named by ``calibration``, ``held-out``, ``A-B`` (inclusive) or single numbers, each once, in order;
+    at most :data:`MAX_SEEDS`. A word that names no seeds, or too many, is a :class:`UsageError` (a range's size is
+    checked before it is built, as :func:`parse_seeds` does).
 
     >>> seed_words(["calibration", "7", "3-4", "7"], range(2), range(100, 102))
     [0, 1, 7, 3, 4]
@@ -405,9 +407,9 @@ def seed_words(words: list[str], calibration: Iterable[int], held_out: Iterable[
             out += list(calibration)
         elif word in ("held-out", "heldout"):
             out += list(held_out)
-        elif "-" in word.lstrip("-"):
-            low, high = word.split("-", 1)
-            out += list(range(int(low), int(high) + 1))
         else:
-            out.append(int(word))
-    return list(dict.fromkeys(out))
+            out += parse_seeds(word)
+        out = list(dict.fromkeys(out))
+        if len(out) > MAX_SEEDS:
+            raise UsageError(f"--seeds {' '.join(words)[:200]!r}: more than {MAX_SEEDS} seeds")
+    return out

@@ -68,6 +68,6 @@ def score_baseline(truth: Truth, rank: int | None) -> Score:
     """A baseline's answer: blame of ``rank`` in the fault's class, or healthy when it names no one."""
     if rank is None:
         return score(truth.expected(), "healthy", [])
-    verdict = "communication" if truth.kind.startswith("link") else "compute"
+    verdict = "communication" if truth.kind.link else "compute"
     component = f"nic:rank-{rank}" if verdict == "communication" else f"gpu:rank-{rank}"
     return score(truth.expected(), verdict, [(component, (rank,), 1.0)])

@@ -20,9 +20,9 @@ from typing import NamedTuple
 import numpy as np
 
 from trainhealth_lab.realrun.spec import (
-    CONTROL_KINDS,
     CaseSpec,
     Driver,
+    LabFault,
     Parallelism,
     Pattern,
     lab_fault,
@@ -37,6 +37,8 @@ COMPUTE_S = 0.08
 WIDTH, LAYERS, BATCH = 128, 4, 8
 #: The CPU-bound share of every rank's kernels in a CPU-contention case (what the competing process slows)
 CONTENTION_CPU_SHARE = 0.25
+#: The controls' spread: 1.0 for a clean run, else the factor work per step is drawn within (:class:`LabFault`).
+CONTROL_SEVERITY = {LabFault.CLEAN: 1.0, LabFault.SEQ_IMBALANCE: 1.3, LabFault.STAGE_IMBALANCE: 1.5}
 #: Rough step seconds of a clean run here (2 cores), to turn a link's target slowdown into a rate.
 BASE_STEP_S = {4: 0.11, 8: 0.13}
 
@@ -44,7 +46,7 @@ BASE_STEP_S = {4: 0.11, 8: 0.13}
 class Entry(NamedTuple):
     """One line of a suite: a case per seed. ``ranks`` None alternates 4 and 8 between entries and seeds."""
 
-    kind: str  # one of spec.LAB_FAULTS
+    kind: LabFault
     pattern: Pattern
     layout: Parallelism
     mid_run: bool = True
@@ -54,42 +56,42 @@ class Entry(NamedTuple):
     min_severity: float = 1.1  # a compute fault's severity is drawn from [min_severity, 3] (log-uniform)
 
 
-_P, _L = Pattern, Parallelism
+_K, _P, _L = LabFault, Pattern, Parallelism
 _FULL: tuple[Entry, ...] = (
-    Entry("compute", _P.PERSISTENT, _L.DDP),
-    Entry("compute", _P.PERSISTENT, _L.DP_PP),
-    Entry("compute", _P.PERSISTENT, _L.DP_TP),
-    Entry("compute", _P.TRANSIENT, _L.DDP),
-    Entry("compute", _P.TRANSIENT, _L.DP_TP),
-    Entry("compute", _P.INTERMITTENT, _L.DDP),
-    Entry("compute", _P.INTERMITTENT, _L.DP_PP),
-    Entry("link_rate", _P.PERSISTENT, _L.DDP, mid_run=False),
-    Entry("link_rate", _P.PERSISTENT, _L.DDP),
-    Entry("link_rate", _P.PERSISTENT, _L.DP_PP),
-    Entry("link_rate", _P.PERSISTENT, _L.DP_TP),
-    Entry("link_delay", _P.PERSISTENT, _L.DDP),
+    Entry(_K.COMPUTE, _P.PERSISTENT, _L.DDP),
+    Entry(_K.COMPUTE, _P.PERSISTENT, _L.DP_PP),
+    Entry(_K.COMPUTE, _P.PERSISTENT, _L.DP_TP),
+    Entry(_K.COMPUTE, _P.TRANSIENT, _L.DDP),
+    Entry(_K.COMPUTE, _P.TRANSIENT, _L.DP_TP),
+    Entry(_K.COMPUTE, _P.INTERMITTENT, _L.DDP),
+    Entry(_K.COMPUTE, _P.INTERMITTENT, _L.DP_PP),
+    Entry(_K.LINK_RATE, _P.PERSISTENT, _L.DDP, mid_run=False),
+    Entry(_K.LINK_RATE, _P.PERSISTENT, _L.DDP),
+    Entry(_K.LINK_RATE, _P.PERSISTENT, _L.DP_PP),
+    Entry(_K.LINK_RATE, _P.PERSISTENT, _L.DP_TP),
+    Entry(_K.LINK_DELAY, _P.PERSISTENT, _L.DDP),
     # 4 ranks only: at 8, the seven ranks pinned to the other CPU would saturate it with their own CPU-bound share
-    Entry("cpu_contention", _P.PERSISTENT, _L.DDP, ranks=4),
-    Entry("cpu_contention", _P.PERSISTENT, _L.DP_TP, ranks=4),
-    Entry("dataloader", _P.PERSISTENT, _L.DDP),
-    Entry("dataloader", _P.INTERMITTENT, _L.DP_PP),
-    Entry("clean", _P.PERSISTENT, _L.DDP, mid_run=False),
-    Entry("clean", _P.PERSISTENT, _L.DP_PP, mid_run=False),
-    Entry("clean", _P.PERSISTENT, _L.DP_TP, mid_run=False),
-    Entry("seq_imbalance", _P.PERSISTENT, _L.DDP, mid_run=False),
-    Entry("seq_imbalance", _P.PERSISTENT, _L.DP_TP, mid_run=False),
-    Entry("stage_imbalance", _P.PERSISTENT, _L.DP_PP, mid_run=False),
+    Entry(_K.CPU_CONTENTION, _P.PERSISTENT, _L.DDP, ranks=4),
+    Entry(_K.CPU_CONTENTION, _P.PERSISTENT, _L.DP_TP, ranks=4),
+    Entry(_K.DATALOADER, _P.PERSISTENT, _L.DDP),
+    Entry(_K.DATALOADER, _P.INTERMITTENT, _L.DP_PP),
+    Entry(_K.CLEAN, _P.PERSISTENT, _L.DDP, mid_run=False),
+    Entry(_K.CLEAN, _P.PERSISTENT, _L.DP_PP, mid_run=False),
+    Entry(_K.CLEAN, _P.PERSISTENT, _L.DP_TP, mid_run=False),
+    Entry(_K.SEQ_IMBALANCE, _P.PERSISTENT, _L.DDP, mid_run=False),
+    Entry(_K.SEQ_IMBALANCE, _P.PERSISTENT, _L.DP_TP, mid_run=False),
+    Entry(_K.STAGE_IMBALANCE, _P.PERSISTENT, _L.DP_PP, mid_run=False),
     # the collective logger alone (no Monitor, no step markers): a right verdict or "insufficient data"
-    Entry("compute", _P.PERSISTENT, _L.DDP, ranks=4, markers=False),
-    Entry("clean", _P.PERSISTENT, _L.DDP, mid_run=False, ranks=4, markers=False),
+    Entry(_K.COMPUTE, _P.PERSISTENT, _L.DDP, ranks=4, markers=False),
+    Entry(_K.CLEAN, _P.PERSISTENT, _L.DDP, mid_run=False, ranks=4, markers=False),
 )
 _SMALL: tuple[Entry, ...] = (
-    Entry("compute", _P.PERSISTENT, _L.DDP),
-    Entry("clean", _P.PERSISTENT, _L.DDP, mid_run=False),
-    Entry("compute", _P.PERSISTENT, _L.DP_PP),
-    Entry("clean", _P.PERSISTENT, _L.DP_TP, mid_run=False),
-    Entry("link_rate", _P.PERSISTENT, _L.DDP),
-    Entry("stage_imbalance", _P.PERSISTENT, _L.DP_PP, mid_run=False),
+    Entry(_K.COMPUTE, _P.PERSISTENT, _L.DDP),
+    Entry(_K.CLEAN, _P.PERSISTENT, _L.DDP, mid_run=False),
+    Entry(_K.COMPUTE, _P.PERSISTENT, _L.DP_PP),
+    Entry(_K.CLEAN, _P.PERSISTENT, _L.DP_TP, mid_run=False),
+    Entry(_K.LINK_RATE, _P.PERSISTENT, _L.DDP),
+    Entry(_K.STAGE_IMBALANCE, _P.PERSISTENT, _L.DP_PP, mid_run=False),
 )
 #: The shapes of issue 30 (driver, layout, ranks, markers): explicit collectives with the collective logger
 #: alone, FSDP-style per-layer gathers and reduce-scatters (with and without the Monitor), the Hugging Face
@@ -112,9 +114,9 @@ _SHAPE_ENTRIES: tuple[Entry, ...] = tuple(
     entry
     for driver, layout, ranks, markers in SHAPES
     for entry in (
-        Entry("compute", _P.PERSISTENT, layout, True, ranks, markers, driver, 1.5),
-        Entry("compute", _P.PERSISTENT, layout, False, ranks, markers, driver, 1.5),
-        Entry("clean", _P.PERSISTENT, layout, False, ranks, markers, driver),
+        Entry(_K.COMPUTE, _P.PERSISTENT, layout, True, ranks, markers, driver, 1.5),
+        Entry(_K.COMPUTE, _P.PERSISTENT, layout, False, ranks, markers, driver, 1.5),
+        Entry(_K.CLEAN, _P.PERSISTENT, layout, False, ranks, markers, driver),
     )
 )
 SUITES = {"small": _SMALL, "full": _FULL, "shapes": _SHAPE_ENTRIES}
@@ -136,7 +138,7 @@ def _bits_per_step(layout: Parallelism, ranks: int) -> float:
 
 
 def make_case(
-    kind: str,
+    kind: LabFault | str,
     pattern: Pattern,
     layout: Parallelism,
     ranks: int,
@@ -149,7 +151,9 @@ def make_case(
     driver: Driver = Driver.LAB,
     min_severity: float = 1.1,
 ) -> CaseSpec:
-    """One case with onset, target and severity drawn from ``(seed, index)``."""
+    """One case with onset, target and severity drawn from ``(seed, index)``; a kind the lab does not inject is a
+    ``ValueError`` naming it."""
+    kind = LabFault(kind)
     rng = np.random.default_rng([seed, index, 1515])
     onset = int(rng.integers(steps // 4, steps // 2 + 1)) if mid_run else 0
     target = int(rng.integers(0, ranks))
@@ -159,40 +163,37 @@ def make_case(
         fields["length"] = int(rng.integers(3, 9))
     if pattern is Pattern.INTERMITTENT:
         fields["every"] = int(rng.integers(3, 7))
-    if kind in CONTROL_KINDS:
-        severity = {
-            "clean": 1.0,
-            "seq_imbalance": 1.3,
-            "stage_imbalance": 1.5,
-        }[kind]
-        fault = lab_fault(kind, severity=severity)
-    elif kind == "link_rate":
+    if kind.control:
+        fault = lab_fault(kind, severity=CONTROL_SEVERITY[kind])
+    elif kind is LabFault.LINK_RATE:
         severity = float(rng.uniform(1.3, 2.5))
         extra_s = (severity - 1.0) * BASE_STEP_S.get(ranks, 0.12)
         rate = float(np.clip(_bits_per_step(layout, ranks) / extra_s / 1e6, 10.0, 2000.0))
         fault = lab_fault(kind, pattern, target, onset, severity, rate_mbit=round(rate, 1), **fields)
-    elif kind == "link_delay":
+    elif kind is LabFault.LINK_DELAY:
         severity = float(rng.uniform(1.3, 2.5))
         delay = (severity - 1.0) * BASE_STEP_S.get(ranks, 0.12) * 1000 / 8  # ~8 round trips per step
         fault = lab_fault(kind, pattern, target, onset, severity, delay_ms=round(delay, 1), **fields)
-    elif kind == "cpu_contention":
+    elif kind is LabFault.CPU_CONTENTION:
         fault = lab_fault(kind, pattern, target, onset, 1.0, hogs=2, **fields)
-    elif kind == "dataloader":
+    elif kind is LabFault.DATALOADER:
         severity = float(rng.uniform(1.3, 2.5))
         fault = lab_fault(
             kind, pattern, target, onset, severity, stall_s=round((severity - 1.0) * COMPUTE_S * 1.5, 4), **fields
         )
-    else:
+    elif kind is LabFault.COMPUTE:
         fault = lab_fault(kind, pattern, target, onset, round(severity, 3), **fields)
+    else:  # a kind added to LabFault without its draw here
+        raise ValueError(f"no case is drawn for lab fault {kind.value!r}")
     shape = layout.value if driver is Driver.LAB else driver.value
     name = (
-        f"s{seed}-{shape}-{kind}"
-        + ("" if kind in CONTROL_KINDS else f"-{pattern.value}")
-        + ("-start" if kind not in CONTROL_KINDS and not mid_run else "")
+        f"s{seed}-{shape}-{kind.value}"
+        + ("" if kind.control else f"-{pattern.value}")
+        + ("-start" if not kind.control and not mid_run else "")
         + ("" if markers else "-nomarkers")
         + f"-r{ranks}"
     )
-    cpu_share = CONTENTION_CPU_SHARE if kind == "cpu_contention" else 0.0
+    cpu_share = CONTENTION_CPU_SHARE if kind is LabFault.CPU_CONTENTION else 0.0
     return CaseSpec(
         name,
         layout,
@@ -219,7 +220,7 @@ def issue30_repro(seed: int) -> CaseSpec:
     ('s0-issue30-repro-explicit-r4', 10, 'explicit')
     """
     target = int(np.random.default_rng([seed, 30]).integers(0, 4))
-    fault = lab_fault("compute", Pattern.PERSISTENT, target, REPRO_ONSET, REPRO_SEVERITY)
+    fault = lab_fault(LabFault.COMPUTE, Pattern.PERSISTENT, target, REPRO_ONSET, REPRO_SEVERITY)
     return CaseSpec(
         f"s{seed}-issue30-repro-explicit-r4",
         Parallelism.DDP,

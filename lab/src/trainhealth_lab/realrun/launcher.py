@@ -38,7 +38,7 @@ from trainhealth._internal._files import write_json
 from trainhealth._internal._ports import free_port
 from trainhealth_lab.realrun.live import POLL_S, LivePoll, LiveWatcher, progress
 from trainhealth_lab.realrun.outcome import CaseOutcome, finish, score_run
-from trainhealth_lab.realrun.spec import LINK_KINDS, CaseSpec, Truth, host_name, truth
+from trainhealth_lab.realrun.spec import CaseSpec, LabFault, Truth, host_name, truth
 
 __all__ = ["CaseOutcome", "LivePoll", "link_lab_unavailable", "run_case", "score_run"]
 
@@ -124,16 +124,16 @@ def run_case(
     run_dir = Path(out) / spec.name
     run_dir.mkdir(parents=True)
     (run_dir / "logs").mkdir()
-    kind = spec.fault.kind
+    kind = spec.kind
     hosts = {rank: host_name(rank) for rank in range(spec.ranks)}
-    if kind in LINK_KINDS:
-        reason = link_lab_unavailable(delay=kind == "link_delay")
+    if kind.link:
+        reason = link_lab_unavailable(delay=kind is LabFault.LINK_DELAY)
         if reason is not None:
             plan = _truth_for(spec, hosts)
             write_json(run_dir / "truth.json", plan.to_dict())
             return CaseOutcome(spec.name, "skipped", reason, str(run_dir), plan.to_dict(), noise=noise)
         spec = replace(spec, netns=True)
-    if kind == "cpu_contention" and not spec.pin and (os.cpu_count() or 1) >= 2:
+    if kind is LabFault.CPU_CONTENTION and not spec.pin and (os.cpu_count() or 1) >= 2:
         target = spec.fault.target
         spec = replace(spec, pin=tuple(1 if rank == target else 0 for rank in range(spec.ranks)))
     began = time.monotonic()
@@ -154,12 +154,12 @@ def run_case(
         hogs: list[subprocess.Popen[bytes]] = []
         stack.callback(_stop, hogs)
         stack.callback(_stop, processes)
-        by_launcher = kind in LINK_KINDS or kind == "cpu_contention"
+        by_launcher = kind.link or kind is LabFault.CPU_CONTENTION
         onset_done = not by_launcher or spec.fault.step <= 0
         actual_onset: int | None = 0 if by_launcher and onset_done else None
-        if kind in LINK_KINDS and onset_done:
+        if kind.link and onset_done:
             _slow(netlab, spec)
-        if kind == "cpu_contention" and onset_done:  # a fault, not a control: it has a target
+        if kind is LabFault.CPU_CONTENTION and onset_done:  # a fault, not a control: it has a target
             hogs += _start_hogs(spec.fault.params["hogs"], spec.pin[cast(int, spec.fault.target)] if spec.pin else None)
         env = dict(
             os.environ,
@@ -222,7 +222,7 @@ def run_case(
                 failed = f"no progress for {time.monotonic() - moved_at:.0f}s at step {slowest}"
                 break
             if not onset_done and fastest + 1 >= spec.fault.step:
-                if kind in LINK_KINDS:
+                if kind.link:
                     _slow(netlab, spec)
                 else:
                     hogs += _start_hogs(
@@ -279,7 +279,7 @@ def _namespaces(netlab: Any, ranks: int) -> dict[str, str]:
 
 def _slow(netlab: Any, spec: CaseSpec) -> None:
     fault = spec.fault
-    if fault.kind == "link_rate":
+    if spec.kind is LabFault.LINK_RATE:
         netlab.slow_link(fault.target, rate_mbit=fault.params["rate_mbit"])
     else:
         netlab.slow_link(fault.target, delay_ms=fault.params["delay_ms"])

@@ -18,7 +18,7 @@ import numpy as np
 from trainhealth._internal._files import write_json
 from trainhealth_lab.realrun.baselines import baseline_compute, baseline_wait, score_baseline
 from trainhealth_lab.realrun.live import LivePoll
-from trainhealth_lab.realrun.spec import CaseSpec, Truth, with_onset
+from trainhealth_lab.realrun.spec import CaseSpec, LabFault, Truth, with_onset
 from trainhealth_lab.scoring import score_result
 
 __all__ = ["CaseOutcome", "finish", "score_run"]
@@ -101,7 +101,7 @@ def _measured_slowdown(spec: CaseSpec, plan: Truth, run_dir: Path) -> _Slowdowns
         [busy[r][s] for r in others for s in calm if s in busy[r]],
     )
     measured = step_ratio
-    if spec.fault.kind in ("compute", "cpu_contention") and plan.target in busy:
+    if spec.kind in (LabFault.COMPUTE, LabFault.CPU_CONTENTION) and plan.target in busy:
         mine = busy[plan.target]
         measured = _ratio([mine[s] for s in active if s in mine], [mine[s] for s in calm if s in mine])
     return _Slowdowns(len(step_s), median, measured, step_ratio, other_ratio)

@@ -1,11 +1,12 @@
 """What one real-run case is: layout, ranks, steps, seed and the injected fault, and its ground truth.
 
-The fault is trainhealth's one :class:`~trainhealth._internal.faults.Fault`; the lab's kinds
-(``compute``, ``link_rate``, ``link_delay``, ``cpu_contention``, ``dataloader`` and the controls
-``clean``, ``seq_imbalance``, ``stage_imbalance``) are declared here, and :func:`lab_fault` lays one
-out in time by :class:`Pattern`. A :class:`CaseSpec` is written to ``spec.json`` in the run directory;
-every rank process reads it and applies the same fault schedule (:func:`compute_factor`), so the
-schedule is the same on every rank and in the ground truth.
+The fault is trainhealth's one :class:`~trainhealth._internal.faults.Fault`; the lab's kinds, one
+:class:`LabFault` each (``compute``, ``link_rate``, ``link_delay``, ``cpu_contention``, ``dataloader`` and the
+controls ``clean``, ``seq_imbalance``, ``stage_imbalance``), are declared here as fault kinds, and
+:func:`lab_fault` lays one out in time by :class:`Pattern`; a kind the lab does not inject is refused with its
+name. A :class:`CaseSpec` is written to ``spec.json`` in the run directory; every rank process reads it and
+applies the same fault schedule (:func:`compute_factor`), so the schedule is the same on every rank and in the
+ground truth.
 
 >>> fault = lab_fault("compute", Pattern.INTERMITTENT, target=2, onset=10, severity=2.0, every=4)
 >>> [compute_factor(fault, 2, step) for step in (9, 10, 11, 14)], compute_factor(fault, 1, 10)
@@ -24,6 +25,10 @@ True
 >>> explicit = CaseSpec("explicit", Parallelism.DDP, 4, 40, 0, fault, driver=Driver.EXPLICIT, markers=False)
 >>> CaseSpec.from_dict(explicit.to_dict()).driver
 <Driver.EXPLICIT: 'explicit'>
+>>> LabFault("gpu")  # the cluster simulator's kind, not the lab's
+Traceback (most recent call last):
+...
+ValueError: the lab injects no fault 'gpu': expected one of compute, link_rate, ..., stage_imbalance
 """
 
 from __future__ import annotations
@@ -33,19 +38,18 @@ import json
 import math
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from trainhealth._internal.config.fields import Range
 from trainhealth._internal.faults import KINDS, Fault, FaultError, FaultKind, Param, register
 from trainhealth_lab.scoring import Expected
 
 __all__ = [
-    "CONTROL_KINDS",
     "LAB_FAULTS",
-    "LINK_KINDS",
     "TRAINER_DRIVERS",
     "CaseSpec",
     "Driver",
+    "LabFault",
     "Parallelism",
     "Pattern",
     "Truth",
@@ -100,6 +104,41 @@ class Pattern(str, enum.Enum):
     INTERMITTENT = "intermittent"  # every ``every``-th step from the onset
 
 
+class LabFault(str, enum.Enum):
+    """A kind of fault the lab injects: each one kind of trainhealth's :class:`Fault` (declared below), which
+    says whether it is a control (nothing to find) and whether it takes a severity; ``link`` kinds slow a rank's
+    network link. ``LabFault("gpu")`` is a ``ValueError`` naming the kind."""
+
+    COMPUTE = "compute"  # the rank's kernels slower
+    LINK_RATE = "link_rate"  # its link's rate limited
+    LINK_DELAY = "link_delay"  # its link's packets delayed
+    CPU_CONTENTION = "cpu_contention"  # busy processes on its CPU
+    DATALOADER = "dataloader"  # its data fetch stalls
+    CLEAN = "clean"  # control: no fault
+    SEQ_IMBALANCE = "seq_imbalance"  # control: uneven work per replica
+    STAGE_IMBALANCE = "stage_imbalance"  # control: the last pipeline stage slower
+
+    def __str__(self) -> str:
+        return self.value
+
+    @classmethod
+    def _missing_(cls, value: object) -> NoReturn:
+        raise ValueError(f"the lab injects no fault {value!r}: expected one of {', '.join(k.value for k in cls)}")
+
+    @property
+    def declared(self) -> FaultKind:
+        """Its declaration in trainhealth's one fault vocabulary."""
+        return KINDS[self.value]
+
+    @property
+    def control(self) -> bool:
+        return self.declared.control
+
+    @property
+    def link(self) -> bool:
+        return self in (LabFault.LINK_RATE, LabFault.LINK_DELAY)
+
+
 def _positive(value: Any) -> float | None:
     if value is None:
         return None
@@ -123,10 +162,11 @@ def _count(value: Any) -> int:
 #: The lab's factors: a compute fault's kernel-time factor, a control's spread, or for a link or a stall the
 #: step slowdown the lab aims for.
 _FACTOR = Range(0.0, 100.0, above_low=True)
+_K = LabFault
 for _kind in (
-    FaultKind("compute", "lab", "slow kernels x{severity:g}", severity=_FACTOR, needs_ranks=True),
+    FaultKind(_K.COMPUTE.value, "lab", "slow kernels x{severity:g}", severity=_FACTOR, needs_ranks=True),
     FaultKind(
-        "link_rate",
+        _K.LINK_RATE.value,
         "lab",
         "link limited to {rate_mbit} Mbit/s (steps x{severity:.2f})",
         severity=_FACTOR,
@@ -134,7 +174,7 @@ for _kind in (
         needs_ranks=True,
     ),
     FaultKind(
-        "link_delay",
+        _K.LINK_DELAY.value,
         "lab",
         "link delayed {delay_ms} ms (steps x{severity:.2f})",
         severity=_FACTOR,
@@ -142,44 +182,40 @@ for _kind in (
         needs_ranks=True,
     ),
     FaultKind(
-        "cpu_contention",
+        _K.CPU_CONTENTION.value,
         "lab",
         "{hogs} busy processes on its CPU",
         params={"hogs": Param(0, _count, "busy processes")},
         needs_ranks=True,
     ),
     FaultKind(
-        "dataloader",
+        _K.DATALOADER.value,
         "lab",
         "data fetch stalls {stall_s:g} s (steps x{severity:.2f})",
         severity=_FACTOR,
         params={"stall_s": Param(0.0, _seconds, "seconds per affected step")},
         needs_ranks=True,
     ),
-    FaultKind("clean", "lab", "no fault (control)", control=True),
+    FaultKind(_K.CLEAN.value, "lab", "no fault (control)", control=True),
     FaultKind(
-        "seq_imbalance", "lab", "work drawn per step within x{severity:g} (control)", severity=_FACTOR, control=True
+        _K.SEQ_IMBALANCE.value,
+        "lab",
+        "work drawn per step within x{severity:g} (control)",
+        severity=_FACTOR,
+        control=True,
     ),
-    FaultKind("stage_imbalance", "lab", "the last stage x{severity:g} (control)", severity=_FACTOR, control=True),
+    FaultKind(
+        _K.STAGE_IMBALANCE.value, "lab", "the last stage x{severity:g} (control)", severity=_FACTOR, control=True
+    ),
 ):
     register(_kind)
 
-LAB_FAULTS = (
-    "compute",
-    "link_rate",
-    "link_delay",
-    "cpu_contention",
-    "dataloader",
-    "clean",
-    "seq_imbalance",
-    "stage_imbalance",
-)
-LINK_KINDS = frozenset({"link_rate", "link_delay"})
-CONTROL_KINDS = frozenset({"clean", "seq_imbalance", "stage_imbalance"})
+#: The names of the lab's kinds, as the fault vocabulary's contract tests list each injector's.
+LAB_FAULTS = tuple(kind.value for kind in LabFault)
 
 
 def lab_fault(
-    kind: str,
+    kind: LabFault | str,
     pattern: Pattern = Pattern.PERSISTENT,
     target: int | None = None,
     onset: int = 0,
@@ -191,12 +227,13 @@ def lab_fault(
 ) -> Fault:
     """A lab fault on rank ``target`` from step ``onset``: persistent, ``length`` steps (transient) or every
     ``every``-th step (intermittent); ``params`` are the kind's settings (``rate_mbit``, ``delay_ms``, ...)."""
+    kind = LabFault(kind)
     if pattern is Pattern.TRANSIENT and length < 1:
         raise FaultError(f"{kind}: a transient fault needs length >= 1")
     if pattern is Pattern.INTERMITTENT and every < 2:
         raise FaultError(f"{kind}: an intermittent fault needs every >= 2")
     return Fault(
-        kind,
+        kind.value,
         () if target is None else (target,),
         step=onset,
         until=onset + length - 1 if pattern is Pattern.TRANSIENT else None,
@@ -208,12 +245,12 @@ def lab_fault(
 
 def compute_factor(fault: Fault, rank: int, step: int) -> float:
     """The kernel-time factor of a compute fault on ``rank`` at ``step`` (1.0 elsewhere)."""
-    return fault.severity if fault.kind == "compute" and fault.active(step, rank) else 1.0
+    return fault.severity if fault.kind == LabFault.COMPUTE and fault.active(step, rank) else 1.0
 
 
 def stall_seconds(fault: Fault, rank: int, step: int) -> float:
     """Seconds the data fetch of ``rank`` stalls at ``step``."""
-    return float(fault.params["stall_s"]) if fault.kind == "dataloader" and fault.active(step, rank) else 0.0
+    return float(fault.params["stall_s"]) if fault.kind == LabFault.DATALOADER and fault.active(step, rank) else 0.0
 
 
 def with_onset(fault: Fault, onset: int) -> Fault:
@@ -225,9 +262,9 @@ def with_onset(fault: Fault, onset: int) -> Fault:
 def _legacy_fault(data: dict[str, Any]) -> Fault:
     """A fault as ``spec.json`` files written before the one vocabulary hold it (onset, pattern, length, ...)."""
     params = {name: data[name] for name in ("rate_mbit", "delay_ms", "stall_s", "hogs") if data.get(name) is not None}
-    kind = data["kind"]
-    params = {name: value for name, value in params.items() if name in KINDS[kind].params}
-    severity = data.get("severity", 1.0) if KINDS[kind].severity is not None else 1.0
+    kind = LabFault(data["kind"])
+    params = {name: value for name, value in params.items() if name in kind.declared.params}
+    severity = data.get("severity", 1.0) if kind.declared.severity is not None else 1.0
     return lab_fault(
         kind,
         Pattern(data.get("pattern", "persistent")),
@@ -257,7 +294,7 @@ class CaseSpec:
     ranks: int
     steps: int
     seed: int
-    fault: Fault = field(default_factory=lambda: Fault("clean"))
+    fault: Fault = field(default_factory=lambda: Fault(LabFault.CLEAN.value))
     compute_s: float = 0.08
     width: int = 128
     layers: int = 4
@@ -269,6 +306,7 @@ class CaseSpec:
     driver: Driver = Driver.LAB  # who runs the loop (:class:`Driver`); not ``lab``: layout ``ddp``
 
     def __post_init__(self) -> None:
+        kind = self.kind  # a fault the lab does not inject: refused naming it
         if self.driver is not Driver.LAB and self.layout is not Parallelism.DDP:
             raise ValueError(
                 f"driver {self.driver.value} runs one data-parallel group: layout must be ddp, got {self.layout.value}"
@@ -279,11 +317,7 @@ class CaseSpec:
             raise ValueError(
                 f"driver {self.driver.value} runs trainhealth's integration (its Monitor): markers must be True"
             )
-        if self.driver is not Driver.LAB and self.fault.kind not in (
-            "compute",
-            "clean",
-            "dataloader",
-        ):
+        if self.driver is not Driver.LAB and kind not in (LabFault.COMPUTE, LabFault.CLEAN, LabFault.DATALOADER):
             raise ValueError(
                 f"driver {self.driver.value} takes compute, dataloader and clean cases, got {self.fault.kind}"
             )
@@ -297,7 +331,7 @@ class CaseSpec:
             raise ValueError("steps must be at least 5")
         if self.fault.target is not None and not 0 <= self.fault.target < self.ranks:
             raise ValueError(f"target rank {self.fault.target} is not below {self.ranks} ranks")
-        if self.fault.kind == "stage_imbalance" and self.layout is not Parallelism.DP_PP:
+        if kind is LabFault.STAGE_IMBALANCE and self.layout is not Parallelism.DP_PP:
             raise ValueError("stage_imbalance needs layout dp_pp")
         if self.pin and len(self.pin) != self.ranks:
             raise ValueError("pin must give one CPU per rank")
@@ -305,6 +339,11 @@ class CaseSpec:
             raise ValueError(f"cpu_share must be in [0, 1), got {self.cpu_share}")
         if self.compute_s <= 0:
             raise ValueError(f"compute_s must be positive, got {self.compute_s}")
+
+    @property
+    def kind(self) -> LabFault:
+        """The kind of its fault."""
+        return LabFault(self.fault.kind)
 
     @property
     def replicas(self) -> int:
@@ -324,13 +363,13 @@ class CaseSpec:
     def work_factor(self, rank: int, step: int) -> float:
         """Kernel-time factor of ``rank`` at ``step``: the fault times the workload's own unevenness."""
         factor = compute_factor(self.fault, rank, step)
-        if self.fault.kind == "seq_imbalance":
+        if self.kind is LabFault.SEQ_IMBALANCE:
             import numpy as np
 
             spread = self.fault.severity - 1.0  # e.g. 1.4: work drawn from [0.6, 1.4] x the mean
             draw = np.random.default_rng([self.seed, step, self.replica(rank), 7]).uniform(1 - spread, 1 + spread)
             factor *= float(draw)
-        if self.fault.kind == "stage_imbalance" and self.stage(rank) == 1:
+        if self.kind is LabFault.STAGE_IMBALANCE and self.stage(rank) == 1:
             factor *= self.fault.severity
         return factor
 
@@ -373,7 +412,7 @@ class Truth:
     ranks: int
     seed: int
     steps: int
-    kind: str
+    kind: LabFault  # from a truth file: its name, refused when the lab injects no such fault
     pattern: str
     target: int | None
     target_host: str | None
@@ -388,6 +427,9 @@ class Truth:
     driver: str = "lab"  # Driver.value (absent from truth files written before it existed)
     markers: bool = True  # whether the Monitor wrote step markers (on rank 0 only for accelerate)
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "kind", LabFault(self.kind))
+
     def expected(self) -> Expected:
         """What a right answer is, for :func:`trainhealth_lab.scoring.score`."""
         return Expected(
@@ -395,12 +437,13 @@ class Truth:
             self.accepted_verdicts,
             self.components,
             ranks=() if self.target is None else (self.target,),
-            link=self.kind.startswith("link"),
+            link=self.kind.link,
             transient=self.pattern == Pattern.TRANSIENT.value,
         )
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
+        out["kind"] = self.kind.value
         out["accepted_verdicts"], out["components"], out["notes"] = (
             list(self.accepted_verdicts),
             list(self.components),
@@ -444,33 +487,36 @@ def truth(
     target_host = None
     if target is not None:
         target_host = (hosts or {}).get(target, host_name(target))
-    kind = fault.kind
+    kind = spec.kind
     accepted: tuple[str, ...]
     components: tuple[str, ...]
-    if kind == "clean":
+    if kind is LabFault.CLEAN:
         verdict, accepted, components = "healthy", ("healthy",), ()
-    elif kind in CONTROL_KINDS:
+    elif kind.control:
         verdict, accepted, components = "imbalance", ("imbalance", "healthy"), ()
-    elif kind in LINK_KINDS:
+    elif kind.link:
         verdict, accepted = "communication", ("communication",)
         components = (f"nic:rank-{target}", f"host:{target_host}", f"link:rank-{target}")
-    elif kind == "compute":
+    elif kind is LabFault.COMPUTE:
         verdict, accepted, components = "compute", ("compute",), (f"gpu:rank-{target}",)
-    else:  # host-side slowness of one rank: its device is late to every collective, as a slow GPU would be
+    elif kind in (LabFault.CPU_CONTENTION, LabFault.DATALOADER):
+        # host-side slowness of one rank: its device is late to every collective, as a slow GPU would be
         verdict, accepted, components = "compute", ("compute",), (f"gpu:rank-{target}", f"host:{target_host}")
+    else:  # a kind added to LabFault without its right answer
+        raise ValueError(f"no ground truth for lab fault {kind.value!r}")
     if not spec.markers or spec.ranks == 2 or spec.driver in (Driver.ACCELERATE, Driver.FSDP2):
         # without step markers, with two ranks (no majority to compare the slow one with), and for the drivers
         # whose traces were incomplete when the suite was written (Accelerate's markers on rank 0 only; FSDP2's
         # all_gather_single and reduce_scatter_single not logged), "insufficient data" is an honest answer;
         # "healthy" for a fault is not
         accepted = accepted + ("insufficient_data",)
-    if fault.pattern == Pattern.TRANSIENT and kind not in CONTROL_KINDS | {"clean"}:
+    if fault.pattern == Pattern.TRANSIENT and not kind.control:
         # a slowness that came and went is an event with its steps, not a faulty device: once it is over the
         # window may read healthy (or insufficient data), with the event naming the rank (scoring.py)
         accepted = tuple(dict.fromkeys(accepted + ("healthy", "insufficient_data")))
     if spec.driver is Driver.HF_TRAINER:
         notes = notes + ("the trace's steps are the Trainer's state.global_step: the lab's step k is trace step k+1",)
-    severity = fault.severity if kind not in ("clean", "cpu_contention") else None
+    severity = fault.severity if kind.declared.severity is not None else None
     return Truth(
         case=spec.name,
         layout=spec.layout.value,

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from trainhealth_lab.realrun.launcher import HOG_CODE, CaseOutcome, run_case, score_run
-from trainhealth_lab.realrun.spec import CaseSpec, Truth
+from trainhealth_lab.realrun.spec import CaseSpec, LabFault, Truth
 
 __all__ = [
     "RESULTS_FILE",
@@ -123,7 +123,11 @@ def _checked(row: Any, where: str) -> dict[str, Any]:
     if row["status"] not in ("ok", "error", "skipped"):
         raise ResultsError(f"{where}: status must be ok, error or skipped, got {row['status']!r}")
     _check(f"{where}: truth", row["truth"], _TRUTH)
-    if row["truth"]["kind"].startswith("link"):
+    try:
+        kind = LabFault(row["truth"]["kind"])
+    except ValueError as exc:
+        raise ResultsError(f"{where}: truth: kind: {exc}") from None
+    if kind.link:
         _check(f"{where}: truth", row["truth"], {"onset": int})
     if row["status"] == "ok":
         _check(where, row, _SCORED)
@@ -184,14 +188,18 @@ def rescore(results: str | os.PathLike[str]) -> list[dict[str, Any]]:
     return rows
 
 
+def _kind(row: dict[str, Any]) -> LabFault:
+    return LabFault(row["truth"]["kind"])
+
+
 def _label(row: dict[str, Any]) -> str:
     truth = row["truth"]
-    kind = truth["kind"]
+    kind = _kind(row)
     if truth["target"] is None:
-        return kind
-    if kind.startswith("link") and truth["onset"] == 0 and not truth.get("notes"):
-        return f"{kind}/start"
-    return f"{kind}/{truth['pattern']}"
+        return kind.value
+    if kind.link and truth["onset"] == 0 and not truth.get("notes"):
+        return f"{kind.value}/start"
+    return f"{kind.value}/{truth['pattern']}"
 
 
 def _percent(values: Iterable[bool | None]) -> str:
@@ -247,14 +255,15 @@ def summary(rows: Sequence[dict[str, Any]]) -> str:
     def share(selected: list[dict[str, Any]], key: Callable[[dict[str, Any]], bool]) -> str:
         return f"{sum(map(key, selected))}/{len(selected)}" if selected else "0/0"
 
-    def fault(r: dict[str, Any], kinds: tuple[str, ...], patterns: tuple[str, ...]) -> bool:
+    def fault(r: dict[str, Any], kinds: tuple[LabFault, ...], patterns: tuple[str, ...]) -> bool:
         t = r["truth"]
-        return t["kind"] in kinds and t["pattern"] in patterns and (t["severity"] is None or t["severity"] >= 1.2)
+        return _kind(r) in kinds and t["pattern"] in patterns and (t["severity"] is None or t["severity"] >= 1.2)
 
-    persistent = [r for r in done if fault(r, ("compute", "cpu_contention", "dataloader"), ("persistent",))]
-    passing = [r for r in done if fault(r, ("compute",), ("transient", "intermittent"))]
+    host_side = (LabFault.COMPUTE, LabFault.CPU_CONTENTION, LabFault.DATALOADER)
+    persistent = [r for r in done if fault(r, host_side, ("persistent",))]
+    passing = [r for r in done if fault(r, (LabFault.COMPUTE,), ("transient", "intermittent"))]
     controls = [r for r in done if r["truth"]["target"] is None]
-    links = [r for r in done if r["truth"]["kind"].startswith("link")]
+    links = [r for r in done if _kind(r).link]
     delays = [r["live_detection_delay"] for r in done if r["live_detection_delay"] is not None]
     detected = [r for r in done if r["truth"]["target"] is not None]
     lines = [
@@ -295,17 +304,22 @@ def shape_label(truth: dict[str, Any]) -> str:
 
 
 def _fault_label(truth: dict[str, Any]) -> str:
+    kind = LabFault(truth["kind"])
     if truth["target"] is None:
-        return truth["kind"]
+        return kind.value
     if "issue30" in truth["case"]:  # cases.issue30_repro: its own line
         return "issue30-repro"
-    return f"{truth['kind']}/{'start' if truth['onset'] == 0 else 'mid'}"
+    return f"{kind.value}/{'start' if truth['onset'] == 0 else 'mid'}"
 
 
 def _slow(row: dict[str, Any]) -> bool:
     """Whether a rank was planned at least :data:`SLOW_FACTOR` times slow (a compute fault)."""
     truth = row["truth"]
-    return truth["kind"] == "compute" and truth["severity"] is not None and truth["severity"] >= SLOW_FACTOR
+    return (
+        LabFault(truth["kind"]) is LabFault.COMPUTE
+        and truth["severity"] is not None
+        and truth["severity"] >= SLOW_FACTOR
+    )
 
 
 def _right_or_insufficient(row: dict[str, Any]) -> bool:

@@ -33,6 +33,8 @@ __all__ = ["add_commands"]
 ANALYZER_PORT = 9448
 #: Prometheus answers a range query with at most this many points per series.
 MAX_POINTS = 11000
+#: Stack files of failed collectives read beside Flight Recorder dumps, at most (the watcher writes one per rank).
+MAX_FAILURE_FILES = 32
 
 _INTERVAL = Bounded(float, 0.1, 86400, unit="seconds")  # a run reads a window: a tenth of a second at the least
 _WINDOW = Bounded(float, 0, 7 * 86400, unit="seconds", low_open=True)
@@ -119,16 +121,25 @@ def _flight_recorder_hang(records: Any, trace: Any) -> LocalizationResult | None
 
 def _failures_beside(directories: set[Path]) -> list[str]:
     """The first line of each ``stacks/*.failed.txt`` the hang watchers wrote beside these Flight Recorder
-    dumps (``<trace_dir>/flight-recorder``): each rank's failed collective and its error."""
-    lines = []
+    dumps (``<trace_dir>/flight-recorder``): each rank's failed collective and its error; at most
+    :data:`MAX_FAILURE_FILES` of them, and a line counting the files left unread."""
+    lines: list[str] = []
+    unread = 0
     for directory in sorted(directories):
         for path in sorted((directory.parent / "stacks").glob("*.failed.txt")):
+            if len(lines) >= MAX_FAILURE_FILES:
+                unread += 1
+                continue
+            if not path.is_file():  # a pipe would block the reader
+                continue
             try:
                 with open(path, encoding="utf-8", errors="replace") as handle:
                     first = handle.readline(1000).strip()
             except OSError:
                 continue
             lines.append(first.split(". This is typically")[0][:300])  # gloo's advice is in every one of them
+    if unread:
+        lines.append(f"and {unread} more stacks/*.failed.txt files, not read (at most {MAX_FAILURE_FILES} are)")
     return lines
 
 

@@ -96,6 +96,8 @@ class _PlainUnpickler(pickle.Unpickler):
         raise pickle.UnpicklingError(f"refusing to load {module}.{name}: a Flight Recorder dump holds only plain data")
 
 
+#: Digits a rank has at most (a minus sign included).
+_RANK_DIGITS = len(str(MAX_RANK)) + 1
 #: The largest dump read: Flight Recorder keeps 2,000 entries per rank by default, a few MiB.
 MAX_DUMP_BYTES = 1 << 30
 
@@ -156,7 +158,7 @@ def _group_members(config: Any, path: Path) -> dict[str, tuple[int, ...]]:
             raise TraceError(str(path), f"pg_config[{shown(name)}] must be a dictionary, got {shown(entry)}")
         members = entry.get("ranks")
         if isinstance(members, str):
-            members = [int(part) for part in re.findall(r"-?\d+", members)]
+            members = _ranks_in(members)
         if members is None:
             continue
         if not isinstance(members, (list, tuple)) or not all(
@@ -169,6 +171,17 @@ def _group_members(config: Any, path: Path) -> dict[str, tuple[int, ...]]:
         if members:  # torch 2.13's gloo dumps file the default group (named "0") under an empty name
             groups[str(name) or "0"] = tuple(sorted(members))
     return groups
+
+
+def _ranks_in(text: str) -> list[int] | str:
+    """The ranks torch writes as text (``"[0, 1, 2]"``); ``text`` itself, to be refused, where a number is too long
+    to be a rank (``int`` of 5,000 digits raises) or there are more numbers than ranks can be."""
+    ranks: list[int] = []
+    for number in re.finditer(r"-?\d+", text):
+        if len(number.group()) > _RANK_DIGITS or len(ranks) > MAX_RANK:
+            return text
+        ranks.append(int(number.group()))
+    return ranks
 
 
 def _bytes(entry: dict[str, Any], fail: Any) -> int | None:

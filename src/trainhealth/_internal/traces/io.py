@@ -208,13 +208,15 @@ def _files_in(path: Path) -> list[Path]:
 
 
 def read_trace(
-    paths: Iterable[str | os.PathLike[str]],
+    paths: str | os.PathLike[str] | Iterable[str | os.PathLike[str]],
     topology: str | os.PathLike[str] | None = None,
     categorical: bool = False,
     unread: frozenset[str] = frozenset(),
 ) -> Trace:
-    """Every record of the given files and directories; ``topology`` overrides a directory's ``topology.json``.
-    ``categorical`` and ``unread``: see :func:`read_trace_file`."""
+    """Every record of the given files and directories (one path, or several); ``topology`` overrides a
+    directory's ``topology.json``. ``categorical`` and ``unread``: see :func:`read_trace_file`."""
+    if isinstance(paths, (str, os.PathLike)):  # one path, not the characters of its name
+        paths = [paths]
     files: list[Path] = []
     found_topology: Path | None = None
     for entry in map(Path, paths):
