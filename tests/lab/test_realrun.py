@@ -17,7 +17,7 @@ from trainhealth._internal.traces.io import read_trace
 from trainhealth_lab.realrun.baselines import baseline_wait
 from trainhealth_lab.realrun.cases import suite_cases
 from trainhealth_lab.realrun.launcher import run_case
-from trainhealth_lab.realrun.spec import LAB_FAULTS, CaseSpec, Parallelism, Pattern, lab_fault, truth
+from trainhealth_lab.realrun.spec import CaseSpec, LabFault, Parallelism, Pattern, lab_fault, truth
 from trainhealth_lab.scoring import score
 
 pytest.importorskip("torch")
@@ -159,8 +159,8 @@ def test_the_full_suite_covers_the_issue() -> None:
     assert len(cases) >= 60
     assert {c.ranks for c in cases} == {4, 8}
     assert {c.layout for c in cases} == set(Parallelism)
-    assert {c.fault.kind for c in cases} == set(LAB_FAULTS)
-    assert {c.fault.pattern for c in cases if c.fault.kind == "compute"} == set(Pattern)
+    assert {c.kind for c in cases} == set(LabFault)
+    assert {c.fault.pattern for c in cases if c.kind is LabFault.COMPUTE} == set(Pattern)
 
 
 def test_public_names_are_the_labs_own_and_documented() -> None:
