@@ -21,6 +21,7 @@ from trainhealth._internal.alerts.rules import ALERTS
 from trainhealth._internal.catalog import CATALOG, MetricKind
 from trainhealth._internal.dashboards.gpu import DCGM_METRICS
 from trainhealth._internal.dashboards.render import DASHBOARDS, build_dashboards, dashboard_json, queries
+from trainhealth._internal.knowledge.limits import panel_id
 
 ROOT = Path(__file__).resolve().parents[2]
 TRAINHEALTH = str(Path(sys.executable).parent / "trainhealth")
@@ -104,7 +105,9 @@ def test_dashboards_are_deterministic_with_stable_ids():
         assert data["uid"] == uid
         ids = [panel["id"] for panel in data["panels"]]
         assert len(build_dashboards(ALERTS)) == len(DASHBOARDS)
-        assert ids == list(range(1, len(ids) + 1))
+        # each panel's id follows from its title (its key), never from its place: unique, positive, 32-bit
+        assert ids == [panel_id(panel["title"]) for panel in data["panels"]]
+        assert len(set(ids)) == len(ids) and all(0 < i < 2**31 for i in ids)
         names = [v["name"] for v in data["templating"]["list"]]
         assert names[:5] == ["datasource", "job_name", "job", "host", "rank"]
 
@@ -178,7 +181,10 @@ def test_runbooks_name_the_advice_and_its_sources():
     assert "dcgmi diag -r 3" in text and "## Sources" in text and "arXiv 2502.12340" in text
     xid = runbook_markdown(next(r for r in ALERTS if r.name == "GpuXidCritical"))
     assert "| 79 | GPU has fallen off the bus |" in xid and "| 13 |" not in xid
-    assert "**Dashboard:** [XIDs in the last hour](http://127.0.0.1:3000/d/trainhealth-gpu?viewPanel=panel-13)" in xid
+    assert (
+        f"**Dashboard:** [XIDs in the last hour](http://127.0.0.1:3000/d/trainhealth-gpu?viewPanel=panel-{panel_id('XIDs in the last hour')})"
+        in xid
+    )
     irregular = runbook_markdown(next(r for r in ALERTS if r.name == "IrregularSteps"))
     assert "the line drawn there is this rule's limit, 0.05." in irregular
 

@@ -14,7 +14,8 @@ import pytest
 import yaml
 
 from trainhealth._internal.alerts.rules import ALERTS, GRAFANA_URL, Limit, PanelRef, by_name
-from trainhealth._internal.dashboards.layout import dashboard, limit_steps
+from trainhealth._internal.dashboards.layout import arrange, dashboard, limit_steps
+from trainhealth._internal.dashboards.model import TimeSeries
 from trainhealth._internal.knowledge.recording import RECORDING_RULES
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -132,12 +133,14 @@ def test_the_specific_numbers_of_the_issue_are_drawn(dashboards):
 def test_a_rule_naming_a_missing_or_renamed_panel_fails_at_build():
     wrong = [
         by_name("IrregularSteps").__class__(
-            **{**vars(by_name("IrregularSteps")), "panel": PanelRef("trainhealth-x", 3, "Loss")}
+            **{**vars(by_name("IrregularSteps")), "panel": PanelRef("trainhealth-x", "Loss")}
         )
     ]
-    placed = [type("P", (), {"id": 3, "title": "Gradient norm", "thresholds": []})()]
-    with pytest.raises(ValueError, match="points at panel 3 'Loss' of trainhealth-x: panel 3 is 'Gradient norm'"):
+    placed = arrange([TimeSeries(title="Gradient norm"), TimeSeries(title="Throughput")])
+    with pytest.raises(ValueError, match="points at panel 'Loss' of trainhealth-x: no such panel"):
         dashboard("trainhealth-x", "x", "", placed, wrong)
+    with pytest.raises(ValueError, match="panels 'Loss' and 'Loss' would share id"):
+        arrange([TimeSeries(title="Loss"), TimeSeries(title="Gradient norm"), TimeSeries(title="Loss")])
     with pytest.raises(ValueError, match="bad above or all below"):
         limit_steps([(1, "above", "page"), (2, "below", "page")])
     with pytest.raises(ValueError, match="'above' or 'below'"):
@@ -191,3 +194,31 @@ def test_at_all_no_panel_draws_every_rank_raw_series_or_reads_raw_buckets():
                 r"^(time\(\) - )?(sum|min|max|count) by \(job(, op)?\)", expr
             )
             assert not raw or cut, (uid, title, expr)
+
+
+def test_a_panel_added_at_the_top_of_the_gpu_dashboard_changes_no_rule_and_no_link():
+    """Panels were numbered by position: a new first panel renumbered every GPU alert's dashboard_url."""
+    from trainhealth._internal.dashboards.gpu import UID, gpu_dashboard, gpu_panels
+    from trainhealth._internal.dashboards.render import dashboard_json
+
+    before = json.loads(dashboard_json(gpu_dashboard(ALERTS)))
+    rules_before = [rule.to_rule() for rule in ALERTS]
+    added = dashboard(UID, "x", "", arrange([TimeSeries(title="A new first panel"), *gpu_panels()]), ALERTS)
+    after = json.loads(dashboard_json(added))
+    assert [rule.to_rule() for rule in ALERTS] == rules_before
+    assert after["panels"][0]["title"] == "A new first panel"
+    assert after["panels"][1]["gridPos"] != before["panels"][0]["gridPos"]  # the others did move
+    ids = {panel["title"]: panel["id"] for panel in after["panels"]}
+    assert {panel["title"]: panel["id"] for panel in before["panels"]}.items() <= ids.items()
+    on_gpu = [rule for rule in rules_before if f"/d/{UID}?" in rule["annotations"].get("dashboard_url", "")]
+    assert len(on_gpu) >= 10
+    for rule in on_gpu:
+        panel = _panel(rule["annotations"]["dashboard_url"], {UID: after})
+        assert panel["title"] == by_name(rule["alert"]).panel.title, rule["alert"]
+    drawn = {p["title"]: p["fieldConfig"]["defaults"]["thresholds"] for p in after["panels"] if p["type"] != "row"}
+    assert (
+        drawn.items()
+        >= {
+            p["title"]: p["fieldConfig"]["defaults"]["thresholds"] for p in before["panels"] if p["type"] != "row"
+        }.items()
+    )

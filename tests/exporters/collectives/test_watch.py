@@ -13,7 +13,7 @@ import torch.distributed as dist
 from tests.helpers import scrape
 from trainhealth import Monitor
 from trainhealth._internal import catalog
-from trainhealth._internal.exporters.collectives.watch import HangWatch
+from trainhealth._internal.exporters.collectives.watch import MAX_PAUSE_REASONS, HangWatch
 from trainhealth._internal.store import MetricStore
 
 
@@ -295,3 +295,24 @@ def test_groups_made_and_destroyed_every_step_get_their_own_names_and_numbers(on
     assert len(set(names)) == 50  # never a dead group's name
     assert (side["seq"] == 0).all() and len(side) == 50  # each starts its own numbering
     assert len(published) <= 2  # destroyed groups leave the exported series
+
+
+def test_pause_reasons_are_bounded_the_oldest_closed_one_forgotten_and_counted():
+    """A reason made per step (``f"save {step}"``) grew the watcher's memory and its series without end."""
+    logger = _Rank6({})
+    logger.store = MetricStore()
+    watch = HangWatch(logger)
+    with watch.pause("checkpoint"):  # open through all the others: never forgotten
+        for step in range(3 * MAX_PAUSE_REASONS):
+            with watch.pause(f"save {step}"):
+                pass
+        reasons = {labels[0] for labels, _ in logger.store.series(catalog.COMM_PAUSED)}
+        assert logger.store.value(catalog.COMM_PAUSED, ("checkpoint",)) == 1.0
+    assert len(reasons) == MAX_PAUSE_REASONS and "checkpoint" in reasons
+    assert f"save {3 * MAX_PAUSE_REASONS - 1}" in reasons and "save 0" not in reasons
+    assert len(watch._known_reasons) <= MAX_PAUSE_REASONS and len(watch._pause_longest) <= MAX_PAUSE_REASONS
+    forgotten = 3 * MAX_PAUSE_REASONS + 1 - MAX_PAUSE_REASONS
+    assert logger.store.value(catalog.EXPORTER_ERRORS, ("comm_pause_reasons",)) == forgotten
+    # a reason still remembered keeps its learnt bound; a forgotten one is back to the limit, never stricter
+    assert watch.pause_bound(f"save {3 * MAX_PAUSE_REASONS - 1}") < watch.pause_limit_s
+    assert watch.pause_bound("save 0") == watch.pause_limit_s

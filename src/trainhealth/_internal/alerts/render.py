@@ -100,7 +100,7 @@ def runbook_markdown(rule: AlertRule, grafana_url: str = GRAFANA_URL) -> str:
         limit = f"; the line drawn there is this rule's limit, {rule.limit.value:g}" if rule.limit else ""
         where = [
             f"**Dashboard:** [{rule.panel.title}]({rule.panel.url(grafana_url)}) (dashboard "
-            f"`{rule.panel.dashboard}`, panel {rule.panel.panel_id}){limit}.",
+            f"`{rule.panel.dashboard}`){limit}.",
             "",
         ]
     lines = [

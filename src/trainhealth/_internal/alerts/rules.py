@@ -8,10 +8,15 @@ rank / host / gpu, a ``runbook_url`` (docs/runbooks/<Alert>.md, generated from
 the same declarations) and a ``mitigation`` taken from the advice catalogue.
 
 Baselines of relative rules are taken with an ``offset``, so a drop is compared
-with the time before it and does not drag its own baseline down (REFERENCE.md).
+with the time before it and does not drag its own baseline down: the baseline of
+Andrew Newdigate's "How to use Prometheus for anomaly detection in GitLab" (GitLab
+blog, 2019, https://about.gitlab.com/blog/2019/07/23/anomaly-detection-using-prometheus/),
+with Prometheus's offset modifier
+(https://prometheus.io/docs/prometheus/latest/querying/basics/#offset-modifier).
 
 Each rule also names the dashboard panel that explains it (``panel``: dashboard
-uid, panel id and title; the ``dashboard_url`` annotation links there) and, where
+uid and the panel's title, its key there; the ``dashboard_url`` annotation links to
+the panel's id, which follows from the title alone) and, where
 it compares a value with a number, that number (``limit``). The number is a named
 constant here, used to write the expression; the dashboards draw the same limit
 on the same panel (``trainhealth._internal.dashboards.layout``), so what a panel shows as
@@ -25,7 +30,7 @@ the line is what fires.
 >>> by_name("IrregularSteps").limit
 Limit(value=0.05, bad='above')
 >>> by_name("GpuLost").to_rule()["annotations"]["dashboard_url"]
-'http://127.0.0.1:3000/d/trainhealth-gpu?viewPanel=panel-1'
+'http://127.0.0.1:3000/d/trainhealth-gpu?viewPanel=panel-1566511428'
 """
 
 from __future__ import annotations
@@ -207,7 +212,7 @@ ALERTS: tuple[AlertRule, ...] = (
         "xid_critical",
         "An XID that NVIDIA's catalogue treats as a hardware or driver fault needing a reset, a reboot or service "
         "(the critical entries of trainhealth's XID catalogue). The job on this GPU is failing or about to.",
-        panel=PanelRef(_GPU, 13, "XIDs in the last hour"),
+        panel=PanelRef(_GPU, "XIDs in the last hour"),
     ),
     AlertRule(
         "GpuXidWarning",
@@ -220,7 +225,7 @@ ALERTS: tuple[AlertRule, ...] = (
         "xid_warning",
         "An XID that usually points at the application or a recoverable memory error; one occurrence is a ticket, "
         "repeats on the same GPU are a hardware suspect.",
-        panel=PanelRef(_GPU, 13, "XIDs in the last hour"),
+        panel=PanelRef(_GPU, "XIDs in the last hour"),
     ),
     AlertRule(
         "GpuEccUncorrectable",
@@ -234,7 +239,7 @@ ALERTS: tuple[AlertRule, ...] = (
         "ecc_uncorrectable",
         "Uncorrectable (double-bit) ECC errors since the last reset. The data in that memory was lost; the process "
         "using it usually crashes, and row remapping may be needed.",
-        panel=PanelRef(_GPU, 8, "Uncorrectable ECC errors (volatile)"),
+        panel=PanelRef(_GPU, "Uncorrectable ECC errors (volatile)"),
     ),
     AlertRule(
         "GpuRowRemapFailure",
@@ -246,7 +251,7 @@ ALERTS: tuple[AlertRule, ...] = (
         GPU_WHERE + " could not remap a failing memory row: the GPU needs service.",
         "row_remap_failure",
         "The GPU ran out of spare rows (or remapping failed): uncorrectable memory errors will recur.",
-        panel=PanelRef(_GPU, 10, "Row remap pending / failed"),
+        panel=PanelRef(_GPU, "Row remap pending / failed"),
     ),
     AlertRule(
         "GpuRowRemapPending",
@@ -258,7 +263,7 @@ ALERTS: tuple[AlertRule, ...] = (
         GPU_WHERE + " has a row remap waiting for the next GPU reset.",
         "row_remap_pending",
         "A memory row was marked for remapping; it takes effect at the next GPU reset.",
-        panel=PanelRef(_GPU, 10, "Row remap pending / failed"),
+        panel=PanelRef(_GPU, "Row remap pending / failed"),
     ),
     AlertRule(
         "GpuLost",
@@ -270,7 +275,7 @@ ALERTS: tuple[AlertRule, ...] = (
         GPU_WHERE + " does not answer NVML (lost, fallen off the bus or needing a reset).",
         "gpu_lost",
         "NVML reports the GPU lost or needing a reset (often with XID 79). Every job using it is stuck or dead.",
-        panel=PanelRef(_GPU, 1, "GPU up"),
+        panel=PanelRef(_GPU, "GPU up"),
     ),
     AlertRule(
         "GpuThermalThrottling",
@@ -283,7 +288,7 @@ ALERTS: tuple[AlertRule, ...] = (
         "every synchronous step.",
         "thermal",
         "A thermal or hardware slowdown clocks-event reason has been active for 10 minutes.",
-        panel=PanelRef(_GPU, 7, "Throttle (clocks-event) reasons active"),
+        panel=PanelRef(_GPU, "Throttle (clocks-event) reasons active"),
         limit=Limit(1, "above"),
     ),
     AlertRule(
@@ -297,7 +302,7 @@ ALERTS: tuple[AlertRule, ...] = (
         "power",
         "A power cap or power brake has held the clocks down for 30 minutes; common under full load, a problem "
         "when one GPU is capped and its peers are not.",
-        panel=PanelRef(_GPU, 7, "Throttle (clocks-event) reasons active"),
+        panel=PanelRef(_GPU, "Throttle (clocks-event) reasons active"),
         limit=Limit(1, "above"),
     ),
     AlertRule(
@@ -310,7 +315,7 @@ ALERTS: tuple[AlertRule, ...] = (
         GPU_WHERE + ' retransmits {{ $value | printf "%.1f" }} PCIe packets a minute: a marginal link or riser.',
         "pcie",
         "The PCIe link retransmits packets (replays) steadily: a degrading link that slows host-device copies.",
-        panel=PanelRef(_GPU, 11, "PCIe replays per minute"),
+        panel=PanelRef(_GPU, "PCIe replays per minute"),
         limit=Limit(PCIE_REPLAYS_PER_MIN, "above"),
     ),
     AlertRule(
@@ -323,7 +328,7 @@ ALERTS: tuple[AlertRule, ...] = (
         GPU_WHERE + ' link {{ $labels.link }} had {{ $value | printf "%.0f" }} errors in 10 minutes.',
         "nvlink",
         "NVLink replay, recovery or CRC errors on a link; they slow collectives among the GPUs of a node.",
-        panel=PanelRef(_GPU, 12, "NVLink errors per minute"),
+        panel=PanelRef(_GPU, "NVLink errors per minute"),
     ),
     AlertRule(
         "GpuSelftestFailed",
@@ -337,7 +342,7 @@ ALERTS: tuple[AlertRule, ...] = (
         "sdc",
         "trainhealth selftest compares GEMM, reduction and elementwise results with a float64 reference and "
         "across devices; a failure means the device computes wrong numbers.",
-        panel=PanelRef(_INCIDENTS, 4, "SDC suspects and failed self-tests"),
+        panel=PanelRef(_INCIDENTS, "SDC suspects and failed self-tests"),
     ),
     # --- training -----------------------------------------------------------------------
     AlertRule(
@@ -350,7 +355,7 @@ ALERTS: tuple[AlertRule, ...] = (
         "The loss of {{ $labels.job }} spiked; trainhealth follows whether it recovers (LossSpikeNotRecovered).",
         "loss_spike",
         "A loss detector (z-score by default) flagged a spike. Most recover within tens of steps.",
-        panel=PanelRef(_TRAINING, 1, "Loss"),
+        panel=PanelRef(_TRAINING, "Loss"),
     ),
     AlertRule(
         "LossSpikeNotRecovered",
@@ -367,7 +372,7 @@ ALERTS: tuple[AlertRule, ...] = (
         "loss_spike",
         "A loss spike has not come back within 50 steps; training continues from a worse place. The value is the "
         "step of the last checkpoint before the spike (-1 when none was reported).",
-        panel=PanelRef(_TRAINING, 1, "Loss"),
+        panel=PanelRef(_TRAINING, "Loss"),
         every_minute=True,  # 50 steps after the spike: a minute more changes nothing
     ),
     AlertRule(
@@ -383,7 +388,7 @@ ALERTS: tuple[AlertRule, ...] = (
         "step if several); ranks with where=received got it through the gradient all-reduce.",
         "nonfinite",
         "The loss or the gradient norm was NaN or infinite: the optimizer step that follows corrupts the weights.",
-        panel=PanelRef(_TRAINING, 12, "Non-finite steps"),
+        panel=PanelRef(_TRAINING, "Non-finite steps"),
         every_minute=True,  # its 5-minute window keeps every NaN step; the remedy is a restore, minutes long
     ),
     AlertRule(
@@ -396,7 +401,7 @@ ALERTS: tuple[AlertRule, ...] = (
         "The gradient norm of {{ $labels.job }} spiked; loss spikes often follow.",
         "loss_spike",
         "A detector flagged the total gradient norm; a precursor of loss spikes.",
-        panel=PanelRef(_TRAINING, 2, "Gradient norm"),
+        panel=PanelRef(_TRAINING, "Gradient norm"),
     ),
     AlertRule(
         "IrregularSteps",
@@ -410,7 +415,7 @@ ALERTS: tuple[AlertRule, ...] = (
         "compute",
         "Holmes's δ-irregularity: training goes on, but many iterations take much longer. The analyzer's suspects "
         "(StragglerSuspect) name the GPU or link behind it.",
-        panel=PanelRef(_TRAINING, 10, "δ-irregular share of the last 100 steps"),
+        panel=PanelRef(_TRAINING, "δ-irregular share of the last 100 steps"),
         limit=Limit(IRREGULAR_SHARE, "above"),
     ),
     AlertRule(
@@ -427,7 +432,7 @@ ALERTS: tuple[AlertRule, ...] = (
         "compute",
         f"Tokens/s summed over the ranks fell below {THROUGHPUT_DROP:.0%} of the hour before (the baseline is "
         "offset, so the drop does not lower it); silent until the job has a full baseline hour (70 minutes).",
-        panel=PanelRef(_TRAINING, 6, "Throughput against its baseline"),
+        panel=PanelRef(_TRAINING, "Throughput against its baseline"),
         limit=Limit(THROUGHPUT_DROP, "below"),
     ),
     AlertRule(
@@ -443,7 +448,7 @@ ALERTS: tuple[AlertRule, ...] = (
         + " of the six hours before.",
         "compute",
         "A persistent slowdown: a throttled GPU, a slow link or a degraded node that does not fail.",
-        panel=PanelRef(_TRAINING, 6, "Throughput against its baseline"),
+        panel=PanelRef(_TRAINING, "Throughput against its baseline"),
         limit=Limit(THROUGHPUT_DEGRADED, "below"),
     ),
     AlertRule(
@@ -456,7 +461,7 @@ ALERTS: tuple[AlertRule, ...] = (
         "No rank of {{ $labels.job }} has finished a step for {{ $value | humanizeDuration }}.",
         "hang",
         "No step for ten step times (at least five minutes): a hang, a dead rank or a stuck collective.",
-        panel=PanelRef(_TRAINING, 9, "Time since the last step"),
+        panel=PanelRef(_TRAINING, "Time since the last step"),
         limit=Limit(STALL_MIN_S, "above"),
         every_minute=True,  # no step for 5 minutes at least
     ),
@@ -475,7 +480,7 @@ ALERTS: tuple[AlertRule, ...] = (
         f"ranks' longest recent step, collective or checkpoint save, at least {HANG_FLOOR_S} s); the ranks whose "
         "started sequence number is behind the group's are the ones holding it up. Silent while a rank is in an "
         f"announced pause (Monitor.pause), and for {PAUSE_HOLD_S} s after it.",
-        panel=PanelRef(_COMMUNICATION, 4, "Time inside the current collective"),
+        panel=PanelRef(_COMMUNICATION, "Time inside the current collective"),
         limit=Limit(HANG_FLOOR_S, "above"),
     ),
     AlertRule(
@@ -492,7 +497,7 @@ ALERTS: tuple[AlertRule, ...] = (
         "A member of a process group stopped being scraped (its series went stale) while the others have waited in "
         "a collective longer than the job's hang threshold: the rank is dead or its host lost, and the job will not "
         "move until it is replaced.",
-        panel=PanelRef(_COMMUNICATION, 4, "Time inside the current collective"),
+        panel=PanelRef(_COMMUNICATION, "Time inside the current collective"),
     ),
     AlertRule(
         "PauseOverrun",
@@ -509,7 +514,7 @@ ALERTS: tuple[AlertRule, ...] = (
         "the longest earlier pause of the same reason (comm_pause_limit, 30 minutes by default, before any ended): a "
         "save hung on a shared filesystem, an evaluation that never returns. The pause no longer holds the hang "
         "rules once past its bound.",
-        panel=PanelRef(_COMMUNICATION, 4, "Time inside the current collective"),
+        panel=PanelRef(_COMMUNICATION, "Time inside the current collective"),
     ),
     AlertRule(
         "StragglerSuspect",
@@ -524,7 +529,7 @@ ALERTS: tuple[AlertRule, ...] = (
         "compute",
         "trainhealth analyze localized δ-irregular iterations to a GPU, NIC, host or switch from collective "
         f"timings (Holmes's rules) with a score of {STRAGGLER_SCORE:g} or more for 5 minutes.",
-        panel=PanelRef(_INCIDENTS, 2, "Ranked suspects"),
+        panel=PanelRef(_INCIDENTS, "Ranked suspects"),
         limit=Limit(STRAGGLER_SCORE, "above"),
     ),
     AlertRule(
@@ -538,7 +543,7 @@ ALERTS: tuple[AlertRule, ...] = (
         "sdc",
         "A cross-replica check put this rank in the minority: its parameters differ from the other replicas' "
         "(fingerprint) or its gradient norm before the all-reduce is far from theirs (grad_norm).",
-        panel=PanelRef(_TRAINING, 17, "SDC suspects"),
+        panel=PanelRef(_TRAINING, "SDC suspects"),
         limit=Limit(1, "above"),
         every_minute=True,  # its 15-minute window keeps every finding; remedy: drain the host, minutes long
     ),
@@ -553,7 +558,7 @@ ALERTS: tuple[AlertRule, ...] = (
         "Prometheus cannot scrape {{ $labels.instance }} ({{ $labels.job }}): its metrics and alerts are blind.",
         "telemetry",
         "A trainhealth endpoint (a rank's /metrics, a node exporter, the analyzer) has not answered for 5 minutes.",
-        panel=PanelRef(_INCIDENTS, 5, "Scrape targets up"),
+        panel=PanelRef(_INCIDENTS, "Scrape targets up"),
     ),
     AlertRule(
         "TrainhealthMetricsAbsent",
@@ -568,7 +573,7 @@ ALERTS: tuple[AlertRule, ...] = (
         "something else is listening there.",
         "telemetry",
         "A scraped target answers but exposes none of the metrics every trainhealth endpoint has.",
-        panel=PanelRef(_INCIDENTS, 5, "Scrape targets up"),
+        panel=PanelRef(_INCIDENTS, "Scrape targets up"),
     ),
     AlertRule(
         "GpuTelemetryDown",
@@ -580,7 +585,7 @@ ALERTS: tuple[AlertRule, ...] = (
         "The {{ $labels.backend }} backend on {{ $labels.host }} is not sampling: GPU alerts there are blind.",
         "telemetry",
         "NVML or DCGM could not be initialised or stopped answering.",
-        panel=PanelRef(_GPU, 15, "GPU telemetry up"),
+        panel=PanelRef(_GPU, "GPU telemetry up"),
     ),
     AlertRule(
         "AnalyzerStale",
@@ -593,7 +598,7 @@ ALERTS: tuple[AlertRule, ...] = (
         "are stale.",
         "telemetry",
         "trainhealth analyze is stuck or has no input (Prometheus unreachable, no trace files).",
-        panel=PanelRef(_INCIDENTS, 6, "Time since the analyzer's last localization"),
+        panel=PanelRef(_INCIDENTS, "Time since the analyzer's last localization"),
         limit=Limit(ANALYZER_STALE_S, "above"),
     ),
     AlertRule(
@@ -610,7 +615,7 @@ ALERTS: tuple[AlertRule, ...] = (
         "telemetry",
         "A rank's /metrics still answers (its series are fresh) but its hang watcher, which looks once a second, "
         f"has not looked for {WATCHER_STALE_S} s: the state of its collectives is unknown until it is restarted.",
-        panel=PanelRef(_COMMUNICATION, 4, "Time inside the current collective"),
+        panel=PanelRef(_COMMUNICATION, "Time inside the current collective"),
         limit=Limit(WATCHER_STALE_S, "above"),
     ),
 )

@@ -31,6 +31,7 @@ __all__ = [
     "DEFAULT_DETECTORS",
     "DEFAULT_PROMETHEUS_PORT_BASE",
     "GPU_BACKENDS",
+    "HANG_FLOOR_S",
     "MAX_INTERVAL",
     "MAX_WORLD_SIZE",
     "MIN_INTERVAL",
@@ -56,6 +57,10 @@ DEFAULT_DETECTORS = (
     "comm_duration=level_shift(direction=up,min_relative=1)"
 )
 DEFAULT_PROMETHEUS_PORT_BASE = 9450
+#: The shortest hang threshold (seconds), ``comm_hang_floor``'s default: pauses of a few seconds (a GC, a slow
+#: batch) are never stuck. The alert rules' floor too (trainhealth._internal.knowledge.limits reads it from here:
+#: the settings sit in the lowest layer, which imports nothing above it); whole, so PromQL reads ``10``.
+HANG_FLOOR_S = 10
 #: The shortest ``trace_write_interval`` (seconds) other than 0: appending to a trace more often only burns the flush thread.
 MIN_TRACE_WRITE_INTERVAL = 0.05
 #: The shortest interval (seconds) of a background thread: shorter ones busy-loop and slow training down.
@@ -324,9 +329,10 @@ class CommSettings(SettingGroup):
     )
     hang_floor: float = setting(
         "comm_hang_floor",
-        10.0,
+        float(HANG_FLOOR_S),
         parse_float,
-        "The shortest wait in a collective (or stop outside them) that makes a rank stuck; its hang threshold is 3x its longest recent step, collective or checkpoint save, never under this (trainhealth_comm_hang_threshold_seconds, HungCollective, trainhealth analyze).",
+        "The shortest wait in a collective (or stop outside them) that makes a rank stuck; its hang threshold is 3x its longest recent step, collective or checkpoint save, never under this (trainhealth_comm_hang_threshold_seconds, HungCollective, trainhealth analyze). "
+        f"HungCollective never fires under the default, {HANG_FLOOR_S} s, whatever this is.",
         bounds=Range(MIN_INTERVAL, MAX_INTERVAL, unit="seconds"),
     )
     pause_limit: float = setting(

@@ -9,6 +9,7 @@ it emits (``Hostname``, ``gpu``: see :data:`trainhealth._internal.dashboards.lay
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 from trainhealth._internal import catalog as c
 from trainhealth._internal.dashboards.layout import DCGM_FILTER as D
@@ -27,7 +28,7 @@ from trainhealth._internal.knowledge.promql import counted
 from trainhealth._internal.knowledge.recording import NVLINK_ERRORS_10M, PCIE_REPLAYS_RATE
 from trainhealth._internal.knowledge.xid import known_xids
 
-__all__ = ["DCGM_METRICS", "UID", "gpu_dashboard"]
+__all__ = ["DCGM_METRICS", "UID", "gpu_dashboard", "gpu_panels"]
 
 UID = "trainhealth-gpu"
 
@@ -133,6 +134,19 @@ def _xid_meanings() -> Text:
 
 
 def gpu_dashboard(alerts: Iterable[AlertLike]) -> Dashboard:
+    """The GPU dashboard: :func:`gpu_panels`, placed, with the ``alerts``' limits drawn on the panels they name."""
+    return dashboard(
+        UID,
+        "trainhealth / GPU health",
+        "Per-GPU health from NVML (trainhealth) or dcgm-exporter: what is failing and what to do.",
+        arrange(gpu_panels()),
+        alerts,
+        gpu=True,
+    )
+
+
+def gpu_panels() -> list[Any]:
+    """The GPU dashboard's panels, in their order on it (not yet placed)."""
     profiling = (
         "DCGM profiling field {field} (dcgm-exporter) next to trainhealth's series from its DCGM backend. {note}"
     )
@@ -311,11 +325,4 @@ def gpu_dashboard(alerts: Iterable[AlertLike]) -> Dashboard:
             ),
         ),
     ]
-    return dashboard(
-        UID,
-        "trainhealth / GPU health",
-        "Per-GPU health from NVML (trainhealth) or dcgm-exporter: what is failing and what to do.",
-        arrange(panels),
-        alerts,
-        gpu=True,
-    )
+    return panels

@@ -1,8 +1,11 @@
 """Building blocks shared by the dashboards: template variables, panels on a grid, the alerts' thresholds.
 
 Panels are placed left to right, two per row (or full width), in the order
-they are given, and numbered from 1: the same code gives the same ids and
-positions every time, so generated JSON is stable.
+they are given. A panel's title is its key on its dashboard and its id follows
+from the title alone (:func:`trainhealth._internal.knowledge.limits.panel_id`):
+adding, moving or removing a panel changes no other panel's id, so no alert's
+link; the same code gives the same ids and positions every time, so generated
+JSON is stable.
 
 The numbers an alert fires at and the panel that explains it are declared once, on the alert rule
 (``trainhealth._internal.alerts.rules``: ``limit`` and ``panel``). The dashboards do not import the alerts (the two
@@ -21,7 +24,7 @@ from grafanalib import core as g
 
 from trainhealth._internal import catalog as c
 from trainhealth._internal.dashboards.model import BASE_STEP, DATASOURCE, Dashboard, Row, Target, Variable
-from trainhealth._internal.knowledge.limits import Limit, PanelRef
+from trainhealth._internal.knowledge.limits import Limit, PanelRef, panel_id
 
 __all__ = [
     "RANKED",
@@ -115,17 +118,23 @@ def templating(gpu: bool = False) -> g.Templating:
 
 
 def arrange(panels: Sequence[Any], wide: Sequence[bool] | None = None, height: int = 8) -> list[Any]:
-    """Give ``panels`` ids and grid positions: two per row, or the full width where ``wide`` (rows: always)."""
+    """Give ``panels`` ids (from their titles) and grid positions: two per row, or the full width where ``wide``
+    (rows: always). Two panels with one id (one title) raise ``ValueError``."""
     x = y = 0
     placed = []
-    for number, panel in enumerate(panels, 1):
+    titles: dict[int, str] = {}
+    for index, panel in enumerate(panels):
+        key = panel_id(panel.title)
+        if key in titles:
+            raise ValueError(f"panels {titles[key]!r} and {panel.title!r} would share id {key}: retitle one")
+        titles[key] = panel.title
         row = isinstance(panel, Row)
-        full = bool(wide and wide[number - 1]) or row
+        full = bool(wide and wide[index]) or row
         width = 24 if full else 12
         if x + width > 24:
             x, y = 0, y + height
         rows = 1 if row else height
-        panel.id = number
+        panel.id = key
         panel.gridPos = g.GridPos(h=rows, w=width, x=x, y=y)
         x += width
         if x >= 24 or row:
@@ -172,13 +181,12 @@ def _draw_limits(uid: str, panels: Sequence[Any], alerts: Iterable[AlertLike]) -
         if ref is None or ref.dashboard != uid:
             continue
         panel = by_id.get(ref.panel_id)
-        if panel is None or panel.title != ref.title:
-            there = "no such panel" if panel is None else f"panel {ref.panel_id} is {panel.title!r}"
-            raise ValueError(f"alert {alert.name} points at panel {ref.panel_id} {ref.title!r} of {uid}: {there}")
+        if panel is None or panel.title != ref.title or isinstance(panel, Row):
+            raise ValueError(f"alert {alert.name} points at panel {ref.title!r} of {uid}: no such panel")
         if alert.limit is not None:
             limits.setdefault(ref.panel_id, []).append((alert.limit.value, alert.limit.bad, alert.severity))
-    for panel_id, drawn in limits.items():
-        by_id[panel_id].thresholds = limit_steps(drawn)
+    for key, drawn in limits.items():
+        by_id[key].thresholds = limit_steps(drawn)
 
 
 def dashboard(

@@ -4,8 +4,14 @@ An integration reads values where its trainer computes them (hook order, argumen
 names, private call sites differ between major releases), so it refuses a version
 outside the tested range with one line naming what is installed and what to install.
 
+:data:`TESTED` is where the ranges are declared. The ``[integrations]`` extra of pyproject.toml (a static file the
+build reads) and docs/integrations.md quote them as :func:`requirement` writes them;
+tests/integrations/test_versions.py holds the three, and the installed distribution's metadata, equal.
+
 >>> TESTED["lightning"]
 ('2.5', '3')
+>>> requirement("lightning")
+'lightning>=2.5,<3'
 >>> problem = unsupported("lightning", "1.9.5")
 >>> print(problem)
 trainhealth.integrations needs lightning >=2.5,<3 (tested); 1.9.5 is installed: pip install 'lightning>=2.5,<3'
@@ -17,9 +23,10 @@ from __future__ import annotations
 
 from importlib import metadata
 
-__all__ = ["TESTED", "UnsupportedVersion", "require", "unsupported"]
+__all__ = ["TESTED", "UnsupportedVersion", "require", "requirement", "unsupported"]
 
-#: distribution -> (lowest tested release, first untested major): the `[integrations]` extra pins the same.
+#: distribution -> (lowest tested release, first untested major); the ``[integrations]`` extra is
+#: ``[requirement(d) for d in TESTED]``.
 TESTED = {
     "transformers": ("5.0", "6"),
     "accelerate": ("1.10", "2"),
@@ -43,15 +50,25 @@ def _release(version: str) -> tuple[int, ...]:
     return tuple(numbers)
 
 
+def _specifier(distribution: str) -> str:
+    low, high = TESTED[distribution]
+    return f">={low},<{high}"
+
+
+def requirement(distribution: str) -> str:
+    """``distribution``'s tested range as a requirement (PEP 508), as the ``[integrations]`` extra lists it."""
+    return distribution + _specifier(distribution)
+
+
 def unsupported(distribution: str, installed: str) -> UnsupportedVersion | None:
     """The error for ``installed`` when it is outside ``distribution``'s tested range, else ``None``."""
     low, high = TESTED[distribution]
     if _release(low) <= _release(installed) < _release(high):
         return None
-    spec = f">={low},<{high}"
+    spec = _specifier(distribution)
     return UnsupportedVersion(
         f"trainhealth.integrations needs {distribution} {spec} (tested); {installed} is "
-        f"installed: pip install '{distribution}{spec}'"
+        f"installed: pip install '{requirement(distribution)}'"
     )
 
 

@@ -53,6 +53,7 @@ from typing import Any
 import pandas as pd
 
 from trainhealth._internal.knowledge.advice import advice_for
+from trainhealth._internal.knowledge.limits import HUNG_COLLECTIVE_S
 from trainhealth._internal.localize.result import LocalizationResult, Suspect
 
 __all__ = [
@@ -73,8 +74,8 @@ __all__ = [
     "states_from_samples",
 ]
 
-#: the hang threshold for ranks that export none (older versions): a minute
-DEFAULT_THRESHOLD_S = 60.0
+#: the hang threshold for ranks that export none (older versions): the rules' and the watcher's start-up value
+DEFAULT_THRESHOLD_S = float(HUNG_COLLECTIVE_S)
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,10 @@ not until the call returned: on NCCL the call returns at enqueue and the host ru
 
 A pause the loop announces (:meth:`HangWatch.pause`, ``Monitor.pause``) is never stuck
 and stays out of the history, up to its **bound**: three times the longest earlier pause
-of the same reason, or ``comm_pause_limit`` (:data:`PAUSE_LIMIT_S`) before any ended. Past
+of the same reason, or ``comm_pause_limit`` (:data:`PAUSE_LIMIT_S`) before any ended. The watcher
+remembers the :data:`MAX_PAUSE_REASONS` reasons used last (a reason made per step, ``f"save {step}"``, would
+otherwise grow its memory and the ``reason`` series without end); an older one is forgotten, its series
+removed and counted (``trainhealth_exporter_errors_total{source="comm_pause_reasons"}``). Past
 it the rank is stuck ``in_pause`` (a save hung on a shared filesystem), and the pause no
 longer holds the hang rules. When a pause ends, the time outside collectives counts from
 its end.
@@ -61,6 +64,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 from trainhealth._internal import catalog
+from trainhealth._internal.knowledge.limits import HANG_FLOOR_S, HUNG_COLLECTIVE_S
 
 if TYPE_CHECKING:
     from trainhealth._internal.exporters.collectives.columns import RecordColumns
@@ -92,6 +96,7 @@ class _Watched(Protocol):
 __all__ = [
     "FACTOR",
     "FLOOR_S",
+    "MAX_PAUSE_REASONS",
     "PAUSE_LIMIT_S",
     "STARTUP_S",
     "HangWatch",
@@ -100,12 +105,14 @@ __all__ = [
     "where_stuck",
 ]
 
-#: the shortest hang threshold: pauses of a few seconds (a GC, a slow batch) are never stuck
-FLOOR_S = 10.0
+#: the shortest hang threshold (``comm_hang_floor``'s default, the alert rules' floor): pauses of a few seconds
+#: (a GC, a slow batch) are never stuck
+FLOOR_S = float(HANG_FLOOR_S)
 #: the hang threshold over the longest step, collective or gap of the recent history
 FACTOR = 3.0
-#: the hang threshold until the job's first step (set-up barriers, a slow first step, the first compilation)
-STARTUP_S = 60.0
+#: the hang threshold until the job's first step (set-up barriers, a slow first step, the first compilation); the
+#: rules' and the analyzer's for ranks that export none
+STARTUP_S = float(HUNG_COLLECTIVE_S)
 #: without step markers, start-up ends after this many seconds of completed collectives
 STEADY_S = 120.0
 #: the hang threshold over the longest checkpoint save reported (Monitor.checkpoint_saved)
@@ -114,6 +121,9 @@ SAVE_FACTOR = 1.5
 PAUSE_LIMIT_S = 1800.0
 #: an announced pause's bound over the longest earlier pause of the same reason
 PAUSE_FACTOR = 3.0
+#: pause reasons remembered at most (their longest pause, their ``trainhealth_comm_paused`` series); past it the
+#: one used longest ago that is not open is forgotten
+MAX_PAUSE_REASONS = 32
 #: how many flushes (about seconds) of history the threshold remembers
 HISTORY_FLUSHES = 600
 #: records written beside the stacks
@@ -176,7 +186,7 @@ class HangWatch:
         self._pause_began: dict[str, tuple[float, float]] = {}  # reason -> (perf_counter, unix time) it began
         self._pause_longest: dict[str, float] = {}  # reason -> its longest pause that ended
         self._paused_since_check = False
-        self._known_reasons: set[str] = set()
+        self._known_reasons: dict[str, None] = {}  # the reasons remembered, the one used longest ago first
         self._groups_published: dict[str, tuple[str, ...]] = {}
         self._stuck: Stuck | None = None
         self._episode: tuple | None = None
@@ -195,8 +205,10 @@ class HangWatch:
             if reason not in self._pause_began:
                 self._pause_began[reason] = (time.perf_counter(), time.time())
             self._paused_since_check = True
-            self._known_reasons.add(reason)
-        self._publish_paused()
+            self._known_reasons.pop(reason, None)
+            self._known_reasons[reason] = None
+            forgotten = self._forget_reasons()
+        self._publish_paused(forgotten=forgotten)
         try:
             yield
         finally:
@@ -211,6 +223,18 @@ class HangWatch:
                         self._last_end = max(self._last_end, now)  # away from collectives since the pause ended
                 self._paused_since_check = True
             self._publish_paused()
+
+    def _forget_reasons(self) -> list[str]:
+        """The reasons, used longest ago and not open, forgotten to keep :data:`MAX_PAUSE_REASONS` (the lock held)."""
+        forgotten = []
+        for reason in list(self._known_reasons):
+            if len(self._known_reasons) <= MAX_PAUSE_REASONS:
+                break
+            if reason not in self._paused:
+                del self._known_reasons[reason]
+                self._pause_longest.pop(reason, None)
+                forgotten.append(reason)
+        return forgotten
 
     def checkpoint_saved(self, duration_s: float) -> None:
         """A save of ``duration_s`` seconds: later saves as long are not stuck."""
@@ -409,17 +433,24 @@ class HangWatch:
             if labels is not None and store is not None:
                 store.remove(catalog.COMM_GROUP_MEMBER, labels)
 
-    def _publish_paused(self, overrun: str | None = None) -> None:
-        """1 per reason while a pause of it is open and within its bound (``overrun``: the one past it)."""
+    def _publish_paused(self, overrun: str | None = None, forgotten: Sequence[str] = ()) -> None:
+        """1 per reason while a pause of it is open and within its bound (``overrun``: the one past it); the series
+        of ``forgotten`` reasons removed, and counted."""
         store = self._logger.store
         if store is None:
             return
+        # under the watcher's lock: a snapshot written after a reason's series was removed would bring it back
         with self._lock:
-            values = [
+            for reason in forgotten:
+                store.remove(catalog.COMM_PAUSED, (reason,))
+                store.record_error(
+                    "comm_pause_reasons",
+                    ValueError(f"more than {MAX_PAUSE_REASONS} pause reasons: {reason!r} forgotten"),
+                )
+            store.write(
                 (catalog.COMM_PAUSED, (reason,), 1.0 if reason in self._paused and reason != overrun else 0.0)
                 for reason in sorted(self._known_reasons)
-            ]
-        store.write(values)
+            )
 
     def _dump_flight_recorder(self, trace_dir: Path) -> None:
         """With Flight Recorder on, its dump beside the stacks (``flight-recorder/rank_<rank>``, the name torch's
