@@ -38,7 +38,7 @@ from typing import Any
 
 __all__ = ["BLAME_SCORE", "Expected", "Score", "score", "score_result"]
 
-#: A suspect at this score or more is blamed (docs/TRACE_FORMAT.md: 0.5 is the threshold).
+#: A suspect at this score or more is blamed (docs/trace-format.md, "Localization result": 0.5 is the threshold).
 BLAME_SCORE = 0.5
 #: The verdicts that blame a component.
 BLAMING = ("compute", "communication")

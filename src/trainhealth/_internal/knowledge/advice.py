@@ -2,14 +2,16 @@
 
 One place for the mitigation text that localization results, alert
 annotations, the runbooks (docs/runbooks, generated) and the demo show. Every
-entry cites its source: REFERENCE.md's mitigation catalogue, NVIDIA's XID
-catalogue, the papers behind it.
+entry cites its sources by title and link: the papers, NVIDIA's and PyTorch's
+documentation, the tools it names.
 
 >>> advice_for("compute")[0]
 'Cordon the node of the suspect GPU and restart the job without it (or on a hot spare); the job runs at the speed of its slowest GPU.'
 >>> xid = xid_advice(79)
 >>> xid.meaning, xid.action
 ('GPU has fallen off the bus', 'reboot the machine, then contact vendor support')
+>>> str(xid.source)
+'[NVIDIA, Analyzing Xid Errors with the Xid Catalog](https://docs.nvidia.com/deploy/xid-errors/analyzing-xid-catalog.html)'
 """
 
 from __future__ import annotations
@@ -18,15 +20,86 @@ from dataclasses import dataclass
 
 from trainhealth._internal.knowledge.xid import XidAction, describe_xid, known_xids
 
-__all__ = ["ADVICE", "Advice", "XidAdvice", "advice_for", "known_xid_advice", "rewind_advice", "xid_advice"]
+__all__ = ["ADVICE", "Advice", "Source", "XidAdvice", "advice_for", "known_xid_advice", "rewind_advice", "xid_advice"]
 
-_NVIDIA_XID = "NVIDIA XID catalogue, docs.nvidia.com/deploy/xid-errors"
-_DCGM = "NVIDIA DCGM diagnostics, docs.nvidia.com/datacenter/dcgm"
-_HOLMES = "Holmes (NSDI'25): localizing irregularities in LLM training"
-_PALM = "PaLM, arXiv 2204.02311 section 5.1"
-_OLMO2 = "OLMo 2, arXiv 2501.00656"
-_MA = "Ma et al., arXiv 2502.12340 (SDC in LLM training)"
-_MEGATRON = "Megatron-LM check_param_hashes_across_dp_replicas and rerun state machine"
+
+@dataclass(frozen=True)
+class Source:
+    """A document a piece of advice comes from: its title and where to read it; ``str`` is a Markdown link."""
+
+    title: str
+    url: str
+
+    def __post_init__(self) -> None:
+        if not self.title or not self.url.startswith("https://"):
+            raise ValueError(f"a source needs a title and an https:// link: {self.title!r}, {self.url!r}")
+
+    def __str__(self) -> str:
+        return f"[{self.title}]({self.url})"
+
+
+_NVIDIA_XID = Source(
+    "NVIDIA, Analyzing Xid Errors with the Xid Catalog",
+    "https://docs.nvidia.com/deploy/xid-errors/analyzing-xid-catalog.html",
+)
+_DCGM = Source(
+    "NVIDIA DCGM User Guide, DCGM Diagnostics",
+    "https://docs.nvidia.com/datacenter/dcgm/latest/user-guide/dcgm-diagnostics.html",
+)
+_MEMORY_ERRORS = Source(
+    "NVIDIA, GPU Memory Error Management (row remapping)",
+    "https://docs.nvidia.com/deploy/a100-gpu-mem-error-mgmt/index.html",
+)
+_NVML = Source(
+    "NVIDIA, NVML API Reference Guide (clocks-event reasons, PCIe replay counter)",
+    "https://docs.nvidia.com/deploy/nvml-api/index.html",
+)
+_HOLMES = Source(
+    "Yao et al., Holmes: Localizing Irregularities in LLM Training with Mega-scale GPU Clusters (NSDI '25)",
+    "https://www.usenix.org/conference/nsdi25/presentation/yao",
+)
+_PALM = Source(
+    "Chowdhery et al., PaLM: Scaling Language Modeling with Pathways (arXiv 2204.02311), section 5.1",
+    "https://arxiv.org/abs/2204.02311",
+)
+_OLMO2 = Source("OLMo Team, 2 OLMo 2 Furious (arXiv 2501.00656)", "https://arxiv.org/abs/2501.00656")
+_WORTSMAN = Source(
+    "Wortsman et al., Small-scale proxies for large-scale Transformer training instabilities (arXiv 2309.14322)",
+    "https://arxiv.org/abs/2309.14322",
+)
+_MOLYBOG = Source(
+    "Molybog et al., A Theory on Adam Instability in Large-Scale Machine Learning (arXiv 2304.09871)",
+    "https://arxiv.org/abs/2304.09871",
+)
+_MA = Source(
+    "Ma et al., Understanding Silent Data Corruption in LLM Training (arXiv 2502.12340)",
+    "https://arxiv.org/abs/2502.12340",
+)
+_MEGATRON_HASHES = Source(
+    "Megatron-LM, check_param_hashes_across_dp_replicas (megatron/core/utils.py)",
+    "https://github.com/NVIDIA/Megatron-LM/blob/main/megatron/core/utils.py",
+)
+_MEGATRON_RERUN = Source(
+    "Megatron-LM, the rerun state machine (megatron/core/rerun_state_machine.py)",
+    "https://github.com/NVIDIA/Megatron-LM/blob/main/megatron/core/rerun_state_machine.py",
+)
+_FLIGHT_RECORDER = Source(
+    "PyTorch tutorials, Flight Recorder for Debugging Stuck Jobs",
+    "https://docs.pytorch.org/tutorials/prototype/flight_recorder_tutorial.html",
+)
+_LLAMA3 = Source(
+    "Llama Team, The Llama 3 Herd of Models (arXiv 2407.21783), Reliability and Operational Challenges, Table 5",
+    "https://arxiv.org/abs/2407.21783",
+)
+_PY_SPY = Source("py-spy, a sampling profiler for Python programs (py-spy dump)", "https://github.com/benfred/py-spy")
+_DCP = Source(
+    "PyTorch documentation, Distributed Checkpoint (torch.distributed.checkpoint)",
+    "https://docs.pytorch.org/docs/stable/distributed.checkpoint.html",
+)
+_PROMETHEUS_ABSENT = Source(
+    "Prometheus documentation, query functions: absent()",
+    "https://prometheus.io/docs/prometheus/latest/querying/functions/#absent",
+)
 
 
 @dataclass(frozen=True)
@@ -35,7 +108,7 @@ class Advice:
 
     title: str
     steps: tuple[str, ...]
-    sources: tuple[str, ...]
+    sources: tuple[Source, ...]
 
 
 ADVICE: dict[str, Advice] = {
@@ -73,7 +146,7 @@ ADVICE: dict[str, Advice] = {
             "The lagging ranks never entered the collective: inspect their stacks (py-spy dump), then restart "
             "from the last checkpoint; if a GPU on them reports XIDs, cordon its node first.",
         ),
-        ("REFERENCE.md, hung collectives; PyTorch Flight Recorder",),
+        (_FLIGHT_RECORDER, _PY_SPY, _LLAMA3),
     ),
     "pause_overrun": Advice(
         "A pause that does not end",
@@ -84,9 +157,7 @@ ADVICE: dict[str, Advice] = {
             "If the pause cannot finish, restart from the last complete checkpoint; raise comm_pause_limit only when "
             "pauses this long are expected.",
         ),
-        (
-            "py-spy, github.com/benfred/py-spy; PyTorch distributed checkpoint docs, pytorch.org/docs/stable/distributed.checkpoint.html",
-        ),
+        (_PY_SPY, _DCP),
     ),
     "healthy": Advice("Healthy", (), ()),
     "insufficient_data": Advice(
@@ -107,7 +178,7 @@ ADVICE: dict[str, Advice] = {
             "Restart from the last checkpoint saved before the first mismatch (the replicas agreed then); parameters "
             "that differ between replicas have already diverged.",
         ),
-        (_MA, _MEGATRON, _DCGM),
+        (_MA, _MEGATRON_HASHES, _MEGATRON_RERUN, _DCGM),
     ),
     "loss_spike": Advice(
         "A loss spike",
@@ -117,7 +188,7 @@ ADVICE: dict[str, Advice] = {
             "If spikes recur: lower the learning rate or lengthen warm-up, clip gradients, add QK-norm or z-loss, "
             "lower Adam epsilon (1e-8 or less).",
         ),
-        (_PALM, _OLMO2, "REFERENCE.md mitigation catalogue"),
+        (_PALM, _OLMO2, _WORTSMAN, _MOLYBOG),
     ),
     "nonfinite": Advice(
         "NaN or infinite values",
@@ -128,7 +199,7 @@ ADVICE: dict[str, Advice] = {
             "the learning rate, check loss scaling and bf16/fp16 ranges, add z-loss.",
             "Restore the last checkpoint with finite weights before resuming.",
         ),
-        (_MA, "REFERENCE.md mitigation catalogue"),
+        (_MA, _WORTSMAN),
     ),
     "xid_critical": Advice(
         "A critical XID",
@@ -153,17 +224,17 @@ ADVICE: dict[str, Advice] = {
             "Restart the job from its last checkpoint on other GPUs; reset this GPU to trigger row remapping.",
             "If row remapping fails or errors recur, take the GPU out of service (RMA).",
         ),
-        (_NVIDIA_XID, "NVIDIA GPU memory error management, docs.nvidia.com/deploy/a100-gpu-mem-error-mgmt"),
+        (_NVIDIA_XID, _MEMORY_ERRORS),
     ),
     "row_remap_failure": Advice(
         "A failed row remap",
         ("Take the GPU out of service: it has no spare rows left for its failing memory; RMA it.",),
-        ("NVIDIA GPU memory error management, docs.nvidia.com/deploy/a100-gpu-mem-error-mgmt",),
+        (_MEMORY_ERRORS,),
     ),
     "row_remap_pending": Advice(
         "A pending row remap",
         ("Reset the GPU when no job runs on it (drain, nvidia-smi -r) so the remap takes effect.",),
-        ("NVIDIA GPU memory error management, docs.nvidia.com/deploy/a100-gpu-mem-error-mgmt",),
+        (_MEMORY_ERRORS,),
     ),
     "gpu_lost": Advice(
         "A lost GPU",
@@ -179,7 +250,7 @@ ADVICE: dict[str, Advice] = {
             "Check the node's cooling (fans, airflow, inlet temperature) and the GPU's temperature against its "
             "peers; a single hot GPU slows the whole synchronous job: move the job off it if it persists.",
         ),
-        ("NVML clocks-event reasons, docs.nvidia.com/deploy/nvml-api", _HOLMES),
+        (_NVML, _HOLMES),
     ),
     "power": Advice(
         "Power capping",
@@ -187,7 +258,7 @@ ADVICE: dict[str, Advice] = {
             "Compare the GPU's power limit with its peers' (nvidia-smi -q -d POWER); a lower limit or a power brake "
             "on one GPU makes it a straggler: restore the limit or check the node's power supply.",
         ),
-        ("NVML clocks-event reasons, docs.nvidia.com/deploy/nvml-api",),
+        (_NVML,),
     ),
     "pcie": Advice(
         "PCIe replays",
@@ -195,7 +266,7 @@ ADVICE: dict[str, Advice] = {
             "Reseat or replace the riser or cable at the next maintenance; check the link width and speed "
             "(nvidia-smi -q -d PCIE) against the GPU's peers.",
         ),
-        ("NVML PCIe replay counter, docs.nvidia.com/deploy/nvml-api",),
+        (_NVML,),
     ),
     "nvlink": Advice(
         "NVLink errors",
@@ -211,7 +282,7 @@ ADVICE: dict[str, Advice] = {
             "Check that the target runs and listens on the scraped port (curl its /metrics); a training rank that "
             "crashed also stops answering, so look at the job's state first.",
         ),
-        ("Prometheus documentation, alerting on absent metrics",),
+        (_PROMETHEUS_ABSENT,),
     ),
 }
 
@@ -239,7 +310,7 @@ class XidAdvice:
     action: str
     follow_up: str
     severity: str
-    source: str = _NVIDIA_XID
+    source: Source = _NVIDIA_XID
 
 
 def xid_advice(xid: int) -> XidAdvice:

@@ -1,8 +1,9 @@
 """The XID catalogue: what an XID means and what to do about it.
 
-From NVIDIA's XID catalogue (docs.nvidia.com, "XID errors"), summarised in
-REFERENCE.md. Unknown XIDs get a generic entry that sends the reader to the
-catalogue rather than guessing.
+From NVIDIA's XID catalogue ("Analyzing Xid Errors with the Xid Catalog",
+https://docs.nvidia.com/deploy/xid-errors/analyzing-xid-catalog.html): each
+XID's immediate action there. Unknown XIDs get a generic entry that sends the
+reader to the catalogue rather than guessing.
 
 >>> info = describe_xid(79)
 >>> info.meaning, info.action.value, info.severity.value

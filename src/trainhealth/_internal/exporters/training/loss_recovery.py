@@ -2,7 +2,8 @@
 
 Most loss spikes recover within tens of steps; one that does not leaves the
 model somewhere worse, and the remedy is to restore the last checkpoint saved
-before the spike began and skip the batches around it (REFERENCE.md). A spike
+before the spike began and skip the batches around it (PaLM: Scaling Language
+Modeling with Pathways, section 5.1, https://arxiv.org/abs/2204.02311). A spike
 starts when a loss detector opens an anomaly; ``patience`` steps later the
 spike has recovered if the median of the last ten losses fell back below
 ``baseline + recovery_share * (peak - baseline)``.
