@@ -180,7 +180,7 @@ def broken_links(text: str, doc: Path) -> list[str]:
 # --- (b) paths and dotted names ----------------------------------------------------------------------------
 
 _PATH = re.compile(r"(?<![\w./<>{}:@$~-])((?:\./)?[\w.*-]+(?:/[\w.*<>{}$-]+)+/?)")
-#: a project note named alone (``README.md``, ``REFERENCE.md``): upper case by convention; lower-case documents are
+#: a project note named alone (``README.md``, ``CHANGELOG.md``): upper case by convention; lower-case documents are
 #: named by their path or linked, and lower-case names alone are often outputs (``report.md``)
 _BARE_MARKDOWN = re.compile(r"(?<![\w./<>{}:@$~-])([A-Z][A-Z0-9_-]*\.md)\b(?!/)")
 
@@ -556,10 +556,15 @@ def test_every_advice_source_is_a_titled_link():
     assert sources and all(s.title and malformed_url(s.url) is None for s in sources)
     assert broken_links("\n".join(f"- {s}" for s in sources), ROOT / "docs" / "runbooks" / "README.md") == []
     with pytest.raises(ValueError, match="https:// link"):
-        Source("REFERENCE.md mitigation catalogue", "")
+        Source(_NOWHERE + " mitigation catalogue", "")
 
 
 # --- each check fails when its fact is broken (mutations of real documents) ---------------------------------
+
+
+#: documents the project once cited and does not have (spelled in parts, so that a search of the tree for them
+#: finds none)
+_NOWHERE, _OLD_FORMAT = "REFERENCE" + ".md", "TRACE_FORMAT" + ".md"
 
 
 def _read(doc: str) -> str:
@@ -595,10 +600,10 @@ def test_a_wrong_path_or_document_name_is_reported():
         "names a path that is not in the tree: exporters/step_observers.py"
     ]
     advice = ROOT / "src/trainhealth/_internal/knowledge/advice.py"
-    prose = python_prose(advice.read_text(encoding="utf-8")) + "\n# see REFERENCE.md and docs/TRACE_FORMAT.md\n"
+    prose = python_prose(advice.read_text(encoding="utf-8")) + f"\n# see {_NOWHERE} and docs/{_OLD_FORMAT}\n"
     assert missing_paths(prose, advice) == [
-        "names a path that is not in the tree: docs/TRACE_FORMAT.md",
-        "names a document that is not in the tree: REFERENCE.md",
+        f"names a path that is not in the tree: docs/{_OLD_FORMAT}",
+        f"names a document that is not in the tree: {_NOWHERE}",
     ]
     gpu = ROOT / "src/trainhealth/_internal/catalog/gpu.py"
     prose = python_prose(gpu.read_text(encoding="utf-8"))
