@@ -89,6 +89,12 @@ def test_each_fault_is_caught_by_its_detector_and_names_the_rank(tmp_path):
     ]
     results = _results(tmp_path, trials)
 
+    # what reached training (the trials' expected outcome): the loss or the averaged gradient norm going bad
+    reached = {name: {r["rank"]: r["reached_training"] for r in results[name]} for name in results}
+    assert reached["clean"] == reached["parameter"] == dict.fromkeys(range(WORLD))  # a halved weight stays finite
+    assert reached["gradient"] == dict.fromkeys(range(WORLD), 17)  # ~1e35, averaged into every rank's norm
+    assert reached["activation_nan"] == dict.fromkeys(range(WORLD), 23)
+
     # a fault-free run: every check ran on every rank and nobody was named
     clean = results["clean"]
     assert all(_detections(clean, d) == [] for d in ("fingerprint", "grad_norm", "nonfinite"))

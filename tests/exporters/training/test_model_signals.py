@@ -36,6 +36,39 @@ def test_attention_max_logit_and_entropy_match_the_materialised_probabilities():
     assert math.isclose(values.attention_max_logit["model"], logits.max().item(), rel_tol=1e-5)
 
 
+def test_pytorchs_own_transformer_encoder_is_read_from_the_inputs_its_layers_give_their_attention():
+    # nn.TransformerEncoder calls each layer's self_attn with need_weights=False and the canonical causal mask:
+    # the signals are recomputed from those inputs and must equal the probabilities attention would return
+    torch.manual_seed(4)
+    layer = torch.nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True)
+    encoder = torch.nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
+    mask = torch.nn.Transformer.generate_square_subsequent_mask(10)
+    inputs: dict[int, torch.Tensor] = {}
+    for index, block in enumerate(encoder.layers):
+        block.self_attn.register_forward_pre_hook(lambda m, args, i=index: inputs.update({i: args[0].detach()}))
+    signals = ModelSignals(torch, encoder, blocks=["layers.0", "layers.1"], sample_tokens=10)
+    signals.sampling = True
+    encoder(torch.randn(3, 10, 16), mask=mask, is_causal=True).sum().backward()
+    tensors, order = signals.take()
+    values = ModelSignals.interpret({name: float(t) if n == 1 else t.tolist() for name, t, n in tensors}, order)
+    for index, block in enumerate(encoder.layers):
+        attention, x = block.self_attn, inputs[index]
+        with torch.no_grad():
+            _, weights = attention(x, x, x, attn_mask=mask, need_weights=True, average_attn_weights=False)
+        probabilities = weights[0]
+        entropy = -(probabilities * probabilities.clamp_min(1e-30).log()).sum(-1).mean().item()
+        assert math.isclose(values.attention_entropy[f"layers.{index}.self_attn"], entropy, rel_tol=1e-4)
+        # the largest logit is where the probabilities say it is: log p + log Z of its row
+        scale = math.sqrt(8)
+        w_q, w_k = attention.in_proj_weight[:16], attention.in_proj_weight[16:32]
+        b_q, b_k = attention.in_proj_bias[:16], attention.in_proj_bias[16:32]
+        q = (x[0] @ w_q.T + b_q).reshape(10, 2, 8).transpose(0, 1)
+        k = (x[0] @ w_k.T + b_k).reshape(10, 2, 8).transpose(0, 1)
+        logits = (q @ k.transpose(1, 2) / scale + mask).detach()
+        assert torch.allclose(torch.softmax(logits, -1), probabilities, atol=1e-5)  # the same logits attention used
+        assert math.isclose(values.attention_max_logit[f"layers.{index}.self_attn"], logits.max().item(), rel_tol=1e-5)
+
+
 def test_log_z_and_activation_rms_are_those_of_the_tensors():
     torch.manual_seed(1)
     model = TinyGPT(vocab=32, width=16, layers=2, heads=2, context=8)
@@ -50,7 +83,7 @@ def test_log_z_and_activation_rms_are_those_of_the_tensors():
     )
     assert math.isclose(values.log_z, torch.logsumexp(logits[0], -1).mean().item(), rel_tol=1e-5)
     assert math.isclose(values.activation_rms["layers.1"], captured["block"].pow(2).mean().sqrt().item(), rel_tol=1e-5)
-    assert values.nonfinite_origin is None and order.forward == ("embed", "layers.0", "layers.1", "lm_head")
+    assert values.nonfinite_origin is None and order.forward == ("embed", "layers.0", "layers.1")  # never the head
 
 
 def test_the_monitor_exports_the_signals_and_names_the_block_that_first_went_non_finite():

@@ -13,7 +13,15 @@ import torch
 from trainhealth._internal import catalog
 from trainhealth._internal.demo.tiny_gpt import TinyGPT, synthetic_batch
 from trainhealth._internal.exporters.monitor import Monitor
-from trainhealth._internal.exporters.training.provenance import OVERFLOW_BOUND, BlockOrder, Origin, Stage, Where, locate
+from trainhealth._internal.exporters.training.provenance import (
+    HEAD_OR_LOSS,
+    OVERFLOW_BOUND,
+    BlockOrder,
+    Origin,
+    Stage,
+    Where,
+    locate,
+)
 from trainhealth._internal.injectors.schedule import Injector
 
 
@@ -57,8 +65,8 @@ def test_a_top_exponent_flip_is_traced_to_its_block_not_the_head(target, tensor,
     assert monitor.store.value(catalog.TRAIN_NONFINITE_FIRST_STEP, ("local",)) == 3.0
 
 
-def test_a_flip_in_the_logits_that_the_loss_ignores_is_still_named():
-    # a huge negative logit leaves the softmax, the loss and the gradients as they were; the value still appeared
+def _train_with_poisoned_logits(values: list[float | None]) -> tuple[Monitor, list[float]]:
+    """TinyGPT steps with one logit of the first token replaced by ``values[step]`` (None: left alone)."""
     torch.manual_seed(3)
     model = TinyGPT(vocab=64, width=32, layers=2, heads=2, context=32)
     poison = {"value": None}
@@ -66,7 +74,7 @@ def test_a_flip_in_the_logits_that_the_loss_ignores_is_still_named():
     optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
     losses = []
     with Monitor(model, optimizer, prometheus=False, otel=False, gpu_backend="off", env={}) as monitor:
-        for step, value in enumerate([None, None, -1e38, None]):
+        for step, value in enumerate(values):
             poison["value"] = value
             loss = model.loss(synthetic_batch(64, 32, batch=4, seed=0))
             loss.backward()
@@ -75,9 +83,25 @@ def test_a_flip_in_the_logits_that_the_loss_ignores_is_still_named():
             monitor.step(loss=loss, step=step)
             losses.append(loss.item())
         monitor.flush()
+    return monitor, losses
+
+
+def test_a_flip_in_the_logits_that_the_loss_ignores_is_no_finding():
+    # a huge negative logit leaves the softmax, the loss and the gradients as they were: nothing reached training
+    monitor, losses = _train_with_poisoned_logits([None, None, -1e38, None])
     assert losses[2] == pytest.approx(losses[1], rel=1e-3)  # the step computed the same loss (no blow-up)
+    assert monitor.events.recent("nonfinite_origin") == []
+    assert monitor.store.value(catalog.TRAIN_NONFINITE_FIRST_STEP, ("local",)) is None
+
+
+def test_a_flip_in_the_logits_that_reaches_the_loss_names_the_head_or_the_loss_by_elimination():
+    # the head's logits are never read: every block output finite and the loss not, so the value came after them
+    monitor, losses = _train_with_poisoned_logits([None, None, 1e38, None])
+    assert not abs(losses[2]) <= OVERFLOW_BOUND  # it reached the loss
     (event,) = monitor.events.recent("nonfinite_origin")
-    assert event.attributes == {"block": "lm_head", "step": 2, "where": "local", "stage": "output"}
+    assert event.attributes == {"block": HEAD_OR_LOSS, "step": 2, "where": "local", "stage": "after_blocks"}
+    assert "after the last block: the output head or the loss" in event.summary
+    assert monitor.store.value(catalog.TRAIN_NONFINITE_ORIGIN, (HEAD_OR_LOSS,)) == 1.0
 
 
 def _poisoned(logits: torch.Tensor, value: float | None) -> torch.Tensor:
@@ -98,21 +122,35 @@ def test_on_one_process_a_gradient_flip_is_counted_but_never_read_as_received():
     assert monitor.store.value(catalog.TRAIN_NONFINITE_STEPS, ("grad_norm",)) >= 1
 
 
-def test_the_output_check_comes_first_then_the_gradients_in_backward_order_then_the_all_reduce():
-    order = BlockOrder(("embed", "layers.0", "layers.1", "lm_head"), ("lm_head", "layers.1", "layers.0", "embed"))
-    clean = {"block_peak": [1.0, 5.0, 7.0, 20.0], "grad_peak": [0.1, 0.2, 0.3, 0.01], "grad_norm": 0.5}
+def test_the_output_check_comes_first_then_the_loss_then_the_gradients_in_backward_order_then_the_all_reduce():
+    order = BlockOrder(("embed", "layers.0", "layers.1"), ("lm_head", "layers.1", "layers.0", "embed"))
+    clean = {"block_peak": [1.0, 5.0, 7.0], "grad_peak": [0.1, 0.2, 0.3, 0.01], "loss": 2.0, "grad_norm": 0.5}
     assert locate(clean, order) is None
+    nan_loss = {**clean, "loss": math.nan, "grad_norm": math.nan}
     # just below the bound is still a value; NaN anywhere after an overflow does not move the origin
-    assert locate({**clean, "block_peak": [1.0, OVERFLOW_BOUND, 7.0, math.nan]}, order) == Origin(
-        "lm_head", Stage.OUTPUT
+    assert locate({**nan_loss, "block_peak": [1.0, OVERFLOW_BOUND, math.nan]}, order) == Origin(
+        "layers.1", Stage.OUTPUT
     )
-    assert locate({**clean, "block_peak": [1.0, 2e36, math.nan, math.nan]}, order) == Origin("layers.0", Stage.OUTPUT)
-    # a finite forward: backward reached layers.1 before the upstream blocks its bad gradient flowed into
-    assert locate({**clean, "grad_peak": [0.1, math.inf, math.nan, math.nan]}, order) == Origin(
+    assert locate({**nan_loss, "block_peak": [1.0, 2e36, math.nan]}, order) == Origin("layers.0", Stage.OUTPUT)
+    # every block output finite, the loss not: after the last block, whatever the gradients then held
+    assert locate({**nan_loss, "grad_peak": [math.nan] * 4}, order) == Origin(HEAD_OR_LOSS, Stage.AFTER_BLOCKS)
+    assert locate({**clean, "loss": 3e38}, order) == Origin(HEAD_OR_LOSS, Stage.AFTER_BLOCKS)  # overflowing
+    # a finite forward and loss: backward reached layers.1 before the upstream blocks its bad gradient flowed into
+    bad_norm = {**clean, "grad_norm": math.inf}
+    assert locate({**bad_norm, "grad_peak": [0.1, math.inf, math.nan, math.nan]}, order) == Origin(
         "layers.1", Stage.GRADIENT
     )
-    received = locate({**clean, "grad_norm": math.inf}, order)
+    received = locate(bad_norm, order)
     assert received == Origin("all_reduce", Stage.ALL_REDUCE) and received.where is Where.RECEIVED
+
+
+def test_a_bad_value_that_reached_neither_the_loss_nor_the_gradient_norm_is_no_finding():
+    order = BlockOrder(("embed", "layers.0"), ("layers.0", "embed"))
+    absorbed = {"block_peak": [1.0, 2e36], "grad_peak": [math.inf, 0.1], "loss": 2.0, "grad_norm": 0.5}
+    assert locate(absorbed, order) is None
+    assert locate({**absorbed, "grad_norm": math.nan}, order) == Origin("layers.0", Stage.OUTPUT)
+    # a loop that reports neither: the bad block output is named on its own
+    assert locate({"block_peak": [1.0, 2e36]}, order) == Origin("layers.0", Stage.OUTPUT)
 
 
 class _ComplexGainModel(torch.nn.Module):

@@ -11,7 +11,9 @@ it injected (ground truth) and the detections it made, by detector:
 * ``nonfinite`` — a non-finite loss or gradient norm, or a non-finite activation.
 
 Each rank also returns its first ``nonfinite_origin`` (step, block, local or
-received) and, with ``measure_peaks`` (for clean trials), the largest magnitudes
+received), the first step whose loss or gradient norm (after the all-reduce) went bad on
+it — what a flip must reach to have corrupted training — and, with ``measure_peaks``
+(for clean trials), the largest magnitudes
 its block outputs and local gradients reached (what :data:`~trainhealth._internal.exporters.training.provenance.OVERFLOW_BOUND`
 must stay far above).
 
@@ -77,6 +79,8 @@ class TrialResult:
     check_seconds: dict[str, float]  # median wall time of each cross-replica check
     origin: FirstOrigin | None = None
     clean_peaks: CleanPeaks | None = None  # with Trial.measure_peaks
+    #: the first step whose loss or gradient norm was NaN, infinite or above the overflow bound on this rank
+    reached_training: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -115,6 +119,7 @@ def _run_trial(rank: int, world: int, trial: Trial, shape: dict[str, int], batch
     peaks = _PeakProbe(torch, ddp) if trial.measure_peaks else None
     step_times: list[float] = []
     check_times: dict[str, list[float]] = {}
+    reached: int | None = None
     try:
         for step in range(trial.steps):
             began = time.perf_counter()
@@ -124,6 +129,8 @@ def _run_trial(rank: int, world: int, trial: Trial, shape: dict[str, int], batch
             )
             loss = _ddp_loss(ddp, tokens)
             loss.backward()
+            if reached is None and _reached_training(torch, loss, model):  # lab only: a host read per step
+                reached = step
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             trained = time.perf_counter()
@@ -149,7 +156,16 @@ def _run_trial(rank: int, world: int, trial: Trial, shape: dict[str, int], batch
         check_seconds={check: statistics.median(times) for check, times in check_times.items()},
         origin=origins[0] if origins else None,
         clean_peaks=None if peaks is None else CleanPeaks(peaks.output, peaks.gradient),
+        reached_training=reached,
     )
+
+
+def _reached_training(torch: Any, loss: Any, model: Any) -> bool:
+    """Whether this step's loss or gradient norm (DDP's averaged gradients) is bad as provenance judges it."""
+    from trainhealth._internal.exporters.training.provenance import OVERFLOW_BOUND
+
+    norm = torch.nn.utils.get_total_norm([p.grad for p in model.parameters() if p.grad is not None])
+    return not (abs(float(loss)) <= OVERFLOW_BOUND and float(norm) <= OVERFLOW_BOUND)
 
 
 class _PeakProbe:

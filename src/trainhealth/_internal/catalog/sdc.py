@@ -55,8 +55,10 @@ TRAIN_NONFINITE_ORIGIN = MetricSpec(
     "train.nonfinite_origin",
     _C,
     Unit.STEPS,
-    "Steps whose first non-finite or overflowing value on this rank came out of this block (its output, else "
-    "its local gradient); all_reduce when only the averaged gradient had one",
+    "Steps with a non-finite or overflowing loss or gradient norm whose first bad value on this rank came out of "
+    "this block (its output, else its local gradient); head_or_loss when every block output was finite and the "
+    "loss was not (the output head or the loss, judged by elimination); all_reduce when only the averaged "
+    "gradient had one",
     labels=("block",),
     availability="With model signals on, after a non-finite value.",
 )

@@ -408,7 +408,7 @@ class ModelSettings(SettingGroup):
         "nan_provenance",
         True,
         parse_bool,
-        "Hook the model for the origin of a non-finite or overflowing value: every step one float32 sum of each block's output and, when the process is one of several torch.distributed ranks, of each parameter's local gradient (whether this rank made the value or received it through the all-reduce). Cost: docs/benchmarks.md, 'What each default costs'.",
+        "Hook the model for the origin of a non-finite or overflowing value that reached the loss or the gradients: every step one float32 sum of each block's output (the output head is judged by elimination, never read) and, when the process is one of several torch.distributed ranks, of each parameter's local gradient (whether this rank made the value or received it through the all-reduce). Cost: docs/benchmarks.md, 'What each default costs'.",
     )
     signal_tokens: int = setting(
         "signal_tokens",

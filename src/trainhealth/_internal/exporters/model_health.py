@@ -30,7 +30,7 @@ from trainhealth._internal.exporters.step_records import StepStats
 from trainhealth._internal.exporters.training.goodput import Checkpoint, Goodput
 from trainhealth._internal.exporters.training.loss_recovery import LossSpikeRecovery, SpikeOutcome
 from trainhealth._internal.exporters.training.model_signals import ModelSignals, SignalValues
-from trainhealth._internal.exporters.training.provenance import BlockOrder, Where
+from trainhealth._internal.exporters.training.provenance import BlockOrder, Stage, Where
 from trainhealth._internal.knowledge.advice import rewind_advice
 from trainhealth._internal.sdc.checks import ReplicaChecks
 from trainhealth._internal.store import MetricStore
@@ -155,7 +155,12 @@ class SignalWatch(StepObserver):
             return
         self._first_nonfinite = step
         store.set(catalog.TRAIN_NONFINITE_FIRST_STEP, float(step), (origin.where.value,))
-        if origin.where is Where.LOCAL:
+        if origin.stage is Stage.AFTER_BLOCKS:
+            text = (
+                f"first non-finite value at step {step} after the last block: the output head or the loss "
+                "(every block output was finite), on this rank before the gradient all-reduce"
+            )
+        elif origin.where is Where.LOCAL:
             text = (
                 f"first non-finite or overflowing value at step {step}, in the {origin.stage.value} of block "
                 f"{origin.block}, on this rank before the gradient all-reduce"

@@ -194,8 +194,8 @@ ADVICE: dict[str, Advice] = {
         "NaN or infinite values",
         (
             "Find the rank that produced it (trainhealth_train_nonfinite_origin_first_step with where=local) and the "
-            "block (trainhealth_train_nonfinite_origin there, or the nonfinite_origin event); if it is always the same "
-            "rank, suspect its GPU (run trainhealth selftest there); if it moves, the numerics: lower "
+            "block (trainhealth_train_nonfinite_origin there, or the nonfinite_origin event; block=head_or_loss: after "
+            "the last block, in the output head or the loss); if it is always the same rank, suspect its GPU (run trainhealth selftest there); if it moves, the numerics: lower "
             "the learning rate, check loss scaling and bf16/fp16 ranges, add z-loss.",
             "Restore the last checkpoint with finite weights before resuming.",
         ),

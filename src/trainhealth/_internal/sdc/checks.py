@@ -24,7 +24,7 @@ from trainhealth._internal import catalog
 from trainhealth._internal.events import Event, EventLog, Severity
 from trainhealth._internal.sdc.fingerprint import FingerprintCheck
 from trainhealth._internal.sdc.gradient_norms import LocalGradientNorm, compare
-from trainhealth._internal.sdc.groups import host_group
+from trainhealth._internal.sdc.groups import host_group, release
 from trainhealth._internal.store import MetricStore
 
 __all__ = ["ReplicaCheckResult", "ReplicaChecks"]
@@ -68,6 +68,7 @@ class ReplicaChecks:
         self._fingerprint_every = sdc_interval
         self._grad_every = grad_check_every
         self._group = group
+        self._owns_group = False  # True once the checks made their own group (host_group), freed at close
         self._timeout_s = timeout_s
         #: Why the checks stopped on this rank (a check failed or timed out), or None while they run.
         self.disabled: str | None = None
@@ -98,6 +99,7 @@ class ReplicaChecks:
             due_fingerprint = bool(self._fingerprint_every) and index % self._fingerprint_every == 0
             if (due_grad or due_fingerprint) and self._group is None:
                 self._group = host_group(self._timeout_s)
+                self._owns_group = True
             if due_grad:
                 results.append(self._check_grad_norm(step))
             if due_fingerprint:
@@ -114,6 +116,9 @@ class ReplicaChecks:
     def close(self) -> None:
         if self._grad_norm is not None:
             self._grad_norm.close()
+        if self._owns_group:
+            release(self._group)
+            self._group, self._owns_group = None, False
 
     def _disable(self, step: int, exc: Exception) -> None:
         self.disabled = f"{type(exc).__name__}: {exc}"

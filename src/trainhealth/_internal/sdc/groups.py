@@ -5,13 +5,11 @@ from __future__ import annotations
 import datetime
 from typing import Any
 
-__all__ = ["host_group"]
-
-_created: dict[tuple[int, float], Any] = {}
+__all__ = ["host_group", "release"]
 
 
 def host_group(timeout_s: float) -> Any:
-    """A gloo group of every rank, created once per default group and timeout.
+    """A new gloo group of every rank; :func:`release` frees it.
 
     The checks never share the training's group: a check that waits past
     ``timeout_s`` fails on its own group and leaves the training's untouched.
@@ -20,7 +18,21 @@ def host_group(timeout_s: float) -> Any:
     """
     import torch.distributed as dist
 
-    key = (id(dist.group.WORLD), timeout_s)
-    if key not in _created:
-        _created[key] = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=timeout_s))
-    return _created[key]
+    return dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=timeout_s))
+
+
+def release(group: Any) -> None:
+    """Destroy ``group`` (made by :func:`host_group`) on this rank; never raises.
+
+    Destroying a gloo group is local to the rank. A group kept past the job's own
+    ``destroy_process_group()`` would be freed only while the interpreter shuts
+    down, where gloo's threads can abort the process ("terminate called without
+    an active exception", https://github.com/pytorch/pytorch/issues/190489).
+    """
+    import torch.distributed as dist
+
+    try:
+        if dist.is_initialized():
+            dist.destroy_process_group(group)
+    except (RuntimeError, ValueError, KeyError):  # already destroyed with the others: nothing left to free
+        pass

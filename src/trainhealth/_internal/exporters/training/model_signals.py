@@ -19,8 +19,10 @@ most ``sample_tokens`` positions) from the attention module's own inputs:
 
 Output log Z (``logsumexp`` of the output logits, what z-loss penalises) comes
 from the model's output head; activation RMS from each layer group's block.
-Every step the provenance hooks measure the sum of the output of each embedding,
-block and the head, and of each parameter's local gradient (under torch.distributed).
+Every step the provenance hooks measure the sum of the output of each embedding
+and block, and of each parameter's local gradient (under torch.distributed); the
+output head is judged by elimination, never read (see
+:mod:`~trainhealth._internal.exporters.training.provenance`).
 
 >>> import torch
 >>> model = torch.nn.Sequential(torch.nn.TransformerEncoderLayer(16, 2, 32, batch_first=True), torch.nn.Linear(16, 50))
@@ -29,7 +31,7 @@ block and the head, and of each parameter's local gradient (under torch.distribu
 >>> _ = model(torch.randn(2, 8, 16))
 >>> tensors, order = signals.take()
 >>> sorted(name for name, _, _ in tensors), order.forward
-(['activation_rms/0', 'attention_entropy/0.self_attn', 'attention_max_logit/0.self_attn', 'block_peak', 'log_z'], ('0', '1'))
+(['activation_rms/0', 'attention_entropy/0.self_attn', 'attention_max_logit/0.self_attn', 'block_peak', 'log_z'], ('0',))
 """
 
 from __future__ import annotations
@@ -102,9 +104,8 @@ class ModelSignals:
         if self.head_name is not None and signals:
             self._handles.append(modules[self.head_name].register_forward_hook(self._head_hook()))
         embeddings = [name for name, module in modules.items() if isinstance(module, torch.nn.Embedding)]
+        # the head's logits are never read: a bad loss with every block output finite names it by elimination
         traced = embeddings + [name for name in self.block_names if name not in embeddings]
-        if self.head_name is not None and self.head_name not in traced:
-            traced.append(self.head_name)
         self.provenance = Provenance(
             torch,
             modules,

@@ -17,24 +17,35 @@ gradients stay below 1e5 in the runs of ``benchmarks/sdc_detection.py --provenan
 the cost of the smallest and largest value (``aminmax``) and a 24th of the ∞-norm's on a CPU.
 :meth:`Provenance.take` stacks the step's sums into one tensor per kind.
 
-The origin of a step (:func:`locate`) is, in this order:
+The output head is never read: its logits are the step's largest tensor (batch × sequence ×
+vocabulary), and a value there matters only if it reaches training. It is judged by
+elimination. A step is judged only when something reached training: its loss or its gradient
+norm is bad (a flip the softmax ignored, or a LayerNorm absorbed, leaves both finite and is no
+finding). Then the origin (:func:`locate`) is, in this order:
 
 1. the first block, in forward order, whose output was bad: a corrupted activation, or a
    corrupted weight that reaches its block's output;
-2. else the first block, in the order backward reached it, whose local gradient was bad: a
+2. else, when the loss was bad: the first bad value came after the last block, in the output
+   head or the loss (block :data:`HEAD_OR_LOSS`);
+3. else the first block, in the order backward reached it, whose local gradient was bad: a
    corrupted gradient, or a corrupted weight whose effect the forward absorbed (a saturated
    softmax) and which backward meets before the blocks upstream of it;
-3. else, when the gradient norm after the all-reduce was bad: it was received through the
+4. else, when the gradient norm after the all-reduce was bad: it was received through the
    all-reduce (block ``all_reduce``); another rank produced it — unless a measurement of this
    rank is off (a hook that raised: counted in ``trainhealth_exporter_errors_total{source="provenance"}``
    and turned off for that block or parameter): then this rank may have made it unseen, and the
    origin is unknown (None), never "received".
 
-1 and 2 are :attr:`Where.LOCAL`: this rank produced the value before any exchange.
+1 to 3 are :attr:`Where.LOCAL`: this rank produced the value before any exchange. When the loop
+reports neither a loss nor a gradient norm, a bad block output is named on its own.
 
->>> locate({"block_peak": [3.0, 2e36, float("nan")], "grad_peak": [1.0]},
-...        BlockOrder(("embed", "layers.0", "lm_head"), ("lm_head",)))
+>>> order = BlockOrder(("embed", "layers.0", "layers.1"), ("layers.1",))
+>>> locate({"block_peak": [3.0, 2e36, float("nan")], "loss": float("nan")}, order)
 Origin(block='layers.0', stage=<Stage.OUTPUT: 'output'>)
+>>> locate({"block_peak": [3.0, 4.0, 5.0], "loss": float("inf")}, order)
+Origin(block='head_or_loss', stage=<Stage.AFTER_BLOCKS: 'after_blocks'>)
+>>> locate({"block_peak": [3.0, 2e36, 5.0], "loss": 2.3, "grad_norm": 0.7}, order) is None  # absorbed
+True
 >>> locate({"block_peak": [3.0], "grad_peak": [0.1], "grad_norm": float("inf")}, BlockOrder(("embed",), ("embed",)))
 Origin(block='all_reduce', stage=<Stage.ALL_REDUCE: 'all_reduce'>)
 """
@@ -49,7 +60,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from trainhealth._internal.store import MetricStore
 
-__all__ = ["OVERFLOW_BOUND", "BlockOrder", "Origin", "Provenance", "Stage", "Where", "locate"]
+__all__ = ["HEAD_OR_LOSS", "OVERFLOW_BOUND", "BlockOrder", "Origin", "Provenance", "Stage", "Where", "locate"]
 
 #: Magnitude above which a value counts as overflowing. Clean 4-rank TinyGPT runs (benchmarks/sdc_detection.py
 #: --provenance, its clean trials) peak below 10 in block outputs and 0.1 in local gradients; the massive
@@ -57,11 +68,15 @@ __all__ = ["OVERFLOW_BOUND", "BlockOrder", "Origin", "Provenance", "Stage", "Whe
 #: and an L2 norm over 1e8 values below it cannot overflow float32.
 OVERFLOW_BOUND = 1e15
 
+#: The origin's block when every block output was finite and the loss was not: after the last block.
+HEAD_OR_LOSS = "head_or_loss"
+
 
 class Stage(enum.Enum):
     """Where on the step the first bad value was seen."""
 
     OUTPUT = "output"  # a block's output, in the forward pass
+    AFTER_BLOCKS = "after_blocks"  # the loss, every block output before it finite: the output head or the loss
     GRADIENT = "gradient"  # a block's local gradient, before the all-reduce
     ALL_REDUCE = "all_reduce"  # only in the gradient after the all-reduce
 
@@ -102,18 +117,31 @@ def _bad(value: float | None) -> bool:
 
 
 def locate(read: Mapping[str, Any], order: BlockOrder) -> Origin | None:
-    """The origin among a step's read values (``block_peak``, ``grad_peak``, ``grad_norm``), or None."""
-    for key, blocks, stage in (
-        ("block_peak", order.forward, Stage.OUTPUT),
-        ("grad_peak", order.gradients, Stage.GRADIENT),
-    ):
-        peaks = read.get(key)
-        if peaks is not None:
-            for block, peak in zip(blocks, peaks if isinstance(peaks, list) else [peaks]):
-                if _bad(peak):
-                    return Origin(block, stage)
-    if _bad(read.get("grad_norm")) and order.complete:  # incomplete: this rank may have made it unseen
+    """The origin among a step's read values (``block_peak``, ``grad_peak``, ``loss``, ``grad_norm``), or None
+    when nothing bad reached the loss or the gradient norm."""
+    loss, norm = read.get("loss"), read.get("grad_norm")
+    if (loss is not None or norm is not None) and not (_bad(loss) or _bad(norm)):
+        return None  # nothing reached training: a bad value the forward absorbed is no finding
+    first = _first_bad(read.get("block_peak"), order.forward)
+    if first is not None:
+        return Origin(first, Stage.OUTPUT)
+    if _bad(loss):
+        return Origin(HEAD_OR_LOSS, Stage.AFTER_BLOCKS)
+    first = _first_bad(read.get("grad_peak"), order.gradients)
+    if first is not None:
+        return Origin(first, Stage.GRADIENT)
+    if _bad(norm) and order.complete:  # incomplete: this rank may have made it unseen
         return Origin("all_reduce", Stage.ALL_REDUCE)
+    return None
+
+
+def _first_bad(peaks: Any, blocks: tuple[str, ...]) -> str | None:
+    """The block of the first bad value among ``peaks`` (one per entry of ``blocks``), or None."""
+    if peaks is None:
+        return None
+    for block, peak in zip(blocks, peaks if isinstance(peaks, list) else [peaks]):
+        if _bad(peak):
+            return block
     return None
 
 
