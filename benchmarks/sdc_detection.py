@@ -164,7 +164,7 @@ def named_rank(results: list[dict]) -> int | None:
 
 def provenance_report(by_trial: dict[str, list[dict]], seconds: float) -> None:
     counts: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
-    misses = []
+    misses, unreached = [], []
     clean, false_origins, peaks = 0, 0, {"output": 0.0, "gradient": 0.0}
     for name, results in sorted(by_trial.items()):
         if name.startswith("clean/"):
@@ -182,6 +182,7 @@ def provenance_report(by_trial: dict[str, list[dict]], seconds: float) -> None:
         row["stayed small"] += math.isfinite(after) and abs(after) <= OVERFLOW_BOUND
         if all(r["reached_training"] is None for r in results):  # the loss and gradients stayed finite throughout
             row["did not reach"] += 1
+            unreached.append(f"{name} ({fault['tensor']}, {after:.3g})")
             named = [(r["rank"], r["origin"]) for r in results if r["origin"] is not None]
             row["nothing named"] += not named
             if named:
@@ -222,6 +223,7 @@ def provenance_report(by_trial: dict[str, list[dict]], seconds: float) -> None:
         f"magnitude (of a tensor's sum): block output {peaks['output']:.3g}, local gradient {peaks['gradient']:.3g}"
     )
     print(f"wall time: {seconds:.0f} s")
+    print("flips that did not reach training (tensor, value after):", ", ".join(unreached) or "none")
     for miss in misses:
         print("miss:", miss)
 

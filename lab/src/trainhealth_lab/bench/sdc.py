@@ -165,7 +165,7 @@ def _reached_training(torch: Any, loss: Any, model: Any) -> bool:
     from trainhealth._internal.exporters.training.provenance import OVERFLOW_BOUND
 
     norm = torch.nn.utils.get_total_norm([p.grad for p in model.parameters() if p.grad is not None])
-    return not (abs(float(loss)) <= OVERFLOW_BOUND and float(norm) <= OVERFLOW_BOUND)
+    return not (abs(float(loss.detach())) <= OVERFLOW_BOUND and float(norm) <= OVERFLOW_BOUND)
 
 
 class _PeakProbe:
