@@ -183,10 +183,9 @@ def _train(arm: Arm, data: list[Batch], steps: int, batch_tokens: int, counted: 
 
 
 def _rehome(arm: Arm) -> None:
-    """Move the arm's parameters and optimizer state to new memory. Two copies of one model differ by up to
-    0.7% in step time on this CPU, by where their tensors lie (the first and third copies made were slower than
-    the second and fourth, every time); new memory every round makes that noise the median takes out, not an
-    arm's lasting bias."""
+    """Move the arm's parameters and optimizer state to new memory. In one run, four copies of one model
+    without a Monitor differed by up to 0.7% in step time; new memory every round turns whatever part of
+    that comes from where the tensors lie into noise the average takes out, not an arm's lasting bias."""
     with torch.no_grad():
         for parameter in arm.model.parameters():
             parameter.data = parameter.data.clone()
