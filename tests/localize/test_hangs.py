@@ -75,6 +75,19 @@ def test_a_wait_past_the_jobs_threshold_names_the_rank_behind():
     )
 
 
+def test_every_member_inside_the_hung_collective_is_waiting_though_its_clock_is_under_the_threshold():
+    # rank 3 entered all_reduce #20 a moment after the others: it waits too, its wait not yet past 12 s
+    samples = [
+        *_rank(0, 20, 19, 15.0),
+        *_rank(1, 20, 19, 15.0),
+        *_rank(2, 19, 19),
+        *_rank(3, 20, 19, 11.0),
+        *_members(),
+    ]
+    (hang,) = judge_hangs(positions_from_samples(samples)).hangs
+    assert hang.waiting_ranks == (0, 1, 3) and hang.lagging_ranks == (2,) and hang.waited_s == 15.0
+
+
 def test_a_wait_under_the_threshold_is_no_hang():
     # the job's ranks say waits of 30 s are ordinary here (their steps are long)
     samples = [*_rank(0, 20, 19, 15.0, threshold=30.0), *_rank(1, 19, 19, threshold=30.0)]

@@ -252,7 +252,8 @@ def find_hangs(
         if not waiting:
             continue
         seq = max(s.started_seq for s in waiting)
-        at_seq = [s for s in waiting if s.started_seq == seq]
+        # every member inside the hung collective waits in it, however recently its clock read past the threshold
+        at_seq = [s for s in group_states if s.started_seq == seq and s.started_seq > s.completed_seq]
         op = max({s.inflight_op for s in at_seq}, key=lambda o: sum(s.inflight_op == o for s in at_seq))
         behind = {s.rank: s.started_seq for s in group_states if s.started_seq < seq}
         reporting = {s.rank for s in group_states}
