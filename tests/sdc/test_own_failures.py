@@ -57,6 +57,21 @@ def test_a_gradient_norm_that_was_not_measured_raises_no_sdc_event(tmp_path):
         assert seen["checks"] >= 3.0 and not seen["mismatches"] and seen["events"] == [], seen  # checked, no page
 
 
+def test_a_one_process_job_has_no_replica_to_compare_and_no_hook_on_its_backward_pass():
+    model = _model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with Monitor(model, optimizer, prometheus=False, otel=False, gpu_backend="off", env={}, grad_check_every=1) as mon:
+        for step in range(3):
+            model(torch.randn(4, 8)).pow(2).mean().backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            mon.step(step=step)
+        mon.flush()
+        # each hook would cost every parameter a Python call and a read of its gradient, every step
+        assert not any(getattr(p, "_post_accumulate_grad_hooks", None) for p in model.parameters())
+        assert mon.store.value(catalog.SDC_CHECKS, ("grad_norm",)) is None
+
+
 def test_an_unknown_norm_is_neither_a_suspect_nor_part_of_the_reference():
     assert compare([1.0, UNKNOWN, 1.1, 0.9]) == []
     assert compare([1.0, UNKNOWN, 1.1, 0.9, 1.05, 40.0]) == [5]  # the measured ones still compared

@@ -11,6 +11,7 @@ the delta detector the irregularity rate.
 
 >>> from trainhealth._internal.store import MetricStore
 >>> from trainhealth._internal import catalog
+from trainhealth._internal._gil import yield_gil
 >>> store = MetricStore()
 >>> runner = SignalDetectors(parse_spec("loss=nonfinite"), store=store)
 >>> [a.detector for a in runner.observe("loss", float("nan"), step=3)]
@@ -27,6 +28,7 @@ import time as _time
 from collections.abc import Sequence
 
 from trainhealth._internal import catalog
+from trainhealth._internal._gil import yield_gil
 from trainhealth._internal.detectors.delta import DeltaIrregularity
 from trainhealth._internal.detectors.nonfinite import NonFinite
 from trainhealth._internal.detectors.spec import WatchSpec, parse_spec
@@ -110,6 +112,7 @@ class SignalDetectors:
                 update = watch.update([value], step=step, time=now)
                 opened += update.opened
                 closed += update.closed
+                yield_gil()  # each watch is a few hundred microseconds of Python: let a waiting training thread in
             self._export(signal, watches, opened)
         for anomaly in opened:
             self._emit(anomaly, begun=True)

@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from trainhealth._internal import catalog
+from trainhealth._internal._gil import yield_gil
 from trainhealth._internal.config import TrainingSettings
 from trainhealth._internal.detectors.runner import SignalDetectors
 from trainhealth._internal.exporters.markers import StepMarkers
@@ -374,6 +375,7 @@ class StepRecorder:
             _set_if(store, catalog.TRAIN_LAYER_GRAD_NORM, layer.grad_norm, labels)
             _set_if(store, catalog.TRAIN_LAYER_PARAM_NORM, layer.param_norm, labels)
             _set_if(store, catalog.TRAIN_LAYER_UPDATE_RATIO, layer.update_ratio, labels)
+        yield_gil()  # the detectors below yield between their watches, the observers after them
         for signal, value in (
             ("loss", stats.loss),
             ("grad_norm", stats.grad_norm),
@@ -388,6 +390,7 @@ class StepRecorder:
                 self._store.record_error("detectors", exc)
         for observer in self._observers:
             self._guard(observer.source, lambda: observer.finished(index, stats, read))
+            yield_gil()
 
 
 #: The signals a checkpoint save inflates.

@@ -23,7 +23,7 @@ from typing import Any
 from trainhealth._internal import catalog
 from trainhealth._internal.events import Event, EventLog, Severity
 from trainhealth._internal.sdc.fingerprint import FingerprintCheck
-from trainhealth._internal.sdc.gradient_norms import LocalGradientNorm, compare
+from trainhealth._internal.sdc.gradient_norms import UNKNOWN, LocalGradientNorm, compare, gather_norms
 from trainhealth._internal.sdc.groups import host_group, release
 from trainhealth._internal.store import MetricStore
 
@@ -73,8 +73,9 @@ class ReplicaChecks:
         #: Why the checks stopped on this rank (a check failed or timed out), or None while they run.
         self.disabled: str | None = None
         self._fingerprints: FingerprintCheck | None = None
-        parameters = [p for p in model.parameters() if p.requires_grad]
-        self._grad_norm = LocalGradientNorm(torch, parameters, store) if grad_check_every else None
+        self._parameters = [p for p in model.parameters() if p.requires_grad]
+        # hooked on the backward pass once the job has replicas to compare: a one-process job pays nothing
+        self._grad_norm: LocalGradientNorm | None = None
         self.results: list[ReplicaCheckResult] = []  # the last findings, newest last (bounded)
         self.arm(0)
 
@@ -85,8 +86,13 @@ class ReplicaChecks:
 
     def arm(self, index: int) -> None:
         """Prepare for step ``index`` (the gradient hooks measure only on check steps)."""
-        if self._grad_norm is not None and self.disabled is None:
-            self._grad_norm.armed = index % self._grad_every == 0
+        if not self._grad_every or self.disabled is not None:
+            return
+        if self._grad_norm is None:
+            if not self.available(self._torch):
+                return
+            self._grad_norm = LocalGradientNorm(self._torch, self._parameters, self._store)
+        self._grad_norm.armed = index % self._grad_every == 0
 
     def after_step(self, index: int, step: int) -> list[ReplicaCheckResult]:
         """Run the checks due at step ``index`` (the Monitor's count) and publish them; arm the next step."""
@@ -95,7 +101,7 @@ class ReplicaChecks:
             self.arm(index + 1)
             return results
         try:
-            due_grad = self._grad_norm is not None and index % self._grad_every == 0
+            due_grad = bool(self._grad_every) and index % self._grad_every == 0
             due_fingerprint = bool(self._fingerprint_every) and index % self._fingerprint_every == 0
             if (due_grad or due_fingerprint) and self._group is None:
                 self._group = host_group(self._timeout_s)
@@ -139,9 +145,8 @@ class ReplicaChecks:
         )
 
     def _check_grad_norm(self, step: int) -> ReplicaCheckResult:
-        assert self._grad_norm is not None
-        mine = float(self._grad_norm.take())
-        norms = self._grad_norm.gather(mine, self._group)  # every rank takes part, measured or not
+        mine = UNKNOWN if self._grad_norm is None else float(self._grad_norm.take())  # not hooked yet: unknown
+        norms = gather_norms(self._torch, mine, self._group)  # every rank takes part, measured or not
         members = self._members()
         outliers = compare(norms)
         me = members.index(self._torch.distributed.get_rank())

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from trainhealth._internal.store import MetricStore
 
-__all__ = ["UNKNOWN", "LocalGradientNorm", "compare"]
+__all__ = ["UNKNOWN", "LocalGradientNorm", "compare", "gather_norms"]
 
 #: What a rank sends when its own norm could not be measured (a norm is never negative).
 UNKNOWN = -1.0
@@ -72,7 +72,7 @@ class LocalGradientNorm:
         self._torch = torch
         self._store = store
         self.armed = False
-        self._squares: dict[int, Any] = {}
+        self._norms: dict[int, Any] = {}
         self._off: set[int] = set()  # parameters whose hook raised: no longer measured, the norm unknown
         self._handles = [p.register_post_accumulate_grad_hook(self._hook) for p in parameters if p.requires_grad]
 
@@ -81,7 +81,10 @@ class LocalGradientNorm:
             return
         try:
             with self._torch.no_grad():
-                self._squares[id(parameter)] = parameter.grad.detach().float().pow(2).sum()
+                # a norm reads the gradient once and allocates nothing of its size (pow(2) would, every check)
+                self._norms[id(parameter)] = self._torch.linalg.vector_norm(
+                    parameter.grad.detach(), dtype=self._torch.float32
+                )
         except Exception as error:  # never break backward: this parameter goes unmeasured, the norm unknown
             self._off.add(id(parameter))
             if self._store is not None:
@@ -90,22 +93,23 @@ class LocalGradientNorm:
     def take(self) -> Any:
         """This step's local norm as a device scalar; :data:`UNKNOWN` when nothing was accumulated or a
         parameter goes unmeasured; resets."""
-        squares, self._squares = list(self._squares.values()), {}
-        if not squares or self._off:
+        norms, self._norms = list(self._norms.values()), {}
+        if not norms or self._off:
             return self._torch.tensor(UNKNOWN)
-        device = squares[0].device
-        return self._torch.stack([s.to(device) for s in squares]).sum().sqrt()
-
-    def gather(self, norm: float, group: Any = None) -> list[float]:
-        """Every rank's norm (a collective on ``group``: all members call it at the same step)."""
-        import torch.distributed as dist
-
-        mine = self._torch.tensor([norm], dtype=self._torch.float64)
-        everyone = [self._torch.zeros(1, dtype=self._torch.float64) for _ in range(dist.get_world_size(group))]
-        dist.all_gather(everyone, mine, group=group)
-        return [float(t.item()) for t in everyone]
+        device = norms[0].device
+        return self._torch.linalg.vector_norm(self._torch.stack([n.to(device) for n in norms]))
 
     def close(self) -> None:
         for handle in self._handles:
             handle.remove()
         self._handles = []
+
+
+def gather_norms(torch: Any, norm: float, group: Any = None) -> list[float]:
+    """Every rank's norm (a collective on ``group``: all members call it at the same step)."""
+    import torch.distributed as dist
+
+    mine = torch.tensor([norm], dtype=torch.float64)
+    everyone = [torch.zeros(1, dtype=torch.float64) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(everyone, mine, group=group)
+    return [float(t.item()) for t in everyone]

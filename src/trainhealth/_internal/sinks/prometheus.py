@@ -45,6 +45,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
+from trainhealth._internal._gil import yield_gil
 from trainhealth._internal.catalog import MetricKind
 from trainhealth._internal.identity import Identity
 from trainhealth._internal.sinks.serving import BoundedHTTPServer, ServingLimits
@@ -86,6 +87,7 @@ class StoreCollector(Collector):
                 self._store.record_error("prometheus", exc)
                 continue
             yield metric
+            yield_gil()  # a render is ~1 ms of Python: in pieces, so the training thread never waits for all of it
 
 
 def _to_metric(family: Family, identity_values: list[str]) -> Metric:

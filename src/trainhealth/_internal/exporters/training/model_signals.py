@@ -237,7 +237,9 @@ class ModelSignals:
                 tensor = output[0] if isinstance(output, (tuple, list)) else output
                 if isinstance(tensor, torch.Tensor) and tensor.is_floating_point():
                     with torch.no_grad():
-                        self._rms[label] = tensor.detach().float().pow(2).mean().sqrt()
+                        # a norm allocates nothing of the output's size: pow(2) would, on every sampled step
+                        norm = torch.linalg.vector_norm(tensor.detach(), dtype=torch.float32)
+                        self._rms[label] = norm / math.sqrt(max(tensor.numel(), 1))
             except Exception as error:
                 self._turn_off(signal, error)
 

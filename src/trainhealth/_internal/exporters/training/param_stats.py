@@ -74,11 +74,14 @@ class ParameterStats:
         """L2 norm of each tensor (0 for a missing one) as a float32 vector on the first parameter's device."""
         torch = self._torch
         device = self._device()
-        out = torch.zeros(len(tensors), dtype=torch.float32, device=device)
         buckets: dict[tuple[Any, Any], list[int]] = {}
         for i, tensor in enumerate(tensors):
             if tensor is not None:
                 buckets.setdefault((tensor.device, tensor.dtype), []).append(i)
+        if len(buckets) == 1 and len(next(iter(buckets.values()))) == len(tensors):  # the usual case: one stack
+            dense = [_dense_values(tensor) for tensor in tensors]
+            return torch.stack(torch._foreach_norm(dense, 2, dtype=torch.float32)).to(device=device)
+        out = torch.zeros(len(tensors), dtype=torch.float32, device=device)
         for positions in buckets.values():
             dense = [_dense_values(tensors[i]) for i in positions]
             norms = torch.stack(torch._foreach_norm(dense, 2, dtype=torch.float32)).to(device=device)
