@@ -17,7 +17,10 @@ scrapes (one a second) run only during their own arm's turn, for the same reason
 * ``core + <feature>``: one default feature on top of it — the model signals (sampled every
   ``stats_every`` steps), NaN provenance (every step), the layer statistics (every
   ``stats_every`` steps), the streaming detectors, /metrics served and scraped once a second;
-* ``defaults``: ``Monitor(model, optimizer)`` as a user writes it.
+* ``defaults``: ``Monitor(model, optimizer)`` as a user writes it;
+* ``defaults, GIL held``: the same, with the Monitor's background threads no longer handing the
+  GIL back between pieces of work (``trainhealth._internal._gil.yield_gil`` a no-op while this
+  arm trains), as before issue 52: the difference from ``defaults`` is what the hand-back saves.
 
 ``--arms target`` runs the baselines and ``defaults`` only (the figure the targets are judged
 on, with rounds to spare for the noise floor); ``--arms all`` adds the ablation.
@@ -47,17 +50,21 @@ Models:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import statistics
+import sys
 import threading
 import time
 import urllib.request
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from trainhealth import Monitor
+from trainhealth._internal._gil import yield_gil
 
 VOCAB, D_MODEL, LAYERS, HEADS = 8192, 256, 4, 4
 SHAPES = {"transformer": (8, 128), "encoder": (8, 128), "long": (2, 1024)}  # (batch, sequence)
@@ -78,6 +85,7 @@ ARMS: dict[str, dict[str, Any] | None] = {
     "core + detectors": {k: v for k, v in CORE.items() if k != "detectors"},
     "core + /metrics served": {**CORE, "prometheus": True},
     "defaults": {},
+    "defaults, GIL held": {},
 }
 TARGET_ARMS = ["baseline", "baseline again", "defaults"]
 
@@ -182,6 +190,28 @@ def _train(arm: Arm, data: list[Batch], steps: int, batch_tokens: int, counted: 
         arm.done += 1
 
 
+@contextlib.contextmanager
+def _gil_held(held: bool) -> Iterator[None]:
+    """While ``held``, every trainhealth module's ``yield_gil`` is a no-op (the background threads keep the GIL
+    for their whole piece of work, as before issue 52); restored after."""
+    patched = []
+    if held:
+        for name, module in list(sys.modules.items()):
+            user = name.startswith("trainhealth") and name != yield_gil.__module__
+            if user and getattr(module, "yield_gil", None) is yield_gil:
+                patched.append(module)
+                module.yield_gil = _hold  # type: ignore[attr-defined]
+    try:
+        yield
+    finally:
+        for module in patched:
+            module.yield_gil = yield_gil  # type: ignore[attr-defined]
+
+
+def _hold() -> None:
+    """The hand-back turned off."""
+
+
 def _rehome(arm: Arm) -> None:
     """Move the arm's parameters and optimizer state to new memory. In one run, four copies of one model
     without a Monitor differed by up to 0.7% in step time; new memory every round turns whatever part of
@@ -232,7 +262,8 @@ def measure(model_kind: str, rounds: int, steps: int, names: list[str]) -> list[
             for arm in reversed(order) if index % 2 else order:
                 _rehome(arm)
                 arm.turn.set()
-                _train(arm, data, steps, batch * sequence)
+                with _gil_held(arm.name == "defaults, GIL held"):
+                    _train(arm, data, steps, batch * sequence)
                 arm.turn.clear()
     finally:
         stop.set()

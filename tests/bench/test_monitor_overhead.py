@@ -10,7 +10,12 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
-from monitor_overhead import Arm, _added, summary  # noqa: E402
+from monitor_overhead import Arm, _added, _gil_held, summary  # noqa: E402
+
+from trainhealth._internal import _gil  # noqa: E402
+from trainhealth._internal.detectors import runner  # noqa: E402
+from trainhealth._internal.exporters import steps  # noqa: E402
+from trainhealth._internal.sinks import prometheus  # noqa: E402
 
 
 def _arm(name: str, steps: list[float]) -> Arm:
@@ -37,3 +42,12 @@ def test_a_repeat_whose_noise_floor_is_outside_its_bound_cannot_say_the_target_i
     over = [{"baseline again": 0.0, "defaults": 0.006}] * 3
     assert "NOT met" in summary("transformer", over, 0.0025)[-1]
     assert summary("long", over, 0.0025)[-1].endswith(": met")  # the long-sequence model's target is 1%
+
+
+def test_the_gil_held_arm_turns_off_every_hand_back_while_it_trains_and_restores_them():
+    users = (runner, steps, prometheus)
+    with _gil_held(True):
+        assert all(module.yield_gil is not _gil.yield_gil for module in users)
+    assert all(module.yield_gil is _gil.yield_gil for module in users)
+    with _gil_held(False):
+        assert all(module.yield_gil is _gil.yield_gil for module in users)
