@@ -11,7 +11,6 @@ the delta detector the irregularity rate.
 
 >>> from trainhealth._internal.store import MetricStore
 >>> from trainhealth._internal import catalog
-from trainhealth._internal._gil import yield_gil
 >>> store = MetricStore()
 >>> runner = SignalDetectors(parse_spec("loss=nonfinite"), store=store)
 >>> [a.detector for a in runner.observe("loss", float("nan"), step=3)]
