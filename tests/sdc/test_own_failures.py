@@ -8,6 +8,7 @@ import json
 import math
 from pathlib import Path
 
+import pytest
 import torch
 
 from tests.distributed import init_rank, run_ranks
@@ -70,6 +71,19 @@ def test_a_one_process_job_has_no_replica_to_compare_and_no_hook_on_its_backward
         # each hook would cost every parameter a Python call and a read of its gradient, every step
         assert not any(getattr(p, "_post_accumulate_grad_hooks", None) for p in model.parameters())
         assert mon.store.value(catalog.SDC_CHECKS, ("grad_norm",)) is None
+
+
+def test_a_sparse_embeddings_local_gradient_norm_is_the_norm_of_its_values():
+    embedding = torch.nn.Embedding(10, 4, sparse=True)
+    linear = torch.nn.Linear(4, 1)
+    local = LocalGradientNorm(torch, [*embedding.parameters(), *linear.parameters()])
+    local.armed = True
+    linear(embedding(torch.tensor([1, 3, 3]))).sum().backward()
+    dense = torch.cat(
+        [embedding.weight.grad.to_dense().reshape(-1)] + [p.grad.reshape(-1) for p in linear.parameters()]
+    )
+    assert float(local.take()) == pytest.approx(float(dense.norm()), rel=1e-6)
+    local.close()
 
 
 def test_an_unknown_norm_is_neither_a_suspect_nor_part_of_the_reference():

@@ -81,10 +81,11 @@ class LocalGradientNorm:
             return
         try:
             with self._torch.no_grad():
+                grad = parameter.grad.detach()
+                if grad.is_sparse:  # a sparse embedding's gradient: the norm of its stored values
+                    grad = grad.coalesce().values()
                 # a norm reads the gradient once and allocates nothing of its size (pow(2) would, every check)
-                self._norms[id(parameter)] = self._torch.linalg.vector_norm(
-                    parameter.grad.detach(), dtype=self._torch.float32
-                )
+                self._norms[id(parameter)] = self._torch.linalg.vector_norm(grad, dtype=self._torch.float32)
         except Exception as error:  # never break backward: this parameter goes unmeasured, the norm unknown
             self._off.add(id(parameter))
             if self._store is not None:
